@@ -1,0 +1,46 @@
+"""python_ref: pure-PyTorch reference implementations, the specification of jetspec_kernels in code.
+
+Written for clarity (loops allowed); computes in float64 when given float64 tensors, float32
+otherwise, and returns results in that compute dtype. Never imports ``jetspec_kernels``.
+See ../shared/DESIGN.md (what each op computes) and CONTRIBUTING.md (signatures, conventions).
+"""
+
+from .tree import (
+    log_softmax_topk,
+    build_tree,
+    draft_tree,
+    pack_mask,
+    unpack_mask,
+    dense_mask,
+    ancestors,
+    implicit_tree_size,
+)
+from .attention import tree_attention
+from .rope import rms_norm, rope_inv_freq, rope_cos_sin, apply_rope, qk_norm_rope_append
+from .verify import mix32, gumbel_uniform, sample_tokens, verify_tree
+from .commit import commit_kv
+from .draft_head import draft_head_forward, target_layer_ids
+
+__all__ = [
+    "log_softmax_topk",
+    "build_tree",
+    "draft_tree",
+    "pack_mask",
+    "unpack_mask",
+    "dense_mask",
+    "ancestors",
+    "implicit_tree_size",
+    "tree_attention",
+    "rms_norm",
+    "rope_inv_freq",
+    "rope_cos_sin",
+    "apply_rope",
+    "qk_norm_rope_append",
+    "mix32",
+    "gumbel_uniform",
+    "sample_tokens",
+    "verify_tree",
+    "commit_kv",
+    "draft_head_forward",
+    "target_layer_ids",
+]

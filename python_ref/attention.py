@@ -1,0 +1,98 @@
+"""Reference tree attention over a KV cache (contiguous or paged)."""
+
+import math
+
+import torch
+
+from ._common import compute_dtype
+
+__all__ = ["tree_attention", "gather_cache", "visibility"]
+
+
+def gather_cache(cache, b, length, block_table=None):
+    """Keys (or values) of logical positions ``0..length-1`` of sequence ``b``.
+
+    Parameters
+    ----------
+    cache : ``[B, L_max, H, D]`` (contiguous) or ``[num_pages, page_size, H, D]`` (paged)
+    b : int; length : int
+    block_table : int ``[B, max_pages]`` or None (contiguous)
+
+    Returns
+    -------
+    ``[length, H, D]`` in the cache dtype.
+    """
+    if block_table is None:
+        return cache[b, :length]
+    page_size = cache.shape[1]
+    pos = torch.arange(length, device=cache.device)
+    pages = block_table[b].to(torch.long)[pos // page_size]
+    return cache[pages, pos % page_size]
+
+
+def visibility(prefix_len, N, tree_mask_b=None, tail="causal"):
+    """Boolean ``[N, prefix_len + N]``: may query i see key position p?
+
+    Keys ``p < prefix_len`` are always visible. Tail key ``prefix_len + j`` is visible iff
+    bit (i, j) of ``tree_mask_b`` (int32 ``[N, W]``) is set; without a mask, iff ``j <= i``
+    (``tail="causal"``) or always (``tail="full"``).
+    """
+    vis = torch.zeros(N, prefix_len + N, dtype=torch.bool)
+    vis[:, :prefix_len] = True
+    if tree_mask_b is not None:
+        words = tree_mask_b.detach().cpu().to(torch.int64) & 0xFFFFFFFF
+        for j in range(N):
+            vis[:, prefix_len + j] = ((words[:, j // 32] >> (j % 32)) & 1).bool()
+    elif tail == "causal":
+        vis[:, prefix_len:] = torch.ones(N, N, dtype=torch.bool).tril()
+    elif tail == "full":
+        vis[:, prefix_len:] = True
+    else:
+        raise ValueError(f"tail must be 'causal' or 'full', got {tail!r}")
+    return vis
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, tail="causal",
+                   block_table=None, scale=None):
+    """Attention of N tail queries over the prefix and the (tree-masked) tail.
+
+    Parameters
+    ----------
+    q : ``[B, N, Hq, Dh]``
+    k_cache, v_cache : ``[B, L_max, Hkv, Dh]`` or paged ``[num_pages, page_size, Hkv, Dh]``;
+        the tail's K/V must already sit at positions ``prefix_lens[b] .. prefix_lens[b] + N - 1``
+    prefix_lens : int ``[B]`` (0 allowed)
+    tree_mask : int32 ``[B, N, ceil(N/32)]`` or None (then ``tail`` decides)
+    tail : ``"causal"`` or ``"full"`` (ignored when ``tree_mask`` is given)
+    block_table : int32 ``[B, max_pages]`` for paged caches, else None
+    scale : float, default ``1 / sqrt(Dh)``
+
+    Returns
+    -------
+    out : ``[B, N, Hq, Dh]`` and lse : ``[B, Hq, N]`` (natural log), both in the compute dtype
+    (float64 if q or the caches are float64, else float32). GQA: query head h reads kv head
+    ``h // (Hq // Hkv)``. A query with no visible key gets out = 0, lse = -inf.
+    """
+    B, N, Hq, Dh = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    cd = compute_dtype(q, k_cache, v_cache)
+    scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
+    kv_head = torch.arange(Hq, device=q.device) // group
+
+    out = torch.zeros(B, N, Hq, Dh, dtype=cd, device=q.device)
+    lse = torch.full((B, Hq, N), -math.inf, dtype=cd, device=q.device)
+    for b in range(B):
+        P = int(prefix_lens[b])
+        L = P + N
+        keys = gather_cache(k_cache, b, L, block_table).to(cd)[:, kv_head]    # [L, Hq, Dh]
+        vals = gather_cache(v_cache, b, L, block_table).to(cd)[:, kv_head]
+        vis = visibility(P, N, None if tree_mask is None else tree_mask[b], tail).to(q.device)
+        s = torch.einsum("nhd,lhd->hnl", q[b].to(cd), keys) * scale             # [Hq, N, L]
+        s = s.masked_fill(~vis, -math.inf)
+        row_lse = torch.logsumexp(s, dim=-1)                                    # [Hq, N]
+        has_key = torch.isfinite(row_lse)
+        p = torch.where(has_key[..., None], torch.exp(s - row_lse[..., None]), torch.zeros_like(s))
+        out[b] = torch.einsum("hnl,lhd->nhd", p, vals)
+        lse[b] = row_lse
+    return out, lse

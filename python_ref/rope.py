@@ -1,0 +1,106 @@
+"""Reference per-head RMSNorm, RoPE, and the fused q/k norm + RoPE + KV append.
+
+RoPE angle convention (so every backend can reproduce it exactly):
+``inv_freq[i] = float32(theta ** (-2 i / Dh))`` (correctly rounded from float64, ``i < Dh/2``),
+``angle = float32(float32(position) * inv_freq[i])`` (one float32 multiply), and
+``cos``/``sin`` of that float32 angle evaluated in float64, then cast to the compute dtype.
+The float32 angle follows the Hugging Face Qwen3 rotary embedding (which also forms the angle in
+float32) and keeps float32 kernels within float32 tolerance of a float64 reference at long
+positions; the exact-real-angle alternative would not be reproducible by a float32 kernel.
+"""
+
+import torch
+
+from ._common import cache_location, compute_dtype
+
+__all__ = ["rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
+
+
+def rms_norm(x, weight, eps=1e-6):
+    """RMSNorm over the last dim: ``x * rsqrt(mean(x**2) + eps) * weight``.
+
+    Parameters
+    ----------
+    x : ``[..., D]``; weight : ``[D]``; eps : float
+
+    Returns
+    -------
+    ``[..., D]`` in the compute dtype (float64 if x is float64, else float32).
+    """
+    cd = compute_dtype(x)
+    xf = x.to(cd)
+    return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(cd)
+
+
+def rope_inv_freq(head_dim, theta):
+    """float32 ``[head_dim // 2]``: ``theta ** (-2 i / head_dim)`` correctly rounded to float32."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    return (float(theta) ** (-2.0 * i / head_dim)).to(torch.float32)
+
+
+def rope_cos_sin(positions, head_dim, theta, dtype=torch.float32):
+    """cos and sin tables ``[*positions.shape, head_dim // 2]`` in ``dtype`` (see module doc)."""
+    inv = rope_inv_freq(head_dim, theta).to(positions.device)
+    angle = positions.to(torch.float32)[..., None] * inv          # float32 multiply
+    angle = angle.to(torch.float64)
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def apply_rope(x, positions, theta):
+    """Neox / Qwen "rotate half" RoPE.
+
+    Parameters
+    ----------
+    x : ``[..., H, Dh]`` (Dh even)
+    positions : int tensor broadcastable to ``x.shape[:-2]``
+    theta : float (rope_theta)
+
+    Returns
+    -------
+    ``[..., H, Dh]`` in the compute dtype: with ``h = Dh/2``,
+    ``out[:h] = x[:h]*cos - x[h:]*sin``, ``out[h:] = x[h:]*cos + x[:h]*sin``.
+    """
+    cd = compute_dtype(x)
+    Dh = x.shape[-1]
+    h = Dh // 2
+    cos, sin = rope_cos_sin(positions, Dh, theta, cd)
+    cos = cos[..., None, :]                                     # [..., 1, h] broadcast over heads
+    sin = sin[..., None, :]
+    xf = x.to(cd)
+    x1, x2 = xf[..., :h], xf[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta,
+                        eps=1e-6, block_table=None, cache_start=None):
+    """Per-head RMSNorm of q and k, RoPE at ``positions``, and the K/V cache append.
+
+    Parameters
+    ----------
+    q : ``[B, N, Hq, Dh]``; k, v : ``[B, N, Hkv, Dh]``
+    q_norm_w, k_norm_w : ``[Dh]``
+    positions : int32 ``[B, N]``, RoPE positions
+    k_cache, v_cache : ``[B, L_max, Hkv, Dh]`` or paged ``[num_pages, page_size, Hkv, Dh]``
+        (written in place, in the cache dtype)
+    rope_theta : float; eps : float
+    block_table : int32 ``[B, max_pages]`` or None
+    cache_start : int32 ``[B]`` or None. Row n of sequence b goes to slot ``positions[b, n]``
+        when None, else to slot ``cache_start[b] + n``.
+
+    Returns
+    -------
+    q_out : ``[B, N, Hq, Dh]`` in the compute dtype (float64 if q is float64, else float32),
+    ``apply_rope(rms_norm(q, q_norm_w))``. The cache receives ``apply_rope(rms_norm(k, k_norm_w))``
+    and the raw ``v``, both cast to the cache dtype.
+    """
+    B, N = q.shape[:2]
+    q_out = apply_rope(rms_norm(q, q_norm_w, eps), positions, rope_theta)
+    k_out = apply_rope(rms_norm(k, k_norm_w, eps), positions, rope_theta)
+    page_size = k_cache.shape[1]
+    for b in range(B):
+        for n in range(N):
+            slot = int(positions[b, n]) if cache_start is None else int(cache_start[b]) + n
+            i0, i1 = cache_location(slot, b, block_table, page_size)
+            k_cache[i0, i1] = k_out[b, n].to(k_cache.dtype)
+            v_cache[i0, i1] = v[b, n].to(v_cache.dtype)
+    return q_out

@@ -1,0 +1,280 @@
+"""Reference tree building: per-depth top-K, the two tree algorithms, and ancestor masks.
+
+Everything here follows DESIGN.md section 3/4 and CONTRIBUTING.md:
+
+* row ``d`` of the per-depth top-K (``d = 0..D-1``) gives the K candidate children of every
+  node at depth ``d``; their depth is ``d + 1``;
+* a node is identified by its *rank sequence* ``(r_1, ..., r_d)``; its token is
+  ``topk_tokens[d - 1][r_d]`` and its score is the left-to-right running sum
+  ``((0 + lp[0][r_1]) + lp[1][r_2]) + ...`` in the compute dtype;
+* padding rows: ``tokens = 0``, ``parents = -1``, ``depths = -1``, ``scores = -inf``,
+  mask row = own bit only.
+"""
+
+import heapq
+import math
+
+import numpy as np
+import torch
+
+from ._common import compute_dtype
+
+__all__ = [
+    "log_softmax_topk",
+    "build_tree",
+    "draft_tree",
+    "pack_mask",
+    "unpack_mask",
+    "dense_mask",
+    "ancestors",
+    "implicit_tree_size",
+]
+
+ALGORITHMS = ("topn", "accum_logp")
+
+
+def log_softmax_topk(logits, k):
+    """Per-depth log-softmax over the full vocabulary, then the top-K.
+
+    Parameters
+    ----------
+    logits : float tensor ``[B, D, V]`` (any float dtype)
+    k : int, ``1 <= k <= V``
+
+    Returns
+    -------
+    topk_tokens : int32 ``[B, D, K]``, sorted by descending log-prob, ties to the lower token id
+    topk_logprobs : ``[B, D, K]`` in the compute dtype (float64 for float64 logits, else float32)
+    """
+    k = int(k)
+    V = logits.shape[-1]
+    if not 1 <= k <= V:
+        raise ValueError(f"k must be in [1, V={V}], got {k}")
+    cd = compute_dtype(logits)
+    logp = torch.log_softmax(logits.to(cd), dim=-1)
+    # A stable descending sort keeps equal values in increasing token order.
+    vals, idx = torch.sort(logp, dim=-1, descending=True, stable=True)
+    return idx[..., :k].to(torch.int32).contiguous(), vals[..., :k].contiguous()
+
+
+def implicit_tree_size(D, K):
+    """Number of nodes (root included) of the implicit tree with depth D and branching K."""
+    return sum(K ** d for d in range(D + 1))
+
+
+def _adder(dtype):
+    """Scalar addition that rounds like ``dtype`` (Python floats are float64)."""
+    if dtype == torch.float64:
+        return lambda a, b: a + b
+    # float64 sum of two float32 values, rounded once to float32 == float32 addition.
+    return lambda a, b: float(np.float32(a + b))
+
+
+def _topn_one(lp, K, D, budget, add):
+    """Select the ``budget`` best nodes of one sequence's implicit tree.
+
+    ``lp`` is a nested list ``[D][K]`` of log-probs. Returns a list of (rank_seq, score)
+    in output order: (depth, parent output index, child rank), which equals
+    (depth, lexicographic rank sequence).
+    """
+    total = implicit_tree_size(D, K)
+    n_target = min(budget, total)
+    # Best-first search. Key: (-score, depth, rank sequence). Because every log-prob is <= 0
+    # (so a child never outranks its parent), the popped sequence is exactly the total order
+    # restricted to the ancestor-closed prefix, i.e. the top n_target nodes.
+    heap = [(-0.0, 0, (), 0.0)]
+    chosen = []
+    while heap and len(chosen) < n_target:
+        neg, depth, seq, score = heapq.heappop(heap)
+        chosen.append((seq, score))
+        if depth < D:
+            for r in range(K):
+                cs = add(score, lp[depth][r])
+                heapq.heappush(heap, (-cs, depth + 1, seq + (r,), cs))
+    chosen.sort(key=lambda t: (len(t[0]), t[0]))
+    return chosen
+
+
+def _accum_logp_one(lp, K, D, budget, add):
+    """JetSpec's heap rule for one sequence.
+
+    Returns lists (rank_seq, score, parent index) in insertion order.
+    """
+    nodes = [((), 0.0, -1)]
+    counter = 0
+    heap = [(-0.0, counter, 0)]  # (-score, insertion counter, node index); ties -> earlier inserted
+    while heap and len(nodes) < budget:
+        _, _, idx = heapq.heappop(heap)
+        seq, score, _ = nodes[idx]
+        depth = len(seq)
+        if depth == D:
+            continue
+        m = min(K, budget - len(nodes))
+        for r in range(m):
+            cs = add(score, lp[depth][r])
+            nodes.append((seq + (r,), cs, idx))
+            counter += 1
+            heapq.heappush(heap, (-cs, counter, len(nodes) - 1))
+    return nodes
+
+
+def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm="topn"):
+    """Build the draft tree from per-depth top-K candidates.
+
+    Parameters
+    ----------
+    topk_tokens : int ``[B, D, K]``; row d = candidate tokens of the children of depth-d nodes
+    topk_logprobs : float ``[B, D, K]``, all ``<= 0`` (log-probs)
+    root_tokens : int ``[B]``
+    budget : int >= 1, tree capacity ``N``
+    algorithm : ``"topn"`` or ``"accum_logp"``
+
+    Returns
+    -------
+    dict with
+        tokens int32 ``[B, N]``, parents int32 ``[B, N]``, depths int32 ``[B, N]``,
+        scores ``[B, N]`` (compute dtype; root 0, padding -inf), num_nodes int32 ``[B]``,
+        mask int32 ``[B, N, ceil(N/32)]``.
+
+    ``topn``: the ``budget`` best nodes (root included) by score; ties to higher score, then
+    lower depth, then lexicographically smaller rank sequence; ordered by (depth, parent index,
+    child rank). ``num_nodes = min(budget, 1 + K + ... + K**D)``.
+
+    ``accum_logp``: max-heap on score seeded with the root (node 0), ties to the earlier
+    inserted; pop the best, skip it if its depth is D, else append its ``min(K, budget - n)``
+    children in rank order; stop at ``budget`` nodes or an empty heap. Insertion order.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    budget = int(budget)
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    B, D, K = topk_tokens.shape
+    cd = compute_dtype(topk_logprobs)
+    add = _adder(cd)
+    device = topk_tokens.device
+    N = budget
+
+    tok_l = topk_tokens.detach().cpu().to(torch.int64).tolist()
+    lp_l = topk_logprobs.detach().cpu().to(cd).tolist()
+    root_l = root_tokens.detach().cpu().to(torch.int64).tolist()
+
+    tokens = torch.zeros(B, N, dtype=torch.int32)
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    depths = torch.full((B, N), -1, dtype=torch.int32)
+    scores = torch.full((B, N), -math.inf, dtype=cd)
+    num_nodes = torch.zeros(B, dtype=torch.int32)
+
+    for b in range(B):
+        if algorithm == "topn":
+            chosen = _topn_one(lp_l[b], K, D, budget, add)
+            index_of = {seq: i for i, (seq, _) in enumerate(chosen)}
+            rows = [(seq, score, index_of[seq[:-1]] if seq else -1) for seq, score in chosen]
+        else:
+            rows = _accum_logp_one(lp_l[b], K, D, budget, add)
+        for i, (seq, score, par) in enumerate(rows):
+            d = len(seq)
+            tokens[b, i] = root_l[b] if d == 0 else tok_l[b][d - 1][seq[-1]]
+            parents[b, i] = par
+            depths[b, i] = d
+            scores[b, i] = score
+        num_nodes[b] = len(rows)
+
+    mask = pack_mask(parents, num_nodes)
+    out = dict(tokens=tokens, parents=parents, depths=depths, scores=scores,
+               num_nodes=num_nodes, mask=mask)
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def draft_tree(logits, root_tokens, budget, topk, algorithm="topn"):
+    """``log_softmax_topk(logits, topk)`` then ``build_tree``.
+
+    Parameters
+    ----------
+    logits : float ``[B, D, V]``; row d = the draft's logits for depth d + 1
+    root_tokens : int ``[B]``
+    budget, topk : int
+    algorithm : ``"topn"`` or ``"accum_logp"``
+
+    Returns
+    -------
+    the dict of :func:`build_tree`.
+    """
+    tt, tl = log_softmax_topk(logits, topk)
+    return build_tree(tt, tl, root_tokens, budget, algorithm)
+
+
+def ancestors(parents_row, i):
+    """Node ``i`` and its ancestors (``[i, parent(i), ..., 0]``) from one row of ``parents``."""
+    p = parents_row.tolist() if torch.is_tensor(parents_row) else list(parents_row)
+    out = [i]
+    j = int(p[i])
+    while j >= 0:
+        out.append(j)
+        j = int(p[j])
+    return out
+
+
+def dense_mask(parents, num_nodes):
+    """Dense ancestor-or-self mask.
+
+    Parameters
+    ----------
+    parents : int ``[B, N]``; num_nodes : int ``[B]``
+
+    Returns
+    -------
+    bool ``[B, N, N]``: ``[b, i, j]`` is True iff j == i or (i < num_nodes[b] and j is an
+    ancestor of i). Padding rows have only their own entry.
+    """
+    B, N = parents.shape
+    out = torch.zeros(B, N, N, dtype=torch.bool)
+    par = parents.detach().cpu().tolist()
+    nn_ = num_nodes.detach().cpu().tolist()
+    for b in range(B):
+        for i in range(N):
+            if i < nn_[b]:
+                for j in ancestors(par[b], i):
+                    out[b, i, j] = True
+            else:
+                out[b, i, i] = True
+    return out.to(parents.device)
+
+
+def _pack_dense(dense):
+    """bool ``[B, N, N']`` -> int32 ``[B, N, ceil(N'/32)]`` (bit j%32 of word j//32)."""
+    B, N, M = dense.shape
+    W = (M + 31) // 32
+    words = torch.zeros(B, N, W, dtype=torch.int64)
+    d = dense.detach().cpu()
+    for j in range(M):
+        words[:, :, j // 32] |= d[:, :, j].to(torch.int64) << (j % 32)
+    # two's complement: bit 31 makes the int32 word negative
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
+    return words.to(torch.int32).to(dense.device)
+
+
+def pack_mask(parents, num_nodes):
+    """Bit-packed ancestor-or-self mask.
+
+    Parameters
+    ----------
+    parents : int ``[B, N]`` (``-1`` for root / padding); num_nodes : int ``[B]``
+
+    Returns
+    -------
+    int32 ``[B, N, W]``, ``W = ceil(N / 32)``: bit ``j % 32`` of ``mask[b, i, j // 32]`` is set
+    iff j == i or j is an ancestor of i; a padding row (``i >= num_nodes[b]``) has only its own bit.
+    """
+    return _pack_dense(dense_mask(parents, num_nodes))
+
+
+def unpack_mask(mask, n=None):
+    """int32 ``[B, N, W]`` packed mask -> bool ``[B, N, n]`` (``n`` defaults to ``N``)."""
+    B, N, W = mask.shape
+    n = N if n is None else n
+    m = mask.detach().cpu().to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros(B, N, n, dtype=torch.bool)
+    for j in range(n):
+        out[:, :, j] = ((m[:, :, j // 32] >> (j % 32)) & 1).bool()
+    return out.to(mask.device)

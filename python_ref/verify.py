@@ -1,0 +1,147 @@
+"""Reference target sampling (greedy / seeded Gumbel-max) and the tree acceptance walk."""
+
+import torch
+
+from ._common import compute_dtype
+
+__all__ = ["mix32", "gumbel_uniform", "sample_tokens", "verify_tree"]
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x, c):
+    """``(x * c) mod 2**32`` for int64 tensors holding uint32 values, without int64 overflow."""
+    lo = x & 0xFFFF
+    hi = x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def mix32(x):
+    """The uint32 mixer of CONTRIBUTING.md on an int64 tensor of values in ``[0, 2**32)``.
+
+    ``x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16`` (mod 2**32).
+    """
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    x = x ^ (x >> 16)
+    return x
+
+
+def gumbel_uniform(seed, offset, N, V):
+    """The uniforms ``u [B, N, V]`` (float32, in (0, 1)) that drive Gumbel-max sampling.
+
+    ``h = mix32(seed[b]); h = mix32(h ^ offset[b]); h = mix32(h ^ b); h = mix32(h ^ i);
+    h = mix32(h ^ v)`` (seed/offset masked to their low 32 bits), then
+    ``u = float32((h >> 8) + 0.5) / 2**24``: one float32 rounding of the exact value.
+
+    One deliberate clamp: for ``h >> 8 == 2**24 - 1`` the exact value ``1 - 2**-25`` rounds
+    (to even) to 1.0 in float32, which would give an infinite Gumbel; it is clamped to the
+    largest float32 below 1 (``1 - 2**-24``), so ``u`` really lies in (0, 1).
+    """
+    dev = seed.device
+    B = seed.shape[0]
+    s = seed.to(torch.int64) & _M32
+    o = offset.to(torch.int64) & _M32
+    h = mix32(s)
+    h = mix32(h ^ o)
+    h = mix32(h ^ torch.arange(B, device=dev, dtype=torch.int64))             # [B]
+    h = mix32(h[:, None] ^ torch.arange(N, device=dev, dtype=torch.int64))    # [B, N]
+    h = mix32(h[:, :, None] ^ torch.arange(V, device=dev, dtype=torch.int64))  # [B, N, V]
+    u = (((h >> 8).to(torch.float64) + 0.5) / 2.0 ** 24).to(torch.float32)
+    return torch.clamp(u, max=1.0 - 2.0 ** -24)
+
+
+def sample_tokens(logits, temperature, seed=None, offset=None):
+    """One target token per node.
+
+    Parameters
+    ----------
+    logits : float ``[B, N, V]``
+    temperature : float (or 0-dim tensor) >= 0
+    seed, offset : int64 ``[B]`` (required when temperature > 0)
+
+    Returns
+    -------
+    int32 ``[B, N]``: ``argmax_v logits`` when temperature == 0, else
+    ``argmax_v(logits / T + g)`` with ``g = -log(-log(u))`` from :func:`gumbel_uniform`
+    (computed in the compute dtype: float64 for float64 logits, else float32). Ties to lower v.
+    """
+    T = float(temperature)
+    cd = compute_dtype(logits)
+    x = logits.to(cd)
+    if T == 0.0:
+        return torch.argmax(x, dim=-1).to(torch.int32)  # first maximal index: ties -> lower v
+    if seed is None or offset is None:
+        raise ValueError("sampling (temperature > 0) needs seed and offset")
+    B, N, V = logits.shape
+    u = gumbel_uniform(seed, offset, N, V).to(cd)
+    g = -torch.log(-torch.log(u))
+    return torch.argmax(x / T + g, dim=-1).to(torch.int32)
+
+
+def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, target_tokens=None,
+                temperature=0.0, seed=None, offset=None):
+    """Accept the longest tree path that matches the target's tokens.
+
+    Parameters
+    ----------
+    tokens, parents : int ``[B, N]``; num_nodes : int ``[B]``
+    max_depth : int (static); outputs have ``max_depth + 1`` columns
+    target_logits : float ``[B, N, V]`` or None; target_tokens : int ``[B, N]`` or None
+        (exactly one is used; ``target_tokens`` wins when both are given)
+    temperature, seed, offset : see :func:`sample_tokens`
+
+    Returns
+    -------
+    dict of int32 tensors
+        accept_len ``[B]`` (accepted draft tokens, root excluded),
+        path ``[B, max_depth + 1]`` (accepted node indices, root first, -1 padded),
+        bonus ``[B]`` (the target token at the last accepted node),
+        emitted ``[B, max_depth + 1]`` (accepted draft tokens then bonus, -1 padded).
+
+    Walk: at node ``cur`` (starting at the root 0) with target token ``t = target[b, cur]``,
+    the accepted child is the lowest-index node ``c < num_nodes`` with ``parents[c] == cur`` and
+    ``tokens[c] == t``; stop when there is none (or the path already has max_depth + 1 nodes).
+    """
+    if target_tokens is None:
+        if target_logits is None:
+            raise ValueError("give target_logits or target_tokens")
+        target_tokens = sample_tokens(target_logits, temperature, seed, offset)
+    B, N = tokens.shape
+    dev = tokens.device
+    tok = tokens.detach().cpu().tolist()
+    par = parents.detach().cpu().tolist()
+    nn_ = num_nodes.detach().cpu().tolist()
+    tgt = target_tokens.detach().cpu().tolist()
+
+    C = max_depth + 1
+    accept_len = torch.zeros(B, dtype=torch.int32)
+    path = torch.full((B, C), -1, dtype=torch.int32)
+    bonus = torch.zeros(B, dtype=torch.int32)
+    emitted = torch.full((B, C), -1, dtype=torch.int32)
+    for b in range(B):
+        cur = 0
+        nodes = [0]
+        while len(nodes) < C:
+            t = tgt[b][cur]
+            nxt = None
+            for c in range(nn_[b]):
+                if par[b][c] == cur and tok[b][c] == t:
+                    nxt = c
+                    break
+            if nxt is None:
+                break
+            nodes.append(nxt)
+            cur = nxt
+        a = len(nodes) - 1
+        accept_len[b] = a
+        path[b, :a + 1] = torch.tensor(nodes, dtype=torch.int32)
+        bonus[b] = tgt[b][cur]
+        for i in range(a):
+            emitted[b, i] = tok[b][nodes[i + 1]]
+        emitted[b, a] = tgt[b][cur]
+    return dict(accept_len=accept_len.to(dev), path=path.to(dev), bonus=bonus.to(dev),
+                emitted=emitted.to(dev))
