@@ -1,0 +1,24 @@
+"""jetspec_kernels: fused kernels for JetSpec-style tree speculative decoding.
+
+Public API (see DESIGN.md section 4 and each function's docstring):
+    draft_tree, draft_tree_from_topk, draft_tree_from_hidden, pack_mask,
+    tree_attention, qk_norm_rope_append, verify_tree, commit_kv,
+    Tree, Verdict, Commit,
+    set_backend, get_backend, available_backends, set_value_checks.
+"""
+from .backend import BackendUnavailableError, available_backends, get_backend, set_backend
+from .ops._checks import set_value_checks
+from .ops.commit_kv import commit_kv
+from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk, pack_mask
+from .ops.qk_norm_rope_append import qk_norm_rope_append
+from .ops.tree_attention import tree_attention
+from .ops.verify_tree import verify_tree
+from .tree import Commit, Tree, Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError", "Commit", "Tree", "Verdict", "available_backends", "commit_kv",
+    "draft_tree", "draft_tree_from_hidden", "draft_tree_from_topk", "get_backend", "pack_mask",
+    "qk_norm_rope_append", "set_backend", "set_value_checks", "tree_attention", "verify_tree",
+]

@@ -1,0 +1,132 @@
+"""Backend selection: ``auto``, ``cuda``, ``triton``, ``reference``.
+
+Order of precedence: the ``backend=`` argument of an op, then :func:`set_backend`, then the
+``JETSPEC_BACKEND`` environment variable, then ``auto``. ``auto`` picks ``cuda`` for CUDA tensors
+when ``_C`` is built for the device, else ``triton``; for CPU tensors it picks ``reference``, or
+``triton`` when ``TRITON_INTERPRET=1``. An explicitly requested backend that cannot run raises
+:class:`BackendUnavailableError`; nothing ever falls back silently.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from functools import lru_cache
+
+import torch
+
+BACKENDS = ("auto", "cuda", "triton", "reference")
+
+_BACKEND_MODULES = {
+    "reference": "jetspec_kernels.ops._reference",
+    "triton": "jetspec_kernels.triton",
+    "cuda": "jetspec_kernels.cuda",
+}
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run the op on these tensors (the message says why)."""
+
+
+def _check_name(name: str, argname: str = "backend") -> str:
+    if not isinstance(name, str) or name.lower() not in BACKENDS:
+        raise ValueError(f"{argname} must be one of {BACKENDS}, got {name!r}")
+    return name.lower()
+
+
+_current = _check_name(os.environ.get("JETSPEC_BACKEND", "auto"), "JETSPEC_BACKEND")
+
+
+def set_backend(name: str) -> None:
+    """Set the process-wide default backend (``auto``, ``cuda``, ``triton`` or ``reference``)."""
+    global _current
+    _current = _check_name(name)
+
+
+def get_backend() -> str:
+    """The process-wide default backend name."""
+    return _current
+
+
+def triton_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@lru_cache(maxsize=None)
+def _triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the install
+        return f"triton is not importable ({e})"
+    return None
+
+
+@lru_cache(maxsize=None)
+def _cuda_module_error() -> str | None:
+    try:
+        from . import _C  # noqa: F401
+    except ImportError as e:
+        return ("the CUDA extension jetspec_kernels._C is not built (it is built at install "
+                f"time when nvcc is found; import said: {e})")
+    return None
+
+
+def unavailable_reason(name: str, device: torch.device) -> str | None:
+    """Why backend ``name`` cannot run on ``device``, or None when it can."""
+    if name == "reference":
+        return None
+    if name == "triton":
+        err = _triton_import_error()
+        if err:
+            return err
+        if device.type == "cpu" and not triton_interpret():
+            return "CPU tensors need TRITON_INTERPRET=1 (the Triton interpreter)"
+        if device.type not in ("cpu", "cuda"):
+            return f"device type {device.type!r} is not supported"
+        return None
+    if name == "cuda":
+        if device.type != "cuda":
+            return f"tensors are on {device.type}, the cuda backend needs CUDA tensors"
+        err = _cuda_module_error()
+        if err:
+            return err
+        from . import _C
+        major, minor = torch.cuda.get_device_capability(device)
+        if not _C.supports_arch(major * 10 + minor):
+            return (f"_C was built for sm_{_C.built_archs()} but the device is "
+                    f"sm_{major}{minor} (rebuild with JETSPEC_CUDA_ARCHS)")
+        return None
+    raise ValueError(f"unknown backend {name!r}")
+
+
+def resolve(device: torch.device, backend: str | None = None) -> str:
+    """The concrete backend to use for tensors on ``device``."""
+    name = _current if backend is None else _check_name(backend)
+    if name == "auto":
+        if device.type == "cuda":
+            for cand in ("cuda", "triton"):
+                if unavailable_reason(cand, device) is None:
+                    return cand
+            return "reference"
+        if triton_interpret() and unavailable_reason("triton", device) is None:
+            return "triton"
+        return "reference"
+    reason = unavailable_reason(name, device)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {name!r} is not available: {reason}")
+    return name
+
+
+def kernel(name: str, fn: str):
+    """The function ``fn`` of backend ``name`` (see CONTRIBUTING.md, backend interface)."""
+    module = importlib.import_module(_BACKEND_MODULES[name])
+    impl = getattr(module, fn, None)
+    if impl is None:
+        raise BackendUnavailableError(
+            f"backend {name!r} is not available: it does not implement {fn} yet")
+    return impl
+
+
+def available_backends(device: str | torch.device = "cpu") -> dict[str, str | None]:
+    """Map each concrete backend to None (usable on ``device``) or the reason it is not."""
+    device = torch.device(device)
+    return {name: unavailable_reason(name, device) for name in BACKENDS[1:]}

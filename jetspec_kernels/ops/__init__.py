@@ -1,0 +1,1 @@
+"""One module per public op: its argument-checking function and backend dispatch."""

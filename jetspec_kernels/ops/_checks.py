@@ -1,0 +1,144 @@
+"""Argument-checking helpers shared by the per-op checking functions.
+
+Errors name the argument: ``TypeError`` for a non-tensor or a wrong dtype, ``ValueError`` for
+a wrong rank, shape, device, layout or value.
+
+Checks on tensor *values* (ranges, parents < i, prefix + N <= cache length) need the values on the
+host. They always run for CPU tensors; for CUDA tensors they would be a host sync inside the
+decoding round, so they run only when enabled with :func:`set_value_checks` ("always") or
+``JETSPEC_VALUE_CHECKS=always``, and never during CUDA-graph capture or ``torch.compile`` tracing.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32,)
+
+_VALUE_CHECK_MODES = ("cpu", "always", "never")
+_value_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
+if _value_checks not in _VALUE_CHECK_MODES:
+    raise ValueError(f"JETSPEC_VALUE_CHECKS must be one of {_VALUE_CHECK_MODES}, got {_value_checks!r}")
+
+
+def set_value_checks(mode: str) -> None:
+    """``"cpu"`` (default): check values of CPU tensors only; ``"always"``; ``"never"``."""
+    global _value_checks
+    if mode not in _VALUE_CHECK_MODES:
+        raise ValueError(f"mode must be one of {_VALUE_CHECK_MODES}, got {mode!r}")
+    _value_checks = mode
+
+
+def values_checked(t: torch.Tensor) -> bool:
+    """Whether value checks run for a tensor on ``t``'s device right now."""
+    if _value_checks == "never":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    if t.device.type == "cuda":
+        return _value_checks == "always" and not torch.cuda.is_current_stream_capturing()
+    return True
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return "/".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def tensor(name: str, t, *, dtypes=None, ndim: int | None = None, shape=None,
+           device: torch.device | None = None, last_contiguous: bool = True) -> torch.Tensor:
+    """Check one tensor argument; ``shape`` entries of None match any size."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {_dtype_names(dtypes)}, got {str(t.dtype).replace('torch.', '')}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (like the other inputs), got {t.device}")
+    if last_contiguous and t.dim() > 0 and t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+    return t
+
+
+def optional(name: str, t, **kw):
+    return None if t is None else tensor(name, t, **kw)
+
+
+def integer(name: str, v, *, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        raise ValueError(f"{name} must be in {rng}, got {v}")
+    return v
+
+
+def number(name: str, v, *, lo: float | None = None, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    v = float(v)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if positive and v <= 0:
+        raise ValueError(f"{name} must be > 0, got {v}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    return v
+
+
+def choice(name: str, v, options) -> str:
+    if v not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {v!r}")
+    return v
+
+
+def value_range(name: str, t: torch.Tensor, lo: int | None = None, hi: int | None = None) -> None:
+    """Values of an integer tensor lie in [lo, hi] (only when value checks run)."""
+    if t.numel() == 0 or not values_checked(t):
+        return
+    mn, mx = int(t.min()), int(t.max())
+    if (lo is not None and mn < lo) or (hi is not None and mx > hi):
+        raise ValueError(f"{name} values must be in [{lo}, {hi}], got min {mn}, max {mx}")
+
+
+def cache_and_table(k_cache, v_cache, block_table, *, batch: int, hkv: int | None, head_dim: int | None,
+                    dtypes, device) -> tuple[int, int | None]:
+    """Check a contiguous ``[B, L, Hkv, Dh]`` or paged ``[P, page, Hkv, Dh]`` cache pair.
+
+    Returns ``(capacity per sequence, page_size or None)``.
+    """
+    tensor("k_cache", k_cache, dtypes=dtypes, ndim=4, device=device)
+    tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), shape=list(k_cache.shape), device=device)
+    if hkv is not None and k_cache.shape[2] != hkv:
+        raise ValueError(f"k_cache must have {hkv} kv heads in dim 2, got shape {list(k_cache.shape)}")
+    if head_dim is not None and k_cache.shape[3] != head_dim:
+        raise ValueError(f"k_cache head dim (dim 3) must be {head_dim}, got shape {list(k_cache.shape)}")
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache (contiguous) must have batch {batch} in dim 0, got shape "
+                             f"{list(k_cache.shape)}; pass block_table for a paged cache")
+        return k_cache.shape[1], None
+    tensor("block_table", block_table, dtypes=INDEX_DTYPES, ndim=2, device=device)
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table must have {batch} rows, got shape {list(block_table.shape)}")
+    value_range("block_table", block_table, 0, k_cache.shape[0] - 1)
+    return block_table.shape[1] * k_cache.shape[1], k_cache.shape[1]
+
+
+def fits_in_cache(prefix_lens: torch.Tensor, n: int, capacity: int, what: str = "prefix_lens") -> None:
+    """``prefix_lens + n <= capacity`` for every sequence (only when value checks run)."""
+    if prefix_lens.numel() == 0 or not values_checked(prefix_lens):
+        return
+    mn, mx = int(prefix_lens.min()), int(prefix_lens.max())
+    if mn < 0:
+        raise ValueError(f"{what} must be >= 0, got min {mn}")
+    if mx + n > capacity:
+        raise ValueError(f"{what} + {n} tree rows exceeds the cache length {capacity} "
+                         f"(max {what} is {mx}); the block table is too short or the cache too small")

@@ -1,0 +1,61 @@
+"""The ``reference`` backend: the backend interface (CONTRIBUTING.md) over python_ref/.
+
+python_ref computes in float32 (float64 for float64 inputs); this adapter casts results to the
+dtypes the public API promises and writes in-place outputs.
+"""
+from __future__ import annotations
+
+import torch
+
+import python_ref as ref
+
+_I32 = torch.int32
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse):
+    o, l = ref.tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale)
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(l)
+
+
+def log_softmax_topk(logits, k):
+    tokens, logprobs = ref.log_softmax_topk(logits, k)
+    return tokens.to(_I32), logprobs.to(torch.float32)
+
+
+def hidden_topk(hidden, lm_head_weight, k):
+    logits = hidden.to(torch.float32) @ lm_head_weight.to(torch.float32).T
+    return log_softmax_topk(logits, k)
+
+
+def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    t = ref.build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm)
+    return (t["tokens"].to(_I32), t["parents"].to(_I32), t["depths"].to(_I32),
+            t["scores"].to(torch.float32), t["num_nodes"].to(_I32), t["mask"].to(_I32))
+
+
+def pack_mask(parents, num_nodes):
+    return ref.pack_mask(parents, num_nodes).to(_I32)
+
+
+def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
+                        block_table, cache_start):
+    q_out = ref.qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
+                                    rope_theta, eps=eps, block_table=block_table,
+                                    cache_start=cache_start)
+    return q_out.to(q.dtype)
+
+
+def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
+                seed, offset):
+    r = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=target_logits,
+                        target_tokens=target_tokens, temperature=temperature, seed=seed,
+                        offset=offset)
+    return tuple(r[key].to(_I32) for key in ("accept_len", "path", "bonus", "emitted"))
+
+
+def commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
+    new_lens, rows = ref.commit_kv(k_cache, v_cache, prefix_lens, path, accept_len,
+                                   block_table=block_table, hidden=hidden)
+    return new_lens.to(_I32), (None if rows is None else rows.to(hidden.dtype))

@@ -1,0 +1,57 @@
+"""commit_kv: move the accepted path's K/V into contiguous cache slots."""
+from __future__ import annotations
+
+from .. import backend as _backend
+from ..tree import Commit, Verdict
+from . import _checks as C
+
+
+def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden):
+    if not isinstance(verdict, Verdict):
+        raise TypeError(f"verdict must be a jetspec_kernels.Verdict, got {type(verdict).__name__}")
+    C.tensor("prefix_lens", prefix_lens, dtypes=C.INDEX_DTYPES, ndim=1)
+    b = prefix_lens.shape[0]
+    dev = prefix_lens.device
+    C.tensor("verdict.accept_len", verdict.accept_len, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
+    C.tensor("verdict.path", verdict.path, dtypes=C.INDEX_DTYPES, shape=[b, None], device=dev)
+    m = verdict.path.shape[1]
+    if m < 1:
+        raise ValueError("verdict.path must have at least one column (the root)")
+    cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=None,
+                               dtypes=C.FLOAT_DTYPES, device=dev)
+    C.value_range("verdict.accept_len", verdict.accept_len, 0, m - 1)
+    C.value_range("verdict.path", verdict.path, -1, None)
+    if hidden is not None:
+        C.tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=3, device=dev)
+        if hidden.shape[0] != b:
+            raise ValueError(f"hidden must have batch {b} in dim 0, got shape {list(hidden.shape)}")
+        C.value_range("verdict.path", verdict.path, -1, hidden.shape[1] - 1)
+    if C.values_checked(verdict.path) and b:
+        C.fits_in_cache(prefix_lens, int(verdict.path.max()) + 1, cap)
+
+
+def commit_kv(k_cache, v_cache, prefix_lens, verdict: Verdict, *, block_table=None, hidden=None,
+              backend: str | None = None) -> Commit:
+    """Move the K/V of the accepted path into contiguous slots and gather its hidden rows.
+
+    Slot ``prefix_lens[b] + path[b, i]`` moves to ``prefix_lens[b] + i`` for
+    ``i <= accept_len[b]`` (in place; correct although sources and destinations overlap).
+
+    Parameters
+    ----------
+    k_cache, v_cache : contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
+    prefix_lens : int32 [B]       committed length before the tree (root at prefix_lens)
+    verdict : Verdict             from :func:`verify_tree`
+    block_table : int32 [B, max_pages], optional
+    hidden : float [B, N, Hh], optional   per-node hidden rows (e.g. the target's taps)
+
+    Returns
+    -------
+    Commit(prefix_lens int32 [B] = prefix_lens + accept_len + 1,
+           hidden [B, M, Hh] (rows along the path, zero after) or None)
+    """
+    check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
+    name = _backend.resolve(prefix_lens.device, backend)
+    new_lens, rows = _backend.kernel(name, "commit_kv")(
+        k_cache, v_cache, prefix_lens, verdict.path, verdict.accept_len, block_table, hidden)
+    return Commit(new_lens, rows)

@@ -1,0 +1,155 @@
+"""draft_tree, draft_tree_from_topk, draft_tree_from_hidden and pack_mask: build the draft tree."""
+from __future__ import annotations
+
+import torch
+
+from .. import backend as _backend
+from ..tree import Tree
+from . import _checks as C
+
+ALGORITHMS = ("topn", "accum_logp")
+MAX_BUDGET = 4096
+MAX_TOPK = 64
+TOKEN_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_common(root_tokens, budget, topk, algorithm, *, batch, depth, vocab, device):
+    C.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
+    if vocab is not None:
+        C.value_range("root_tokens", root_tokens, 0, vocab - 1)
+    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
+    C.integer("topk", topk, lo=1, hi=MAX_TOPK if vocab is None else min(MAX_TOPK, vocab))
+    C.choice("algorithm", algorithm, ALGORITHMS)
+    if depth < 1:
+        raise ValueError(f"the draft must have at least one depth, got D={depth}")
+
+
+def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
+    C.tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=3)
+    b, d, v = logits.shape
+    _check_common(root_tokens, budget, topk, algorithm, batch=b, depth=d, vocab=v, device=logits.device)
+
+
+def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    C.tensor("topk_tokens", topk_tokens, dtypes=TOKEN_DTYPES, ndim=3)
+    b, d, k = topk_tokens.shape
+    C.tensor("topk_logprobs", topk_logprobs, dtypes=(torch.float32,), shape=[b, d, k],
+             device=topk_tokens.device)
+    _check_common(root_tokens, budget, k, algorithm, batch=b, depth=d, vocab=None,
+                  device=topk_tokens.device)
+    C.value_range("topk_tokens", topk_tokens, 0, None)
+    if C.values_checked(topk_logprobs) and topk_logprobs.numel():
+        if not bool((topk_logprobs <= 0).all()):
+            raise ValueError("topk_logprobs must be log-probabilities (<= 0)")
+        if k > 1 and not bool((topk_logprobs[..., 1:] <= topk_logprobs[..., :-1]).all()):
+            raise ValueError("topk_logprobs must be sorted in descending order along the last dim")
+
+
+def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm):
+    C.tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=3)
+    b, d, h = hidden.shape
+    C.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
+    if lm_head_weight.shape[1] != h:
+        raise ValueError(f"lm_head_weight must have shape [V, {h}] to match hidden, got "
+                         f"{list(lm_head_weight.shape)}")
+    _check_common(root_tokens, budget, topk, algorithm, batch=b, depth=d,
+                  vocab=lm_head_weight.shape[0], device=hidden.device)
+
+
+def _build(name, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) -> Tree:
+    parts = _backend.kernel(name, "build_tree")(
+        topk_tokens, topk_logprobs, root_tokens.to(torch.int32), budget, algorithm)
+    return Tree(*parts, max_depth=min(topk_tokens.shape[1], budget - 1))
+
+
+def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = "topn",
+               backend: str | None = None) -> Tree:
+    """Build a draft tree from per-depth draft logits.
+
+    Parameters
+    ----------
+    logits : float32/bfloat16/float16 [B, D, V]
+        Row d holds the draft's logits for depth d + 1 (log-softmax is taken in fp32).
+    root_tokens : int32/int64 [B]
+        The anchor (last committed token) of each sequence; becomes node 0.
+    budget : int in [1, 4096]
+        Tree capacity N (root included).
+    topk : int in [1, min(64, V)]
+        Children per node (the per-depth top-K).
+    algorithm : "topn" | "accum_logp"
+        "topn": the budget best nodes by cumulative log-prob; "accum_logp": JetSpec's heap rule.
+    backend : str, optional
+        "auto", "cuda", "triton" or "reference" (default: :func:`get_backend`).
+
+    Returns
+    -------
+    Tree with capacity N = budget and max_depth = min(D, budget - 1).
+    """
+    check_draft_tree(logits, root_tokens, budget, topk, algorithm)
+    name = _backend.resolve(logits.device, backend)
+    tk, lp = _backend.kernel(name, "log_softmax_topk")(logits, topk)
+    return _build(name, tk, lp, root_tokens, budget, algorithm)
+
+
+def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int,
+                         algorithm: str = "topn", backend: str | None = None) -> Tree:
+    """Build a draft tree from per-depth top-K candidates an engine already holds.
+
+    Parameters
+    ----------
+    topk_tokens : int32/int64 [B, D, K]
+    topk_logprobs : float32 [B, D, K]
+        Log-probs (<= 0) normalised over the full vocabulary, sorted descending along K.
+    root_tokens : int32/int64 [B]
+    budget, algorithm, backend : as in :func:`draft_tree`.
+
+    Returns
+    -------
+    Tree (bit-exact across backends).
+    """
+    check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm)
+    name = _backend.resolve(topk_tokens.device, backend)
+    return _build(name, topk_tokens.to(torch.int32), topk_logprobs, root_tokens, budget, algorithm)
+
+
+def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, topk: int,
+                           algorithm: str = "topn", backend: str | None = None) -> Tree:
+    """Build a draft tree from draft hidden states without materialising the logits.
+
+    Parameters
+    ----------
+    hidden : float32/bfloat16/float16 [B, D, H]
+        Final-norm hidden states of the draft block rows for depths 1..D.
+    lm_head_weight : same dtype [V, H]
+    root_tokens, budget, topk, algorithm, backend : as in :func:`draft_tree`.
+    """
+    check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm)
+    name = _backend.resolve(hidden.device, backend)
+    tk, lp = _backend.kernel(name, "hidden_topk")(hidden, lm_head_weight, topk)
+    return _build(name, tk, lp, root_tokens, budget, algorithm)
+
+
+def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor:
+    """Pack the ancestor-or-self mask of trees given by parent indices.
+
+    Parameters
+    ----------
+    parents : int32 [B, N]     parent index (< own index), -1 for the root and padding
+    num_nodes : int32 [B]      valid nodes; rows >= num_nodes get only their own bit
+
+    Returns
+    -------
+    mask : int32 [B, N, ceil(N / 32)]
+    """
+    C.tensor("parents", parents, dtypes=C.INDEX_DTYPES, ndim=2)
+    b, n = parents.shape
+    C.tensor("num_nodes", num_nodes, dtypes=C.INDEX_DTYPES, shape=[b], device=parents.device)
+    C.value_range("num_nodes", num_nodes, 0, n)
+    if C.values_checked(parents) and parents.numel():
+        idx = torch.arange(n, device=parents.device)
+        valid = idx[None, :] < num_nodes[:, None]
+        bad = valid & (idx[None, :] > 0) & ((parents < 0) | (parents >= idx[None, :]))
+        if bool(bad.any()):
+            raise ValueError("parents must satisfy 0 <= parents[b, i] < i for valid non-root nodes")
+    name = _backend.resolve(parents.device, backend)
+    return _backend.kernel(name, "pack_mask")(parents, num_nodes)

@@ -1,0 +1,67 @@
+"""qk_norm_rope_append: per-head RMSNorm of q and k, RoPE, and the K/V cache append."""
+from __future__ import annotations
+
+import torch
+
+from .. import backend as _backend
+from . import _checks as C
+
+POSITION_DTYPES = (torch.int32, torch.int64)
+
+
+def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
+                              rope_theta, eps, block_table, cache_start):
+    C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
+    b, n, hq, dh = q.shape
+    dev = q.device
+    if dh % 2:
+        raise ValueError(f"q head dim must be even for RoPE, got {dh}")
+    C.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
+    if k.shape[0] != b or k.shape[1] != n or k.shape[3] != dh:
+        raise ValueError(f"k must have shape [{b}, {n}, Hkv, {dh}] to match q, got {list(k.shape)}")
+    hkv = k.shape[2]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
+    C.tensor("v", v, dtypes=(q.dtype,), shape=list(k.shape), device=dev)
+    C.tensor("q_norm_w", q_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
+    C.tensor("k_norm_w", k_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
+    C.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
+    C.number("rope_theta", rope_theta, positive=True)
+    C.number("eps", eps, positive=True)
+    cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv, head_dim=dh,
+                               dtypes=C.FLOAT_DTYPES, device=dev)
+    C.value_range("positions", positions, 0, None)
+    if cache_start is None:
+        C.value_range("positions", positions, 0, cap - 1)
+    else:
+        C.tensor("cache_start", cache_start, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
+        C.fits_in_cache(cache_start, n, cap, "cache_start")
+
+
+def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, *,
+                        rope_theta: float, eps: float = 1e-6, block_table=None, cache_start=None,
+                        backend: str | None = None):
+    """Per-head RMSNorm on q and k, RoPE at ``positions``, and k, v written into the cache.
+
+    Parameters
+    ----------
+    q : float16/bfloat16/float32 [B, N, Hq, Dh]
+    k, v : q.dtype [B, N, Hkv, Dh]
+    q_norm_w, k_norm_w : float [Dh]       RMSNorm weights
+    positions : int32/int64 [B, N]        RoPE positions
+    k_cache, v_cache : contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
+    rope_theta : float; eps : float (RMSNorm epsilon)
+    block_table : int32 [B, max_pages], optional (paged cache)
+    cache_start : int32 [B], optional
+        Row n goes to cache slot ``cache_start[b] + n``; when None, to slot ``positions[b, n]``.
+
+    Returns
+    -------
+    q_out : q.dtype [B, N, Hq, Dh], normalised and rotated. k_cache and v_cache are updated in place.
+    """
+    check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
+                              rope_theta, eps, block_table, cache_start)
+    name = _backend.resolve(q.device, backend)
+    return _backend.kernel(name, "qk_norm_rope_append")(
+        q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, float(rope_theta), float(eps),
+        block_table, cache_start)

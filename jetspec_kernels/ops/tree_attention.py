@@ -1,0 +1,75 @@
+"""tree_attention: prefix + tree-masked (or causal / full tail) attention over a KV cache."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import backend as _backend
+from ..tree import mask_words
+from . import _checks as C
+
+TAILS = ("causal", "full")
+KERNEL_HEAD_DIMS = {"cuda": (64, 128, 256), "triton": (16, 32, 64, 128, 256)}
+
+
+def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out):
+    C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
+    b, n, hq, dh = q.shape
+    dev = q.device
+    cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=dh,
+                               dtypes=(q.dtype,), device=dev)
+    hkv = k_cache.shape[2]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hkv}) for GQA")
+    C.tensor("prefix_lens", prefix_lens, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
+    C.optional("tree_mask", tree_mask, dtypes=C.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
+    C.choice("tail", tail, TAILS)
+    if scale is not None:
+        C.number("scale", scale, positive=True)
+    C.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
+    C.fits_in_cache(prefix_lens, n, cap)
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: str = "causal",
+                   block_table=None, scale: float | None = None, return_lse: bool = False,
+                   out=None, backend: str | None = None):
+    """Attention of N tree (or draft-block) queries over a cached prefix plus the N tail keys.
+
+    Query i of sequence b sees every key at positions ``< prefix_lens[b]`` and the tail key at
+    ``prefix_lens[b] + j`` iff bit (i, j) of ``tree_mask[b]`` is set; without a mask, ``tail``
+    says which tail keys are visible: ``"causal"`` (j <= i) or ``"full"`` (all N).
+
+    Parameters
+    ----------
+    q : float16/bfloat16/float32 [B, N, Hq, Dh]
+    k_cache, v_cache : q.dtype, contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
+        The tail's K/V must already be in positions prefix_lens .. prefix_lens + N - 1.
+    prefix_lens : int32 [B]
+    tree_mask : int32 [B, N, ceil(N/32)], optional
+        Packed ancestor-or-self bits (``Tree.mask``).
+    tail : "causal" | "full"
+    block_table : int32 [B, max_pages], optional; present iff the cache is paged.
+    scale : float, optional; default 1/sqrt(Dh).
+    return_lse : bool; also return float32 [B, Hq, N] natural-log log-sum-exp.
+    out : [B, N, Hq, Dh] q.dtype, optional; written in place and returned.
+
+    Returns
+    -------
+    out, or (out, lse) when return_lse.
+    """
+    check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out)
+    name = _backend.resolve(q.device, backend)
+    dh = q.shape[-1]
+    if name in KERNEL_HEAD_DIMS and dh not in KERNEL_HEAD_DIMS[name]:
+        raise ValueError(f"q head dim {dh} is not supported by the {name} backend "
+                         f"(supported: {KERNEL_HEAD_DIMS[name]})")
+    if out is None:
+        out = torch.empty_like(q)
+    lse = None
+    if return_lse:
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    _backend.kernel(name, "tree_attention")(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
+                                            block_table, scale, out, lse)
+    return (out, lse) if return_lse else out
