@@ -1,0 +1,167 @@
+"""Triton kernel for ``qk_norm_rope_append``: per-head RMSNorm of q and k, RoPE, K/V cache append.
+
+One program per token row ``(b, n)`` handles all of its heads: the RoPE angles are computed once
+per row and shared by the q and k heads. The cos/sin tables follow python_ref/rope.py bit for bit
+where it matters for long positions: ``inv_freq`` is ``theta ** (-2i / Dh)`` in float64 rounded
+to float32, the angle is ONE float32 multiply ``float32(position) * inv_freq``, and cos/sin of
+that float32 angle are evaluated in float64. Everything else is float32.
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["qk_norm_rope_append"]
+
+
+@triton.jit
+def _norm_rope_tile(x_ptrs, w1, w2, cos, sin, mask, eps, DH: tl.constexpr, HALF: tl.constexpr):
+    """RMSNorm + rotate-half RoPE of a ``[heads, HALF_P]`` tile pair (first and second halves)."""
+    x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    ms = tl.sum(x1 * x1 + x2 * x2, axis=1) / DH
+    r = tl.rsqrt(ms + eps)[:, None]
+    y1 = x1 * r * w1
+    y2 = x2 * r * w2
+    return y1 * cos - y2 * sin, y2 * cos + y1 * sin
+
+
+@triton.jit
+def _qk_norm_rope_append_kernel(
+    q_ptr, k_ptr, v_ptr, qo_ptr, qw_ptr, kw_ptr, pos_ptr, start_ptr, kc_ptr, vc_ptr, bt_ptr,
+    N, HQ, HKV, page_size,
+    sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, so_b, so_n, so_h,
+    sp_b, sp_n, skc_0, skc_1, skc_2, svc_0, svc_1, svc_2, sbt_b,
+    theta_hi, theta_lo, eps,
+    DH: tl.constexpr, HALF_P: tl.constexpr, BH_Q: tl.constexpr, BH_K: tl.constexpr,
+    PAGED: tl.constexpr, HAS_START: tl.constexpr,
+):
+    HALF: tl.constexpr = DH // 2
+    pid = tl.program_id(0)
+    b = (pid // N).to(tl.int64)
+    n = (pid % N).to(tl.int64)
+
+    j = tl.arange(0, HALF_P)
+    jm = j < HALF
+    pos = tl.load(pos_ptr + b * sp_b + n * sp_n)
+
+    # inv_freq = float32(theta ** (-2j/Dh)) with the power in float64; theta arrives as an exact
+    # float32 hi/lo pair because scalar kernel arguments are float32.
+    theta = tl.zeros([HALF_P], dtype=tl.float64) + theta_hi + theta_lo
+    expo = (j.to(tl.float64) * -2.0) / DH
+    inv_freq = tl.exp(expo * tl.log(theta)).to(tl.float32)
+    angle = (pos.to(tl.float32) * inv_freq).to(tl.float64)
+    cos = tl.cos(angle).to(tl.float32)[None, :]
+    sin = tl.sin(angle).to(tl.float32)[None, :]
+
+    d = j[None, :]
+    qw1 = tl.load(qw_ptr + d, mask=jm[None, :], other=0.0).to(tl.float32)
+    qw2 = tl.load(qw_ptr + HALF + d, mask=jm[None, :], other=0.0).to(tl.float32)
+    kw1 = tl.load(kw_ptr + d, mask=jm[None, :], other=0.0).to(tl.float32)
+    kw2 = tl.load(kw_ptr + HALF + d, mask=jm[None, :], other=0.0).to(tl.float32)
+
+    for h0 in range(0, HQ, BH_Q):
+        h = h0 + tl.arange(0, BH_Q)[:, None]
+        m = (h < HQ) & jm[None, :]
+        o1, o2 = _norm_rope_tile(q_ptr + b * sq_b + n * sq_n + h * sq_h + d, qw1, qw2, cos, sin,
+                                 m, eps, DH, HALF)
+        o_ptrs = qo_ptr + b * so_b + n * so_n + h * so_h + d
+        tl.store(o_ptrs, o1.to(qo_ptr.dtype.element_ty), mask=m)
+        tl.store(o_ptrs + HALF, o2.to(qo_ptr.dtype.element_ty), mask=m)
+
+    if HAS_START:
+        slot = tl.load(start_ptr + b).to(tl.int64) + n
+    else:
+        slot = pos.to(tl.int64)
+    if PAGED:
+        c0 = tl.load(bt_ptr + b * sbt_b + slot // page_size).to(tl.int64)
+        c1 = slot % page_size
+    else:
+        c0 = b
+        c1 = slot
+
+    for h0 in range(0, HKV, BH_K):
+        h = h0 + tl.arange(0, BH_K)[:, None]
+        m = (h < HKV) & jm[None, :]
+        o1, o2 = _norm_rope_tile(k_ptr + b * sk_b + n * sk_n + h * sk_h + d, kw1, kw2, cos, sin,
+                                 m, eps, DH, HALF)
+        kc_ptrs = kc_ptr + c0 * skc_0 + c1 * skc_1 + h * skc_2 + d
+        tl.store(kc_ptrs, o1.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(kc_ptrs + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
+        v_ptrs = v_ptr + b * sv_b + n * sv_n + h * sv_h + d
+        vc_ptrs = vc_ptr + c0 * svc_0 + c1 * svc_1 + h * svc_2 + d
+        v1 = tl.load(v_ptrs, mask=m, other=0.0)
+        v2 = tl.load(v_ptrs + HALF, mask=m, other=0.0)
+        tl.store(vc_ptrs, v1.to(vc_ptr.dtype.element_ty), mask=m)
+        tl.store(vc_ptrs + HALF, v2.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+def _f32_split(x: float) -> tuple[float, float]:
+    """``x`` as ``hi + lo`` with both float32-representable (about 48 bits of ``x``)."""
+    hi = struct.unpack("f", struct.pack("f", x))[0]
+    lo = struct.unpack("f", struct.pack("f", x - hi))[0]
+    return hi, lo
+
+
+def _heads_per_tile(heads: int, half_p: int) -> int:
+    """Heads per tile: all of them when small, else about 2048 elements per half-tile."""
+    return min(triton.next_power_of_2(max(heads, 1)), max(1, 2048 // half_p))
+
+
+def launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
+           block_table, cache_start, q_out):
+    """Run the kernel, writing ``q_out`` (any strides, last dim contiguous) and the caches.
+
+    Parameters are those of :func:`qk_norm_rope_append`; ``q_out`` is ``[B, N, Hq, Dh]``.
+    """
+    B, N, HQ, DH = q.shape
+    HKV = k.shape[2]
+    if B * N == 0:
+        return
+    half_p = triton.next_power_of_2(DH // 2)
+    paged = block_table is not None
+    bt = block_table if paged else positions      # dummy pointer, never read when not paged
+    start = cache_start if cache_start is not None else positions
+    theta_hi, theta_lo = _f32_split(float(rope_theta))
+    _qk_norm_rope_append_kernel[(B * N,)](
+        q, k, v, q_out, q_norm_w, k_norm_w, positions, start, k_cache, v_cache, bt,
+        N, HQ, HKV, k_cache.shape[1],
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
+        positions.stride(0), positions.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        bt.stride(0) if paged else 0,
+        theta_hi, theta_lo, float(eps),
+        DH=DH, HALF_P=half_p, BH_Q=_heads_per_tile(HQ, half_p), BH_K=_heads_per_tile(HKV, half_p),
+        PAGED=paged, HAS_START=cache_start is not None,
+    )
+
+
+def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
+                        block_table, cache_start):
+    """Per-head RMSNorm of q and k, NeoX RoPE at ``positions``, and the K/V cache append.
+
+    Parameters
+    ----------
+    q : float32/float16/bfloat16 ``[B, N, Hq, Dh]``; k, v : q.dtype ``[B, N, Hkv, Dh]``
+        (any strides with the last dim contiguous)
+    q_norm_w, k_norm_w : float ``[Dh]``
+    positions : int32/int64 ``[B, N]``
+    k_cache, v_cache : ``[B, L, Hkv, Dh]`` or paged ``[P, page_size, Hkv, Dh]`` (any float dtype;
+        values are cast on store). Row n goes to slot ``positions[b, n]``, or
+        ``cache_start[b] + n`` when ``cache_start`` (int32 ``[B]``) is given.
+    rope_theta, eps : float
+    block_table : int32 ``[B, max_pages]`` or None
+
+    Returns
+    -------
+    q_out : q.dtype ``[B, N, Hq, Dh]`` (contiguous).
+    """
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
+           block_table, cache_start, q_out)
+    return q_out
