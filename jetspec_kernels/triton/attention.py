@@ -1,0 +1,357 @@
+"""Triton ``tree_attention``: GQA-packed, split-KV flash attention over a prefix plus a tree tail.
+
+What it computes is DESIGN.md section 4: query i of sequence b sees every cached key at positions
+``< prefix_lens[b]`` and the tail key ``prefix_lens[b] + j`` iff bit (i, j) of ``tree_mask[b]`` is
+set (``tail="causal"``: j <= i, ``"full"``: all j, when there is no mask).
+
+Roofline floor (Qwen3-8B: Hq 32, Hkv 8, Dh 128, bf16; per layer and per sequence, prefix L)
+---------------------------------------------------------------------------------------------
+K/V bytes = 2 * L * Hkv * Dh * 2 = 4096 * L; FLOPs = 4 * N * L * Hq * Dh = 16384 * N * L.
+On an H200 (about 4.8 TB/s, about 990 dense bf16 TFLOP/s) the ridge is at N ~ 52, so:
+
+=====  ======  ==============  ===============  ======================
+N      L       bytes (1 seq)   FLOPs (1 seq)    floor, B = 1 / B = 16
+=====  ======  ==============  ===============  ======================
+16     32K     134 MB          8.6 GFLOP        28 us / 447 us (bytes)
+64     32K     134 MB          34 GFLOP         35 us / 555 us (FLOPs)
+256    32K     134 MB          137 GFLOP        139 us / 2.2 ms (FLOPs)
+256    1K      4.2 MB          4.3 GFLOP        4.3 us / 69 us (FLOPs)
+=====  ======  ==============  ===============  ======================
+
+Design
+------
+* **GQA packing.** One program owns one kv head of one sequence and a tile of ``BLOCK_M`` packed
+  rows ``f = i * G + g`` (tree row i, query head ``kv_head * G + g``, ``G = Hq / Hkv``). Each K/V
+  block it loads serves all G query heads, so for ``N * G <= BLOCK_M`` (N <= 32 at G = 4 with
+  BLOCK_M = 128) the prefix is read from HBM exactly once per kv head.
+* **Split-KV.** The grid is ``(query tiles, B * Hkv, num_splits)``. Split s takes an equal,
+  block-aligned share of the prefix ``[0, prefix_lens[b])`` (computed in the kernel from the real
+  length, so ragged batches balance); the last split also takes the N tail keys. With one split the
+  kernel writes ``out``/``lse`` directly; otherwise each split writes its normalised partial
+  output and base-2 LSE to fp32 workspace and a second kernel merges them by log-sum-exp.
+  ``num_splits`` depends on shapes only (cache capacity, B, Hkv, tiles, SM count): no host sync,
+  graph-capturable. The workspace is allocated per call (a caching-allocator hit on CUDA); a
+  caller-owned workspace would make capture cheaper and is left for later.
+* **Tail.** Bits are tested straight from the packed int32 words (``(word >> (j % 32)) & 1``; the
+  arithmetic shift of a negative word is harmless after ``& 1``). Causal tails stop at the tile's
+  last row; tree masks are honoured for any bit pattern.
+* **Numerics.** fp32 online softmax in base 2 (``log2(e)`` folded into the scale), ``tl.dot`` with
+  fp32 accumulation (IEEE fp32 for fp32 inputs, never tf32), P cast to the input dtype for the PV
+  product as in FlashAttention. A row with no visible key gets ``out = 0`` and ``lse = -inf``
+  (guarded, never NaN), like python_ref.
+
+Predicted behaviour on H200 (not yet measured on a GPU)
+-------------------------------------------------------
+* N = 16, any B: ``N * G = 64`` packed rows -> one tile; at B = 1 about 33 splits give 264
+  programs (two per SM) of about 1K keys each at L = 32K. The kernel streams K/V once; expect
+  about 60-75% of HBM bandwidth from a Triton kernel with this block shape, i.e. 1.3-1.7x the
+  floor, plus a merge pass over ``splits * N * Hq * Dh * 4`` bytes (about 6% of the K/V bytes).
+* N >= 64: compute-bound. ``N * G / 128`` tiles each re-read K/V (mostly from L2). Triton's
+  Hopper wgmma path reaches roughly 50-65% of dense peak for Dh = 128 forward attention, so
+  expect about 1.5-2x the floor at N = 256; the tail bit tests add a few % at N = 256, L = 1K.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["tree_attention", "choose_num_splits", "launch_tree_attention"]
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+# Splits only pay off when each gets several key blocks; below this many keys a split is not made.
+_MIN_KEYS_PER_SPLIT = {"cuda": 256, "cpu": 32}
+_MAX_SPLITS = 128
+# The interpreter runs programs one after another: a handful of "SMs" keeps CPU tests fast while
+# still exercising several splits for long prefixes.
+_CPU_SM_COUNT = 4
+
+
+@triton.jit
+def _kv_offsets(pos, valid, b, kv_head, bt_ptr, stride_btb, page_size,
+                stride_c0, stride_c1, stride_ch, PAGED: tl.constexpr):
+    """Element offsets of key/value rows at logical positions ``pos`` of sequence ``b``."""
+    if PAGED:
+        page = tl.load(bt_ptr + b * stride_btb + pos // page_size, mask=valid, other=0)
+        return page.to(tl.int64) * stride_c0 + (pos % page_size).to(tl.int64) * stride_c1 \
+            + kv_head * stride_ch
+    return b.to(tl.int64) * stride_c0 + pos.to(tl.int64) * stride_c1 + kv_head * stride_ch
+
+
+@triton.jit
+def _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible, offs_d,
+                  qk_scale_log2, INPUT_PRECISION: tl.constexpr):
+    """One online-softmax step over a block of keys; ``visible`` is [BLOCK_M, BLOCK_N] bool."""
+    k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale_log2
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead to avoid inf - inf.
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_sub)
+    p = tl.exp2(s - m_sub[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _tree_attention_fwd(
+    q_ptr, k_ptr, v_ptr, prefix_ptr, mask_ptr, bt_ptr, out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr,
+    stride_qb, stride_qn, stride_qh,
+    stride_c0, stride_c1, stride_ch,
+    stride_mb, stride_mn,
+    stride_btb, page_size,
+    stride_ob, stride_on, stride_oh,
+    stride_lb, stride_lh, stride_ln,
+    B, N, HQ, HKV, G, num_splits, qk_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, TAIL_MODE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """One (query tile, sequence x kv head, split) program. TAIL_MODE: 0 tree mask, 1 causal, 2 full."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = bh // HKV
+    kv_head = bh % HKV
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)      # packed row f = i * G + g
+    row_ok = offs_m < N * G
+    row_i = offs_m // G
+    head = kv_head * G + offs_m % G
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q_off = b.to(tl.int64) * stride_qb + row_i.to(tl.int64) * stride_qn + head.to(tl.int64) * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    prefix = tl.load(prefix_ptr + b)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # This split's share of the prefix: equal block-aligned chunks of the real length.
+    chunk = tl.cdiv(tl.cdiv(prefix, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, prefix)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + offs_n
+        key_ok = pos < hi
+        kv_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
+                             stride_c0, stride_c1, stride_ch, PAGED)
+        visible = row_ok[:, None] & key_ok[None, :]
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible,
+                                      offs_d, qk_scale_log2, INPUT_PRECISION)
+
+    if split == num_splits - 1:
+        tail_end = N
+        if TAIL_MODE == 1:
+            last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, N - 1)
+            tail_end = last_row + 1
+        for j0 in range(0, tail_end, BLOCK_N):
+            j = j0 + offs_n
+            key_ok = j < tail_end
+            kv_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
+                                 stride_c0, stride_c1, stride_ch, PAGED)
+            both = row_ok[:, None] & key_ok[None, :]
+            if TAIL_MODE == 0:
+                word = tl.load(mask_ptr + b.to(tl.int64) * stride_mb
+                               + row_i.to(tl.int64)[:, None] * stride_mn + (j // 32)[None, :],
+                               mask=both, other=0)
+                visible = both & (((word >> (j % 32)[None, :]) & 1) != 0)
+            elif TAIL_MODE == 1:
+                visible = both & (j[None, :] <= row_i[:, None])
+            else:
+                visible = both
+            acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible,
+                                          offs_d, qk_scale_log2, INPUT_PRECISION)
+
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    if SPLIT:
+        # Workspace rows ordered (split, b, i, head): [S, B, N, HQ] (+ HEAD_DIM for the output).
+        ws_row = ((split * B + b).to(tl.int64) * N + row_i) * HQ + head
+        tl.store(ws_o_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(ws_lse_ptr + ws_row, lse2, mask=row_ok)
+    else:
+        o_off = b.to(tl.int64) * stride_ob + row_i.to(tl.int64) * stride_on + head.to(tl.int64) * stride_oh
+        tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+        if STORE_LSE:
+            l_off = b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \
+                + row_i.to(tl.int64) * stride_ln
+            tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(
+    ws_o_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    stride_ob, stride_on, stride_oh, stride_lb, stride_lh, stride_ln,
+    N, HQ, rows, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, STORE_LSE: tl.constexpr,
+):
+    """Combine per-split (normalised output, base-2 LSE) pairs into ``out`` and natural-log ``lse``."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)     # r = (b * N + i) * HQ + head
+    r_ok = r < rows
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    w_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(0, num_splits):
+        row = r.to(tl.int64) + s * rows
+        lse_s = tl.load(ws_lse_ptr + row, mask=r_ok, other=float("-inf"))
+        o_s = tl.load(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=r_ok[:, None],
+                      other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_sub)
+        w = tl.exp2(lse_s - m_sub)
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        w_sum = w_sum * alpha + w
+        m = m_new
+    has_key = w_sum > 0.0
+    o = acc / tl.where(has_key, w_sum, 1.0)[:, None]
+    head = r % HQ
+    row_i = (r // HQ) % N
+    b = r // (HQ * N)
+    o_off = b.to(tl.int64) * stride_ob + row_i.to(tl.int64) * stride_on + head.to(tl.int64) * stride_oh
+    tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=r_ok[:, None])
+    if STORE_LSE:
+        lse2 = tl.where(has_key, m + tl.log2(tl.where(has_key, w_sum, 1.0)), float("-inf"))
+        l_off = b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \
+            + row_i.to(tl.int64) * stride_ln
+        tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=r_ok)
+
+
+def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for ``rows = N * G`` packed query rows."""
+    block_m = min(128 if head_dim <= 128 else 64, max(16, triton.next_power_of_2(rows)))
+    if device.type != "cuda":
+        return block_m, 32, 4
+    block_n = 64 if head_dim <= 128 else 32
+    return block_m, block_n, 8 if block_m * head_dim >= 128 * 128 else 4
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _CPU_SM_COUNT
+
+
+def choose_num_splits(batch: int, hkv: int, q_tiles: int, max_prefix: int, sm_count: int,
+                      min_keys: int) -> int:
+    """How many prefix splits to launch; a function of shapes only (graph-capturable).
+
+    Parameters
+    ----------
+    batch, hkv, q_tiles : int
+        The grid without splitting is ``q_tiles * batch * hkv`` programs.
+    max_prefix : int
+        Upper bound on ``prefix_lens`` from the cache shape (capacity minus N).
+    sm_count : int
+        Streaming multiprocessors (or a small stand-in on the CPU).
+    min_keys : int
+        Smallest prefix share worth a split of its own.
+
+    Returns
+    -------
+    int in ``[1, 128]``: enough splits for about two programs per SM, never more than the prefix
+    bound can feed with ``min_keys`` keys each.
+    """
+    base = max(1, batch * hkv * q_tiles)
+    want = -(-2 * sm_count // base)
+    by_length = max(1, -(-max(0, max_prefix) // min_keys))
+    return max(1, min(want, by_length, _MAX_SPLITS))
+
+
+def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
+                          out, lse, num_splits: int | None = None) -> None:
+    """:func:`tree_attention` with an optional forced ``num_splits`` (tests, benchmarks).
+
+    Parameters are those of :func:`tree_attention`; ``num_splits`` None picks
+    :func:`choose_num_splits`, an int >= 1 overrides it (splits beyond the prefix are empty).
+    """
+    B, N, HQ, D = q.shape
+    HKV = k_cache.shape[2]
+    G = HQ // HKV
+    dev = q.device
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+
+    block_m, block_n, num_warps = _block_sizes(dev, N * G, D)
+    q_tiles = triton.cdiv(N * G, block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(B, HKV, q_tiles, capacity - N, _sm_count(dev),
+                                       _MIN_KEYS_PER_SPLIT["cuda" if dev.type == "cuda" else "cpu"])
+    split = num_splits > 1
+    store_lse = lse is not None
+    tail_mode = 0 if tree_mask is not None else (1 if tail == "causal" else 2)
+
+    if split:
+        ws_o = torch.empty(num_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
+        ws_lse = torch.empty(num_splits, B, N, HQ, device=dev, dtype=torch.float32)
+    else:
+        ws_o = ws_lse = out           # unused pointers
+    mask_arg = tree_mask if tree_mask is not None else prefix_lens
+    mask_strides = (tree_mask.stride(0), tree_mask.stride(1)) if tree_mask is not None else (0, 0)
+    bt_arg = block_table if paged else prefix_lens
+    lse_arg = lse if store_lse else out
+    lse_strides = (lse.stride(0), lse.stride(1), lse.stride(2)) if store_lse else (0, 0, 0)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    grid = (q_tiles, B * HKV, num_splits)
+    _tree_attention_fwd[grid](
+        q, k_cache, v_cache, prefix_lens, mask_arg, bt_arg, out, lse_arg, ws_o, ws_lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *mask_strides,
+        block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
+        out.stride(0), out.stride(1), out.stride(2),
+        *lse_strides,
+        B, N, HQ, HKV, G, num_splits, scale * _LOG2E,
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, TAIL_MODE=tail_mode,
+        SPLIT=split, STORE_LSE=store_lse, INPUT_PRECISION=precision, num_warps=num_warps,
+    )
+    if split:
+        rows = B * N * HQ
+        block_r = 16 if D >= 128 else 32
+        _merge_splits[(triton.cdiv(rows, block_r),)](
+            ws_o, ws_lse, out, lse_arg,
+            out.stride(0), out.stride(1), out.stride(2), *lse_strides,
+            N, HQ, rows, num_splits,
+            HEAD_DIM=D, BLOCK_R=block_r, STORE_LSE=store_lse, num_warps=4,
+        )
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
+                   lse) -> None:
+    """Backend entry point: tree / causal / full-tail attention over a KV cache (fills outputs).
+
+    Parameters
+    ----------
+    q : float16/bfloat16/float32 [B, N, Hq, Dh], last dim contiguous (other strides free)
+    k_cache, v_cache : q.dtype, contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
+        (last dim contiguous); the tail's K/V sit at positions prefix_lens .. prefix_lens + N - 1.
+    prefix_lens : int32 [B]
+    tree_mask : int32 [B, N, ceil(N/32)] or None
+    tail : "causal" | "full"; used when tree_mask is None
+    block_table : int32 [B, max_pages] or None (contiguous cache)
+    scale : float
+    out : q.dtype [B, N, Hq, Dh], last dim contiguous; written
+    lse : float32 [B, Hq, N] or None; natural-log log-sum-exp, written when given
+
+    Returns
+    -------
+    None. Arguments were validated by ``jetspec_kernels.ops.tree_attention``; Dh is a power of
+    two in 16..256.
+    """
+    launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
+                          out, lse)

@@ -1,0 +1,220 @@
+"""Triton tree_attention against python_ref.tree_attention computed in float64.
+
+CPU runs go through the Triton interpreter (fp32 / fp16, small shapes); the bf16 and Qwen3-8B-shape
+checks are marked ``gpu``. Outputs are NaN-poisoned before every launch, and cache slots that no
+query may read are NaN too, so a stray read or a missed write fails the comparison.
+"""
+import math
+
+import pytest
+import torch
+
+import jetspec_kernels as jk
+import python_ref as R
+from jetspec_kernels.ops.tree_attention import check_tree_attention
+from jetspec_kernels.triton import attention as TA
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def tree_masks(B, N, depth, topk, gen, device="cpu"):
+    """Ancestor masks of real draft trees (python_ref.draft_tree on random logits): int32 [B, N, W]."""
+    logits = torch.randn(B, depth, 64, generator=gen) * 3.0
+    roots = torch.zeros(B, dtype=torch.int32)
+    t = R.draft_tree(logits, roots, N, topk)
+    return t["mask"].to(torch.int32).to(device)
+
+
+def make_case(B, N, Hq, Hkv, Dh, prefix_lens, dtype, *, mode="tree", page_size=None,
+              q_layout="contiguous", seed=0, device="cpu", tree_depth=6, tree_topk=3):
+    """Random q, NaN-padded contiguous or paged caches (shuffled block table) and a tail spec."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    if q_layout == "transposed":          # [B, Hq, N, Dh] storage viewed as [B, N, Hq, Dh]
+        q = rnd(B, Hq, N, Dh).transpose(1, 2)
+    elif q_layout == "sliced":            # a head slice of a wider projection
+        q = rnd(B, N, Hq + 3, Dh)[:, :, 2:Hq + 2]
+    else:
+        q = rnd(B, N, Hq, Dh)
+    lengths = [p + N for p in prefix_lens]
+    capacity = max(lengths) + 3
+    if page_size is None:
+        k = torch.full((B, capacity, Hkv, Dh), float("nan"), dtype=dtype)
+        v = k.clone()
+        for b, n in enumerate(lengths):
+            k[b, :n] = rnd(n, Hkv, Dh)
+            v[b, :n] = rnd(n, Hkv, Dh)
+        block_table = None
+    else:
+        max_pages = -(-capacity // page_size)
+        num_pages = B * max_pages + 2
+        perm = torch.randperm(num_pages, generator=gen)
+        block_table = perm[:B * max_pages].view(B, max_pages).to(torch.int32)
+        k = torch.full((num_pages, page_size, Hkv, Dh), float("nan"), dtype=dtype)
+        v = k.clone()
+        for b, n in enumerate(lengths):
+            pos = torch.arange(n)
+            pages = block_table[b].long()[pos // page_size]
+            k[pages, pos % page_size] = rnd(n, Hkv, Dh)
+            v[pages, pos % page_size] = rnd(n, Hkv, Dh)
+    mask = tree_masks(B, N, tree_depth, tree_topk, gen) if mode == "tree" else None
+    tail = "causal" if mode == "tree" else mode
+    prefix = torch.tensor(prefix_lens, dtype=torch.int32)
+    to = (lambda t: None if t is None else t.to(device))
+    return dict(q=to(q), k_cache=to(k), v_cache=to(v), prefix_lens=to(prefix), tree_mask=to(mask),
+                tail=tail, block_table=to(block_table))
+
+
+def reference(case, scale):
+    return R.tree_attention(case["q"].double(), case["k_cache"].double(), case["v_cache"].double(),
+                            case["prefix_lens"], case["tree_mask"], case["tail"],
+                            case["block_table"], scale)
+
+
+def run_backend(case, scale=None, num_splits=None, with_lse=True, out_layout="contiguous"):
+    """Validate like the ops layer, then launch into NaN-poisoned out / lse."""
+    q = case["q"]
+    B, N, Hq, Dh = q.shape
+    scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    check_tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
+                         case["tree_mask"], case["tail"], case["block_table"], scale, None)
+    if out_layout == "transposed":
+        out = torch.full((B, Hq, N, Dh), float("nan"), dtype=q.dtype, device=q.device).transpose(1, 2)
+    else:
+        out = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+    lse = (torch.full((B, Hq, N), float("nan"), dtype=torch.float32, device=q.device)
+           if with_lse else None)
+    TA.launch_tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
+                             case["tree_mask"], case["tail"], case["block_table"], scale, out, lse,
+                             num_splits=num_splits)
+    return out, lse, scale
+
+
+def assert_close(case, out, lse, scale):
+    ref_out, ref_lse = reference(case, scale)
+    tol = TOL[case["q"].dtype]
+    assert out.dtype == case["q"].dtype
+    assert not torch.isnan(out).any()
+    err = rel_l2(out, ref_out)
+    assert err < tol, f"out rel-L2 {err:.3g} >= {tol}"
+    if lse is not None:
+        assert lse.dtype == torch.float32 and not torch.isnan(lse).any()
+        err = rel_l2(lse, ref_lse)
+        assert err < tol, f"lse rel-L2 {err:.3g} >= {tol}"
+
+
+# (B, N, Hq, Hkv, Dh, prefix_lens, mode, page_size, q_layout)
+CASES = [
+    (3, 5, 4, 2, 16, [0, 7, 45], "causal", None, "contiguous"),
+    (3, 13, 4, 1, 32, [33, 0, 5], "tree", 16, "contiguous"),
+    (2, 37, 2, 2, 16, [50, 3], "tree", 1, "transposed"),
+    (1, 8, 8, 2, 64, [21], "full", 16, "sliced"),
+    (2, 6, 2, 1, 128, [9, 40], "tree", None, "contiguous"),
+    (3, 9, 4, 4, 16, [17, 64, 0], "full", None, "transposed"),
+    (2, 16, 4, 1, 32, [31, 70], "causal", 1, "sliced"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("B,N,Hq,Hkv,Dh,prefix,mode,page_size,q_layout", CASES)
+def test_matches_reference(B, N, Hq, Hkv, Dh, prefix, mode, page_size, q_layout, dtype):
+    case = make_case(B, N, Hq, Hkv, Dh, prefix, dtype, mode=mode, page_size=page_size,
+                     q_layout=q_layout, seed=B * 100 + N)
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+def test_tree_smaller_than_budget_has_padding_rows():
+    # depth 2, top-2: 7 real nodes in a capacity of 13; rows 7.. are padding (own bit only).
+    case = make_case(2, 13, 4, 2, 16, [12, 30], torch.float32, mode="tree", page_size=16,
+                     tree_depth=2, tree_topk=2, seed=5)
+    mask = case["tree_mask"]
+    assert (mask[:, 7:, 0] == (1 << torch.arange(7, 13, dtype=torch.int32))).all()
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 16])
+def test_split_counts_agree(num_splits):
+    # 16 splits of a <= 90-key prefix leave most splits empty: the merge must ignore them.
+    case = make_case(2, 11, 4, 2, 32, [90, 37], torch.float32, mode="tree", page_size=16, seed=7)
+    out, lse, scale = run_backend(case, num_splits=num_splits)
+    assert_close(case, out, lse, scale)
+
+
+def test_long_prefix_uses_several_splits():
+    B, N, Hq, Hkv = 1, 5, 2, 1
+    case = make_case(B, N, Hq, Hkv, 16, [300], torch.float16, mode="causal", seed=8)
+    splits = TA.choose_num_splits(B, Hkv, 1, case["k_cache"].shape[1] - N, TA._CPU_SM_COUNT,
+                                  TA._MIN_KEYS_PER_SPLIT["cpu"])
+    assert splits > 1
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_without_lse_and_custom_scale(num_splits):
+    case = make_case(2, 7, 4, 2, 16, [10, 3], torch.float32, mode="tree", seed=9)
+    out, lse, scale = run_backend(case, scale=0.37, num_splits=num_splits, with_lse=False,
+                                  out_layout="transposed")
+    assert lse is None
+    assert_close(case, out, None, scale)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_row_without_visible_key_is_zero_not_nan(num_splits):
+    # Row 0 of sequence 0 has an empty mask and no prefix: out = 0, lse = -inf (as python_ref).
+    case = make_case(2, 4, 2, 1, 16, [0, 6], torch.float32, mode="tree", seed=10)
+    case["tree_mask"][0, 0, 0] = 0
+    out, lse, scale = run_backend(case, num_splits=num_splits)
+    assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0]))
+    assert torch.isneginf(lse[0, :, 0]).all()
+    ref_out, ref_lse = reference(case, scale)
+    assert rel_l2(out, ref_out) < 1e-5
+    assert rel_l2(lse[:, :, 1:], ref_lse[:, :, 1:]) < 1e-5 and rel_l2(lse[1], ref_lse[1]) < 1e-5
+
+
+def test_public_api_dispatch():
+    case = make_case(2, 6, 4, 2, 32, [14, 2], torch.float16, mode="tree", page_size=16, seed=11)
+    out = torch.full_like(case["q"], float("nan"))
+    got, lse = jk.tree_attention(case["q"], case["k_cache"], case["v_cache"], case["prefix_lens"],
+                                 case["tree_mask"], block_table=case["block_table"],
+                                 return_lse=True, out=out, backend="triton")
+    assert got is out
+    assert_close(case, out, lse, 1.0 / math.sqrt(32))
+
+
+def test_split_choice_fills_an_h200():
+    sms = 132
+    gpu_min = TA._MIN_KEYS_PER_SPLIT["cuda"]
+    # Qwen3-8B, B=1, N=16: one tile of 64 packed rows per kv head; 32K prefix must fill the GPU.
+    s = TA.choose_num_splits(1, 8, 1, 32768, sms, gpu_min)
+    assert 8 * s >= sms
+    # Large batches already fill it; short prefixes cannot feed splits.
+    assert TA.choose_num_splits(16, 8, 8, 32768, sms, gpu_min) == 1
+    assert TA.choose_num_splits(1, 8, 1, 200, sms, gpu_min) == 1
+    assert TA.choose_num_splits(1, 1, 1, 10 ** 7, sms, gpu_min) == TA._MAX_SPLITS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,prefix,page_size,mode", [
+    (1, 16, [32768], 16, "tree"),
+    (2, 64, [4096, 1000], None, "tree"),
+    (4, 128, [2048, 17, 0, 999], 16, "causal"),
+    (1, 256, [1024], None, "tree"),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_qwen3_8b_shapes_on_gpu(B, N, prefix, page_size, mode, dtype):
+    case = make_case(B, N, 32, 8, 128, prefix, dtype, mode=mode, page_size=page_size,
+                     device="cuda", tree_depth=15, tree_topk=7, seed=N)
+    out, lse, scale = run_backend(case)
+    torch.cuda.synchronize()
+    assert_close(case, out, lse, scale)
