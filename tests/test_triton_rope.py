@@ -1,0 +1,133 @@
+"""Triton qk_norm_rope_append vs python_ref (float64) under the interpreter, and bf16 on a GPU."""
+import pytest
+import torch
+
+import jetspec_kernels as jk
+import python_ref as ref
+from jetspec_kernels.triton import rope
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_l2(out, want):
+    out, want = out.double(), want.double()
+    return ((out - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+def make_inputs(B, N, HQ, HKV, DH, dtype, layout, gen):
+    """q, k, v as non-contiguous views when asked: heads of one fused qkv tensor, or a
+    sequence-major tensor transposed to batch-major."""
+    if layout == "fused":
+        qkv = torch.randn(B, N, HQ + 2 * HKV, DH, generator=gen).to(dtype)
+        return qkv[:, :, :HQ], qkv[:, :, HQ:HQ + HKV], qkv[:, :, HQ + HKV:]
+    if layout == "transposed":
+        t = lambda h: torch.randn(N, B, h, DH, generator=gen).to(dtype).transpose(0, 1)
+        return t(HQ), t(HKV), t(HKV)
+    return (torch.randn(B, N, HQ, DH, generator=gen).to(dtype),
+            torch.randn(B, N, HKV, DH, generator=gen).to(dtype),
+            torch.randn(B, N, HKV, DH, generator=gen).to(dtype))
+
+
+def make_cache(B, cap, HKV, DH, dtype, page, gen):
+    """NaN-poisoned k/v caches of capacity ``cap`` per sequence and a shuffled block table."""
+    if page is None:
+        shape, table = (B, cap, HKV, DH), None
+    else:
+        pages = -(-cap // page)
+        table = torch.randperm(B * pages + 3, generator=gen)[:B * pages].view(B, pages)
+        table = table.to(torch.int32)
+        shape = (B * pages + 3, page, HKV, DH)
+    kc = torch.full(shape, float("nan"), dtype=dtype)
+    return kc, kc.clone(), table
+
+
+def run_case(B, N, HQ, HKV, DH, dtype, cache_dtype, layout, page, with_start, base_pos, seed,
+             w_dtype=None, theta=1e6):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = make_inputs(B, N, HQ, HKV, DH, dtype, layout, gen)
+    qw = (torch.rand(DH, generator=gen) + 0.5).to(w_dtype or dtype)
+    kw = (torch.rand(DH, generator=gen) + 0.5).to(w_dtype or dtype)
+    pre = torch.randint(0, 9, (B,), generator=gen, dtype=torch.int32)
+    if with_start:
+        # tree verification: RoPE at prefix + depth (repeats), slots prefix + n
+        depth = torch.randint(0, 4, (B, N), generator=gen, dtype=torch.int32)
+        positions = (base_pos + pre[:, None] + depth).to(torch.int32)
+        start, cap = pre, 9 + N
+    else:
+        positions = (base_pos + pre[:, None] + torch.arange(N, dtype=torch.int32)).to(torch.int32)
+        start, cap = None, base_pos + 9 + N
+    kc, vc, table = make_cache(B, cap, HKV, DH, cache_dtype, page, gen)
+    kr, vr = kc.double(), vc.double()
+    want_q = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
+                                     positions, kr, vr, theta, block_table=table, cache_start=start)
+
+    to = lambda t: None if t is None else t.to(DEV)
+    q_out = torch.full(q.shape, float("nan"), dtype=dtype, device=DEV)
+    kc, vc = kc.to(DEV), vc.to(DEV)
+    rope.launch(to(q), to(k), to(v), to(qw), to(kw), to(positions), kc, vc, theta, 1e-6,
+                to(table), to(start), q_out)
+    tol = max(TOL[dtype], TOL[cache_dtype])
+    assert rel_l2(q_out.cpu(), want_q) < TOL[dtype]
+    kc, vc = kc.cpu(), vc.cpu()
+    written = ~torch.isnan(kr)
+    assert torch.equal(torch.isnan(kc), ~written), "wrote outside the target slots or missed one"
+    assert torch.equal(torch.isnan(vc), ~written)
+    assert rel_l2(kc[written], kr[written]) < tol
+    assert rel_l2(vc[written], vr[written]) < tol
+    if cache_dtype == dtype:
+        assert torch.equal(vc[written], vr[written].to(cache_dtype)), "v must be stored as is"
+
+
+CASES = [
+    # B, N, HQ, HKV, DH, dtype, cache dtype, layout, page, cache_start, base position
+    (3, 5, 4, 4, 64, torch.float32, torch.float32, "contiguous", None, False, 0),
+    (3, 7, 8, 2, 128, torch.float32, torch.float32, "fused", 16, True, 0),
+    (1, 6, 8, 2, 16, torch.float32, torch.float32, "transposed", 1, True, 40000),
+    (3, 3, 4, 1, 64, torch.float32, torch.float32, "fused", None, False, 40000),
+    (2, 5, 4, 4, 128, torch.float16, torch.float16, "transposed", 16, False, 100),
+    (3, 5, 8, 2, 64, torch.float16, torch.float32, "fused", 1, True, 32000),
+    (2, 3, 4, 1, 16, torch.float32, torch.float16, "contiguous", 16, True, 0),
+]
+
+
+@pytest.mark.parametrize("i", range(len(CASES)),
+                         ids=["-".join(map(str, c)).replace("torch.", "") for c in CASES])
+def test_parity_with_reference(i):
+    run_case(*CASES[i], seed=i)
+
+
+def test_weights_in_another_dtype_and_small_theta():
+    run_case(3, 5, 8, 2, 64, torch.float16, torch.float16, "contiguous", None, True, 5000, seed=7,
+             w_dtype=torch.float32, theta=10000.0)
+
+
+def test_public_api_dispatches_to_triton():
+    gen = torch.Generator().manual_seed(3)
+    B, N, HQ, HKV, DH = 3, 5, 4, 2, 64
+    q, k, v = make_inputs(B, N, HQ, HKV, DH, torch.float32, "fused", gen)
+    w = torch.rand(DH, generator=gen) + 0.5
+    pos = torch.randint(0, 60, (B, N), generator=gen, dtype=torch.int32)
+    pos = pos + torch.arange(N, dtype=torch.int32) * 64           # distinct slots per sequence
+    kc = torch.full((B, 64 * N, HKV, DH), float("nan"))
+    vc = kc.clone()
+    kr, vr = kc.double(), vc.double()
+    got = jk.qk_norm_rope_append(q, k, v, w, w, pos, kc, vc, rope_theta=1e6, backend="triton")
+    want = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), w.double(), w.double(),
+                                   pos, kr, vr, 1e6)
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    assert rel_l2(got, want) < 1e-5
+    written = ~torch.isnan(kr)
+    assert torch.equal(torch.isnan(kc), ~written)
+    assert rel_l2(kc[written], kr[written]) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 16])
+def test_bf16_qwen_shapes_on_gpu(page):
+    run_case(4, 64, 32, 8, 128, torch.bfloat16, torch.bfloat16, "fused", page, True, 32768, seed=1)
+
+
+@pytest.mark.gpu
+def test_fp32_long_positions_on_gpu():
+    run_case(2, 33, 16, 4, 128, torch.float32, torch.float32, "contiguous", 16, False, 40000, seed=2)
