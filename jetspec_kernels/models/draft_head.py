@@ -1,0 +1,197 @@
+"""The JetSpec / DFlash draft head with a persistent draft KV cache (DESIGN.md section 3).
+
+Context rows are ``ctx = RMSNorm_hidden(fc(taps))``; every layer's context K/V come from that same
+``ctx`` (no input layernorm), so :meth:`DraftHead.append_context` computes them once per new row and
+appends them to the cache at positions ``ctx_len ..``. Each round, :meth:`DraftHead.draft_hidden`
+writes the block ``[anchor, mask, ..., mask]`` K/V at positions ``ctx_len .. ctx_len + S - 1``
+(overwritten every round) and attends with ``tree_attention`` (tail ``"causal"``, or ``"full"`` when
+``causal_head`` is false). The head owns no embedding and no lm_head: it takes the target's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.qk_norm_rope_append import qk_norm_rope_append
+from ..ops.tree_attention import tree_attention
+from .checkpoint import load_safetensors, take
+from .config import DraftConfig, read_config
+from .kv_cache import KVCache
+from .qwen3 import LAYER_KEYS, layer_shapes, rms_norm
+
+__all__ = ["DraftHead", "DraftState"]
+
+
+@dataclass
+class DraftState:
+    """Per-batch draft context: the cache and how many context rows each sequence has.
+
+    cache : KVCache over the head's layers; ctx_len : int32 [B]
+    """
+
+    cache: KVCache
+    ctx_len: torch.Tensor
+
+
+class DraftHead:
+    """A JetSpec (``causal_head`` true) or DFlash (false) draft head.
+
+    Attributes
+    ----------
+    config : DraftConfig
+    fc_weight : [H, n_taps * Ht]; hidden_norm_weight, norm_weight : [H]
+    layers : list of dicts key (``LAYER_KEYS``) -> tensor
+    """
+
+    def __init__(self, config: DraftConfig, weights: dict[str, torch.Tensor], *, where: str = "DraftHead"):
+        """Take checkpoint tensors (keys as in DESIGN.md; a ``model.`` prefix is accepted)."""
+        self.config = cfg = config
+        weights = {k.removeprefix("model."): t for k, t in weights.items()}
+        h = cfg.hidden_size
+        taps_width = len(cfg.target_layer_ids) * cfg.target_hidden_size
+        self.fc_weight = take(weights, "fc.weight", (h, taps_width), where)
+        self.hidden_norm_weight = take(weights, "hidden_norm.weight", (h,), where)
+        self.norm_weight = take(weights, "norm.weight", (h,), where)
+        shapes = layer_shapes(cfg)
+        self.layers = [{key: take(weights, f"layers.{i}.{key}", shapes[key], where) for key in LAYER_KEYS}
+                       for i in range(cfg.num_hidden_layers)]
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "DraftHead":
+        """Load a draft-head checkpoint directory (``config.json`` + safetensors, single or sharded)."""
+        cfg = DraftConfig.from_dict(read_config(path))
+        return cls(cfg, load_safetensors(path, dtype=dtype, device=device),
+                   where=f"draft head checkpoint {path}")
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.config.target_layer_ids)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc_weight.device
+
+    def new_state(self, batch: int, capacity: int, *, page_size: int | None = None) -> DraftState:
+        """Empty draft context for ``batch`` sequences; ``capacity`` must cover the longest context
+        plus ``max(block_size, rows appended at once)``."""
+        c = self.config
+        cache = KVCache.allocate(c.num_hidden_layers, batch, capacity, c.num_key_value_heads, c.head_dim,
+                                 dtype=self.dtype, device=self.device, page_size=page_size)
+        return DraftState(cache, torch.zeros(batch, dtype=torch.int32, device=self.device))
+
+    def append_context(self, state: DraftState, taps: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append context rows: K/V of ``ctx = RMSNorm(fc(taps))`` at positions ``ctx_len ..``.
+
+        Parameters
+        ----------
+        state : DraftState (``ctx_len += counts`` in place)
+        taps : [B, M, n_taps * Ht] target hidden states of the new rows (rows >= counts[b] are
+            ignored: their K/V land beyond the new context length and are overwritten later)
+        counts : int32 [B] in [0, M]
+        """
+        cfg = self.config
+        b, m, _ = taps.shape
+        nkv, dh, eps = cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps)
+        pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
+        for li, w in enumerate(self.layers):
+            k = F.linear(ctx, w["self_attn.k_proj.weight"]).view(b, m, nkv, dh)
+            v = F.linear(ctx, w["self_attn.v_proj.weight"]).view(b, m, nkv, dh)
+            kc, vc = state.cache.layer(li)
+            # The op also normalises and rotates a query; context rows have none, so k stands in
+            # for q and that output is dropped.
+            qk_norm_rope_append(k, k, v, w["self_attn.k_norm.weight"], w["self_attn.k_norm.weight"],
+                                pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+                                block_table=state.cache.block_table)
+        state.ctx_len.add_(counts.to(torch.int32))   # in place: a static buffer for CUDA graphs
+
+    def draft_hidden(self, state: DraftState, anchor_tokens: torch.Tensor,
+                     embed_weight: torch.Tensor) -> torch.Tensor:
+        """Run the block ``[anchor, mask, ...]`` over the cached context.
+
+        Parameters
+        ----------
+        state : DraftState (its cache's block slots are overwritten; ctx_len is unchanged)
+        anchor_tokens : int [B]
+        embed_weight : [V, H] the target's embedding
+
+        Returns
+        -------
+        hidden : [B, S - 1, H] final-normed hidden states of block rows 1..S-1 (depths 1..S-1).
+        """
+        cfg = self.config
+        b = anchor_tokens.shape[0]
+        s, nq, nkv, dh, eps = cfg.block_size, cfg.num_attention_heads, cfg.num_key_value_heads, \
+            cfg.head_dim, cfg.rms_norm_eps
+        dev = anchor_tokens.device
+        if embed_weight.dim() != 2 or embed_weight.shape[1] != cfg.hidden_size:
+            raise ValueError(f"embed_weight must have shape [V, {cfg.hidden_size}] (the draft head's "
+                             f"hidden size), got {list(embed_weight.shape)}")
+        block = torch.full((b, s), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = anchor_tokens.long()
+        x = F.embedding(block, embed_weight).to(self.dtype)
+        pos = (state.ctx_len[:, None] + torch.arange(s, device=dev, dtype=torch.int32)).contiguous()
+        tail = "causal" if cfg.causal_head else "full"
+        for li, w in enumerate(self.layers):
+            a = rms_norm(x, w["input_layernorm.weight"], eps)
+            q = F.linear(a, w["self_attn.q_proj.weight"]).view(b, s, nq, dh)
+            k = F.linear(a, w["self_attn.k_proj.weight"]).view(b, s, nkv, dh)
+            v = F.linear(a, w["self_attn.v_proj.weight"]).view(b, s, nkv, dh)
+            kc, vc = state.cache.layer(li)
+            q = qk_norm_rope_append(q, k, v, w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"],
+                                    pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+                                    block_table=state.cache.block_table)
+            o = tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=state.cache.block_table)
+            x = x + F.linear(o.reshape(b, s, nq * dh), w["self_attn.o_proj.weight"])
+            a = rms_norm(x, w["post_attention_layernorm.weight"], eps)
+            mlp = F.silu(F.linear(a, w["mlp.gate_proj.weight"])) * F.linear(a, w["mlp.up_proj.weight"])
+            x = x + F.linear(mlp, w["mlp.down_proj.weight"])
+        return rms_norm(x[:, 1:], self.norm_weight, eps)
+
+    def cached_logits(self, state: DraftState, anchor_tokens: torch.Tensor, *,
+                      embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Per-depth draft logits over the cached context (:meth:`draft_hidden` then the lm_head).
+
+        Parameters
+        ----------
+        state : DraftState; anchor_tokens : int [B]
+        embed_weight, lm_head_weight : [V, H] the target's
+
+        Returns
+        -------
+        logits : [B, S - 1, V] in the head's dtype; row s predicts depth s + 1.
+        """
+        hidden = self.draft_hidden(state, anchor_tokens, embed_weight)
+        return F.linear(hidden, lm_head_weight.to(self.dtype))
+
+    def draft_logits(self, target_hidden: torch.Tensor, anchor_tokens: torch.Tensor, *,
+                     embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Per-depth draft logits for a fresh context (the decoding loop's cached path, from scratch).
+
+        Parameters
+        ----------
+        target_hidden : [B, T, n_taps * Ht] tapped target hidden states of the T context rows
+        anchor_tokens : int [B]
+        embed_weight, lm_head_weight : [V, H] the target's
+
+        Returns
+        -------
+        logits : [B, S - 1, V] in the head's dtype; row s predicts depth s + 1.
+        """
+        b, t, _ = target_hidden.shape
+        state = self.new_state(b, t + self.block_size)
+        counts = torch.full((b,), t, dtype=torch.int32, device=target_hidden.device)
+        self.append_context(state, target_hidden, counts)
+        return self.cached_logits(state, anchor_tokens, embed_weight=embed_weight,
+                                  lm_head_weight=lm_head_weight)

@@ -1,0 +1,254 @@
+"""A minimal Qwen3 target model running on the package's ops.
+
+Matmuls, embeddings and the MLP are plain torch; the per-head q/k RMSNorm + RoPE + cache append
+is :func:`jetspec_kernels.qk_norm_rope_append` and attention is
+:func:`jetspec_kernels.tree_attention`, so the same code runs on every backend. One forward
+serves prefill (causal over the prompt), one-token decode, and tree verification (tree mask);
+it can also return the hidden states tapped at given layers (each layer's output, before the
+final norm), which the draft head reads.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.qk_norm_rope_append import qk_norm_rope_append
+from ..ops.tree_attention import tree_attention
+from ..tree import Tree
+from .checkpoint import load_safetensors, take
+from .config import Qwen3Config, read_config
+from .kv_cache import KVCache
+
+__all__ = ["Qwen3", "rms_norm", "LAYER_KEYS"]
+
+# Per-layer tensors, named as in Hugging Face checkpoints (after "model.layers.{i}.").
+LAYER_KEYS = (
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)
+
+
+def layer_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Expected shape of each per-layer tensor of a Qwen3-style layer with config ``cfg``."""
+    h, dh, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * dh, cfg.num_key_value_heads * dh
+    return {
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+        "self_attn.q_norm.weight": (dh,), "self_attn.k_norm.weight": (dh,),
+        "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
+    }
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in fp32 and returned in ``x.dtype`` (as Hugging Face does).
+
+    Parameters
+    ----------
+    x : [..., H]; weight : [H]
+
+    Returns
+    -------
+    [..., H] in x.dtype.
+    """
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Qwen3:
+    """Qwen3 decoder with a KV cache, prefill, one-token decode and tree verification.
+
+    Attributes
+    ----------
+    config : Qwen3Config
+    embed_weight : [V, H]; lm_head_weight : [V, H] (the same tensor when embeddings are tied)
+    layers : list of dicts key (``LAYER_KEYS``) -> tensor
+    norm_weight : [H]
+    """
+
+    def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3"):
+        """Take the tensors of a checkpoint (keys with or without the ``model.`` prefix)."""
+        self.config = cfg = config
+        prefix = "model." if "model.embed_tokens.weight" in weights else ""
+        v, h = cfg.vocab_size, cfg.hidden_size
+        self.embed_weight = take(weights, prefix + "embed_tokens.weight", (v, h), where)
+        self.norm_weight = take(weights, prefix + "norm.weight", (h,), where)
+        if cfg.tie_word_embeddings:
+            self.lm_head_weight = self.embed_weight
+        else:
+            self.lm_head_weight = take(weights, "lm_head.weight", (v, h), where)
+        shapes = layer_shapes(cfg)
+        self.layers = [
+            {key: take(weights, f"{prefix}layers.{i}.{key}", shapes[key], where) for key in LAYER_KEYS}
+            for i in range(cfg.num_hidden_layers)
+        ]
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "Qwen3":
+        """Load a Hugging Face Qwen3 checkpoint directory.
+
+        Parameters
+        ----------
+        path : directory with ``config.json`` and ``model.safetensors`` (or shards + index)
+        dtype : floating dtype of the weights and the KV cache
+        device : where the weights live
+        """
+        cfg = Qwen3Config.from_dict(read_config(path), "target")
+        return cls(cfg, load_safetensors(path, dtype=dtype, device=device), where=f"target checkpoint {path}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    def new_cache(self, batch: int, capacity: int, *, page_size: int | None = None) -> KVCache:
+        """An empty KV cache for ``batch`` sequences of up to ``capacity`` positions (paged when
+        ``page_size`` is given)."""
+        c = self.config
+        return KVCache.allocate(c.num_hidden_layers, batch, capacity, c.num_key_value_heads,
+                                c.head_dim, dtype=self.dtype, device=self.device, page_size=page_size)
+
+    def check_taps(self, taps) -> list[int]:
+        """Validate tapped layer ids (each in ``[0, num_hidden_layers)``)."""
+        taps = [int(t) for t in taps]
+        n = self.config.num_hidden_layers
+        bad = [t for t in taps if not 0 <= t < n]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} out of range for a {n}-layer target")
+        return taps
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                attn_prefix: torch.Tensor, *, write_start: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, taps=()):
+        """Run N new tokens per sequence against the cache.
+
+        Parameters
+        ----------
+        tokens : int [B, N]
+        positions : int32 [B, N]       RoPE positions
+        cache : KVCache                the new K/V are written into it
+        attn_prefix : int32 [B]        keys below this position are visible to every new token;
+            the new tokens' own K/V must land at ``attn_prefix .. attn_prefix + N - 1``
+        write_start : int32 [B], optional
+            Row n goes to slot ``write_start + n``; when None to slot ``positions[b, n]``.
+        tree_mask : int32 [B, N, ceil(N/32)], optional   tree visibility; None = causal
+        taps : layer ids whose outputs are returned
+
+        Returns
+        -------
+        hidden : [B, N, H] final-normed hidden states (model dtype)
+        tapped : [B, N, len(taps) * H] or None
+        """
+        cfg = self.config
+        b, n = tokens.shape
+        nq, nkv, dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
+        taps = list(taps)
+        kept: dict[int, torch.Tensor] = {}
+        x = F.embedding(tokens.long(), self.embed_weight)
+        for li, w in enumerate(self.layers):
+            a = rms_norm(x, w["input_layernorm.weight"], eps)
+            q = F.linear(a, w["self_attn.q_proj.weight"]).view(b, n, nq, dh)
+            k = F.linear(a, w["self_attn.k_proj.weight"]).view(b, n, nkv, dh)
+            v = F.linear(a, w["self_attn.v_proj.weight"]).view(b, n, nkv, dh)
+            kc, vc = cache.layer(li)
+            q = qk_norm_rope_append(q, k, v, w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"],
+                                    positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+                                    block_table=cache.block_table, cache_start=write_start)
+            o = tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
+                               block_table=cache.block_table)
+            x = x + F.linear(o.reshape(b, n, nq * dh), w["self_attn.o_proj.weight"])
+            a = rms_norm(x, w["post_attention_layernorm.weight"], eps)
+            mlp = F.silu(F.linear(a, w["mlp.gate_proj.weight"])) * F.linear(a, w["mlp.up_proj.weight"])
+            x = x + F.linear(mlp, w["mlp.down_proj.weight"])
+            if li in taps:
+                kept[li] = x
+        tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
+        return rms_norm(x, self.norm_weight, eps), tapped
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] final hidden -> [..., V] logits (model dtype)."""
+        return F.linear(hidden, self.lm_head_weight)
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens int32 [...] from final hidden [..., H] (ties to the lower id).
+
+        Computed in vocabulary chunks so the full [..., V] logits never exist at once.
+        """
+        chunk = 32768
+        best_val = best_idx = None
+        for start in range(0, self.config.vocab_size, chunk):
+            part = F.linear(hidden, self.lm_head_weight[start:start + chunk])
+            val, idx = part.max(dim=-1)
+            idx = idx + start
+            if best_val is None:
+                best_val, best_idx = val, idx
+            else:
+                better = val > best_val        # strict: an equal later chunk never wins a tie
+                best_val = torch.where(better, val, best_val)
+                best_idx = torch.where(better, idx, best_idx)
+        return best_idx.to(torch.int32)
+
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, cache: KVCache, *, taps=()):
+        """Causal forward over right-padded prompts, writing their K/V at slots 0..T-1.
+
+        Parameters
+        ----------
+        tokens : int [B, T]   prompts, right-padded (padding rows' outputs are ignored)
+        lens : int32 [B]      prompt lengths (>= 1)
+        cache : KVCache
+
+        Returns
+        -------
+        last_logits : [B, V] logits at position lens - 1
+        tapped : [B, T, len(taps) * H] or None
+        """
+        b, t = tokens.shape
+        dev = tokens.device
+        positions = torch.arange(t, device=dev, dtype=torch.int32).expand(b, t).contiguous()
+        zero = torch.zeros(b, device=dev, dtype=torch.int32)
+        hidden, tapped = self.forward(tokens, positions, cache, zero, taps=taps)
+        last = hidden[torch.arange(b, device=dev), lens.long() - 1]
+        return self.logits(last), tapped
+
+    def decode(self, tokens: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per sequence at position ``prefix_lens`` (its K/V go to that slot).
+
+        Parameters
+        ----------
+        tokens : int [B]; prefix_lens : int32 [B]; cache : KVCache
+
+        Returns
+        -------
+        logits : [B, V]
+        """
+        pos = prefix_lens.to(torch.int32)[:, None].contiguous()
+        hidden, _ = self.forward(tokens[:, None], pos, cache, prefix_lens)
+        return self.logits(hidden[:, 0])
+
+    def verify(self, tree: Tree, prefix_lens: torch.Tensor, cache: KVCache, *, taps=(),
+               fused_argmax: bool = False):
+        """Forward all tree nodes: node i at position ``prefix + depth[i]``, K/V in slot ``prefix + i``.
+
+        Parameters
+        ----------
+        tree : Tree [B, N]; prefix_lens : int32 [B]; cache : KVCache
+        taps : layer ids to return
+        fused_argmax : return greedy tokens instead of logits
+
+        Returns
+        -------
+        out : logits [B, N, V], or int32 [B, N] greedy tokens when ``fused_argmax``
+        tapped : [B, N, len(taps) * H] or None
+        """
+        hidden, tapped = self.forward(tree.tokens, tree.positions(prefix_lens), cache, prefix_lens,
+                                      write_start=prefix_lens, tree_mask=tree.mask, taps=taps)
+        return (self.argmax(hidden) if fused_argmax else self.logits(hidden)), tapped
