@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import platform
 import re
 import statistics
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -457,5 +457,15 @@ def main_guard(main: Callable[[list[str] | None], int]) -> None:
         sys.exit(130)
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0", "false", "False")
+@contextmanager
+def using_backend(name: str):
+    """Make ``name`` the process-wide jetspec backend inside the block (for model code, whose
+    ops take no ``backend=`` argument)."""
+    import jetspec_kernels as jk
+
+    old = jk.get_backend()
+    jk.set_backend(name)
+    try:
+        yield
+    finally:
+        jk.set_backend(old)
