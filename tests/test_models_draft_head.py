@@ -1,0 +1,129 @@
+"""The draft head: JetSpec-format checkpoints load, the forward matches python_ref's draft head,
+the cached (incremental-context) path matches the from-scratch one, and bad checkpoints give
+errors naming the key."""
+import json
+import os
+
+import pytest
+import torch
+
+import jetspec_kernels as jk
+import python_ref as ref
+from jetspec_kernels.models import CheckpointError, DraftConfig, DraftHead, save_draft_head
+from jetspec_kernels.models.config import default_target_layer_ids
+from jetspec_kernels.models.tiny import random_draft_weights, tiny_draft_config, tiny_qwen3_config
+
+
+@pytest.fixture(autouse=True)
+def reference_backend():
+    prev = jk.get_backend()
+    jk.set_backend("reference")
+    yield
+    jk.set_backend(prev)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def head_config(causal=True, **kw):
+    target = tiny_qwen3_config(num_hidden_layers=6)
+    base = dict(num_hidden_layers=2, target_layer_ids=[1, 3, 4], causal_head=causal, block_size=6,
+                num_attention_heads=4, num_key_value_heads=1)
+    base.update(kw)
+    return tiny_draft_config(target, **base)
+
+
+def embeddings(seed=0, v=97, h=64):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(v, h, generator=gen), torch.randn(v, h, generator=gen) / 8
+
+
+@pytest.mark.parametrize("causal,sharded", [(True, False), (False, True)])
+def test_checkpoint_forward_matches_python_ref(tmp_path, causal, sharded):
+    cfg = head_config(causal)
+    w = random_draft_weights(cfg, seed=7)
+    save_draft_head(cfg, w, str(tmp_path), max_shard_bytes=40_000 if sharded else None)
+    assert os.path.exists(tmp_path / "model.safetensors.index.json") == sharded
+    head = DraftHead.from_pretrained(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert head.config.causal_head == causal and head.target_layer_ids == [1, 3, 4]
+
+    embed, lm_head = embeddings()
+    gen = torch.Generator().manual_seed(8)
+    hidden = torch.randn(2, 9, 3 * 64, generator=gen)
+    anchor = torch.tensor([5, 90])
+    out = head.draft_logits(hidden, anchor, embed_weight=embed, lm_head_weight=lm_head)
+    assert out.shape == (2, 5, 97)
+    with open(tmp_path / "config.json") as f:
+        raw_cfg = json.load(f)
+    want = ref.draft_head_forward({k: v.double() for k, v in w.items()}, raw_cfg, hidden.double(),
+                                  anchor, embed.double(), lm_head.double())
+    assert rel(out, want) < 1e-5
+
+
+@pytest.mark.parametrize("page_size", [None, 3])
+def test_incremental_context_matches_fresh(page_size):
+    """Context appended over several calls with ragged counts (junk rows past the counts) gives the
+    same logits as the whole context at once."""
+    cfg = head_config(True)
+    head = DraftHead(cfg, random_draft_weights(cfg, seed=9))
+    embed, lm_head = embeddings(1)
+    gen = torch.Generator().manual_seed(10)
+    total = [7, 4]
+    hidden = torch.randn(2, 7, 3 * 64, generator=gen)
+    state = head.new_state(2, 24, page_size=page_size)
+    state.cache.k.fill_(float("nan"))
+    state.cache.v.fill_(float("nan"))
+    done = [0, 0]
+    for counts in ([3, 1], [0, 2], [4, 1]):
+        m = max(counts) + 1
+        rows = torch.randn(2, m, 3 * 64, generator=gen)          # junk beyond counts
+        for b in range(2):
+            rows[b, :counts[b]] = hidden[b, done[b]:done[b] + counts[b]]
+            done[b] += counts[b]
+        head.append_context(state, rows, torch.tensor(counts, dtype=torch.int32))
+    assert done == total and state.ctx_len.tolist() == total
+    anchor = torch.tensor([11, 12])
+    cached = head.cached_logits(state, anchor, embed_weight=embed, lm_head_weight=lm_head)
+    for b in range(2):
+        fresh = head.draft_logits(hidden[b:b + 1, :total[b]], anchor[b:b + 1], embed_weight=embed,
+                                  lm_head_weight=lm_head)
+        assert rel(cached[b:b + 1], fresh) < 1e-5
+    # A second draft over the same context (block slots overwritten) gives the same logits.
+    again = head.cached_logits(state, anchor, embed_weight=embed, lm_head_weight=lm_head)
+    assert torch.equal(again, cached)
+
+
+def test_bad_checkpoints_name_the_key(tmp_path):
+    cfg = head_config()
+    w = random_draft_weights(cfg)
+    missing = {k: v for k, v in w.items() if k != "layers.1.self_attn.k_norm.weight"}
+    with pytest.raises(CheckpointError, match=r"layers\.1\.self_attn\.k_norm\.weight"):
+        DraftHead(cfg, missing)
+    bad = dict(w, **{"fc.weight": torch.zeros(64, 128)})
+    with pytest.raises(CheckpointError, match=r"'fc\.weight' has shape \[64, 128\], expected \[64, 192\]"):
+        DraftHead(cfg, bad)
+    no_norm = {k: v for k, v in w.items() if k != "hidden_norm.weight"}
+    save_draft_head(cfg, no_norm, str(tmp_path))
+    with pytest.raises(CheckpointError, match="hidden_norm.weight"):
+        DraftHead.from_pretrained(str(tmp_path))
+
+
+def test_config_defaults_and_errors():
+    d = head_config().to_dict()
+    del d["dflash_config"]["target_layer_ids"]
+    d["num_target_layers"] = 36
+    d["num_hidden_layers"] = 5
+    assert DraftConfig.from_dict(d).target_layer_ids == ref.target_layer_ids(36, 5)
+    for L, n in [(36, 1), (28, 3), (40, 5), (8, 2)]:
+        assert default_target_layer_ids(L, n) == ref.target_layer_ids(L, n)
+    no_mask = head_config().to_dict()
+    del no_mask["dflash_config"]["mask_token_id"]
+    with pytest.raises(ValueError, match="mask_token_id"):
+        DraftConfig.from_dict(no_mask)
+    no_ids = head_config().to_dict()
+    del no_ids["dflash_config"]["target_layer_ids"]
+    no_ids["num_target_layers"] = 0
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        DraftConfig.from_dict(no_ids)

@@ -1,0 +1,168 @@
+"""The Qwen3 target: Hugging Face parity, checkpoint loading and errors, and that the cached
+paths (prefill, one-token decode, tree verify; contiguous and paged caches) agree with a full
+causal forward."""
+import json
+import os
+
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels.models import CheckpointError, Qwen3, Qwen3Config, save_qwen3
+from jetspec_kernels.models.tiny import random_qwen3_weights, tiny_qwen3_config
+
+
+@pytest.fixture(autouse=True)
+def reference_backend():
+    """Run on the reference backend (the conftest's TRITON_INTERPRET=1 would make auto pick triton)."""
+    prev = jk.get_backend()
+    jk.set_backend("reference")
+    yield
+    jk.set_backend(prev)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def full_forward(model, seqs):
+    """Logits [len, V] and taps [len, L*H] of each sequence run from scratch, causally."""
+    outs = []
+    for s in seqs:
+        ids = torch.tensor([s])
+        cache = model.new_cache(1, len(s))
+        pos = torch.arange(len(s), dtype=torch.int32)[None].contiguous()
+        h, taps = model.forward(ids, pos, cache, torch.zeros(1, dtype=torch.int32),
+                                taps=range(model.config.num_hidden_layers))
+        outs.append((model.logits(h)[0], taps[0]))
+    return outs
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = tiny_qwen3_config(num_hidden_layers=3)
+    return Qwen3(cfg, random_qwen3_weights(cfg, seed=3))
+
+
+@pytest.mark.parametrize("tied,sharded", [(False, False), (True, True)])
+def test_hf_parity(tmp_path, tied, sharded):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf_cfg = transformers.Qwen3Config(vocab_size=101, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                      head_dim=16, tie_word_embeddings=tied, rope_theta=10000.0,
+                                      rms_norm_eps=1e-6)
+    hf = transformers.Qwen3ForCausalLM(hf_cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.2)
+    hf.save_pretrained(tmp_path, max_shard_size="20KB" if sharded else "5GB")
+    assert os.path.exists(tmp_path / "model.safetensors.index.json") == sharded
+
+    ours = Qwen3.from_pretrained(str(tmp_path), dtype=torch.float32)
+    assert ours.config.tie_word_embeddings == tied
+    ids = torch.randint(0, 101, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf.double()(ids, output_hidden_states=True)
+    cache = ours.new_cache(2, 11)
+    pos = torch.arange(11, dtype=torch.int32).expand(2, 11).contiguous()
+    hidden, taps = ours.forward(ids, pos, cache, torch.zeros(2, dtype=torch.int32), taps=[0, 1])
+    assert rel(ours.logits(hidden), ref.logits) < 1e-5
+    # Tap l is layer l's output: Hugging Face hidden_states[l + 1].
+    assert rel(taps[..., :64], ref.hidden_states[1]) < 1e-5
+    assert rel(taps[..., 64:], ref.hidden_states[2]) < 1e-5
+
+
+@pytest.mark.parametrize("page_size", [None, 4])
+def test_cached_paths_match_full_forward(tiny, page_size):
+    gen = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, 97, (n,), generator=gen).tolist() for n in (6, 3, 9)]
+    b, t = len(seqs), max(len(s) for s in seqs)
+    lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32)
+    tokens = torch.zeros(b, t, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.tensor(s)
+    cache = tiny.new_cache(b, 32, page_size=page_size)
+    taps = [0, 2]
+    cache.k.fill_(float("nan"))
+    cache.v.fill_(float("nan"))
+    last, tapped = tiny.prefill(tokens, lens, cache, taps=taps)
+
+    # Two decode steps, then a tree over the result.
+    nxt = [torch.randint(0, 97, (2,), generator=gen).tolist() for _ in seqs]
+    prefix = lens.clone()
+    step_logits = []
+    for k in range(2):
+        tok = torch.tensor([n[k] for n in nxt])
+        step_logits.append(tiny.decode(tok, prefix, cache))
+        prefix += 1
+    draft = torch.randn(b, 3, 97, generator=gen)
+    roots = torch.randint(0, 97, (b,), generator=gen)
+    tree = jk.draft_tree(draft, roots, budget=8, topk=3)
+    ver, vtaps = tiny.verify(tree, prefix, cache, taps=taps)
+    greedy, _ = tiny.verify(tree, prefix, cache, taps=taps, fused_argmax=True)
+
+    for i, s in enumerate(seqs):
+        (full, ftaps), = full_forward(tiny, [s])
+        assert rel(last[i], full[-1]) < 1e-5
+        assert rel(tapped[i, :len(s)], ftaps[:, list(range(0, 64)) + list(range(128, 192))]) < 1e-5
+        (full2, _), = full_forward(tiny, [s + nxt[i]])
+        assert rel(step_logits[0][i], full2[-2]) < 1e-5
+        assert rel(step_logits[1][i], full2[-1]) < 1e-5
+        n = int(tree.num_nodes[i])
+        par = tree.parents[i].tolist()
+        for node in range(n):
+            path, cur = [], node
+            while cur >= 0:
+                path.append(int(tree.tokens[i, cur]))
+                cur = par[cur]
+            (fl, ft), = full_forward(tiny, [s + nxt[i] + path[::-1]])
+            assert rel(ver[i, node], fl[-1]) < 1e-5
+            assert rel(vtaps[i, node], ft[-1, list(range(0, 64)) + list(range(128, 192))]) < 1e-5
+            assert int(greedy[i, node]) == int(torch.argmax(ver[i, node]))
+
+
+def test_save_load_roundtrip_and_key_errors(tmp_path):
+    cfg = tiny_qwen3_config()
+    w = random_qwen3_weights(cfg, seed=2)
+    save_qwen3(cfg, w, str(tmp_path / "single"))
+    save_qwen3(cfg, w, str(tmp_path / "sharded"), max_shard_bytes=30_000)
+    assert os.path.exists(tmp_path / "sharded" / "model.safetensors.index.json")
+    for d in ("single", "sharded"):
+        m = Qwen3.from_pretrained(str(tmp_path / d))
+        assert torch.equal(m.layers[1]["mlp.up_proj.weight"], w["model.layers.1.mlp.up_proj.weight"])
+        assert torch.equal(m.lm_head_weight, w["lm_head.weight"])
+
+    missing = {k: v for k, v in w.items() if k != "model.layers.1.self_attn.k_norm.weight"}
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.k_norm\.weight"):
+        Qwen3(cfg, missing)
+    bad = dict(w)
+    bad["model.layers.0.mlp.down_proj.weight"] = torch.zeros(64, 127)
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.down_proj\.weight.*\[64, 127\]"):
+        Qwen3(cfg, bad)
+    untied = {k: v for k, v in w.items() if k != "lm_head.weight"}
+    with pytest.raises(CheckpointError, match="lm_head.weight"):
+        Qwen3(cfg, untied)
+
+    with open(tmp_path / "sharded" / "model.safetensors.index.json") as f:
+        victim = sorted(set(json.load(f)["weight_map"].values()))[-1]
+    os.remove(tmp_path / "sharded" / victim)
+    with pytest.raises(CheckpointError, match=victim):
+        Qwen3.from_pretrained(str(tmp_path / "sharded"))
+
+
+def test_tied_embeddings_and_config_errors(tmp_path):
+    cfg = tiny_qwen3_config(tie_word_embeddings=True)
+    w = random_qwen3_weights(cfg, seed=4)
+    save_qwen3(cfg, w, str(tmp_path))
+    m = Qwen3.from_pretrained(str(tmp_path))
+    assert m.lm_head_weight is m.embed_weight
+
+    d = cfg.to_dict()
+    with pytest.raises(ValueError, match="RoPE type 'yarn'"):
+        Qwen3Config.from_dict({**d, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="vocab_size"):
+        Qwen3Config.from_dict({k: v for k, v in d.items() if k != "vocab_size"})
+    assert Qwen3Config.from_dict({**d, "rope_theta": None,
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}).rope_theta == 5.0
