@@ -176,10 +176,11 @@ def _block_v(V: int) -> int:
 
 
 def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-           seed, offset, accept_len, path, bonus, emitted, num_splits=None):
+           seed, offset, accept_len, path, bonus, emitted, num_splits=None, block_v=None):
     """Run both steps, writing the given outputs (shapes as :func:`verify_tree` returns them).
 
-    ``num_splits`` forces the number of vocabulary splits of step 1 (None: chosen for the device).
+    ``num_splits`` and ``block_v`` (a power of two) force step 1's vocabulary splits and tile
+    width (None: chosen for the device and V); tests use them to reach every reduction path.
     """
     B, N = tokens.shape
     if B == 0:
@@ -188,7 +189,7 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
         tgt, pval, S, from_partials = target_tokens, None, 1, False
     else:
         pval, tgt, S = _launch_partials(target_logits, temperature, seed, offset, num_splits,
-                                        _block_v(target_logits.shape[2]))
+                                        block_v or _block_v(target_logits.shape[2]))
         from_partials = True
     C = max_depth + 1
     _walk_kernel[(B,)](

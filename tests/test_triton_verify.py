@@ -1,0 +1,214 @@
+"""Triton verify_tree (target tokens + acceptance walk) vs python_ref, bit-exact integer outputs."""
+import pytest
+import torch
+
+import jetspec_kernels as jk
+import python_ref as ref
+from jetspec_kernels.tree import Tree
+from jetspec_kernels.triton import verify
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+KEYS = ("accept_len", "path", "bonus", "emitted")
+
+
+def run_triton(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
+               seed=None, offset=None, num_splits=None, block_v=None):
+    """The kernels on poisoned (-7) outputs; returns them on the CPU in KEYS order."""
+    B = tokens.shape[0]
+    to = lambda t: None if t is None else t.to(DEV)
+    outs = [torch.full(s, -7, dtype=torch.int32, device=DEV)
+            for s in ((B,), (B, max_depth + 1), (B,), (B, max_depth + 1))]
+    verify.launch(to(tokens), to(parents), to(num_nodes), max_depth, to(logits), to(target),
+                  temperature, to(seed), to(offset), *outs, num_splits=num_splits,
+                  block_v=block_v)
+    return [o.cpu() for o in outs]
+
+
+def check(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
+          seed=None, offset=None, num_splits=None):
+    got = run_triton(tokens, parents, num_nodes, max_depth, logits, target, temperature, seed,
+                     offset, num_splits)
+    want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits,
+                           target_tokens=target, temperature=temperature, seed=seed, offset=offset)
+    for key, g in zip(KEYS, got):
+        assert g.dtype == torch.int32
+        assert torch.equal(g, want[key].to(torch.int32)), f"{key}: {g} != {want[key]}"
+    return want
+
+
+def real_tree(B, D, V, budget, topk, gen):
+    logits = torch.randn(B, D, V, generator=gen) * 3
+    roots = torch.randint(0, V, (B,), generator=gen, dtype=torch.int32)
+    t = ref.draft_tree(logits, roots, budget, topk)
+    return (t["tokens"].to(torch.int32), t["parents"].to(torch.int32),
+            t["num_nodes"].to(torch.int32), min(D, budget - 1), t)
+
+
+def steering_logits(tokens, parents, num_nodes, V, gen, boost=25.0, dtype=torch.float32):
+    """Random target logits where most nodes favour one of their children's tokens, so the
+    walk goes deep; some nodes keep random logits so it also stops early."""
+    B, N = tokens.shape
+    logits = torch.randn(B, N, V, generator=gen)
+    for b in range(B):
+        for i in range(int(num_nodes[b])):
+            kids = [c for c in range(int(num_nodes[b])) if int(parents[b, c]) == i]
+            if kids and torch.rand((), generator=gen) < 0.85:
+                c = kids[int(torch.randint(0, len(kids), (), generator=gen))]
+                logits[b, i, int(tokens[b, c])] += boost
+    return logits.to(dtype)
+
+
+def random_tree(B, N, V, gen):
+    """Random parents (parents[i] < i), ragged num_nodes, padding rows per CONTRIBUTING.md,
+    and junk beyond num_nodes that a walk must ignore."""
+    tokens = torch.randint(0, V, (B, N), generator=gen, dtype=torch.int32)
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    for i in range(1, N):
+        parents[:, i] = torch.randint(0, i, (B,), generator=gen, dtype=torch.int32)
+    num_nodes = torch.randint(1, N + 1, (B,), generator=gen, dtype=torch.int32)
+    num_nodes[0] = N
+    for b in range(1, B):
+        n = int(num_nodes[b])
+        tokens[b, n:] = tokens[b, 0]          # junk that matches if num_nodes were ignored
+        parents[b, n:] = 0
+    return tokens, parents, num_nodes
+
+
+def test_uniform_bit_exact():
+    seed = torch.tensor([0, 1, -1, 2**40 + 12345, 2**63 - 1], dtype=torch.int64)
+    offset = torch.tensor([0, 7, 2**33 + 1, -5, 99], dtype=torch.int64)
+    got = verify.gumbel_uniform(seed.to(DEV), offset.to(DEV), 3, 4099).cpu()
+    want = ref.gumbel_uniform(seed, offset, 3, 4099)
+    assert torch.equal(got, want)
+    assert float(got.min()) > 0.0 and float(got.max()) < 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0, 1.7])
+def test_sample_tokens_equal_reference(dtype, temperature):
+    gen = torch.Generator().manual_seed(int(temperature * 10))
+    B, N, V = 3, 7, 3001
+    logits = (torch.randn(B, N, V, generator=gen) * 2).to(dtype)
+    seed = torch.randint(0, 2**62, (B,), generator=gen)
+    offset = torch.randint(0, 2**40, (B,), generator=gen)
+    got = verify.sample_tokens(logits.to(DEV), temperature, seed.to(DEV), offset.to(DEV)).cpu()
+    assert torch.equal(got, ref.sample_tokens(logits, temperature, seed, offset))
+
+
+def test_greedy_ties_go_to_lower_id():
+    gen = torch.Generator().manual_seed(5)
+    B, N, V = 3, 6, 2100
+    logits = torch.randint(0, 3, (B, N, V), generator=gen).float()
+    logits[1, 2] = float("-inf")                      # torch.argmax gives 0
+    logits[2, 1, 2049] = 7.0                          # maximum only in a late tile
+    logits[2, 3, :] = 0.0
+    logits[2, 3, 1000] = 1.0                          # tie across tiles and splits
+    logits[2, 3, 2099] = 1.0
+    want = ref.sample_tokens(logits, 0.0)
+    assert torch.equal(verify.sample_tokens(logits.to(DEV), 0.0).cpu(), want)
+    # every row as its own one-node tree: the walk's bonus is that row's folded target token
+    rows = logits.view(B * N, 1, V)
+    zeros = torch.zeros(B * N, 1, dtype=torch.int32)
+    for splits, block_v in ((1, 256), (2, 2048), (5, 256), (9, 128)):
+        got = run_triton(zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows, num_splits=splits,
+                         block_v=block_v)
+        assert torch.equal(got[2], want.flatten()), (splits, block_v)
+        assert torch.equal(got[3][:, 0], want.flatten())
+
+
+@pytest.mark.parametrize("budget,topk,splits", [(13, 3, 1), (20, 4, 3), (37, 2, 2)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_real_trees_match_reference(budget, topk, splits, temperature):
+    gen = torch.Generator().manual_seed(budget + splits)
+    B, D, V = 3, 6, 700
+    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, budget, topk, gen)
+    logits = steering_logits(tokens, parents, num_nodes, V, gen)
+    seed = torch.randint(0, 2**62, (B,), generator=gen)
+    offset = torch.randint(0, 2**40, (B,), generator=gen)
+    want = check(tokens, parents, num_nodes, max_depth, logits=logits, temperature=temperature,
+                 seed=seed, offset=offset, num_splits=splits)
+    assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
+
+
+def test_fp16_logits_sampling():
+    gen = torch.Generator().manual_seed(11)
+    B, D, V = 3, 5, 500
+    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, 16, 3, gen)
+    logits = steering_logits(tokens, parents, num_nodes, V, gen, dtype=torch.float16)
+    check(tokens, parents, num_nodes, max_depth, logits=logits, temperature=1.0,
+          seed=torch.tensor([3, 4, 5]), offset=torch.tensor([0, 0, 1]), num_splits=2)
+
+
+def test_sibling_token_ties_lowest_index_wins():
+    #        0
+    #   1(5) 2(5) 3(7)        num_nodes = 7; node 7 is padding-beyond-num_nodes junk
+    #   5(9) 4(9)<-2  6(9)<-1
+    tokens = torch.tensor([[1, 5, 5, 7, 9, 9, 9, 5]], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0, 0, 2, 1, 1, 0]], dtype=torch.int32)
+    num_nodes = torch.tensor([7], dtype=torch.int32)
+    target = torch.tensor([[5, 9, 3, 3, 3, 4, 2, 8]], dtype=torch.int32)
+    want = check(tokens, parents, num_nodes, 3, target=target)
+    assert want["path"].tolist() == [[0, 1, 5, -1]]
+    assert want["emitted"].tolist() == [[5, 9, 4, -1]]
+    target[0, 0] = 7
+    check(tokens, parents, num_nodes, 3, target=target)
+    target[0, 0] = 8                                   # only junk node 7 (beyond num_nodes) has 8
+    tokens[0, 7] = 8
+    want = check(tokens, parents, num_nodes, 3, target=target)
+    assert int(want["accept_len"][0]) == 0
+
+
+@pytest.mark.parametrize("N,max_depth", [(1, 0), (5, 4), (37, 3), (37, 36), (64, 9)])
+def test_target_tokens_random_trees(N, max_depth):
+    gen = torch.Generator().manual_seed(N * 100 + max_depth)
+    B, V = 5, 3                                        # tiny vocab: long walks and many ties
+    tokens, parents, num_nodes = random_tree(B, N, V, gen)
+    target = torch.randint(0, V, (B, N), generator=gen, dtype=torch.int32)
+    check(tokens, parents, num_nodes, max_depth, target=target)
+
+
+def test_sampling_distribution_tiny_vocab():
+    """Many (seed, node) draws on one 5-token distribution: chi-square against softmax(x/T)."""
+    B, N, V, T = 16, 40, 5, 0.8
+    x = torch.tensor([1.0, 0.2, -0.5, 0.9, -2.0])
+    logits = x.expand(B, N, V).contiguous()
+    seed = torch.arange(B, dtype=torch.int64) * 7919 + 1
+    offset = torch.arange(B, dtype=torch.int64) % 3
+    got = verify.sample_tokens(logits.to(DEV), T, seed.to(DEV), offset.to(DEV)).cpu()
+    counts = torch.bincount(got.flatten().long(), minlength=V).double()
+    expect = torch.softmax(x.double() / T, 0) * (B * N)
+    chi2 = float(((counts - expect) ** 2 / expect).sum())
+    assert chi2 < 18.5, (counts, expect)               # 4 dof: P(chi2 > 18.5) ~ 1e-3
+
+
+def test_public_api_dispatches_to_triton():
+    gen = torch.Generator().manual_seed(2)
+    B, D, V = 3, 4, 300
+    _, _, _, max_depth, t = real_tree(B, D, V, 12, 3, gen)
+    tree = Tree(*(t[k].to(torch.int32) for k in ("tokens", "parents", "depths")),
+                t["scores"].float(), t["num_nodes"].to(torch.int32), t["mask"].to(torch.int32),
+                max_depth)
+    logits = steering_logits(tree.tokens, tree.parents, tree.num_nodes, V, gen)
+    for kw in (dict(), dict(temperature=0.9, seed=5, offset=torch.tensor([1, 2, 3]))):
+        got = jk.verify_tree(tree, logits, backend="triton", **kw)
+        want = jk.verify_tree(tree, logits, backend="reference", **kw)
+        for g, w in zip(got, want):
+            assert g.dtype == torch.int32 and torch.equal(g, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_qwen_vocab_bf16_on_gpu(temperature):
+    gen = torch.Generator().manual_seed(0)
+    B, D, V = 4, 15, 151936
+    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, 64, 7, gen)
+    logits = steering_logits(tokens, parents, num_nodes, V, gen, dtype=torch.bfloat16)
+    seed = torch.randint(0, 2**62, (B,), generator=gen)
+    offset = torch.randint(0, 2**40, (B,), generator=gen)
+    got = run_triton(tokens, parents, num_nodes, max_depth, logits, None, temperature, seed,
+                     offset)
+    want = ref.verify_tree(tokens.to(DEV), parents.to(DEV), num_nodes.to(DEV), max_depth,
+                           target_logits=logits.to(DEV), temperature=temperature,
+                           seed=seed.to(DEV), offset=offset.to(DEV))
+    for key, g in zip(KEYS, got):
+        assert torch.equal(g, want[key].cpu().to(torch.int32)), key
