@@ -1,0 +1,130 @@
+"""Triton commit_kv vs python_ref: in-place K/V compaction (bit-exact) and the hidden-row gather."""
+import pytest
+import torch
+
+import jetspec_kernels as jk
+import python_ref as ref
+from jetspec_kernels.tree import Verdict
+from jetspec_kernels.triton import commit
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_paths(B, M, N, gen, forced=None):
+    """Increasing root-first paths with path[i] >= i (-1 padded) and their accept lengths;
+    ``forced`` maps a sequence index to an explicit path."""
+    path = torch.full((B, M), -1, dtype=torch.int32)
+    acc = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):
+        if forced and b in forced:
+            nodes = forced[b]
+        else:
+            a = int(torch.randint(0, M, (), generator=gen))
+            nodes = [0] + sorted(torch.randperm(N - 1, generator=gen)[:a].add(1).tolist())
+        path[b, :len(nodes)] = torch.tensor(nodes, dtype=torch.int32)
+        acc[b] = len(nodes) - 1
+    return path, acc
+
+
+def make_caches(B, cap, HKV, DH, dtype, page, fused, gen):
+    """Random caches (as views of one fused K/V tensor when ``fused``) and a shuffled table."""
+    if page is None:
+        lead, table = (B, cap), None
+    else:
+        pages = -(-cap // page)
+        table = torch.randperm(B * pages + 2, generator=gen)[:B * pages].view(B, pages)
+        table, lead = table.to(torch.int32), (B * pages + 2, page)
+    if fused:
+        kv = torch.randn(*lead, 2, HKV, DH, generator=gen).to(dtype)
+        return kv[:, :, 0], kv[:, :, 1], table
+    return (torch.randn(*lead, HKV, DH, generator=gen).to(dtype),
+            torch.randn(*lead, HKV, DH, generator=gen).to(dtype), table)
+
+
+def run_case(B, M, N, HKV, DH, dtype, page, fused, seed, forced=None, hidden_dim=None):
+    gen = torch.Generator().manual_seed(seed)
+    path, acc = random_paths(B, M, N, gen, forced)
+    pre = torch.randint(0, 20, (B,), generator=gen, dtype=torch.int32)
+    kc, vc, table = make_caches(B, 20 + N, HKV, DH, dtype, page, fused, gen)
+    hidden = None
+    if hidden_dim:
+        hidden = torch.randn(B, N, hidden_dim + 5, generator=gen).to(dtype)[:, :, 3:3 + hidden_dim]
+    kr, vr = kc.clone(), vc.clone()
+    want_lens, want_rows = ref.commit_kv(kr, vr, pre, path, acc, block_table=table, hidden=hidden)
+
+    to = lambda t: None if t is None else t.to(DEV)
+    kd, vd = kc.to(DEV), vc.to(DEV)
+    if fused:                                   # keep the interleaved layout on the device
+        kv = torch.stack([kc, vc], dim=-3).to(DEV)
+        kd, vd = kv.select(-3, 0), kv.select(-3, 1)
+    new_lens = torch.full((B,), -7, dtype=torch.int32, device=DEV)
+    rows = None
+    if hidden is not None:
+        rows = torch.full((B, M, hidden_dim), float("nan"), dtype=dtype, device=DEV)
+    commit.launch(kd, vd, to(pre), to(path), to(acc), to(table), to(hidden), new_lens, rows)
+    assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
+    assert new_lens.dtype == torch.int32 and torch.equal(new_lens.cpu(), want_lens)
+    if hidden is not None:
+        assert torch.equal(rows.cpu(), want_rows)
+    return path, acc
+
+
+# sequence 0..3 paths: nothing accepted; full depth in place; gaps; slot i is read (as the
+# source of an earlier i) and then written (as a destination) within one commit
+FORCED = {0: [0], 1: [0, 1, 2, 3, 4], 2: [0, 3, 7, 8], 3: [0, 2, 3, 4]}
+
+
+@pytest.mark.parametrize("B,HKV,DH,dtype,page,fused", [
+    (5, 2, 64, torch.float32, None, False),
+    (5, 1, 16, torch.float16, 1, False),
+    (7, 8, 128, torch.float32, 16, True),
+    (4, 4, 128, torch.float16, None, True),
+    (5, 2, 16, torch.float32, 16, False),
+])
+def test_parity_with_reference(B, HKV, DH, dtype, page, fused):
+    path, acc = run_case(B, 5, 13, HKV, DH, dtype, page, fused, seed=B * HKV + DH,
+                         forced=FORCED if B >= 4 else None, hidden_dim=24)
+    assert acc[:4].tolist() == [0, 4, 3, 3]
+
+
+def test_random_paths_many_sequences():
+    run_case(9, 8, 24, 2, 16, torch.float32, 1, False, seed=3, hidden_dim=7)
+
+
+def test_paths_from_real_verification():
+    gen = torch.Generator().manual_seed(4)
+    B, D, V, budget = 3, 5, 60, 16
+    t = ref.draft_tree(torch.randn(B, D, V, generator=gen) * 3,
+                       torch.zeros(B, dtype=torch.int32), budget, 3)
+    target = t["tokens"].roll(-1, dims=1)          # often a child's token: non-trivial walks
+    v = ref.verify_tree(t["tokens"], t["parents"], t["num_nodes"], min(D, budget - 1),
+                        target_tokens=target)
+    forced = {b: v["path"][b, :int(v["accept_len"][b]) + 1].tolist() for b in range(B)}
+    run_case(B, min(D, budget - 1) + 1, budget, 2, 64, torch.float32, 16, False, seed=5,
+             forced=forced, hidden_dim=33)
+
+
+def test_public_api_dispatches_to_triton():
+    gen = torch.Generator().manual_seed(6)
+    B, M, N = 4, 5, 13
+    path, acc = random_paths(B, M, N, gen, FORCED)
+    verdict = Verdict(acc, path, torch.zeros(B, dtype=torch.int32), path.clone())
+    pre = torch.tensor([0, 5, 19, 2], dtype=torch.int32)
+    kc, vc, table = make_caches(B, 20 + N, 2, 32, torch.float32, 16, False, gen)
+    hidden = torch.randn(B, N, 10, generator=gen)
+    kr, vr = kc.clone(), vc.clone()
+    got = jk.commit_kv(kc, vc, pre, verdict, block_table=table, hidden=hidden, backend="triton")
+    want = jk.commit_kv(kr, vr, pre, verdict, block_table=table, hidden=hidden,
+                        backend="reference")
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    assert torch.equal(got.prefix_lens, want.prefix_lens)
+    assert torch.equal(got.hidden, want.hidden)
+    none = jk.commit_kv(kc, vc, pre, verdict, block_table=table, backend="triton")
+    assert none.hidden is None and torch.equal(none.prefix_lens, want.prefix_lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 16])
+def test_bf16_qwen_shapes_on_gpu(page):
+    run_case(16, 16, 64, 8, 128, torch.bfloat16, page, False, seed=7, forced=FORCED,
+             hidden_dim=4096)
