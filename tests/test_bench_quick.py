@@ -1,0 +1,142 @@
+"""Every bench runs in --quick mode on the CPU and produces its table, CSV and PNG; the baselines
+the benches compare against compute what the reference computes."""
+import csv
+import importlib
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ is a top-level package of the checkout, not installed
+    sys.path.insert(0, str(ROOT))
+
+import jetspec_kernels as jk  # noqa: E402
+import python_ref as ref  # noqa: E402
+from bench import common as bc  # noqa: E402
+BENCHES = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
+NUMERIC = ["median_us", "tflops", "gbps", "floor_us", "time_over_floor", "flops", "bytes"]
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_quick_bench_writes_table_csv_png(name, tmp_path, capsys):
+    mod = importlib.import_module(f"bench.bench_{name}")
+    assert mod.main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"== {name} on cpu-" in out
+    assert "median_us" in out and "time_over_floor" in out
+
+    with open(tmp_path / f"{name}.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        header = reader.fieldnames
+    expected = bc.CORE_COLUMNS + [f"x_{b}" for b in mod.BASELINES]
+    assert header[:len(expected)] == expected and header[-1] == "note"
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok, "no row was measured"
+    for r in ok:
+        for col in NUMERIC:
+            assert math.isfinite(float(r[col])), (r["shape"], r["backend"], col, r[col])
+        assert float(r["median_us"]) > 0 and float(r["time_over_floor"]) > 0
+    for r in rows:
+        assert r["status"] in ("ok", "skip", "error")
+        if r["status"] != "ok":
+            assert r["note"], f"{r['backend']} at {r['shape']} is {r['status']} without a reason"
+    # The reference backend runs every op on the CPU, and is compared to a baseline.
+    ours = [r for r in ok if r["backend"] not in mod.BASELINES
+            and "reference" in r["backend"] + r["shape"]]
+    assert ours
+    assert any(math.isfinite(float(r[f"x_{b}"])) for r in ours for b in mod.BASELINES if r[f"x_{b}"])
+    png = (tmp_path / f"{name}.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_runs_as_a_script(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_draft_tree.py"), "--quick",
+                          "--device", "cpu", "--no-plot", "--backends", "reference",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "draft_tree.csv").exists() and not (tmp_path / "draft_tree.png").exists()
+
+
+def test_roofline_floor_and_speedups(tmp_path):
+    ceil = bc.Ceilings(bandwidth=1e12, flops=1e14, flops_dtype="bf16", datasheet_bandwidth=None,
+                       datasheet_flops=None)
+    assert ceil.floor_s(1e11, 1e9) == pytest.approx(1e-3)      # compute-bound
+    assert ceil.floor_s(1e9, 1e10) == pytest.approx(1e-2)      # memory-bound
+    opts = bc.Options(quick=True, device=torch.device("cpu"), out=tmp_path, backends=["reference"],
+                      plot=False, args=None)
+    t = bc.Table("unit", opts, ceil, ["base"])
+    t.add("s", "base", 4e-3, flops=1e11, nbytes=1e9)
+    t.add("s", "fast", 2e-3, flops=1e11, nbytes=1e9)
+    t.skip("s", "missing", "not built")
+    t.finish()
+    fast = t.rows[1]
+    assert fast["x_base"] == pytest.approx(2.0)
+    assert fast["time_over_floor"] == pytest.approx(2.0)
+    assert fast["tflops"] == pytest.approx(50.0) and fast["gbps"] == pytest.approx(500.0)
+    assert math.isnan(t.rows[2]["median_us"]) and t.rows[2]["status"] == "skip"
+
+
+def test_tree_baselines_match_reference():
+    from bench.bench_draft_tree import host_tree_from_topk, vec_tree_from_topk
+
+    gen = torch.Generator().manual_seed(3)
+    for budget in (7, 20, 33):
+        logits = torch.randn(2, 5, 40, generator=gen) * 3
+        tk, lp = ref.log_softmax_topk(logits, 3)
+        root = torch.randint(0, 40, (2,), generator=gen)
+        for alg, fn in (("topn", vec_tree_from_topk), ("accum_logp", host_tree_from_topk)):
+            want = ref.build_tree(tk, lp, root, budget, alg)
+            tok, par, _, mask = fn(lp, tk.long(), root, budget)
+            for b in range(2):
+                n = int(want["num_nodes"][b])
+                assert _paths(want["tokens"][b], want["parents"][b], n) == _paths(tok[b], par[b], n)
+                dense = ref.dense_mask(par[b:b + 1], torch.tensor([n]))[0].bool()
+                assert torch.equal(dense[:n, :n], mask[b, :n, :n])
+
+
+def _paths(tokens, parents, n):
+    out = set()
+    for i in range(n):
+        p, j = [], i
+        while j >= 0:
+            p.append(int(tokens[j]))
+            j = int(parents[j])
+        out.add(tuple(p))
+    return out
+
+
+def test_verify_stage_baselines_match_reference():
+    from bench.bench_verify import (eager_commit, eager_rope_append, host_verify, target_logits,
+                                    vec_verify)
+
+    gen = torch.Generator().manual_seed(5)
+    tree = bc.random_tree(3, 24, torch.device("cpu"), seed=2)
+    logits = target_logits(tree, 300, torch.float32, gen)
+    want = jk.verify_tree(tree, logits, backend="reference")
+    assert int(want.accept_len.max()) > 0
+    assert torch.equal(host_verify(tree, logits, 0.0), want.emitted.long())
+    acc, emitted = vec_verify(tree, logits, 0.0)
+    assert torch.equal(emitted, want.emitted.long()) and torch.equal(acc, want.accept_len.long())
+
+    prefix = torch.full((3,), 40, dtype=torch.int32)
+    kc = torch.randn(3, 64, 2, 8, generator=gen)
+    vc = torch.randn_like(kc)
+    kc2, vc2 = kc.clone(), vc.clone()
+    res = jk.commit_kv(kc, vc, prefix, want, backend="reference")
+    assert torch.equal(eager_commit(kc2, vc2, prefix, want.path), res.prefix_lens)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+    q, k, v = (torch.randn(3, 24, h, 8, generator=gen) for h in (4, 2, 2))
+    qw, kw = torch.rand(8, generator=gen) + 0.5, torch.rand(8, generator=gen) + 0.5
+    pos = tree.positions(prefix)
+    kc2, vc2 = kc.clone(), vc.clone()
+    q_ref = jk.qk_norm_rope_append(q, k, v, qw, kw, pos, kc, vc, rope_theta=1e4, cache_start=prefix,
+                                   backend="reference")
+    q_eager = eager_rope_append(q, k, v, qw, kw, pos, kc2, vc2, 1e4, 1e-6, prefix)
+    assert float((q_eager - q_ref).norm() / q_ref.norm()) < 1e-5
+    assert float((kc2 - kc).norm() / kc.norm()) < 1e-5 and torch.equal(vc2, vc)
