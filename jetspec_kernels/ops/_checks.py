@@ -115,15 +115,15 @@ def cache_and_table(k_cache, v_cache, block_table, *, batch: int, hkv: int | Non
     Returns ``(capacity per sequence, page_size or None)``.
     """
     tensor("k_cache", k_cache, dtypes=dtypes, ndim=4, device=device)
-    tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), shape=list(k_cache.shape), device=device)
     if hkv is not None and k_cache.shape[2] != hkv:
         raise ValueError(f"k_cache must have {hkv} kv heads in dim 2, got shape {list(k_cache.shape)}")
     if head_dim is not None and k_cache.shape[3] != head_dim:
         raise ValueError(f"k_cache head dim (dim 3) must be {head_dim}, got shape {list(k_cache.shape)}")
+    if block_table is None and k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache (contiguous) must have batch {batch} in dim 0, got shape "
+                         f"{list(k_cache.shape)}; pass block_table for a paged cache")
+    tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), shape=list(k_cache.shape), device=device)
     if block_table is None:
-        if k_cache.shape[0] != batch:
-            raise ValueError(f"k_cache (contiguous) must have batch {batch} in dim 0, got shape "
-                             f"{list(k_cache.shape)}; pass block_table for a paged cache")
         return k_cache.shape[1], None
     tensor("block_table", block_table, dtypes=INDEX_DTYPES, ndim=2, device=device)
     if block_table.shape[0] != batch:
