@@ -231,13 +231,20 @@ def _merge_splits(
         tl.store(lse_ptr + l_off, lse2 * 0.6931471805599453, mask=r_ok)
 
 
-def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for ``rows = N * G`` packed query rows."""
+def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows.
+
+    The CUDA choices were checked for register spills by compiling for sm_90a offline (ptxas,
+    with 16-divisible strides as the launcher specialises them): 4 warps at BLOCK_M = 128 or
+    Dh >= 128 spill, 8 do not; 3 stages at 128 x 128 spill a little, 2 do not.
+    """
     block_m = min(128 if head_dim <= 128 else 64, max(16, triton.next_power_of_2(rows)))
     if device.type != "cuda":
-        return block_m, 32, 4
+        return block_m, 32, 4, 1
     block_n = 64 if head_dim <= 128 else 32
-    return block_m, block_n, 8 if block_m * head_dim >= 128 * 128 else 4
+    num_warps = 8 if block_m >= 128 or head_dim >= 128 else 4
+    num_stages = 2 if block_m * head_dim >= 128 * 128 else 3
+    return block_m, block_n, num_warps, num_stages
 
 
 def _sm_count(device: torch.device) -> int:
@@ -286,7 +293,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
 
-    block_m, block_n, num_warps = _block_sizes(dev, N * G, D)
+    block_m, block_n, num_warps, num_stages = _block_sizes(dev, N * G, D)
     q_tiles = triton.cdiv(N * G, block_m)
     if num_splits is None:
         num_splits = choose_num_splits(B, HKV, q_tiles, capacity - N, _sm_count(dev),
@@ -319,6 +326,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         B, N, HQ, HKV, G, num_splits, scale * _LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, TAIL_MODE=tail_mode,
         SPLIT=split, STORE_LSE=store_lse, INPUT_PRECISION=precision, num_warps=num_warps,
+        num_stages=num_stages,
     )
     if split:
         rows = B * N * HQ
