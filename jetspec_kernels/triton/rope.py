@@ -22,7 +22,7 @@ def _norm_rope_tile(x_ptrs, w1, w2, cos, sin, mask, eps, DH: tl.constexpr, HALF:
     """RMSNorm + rotate-half RoPE of a ``[heads, HALF_P]`` tile pair (first and second halves)."""
     x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
-    ms = tl.sum(x1 * x1 + x2 * x2, axis=1) / DH
+    ms = tl.div_rn(tl.sum(x1 * x1 + x2 * x2, axis=1), DH)
     r = tl.rsqrt(ms + eps)[:, None]
     y1 = x1 * r * w1
     y2 = x2 * r * w2
