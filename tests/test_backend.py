@@ -1,0 +1,88 @@
+"""Backend selection: names, precedence, auto rules, and clear errors (never a silent fallback)."""
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels import backend as bk
+
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    before = jk.get_backend()
+    yield
+    jk.set_backend(before)
+
+
+def test_set_and_get_backend():
+    jk.set_backend("reference")
+    assert jk.get_backend() == "reference"
+    jk.set_backend("AUTO")
+    assert jk.get_backend() == "auto"
+
+
+def test_unknown_backend_names_the_argument():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        jk.set_backend("tpu")
+
+
+def test_auto_on_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert bk.resolve(torch.device("cpu")) == "reference"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    assert bk.resolve(torch.device("cpu")) == "triton"
+
+
+def test_explicit_backend_beats_default(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    jk.set_backend("triton")
+    assert bk.resolve(torch.device("cpu"), "reference") == "reference"
+
+
+def test_triton_on_cpu_without_interpreter_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(jk.BackendUnavailableError, match="backend 'triton' is not available: .*TRITON_INTERPRET"):
+        bk.resolve(torch.device("cpu"), "triton")
+
+
+def test_cuda_on_cpu_tensors_is_refused():
+    logits = torch.randn(1, 2, 10)
+    with pytest.raises(jk.BackendUnavailableError, match="backend 'cuda' is not available: tensors are on cpu"):
+        jk.draft_tree(logits, torch.zeros(1, dtype=torch.int32), budget=4, topk=2, backend="cuda")
+
+
+def test_missing_kernel_is_reported(monkeypatch):
+    import types
+    fake = types.ModuleType("fake_backend")
+    monkeypatch.setitem(bk._BACKEND_MODULES, "triton", "fake_backend")
+    monkeypatch.setitem(__import__("sys").modules, "fake_backend", fake)
+    with pytest.raises(jk.BackendUnavailableError, match="does not implement build_tree"):
+        bk.kernel("triton", "build_tree")
+
+
+def test_env_variable_sets_default(monkeypatch):
+    import importlib
+    monkeypatch.setenv("JETSPEC_BACKEND", "reference")
+    mod = importlib.reload(bk)
+    try:
+        assert mod.get_backend() == "reference"
+        monkeypatch.setenv("JETSPEC_BACKEND", "nope")
+        with pytest.raises(ValueError, match="JETSPEC_BACKEND"):
+            importlib.reload(bk)
+    finally:
+        monkeypatch.delenv("JETSPEC_BACKEND")
+        importlib.reload(bk)
+
+
+def test_available_backends_lists_reasons():
+    avail = jk.available_backends("cpu")
+    assert set(avail) == {"cuda", "triton", "reference"}
+    assert avail["reference"] is None
+    assert "CUDA tensors" in avail["cuda"]
+
+
+def test_cuda_extension_imports_without_a_gpu():
+    C = pytest.importorskip("jetspec_kernels._C", reason="_C not built (no nvcc at install time)")
+    if not torch.cuda.is_available():
+        assert C.device_count() == 0
+    assert C.supports_arch(90) == ("90a" in C.built_archs().split(","))
