@@ -1,0 +1,266 @@
+"""Triton draft-tree construction from per-depth top-K: ``topn``, ``accum_logp`` and the mask.
+
+One program per sequence (grid ``[B]``) holds the tree in vectors of ``NP = next_pow2(budget)``
+slots, runs the selection loop on the device, and writes every output element, the packed
+ancestor mask included. No host sync: the node count ``min(budget, 1 + K + ... + K**D)`` is a
+function of the static shapes.
+
+Every score is ``<= 0`` (log-probs are checked ``<= 0`` by ``ops.draft_tree``; sums of them
+stay ``<= 0`` and never become ``-0.0`` because the root is ``+0.0``), so the 31-bit magnitude
+``q = bits(score) & 0x7fffffff`` orders scores: smaller ``q`` is a higher score. Selection keys
+are int64 with ``q`` on top; one integer min per step picks the best node with its tie rule,
+and the winner's fields are decoded from the key instead of gathered.
+
+``topn`` simulates the spec's best-first search exactly. Every selected node offers one frontier
+candidate, its best not-yet-selected child (children are in rank order: non-increasing score,
+increasing rank sequence). Candidate key: ``q | child depth | parent's output position | rank``
+(bits 30.., 18..29, 6..17, 0..5): among equal scores the shallower wins, then the smaller
+rank sequence, because among nodes of one depth the output position (depth, parent position,
+rank) is the lexicographic order of rank sequences. Positions are maintained as nodes arrive: a
+new node's position is the number of nodes before it in that order, and later ones shift by one.
+Per step: one min, one count, two scalar loads of log-probs.
+
+``accum_logp`` simulates JetSpec's heap: slots are insertion order (= output order); the heap is
+the set of inserted, unpopped slots; key ``q | slot | depth`` (bits 24.., 12..23, 0..11) pops the
+best score, ties to the earliest inserted. A popped node of depth < D appends
+``min(K, budget - n)`` children in rank order with one vector load.
+
+The mask (shared with :func:`pack_mask`) is built by an ancestor walk over tiles of rows: every
+row sets the bit of its current node and steps to the parent until all rows reach the root.
+
+Floor and prediction (H200; D = 15, K = 8, budget 256, B = 1): the tree is a few KB, so there is
+no bandwidth floor; the cost is the dependent chain of the selection loop on one warp: topn has
+255 steps of two 256-wide reductions (about 0.3 us a step: about 70-80 us), accum_logp about
+budget / K pops (about 10 us). Larger budgets scale as budget**2 / 32 lanes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["build_tree", "pack_mask"]
+
+_INF_KEY = 2**63 - 1
+
+
+def _tree_size(D, K, cap):
+    """``min(cap, 1 + K + ... + K**D)`` without forming huge powers."""
+    total, level = 1, 1
+    for _ in range(D):
+        level *= K
+        total += level
+        if total >= cap:
+            return cap
+    return min(total, cap)
+
+
+def _mask_layout(n):
+    """(W, WP, ROWS): mask words, their power-of-two padding, and rows per mask tile."""
+    w = triton.cdiv(n, 32)
+    wp = triton.next_power_of_2(w)
+    rows = max(1, min(triton.next_power_of_2(n), 4096 // wp))
+    return w, wp, rows
+
+
+def _warps(np_):
+    return max(1, min(8, np_ // 256))
+
+
+@triton.jit
+def _mask_tile(par_row, num, mask_row, r0, N, W, ROWS: tl.constexpr, WP: tl.constexpr):
+    """Write mask rows ``r0 .. r0+ROWS-1`` of one tree from its parents (``par_row``)."""
+    rows = r0 + tl.arange(0, ROWS)
+    ok = rows < N
+    ww = tl.arange(0, WP)[None, :]
+    words = tl.zeros([ROWS, WP], tl.int64)
+    node = tl.where(ok, rows, -1)
+    first = ok
+    while tl.max(node, axis=0) >= 0:
+        live = node >= 0
+        nd = tl.maximum(node, 0)
+        bit = tl.where(live, tl.full([ROWS], 1, tl.int64) << (nd % 32).to(tl.int64), 0)
+        words = words | tl.where(ww == (nd // 32)[:, None], bit[:, None], 0)
+        # a padding row (i >= num) stops after its own bit
+        walk = live & ((rows < num) | ~first)
+        nxt = tl.load(par_row + node, mask=walk, other=-1)
+        node = tl.where(walk, nxt, -1)
+        first = rows < 0
+    # the int64 -> int32 cast keeps the low 32 bits: bit 31 becomes the sign
+    tl.store(mask_row + rows[:, None].to(tl.int64) * W + ww, words.to(tl.int32),
+             mask=ok[:, None] & (ww < W))
+
+
+@triton.jit
+def _pack_mask_kernel(par_ptr, num_ptr, mask_ptr, N, W, ROWS: tl.constexpr, WP: tl.constexpr):
+    """Grid ``[B, cdiv(N, ROWS)]``: one tile of mask rows."""
+    b = tl.program_id(0).to(tl.int64)
+    num = tl.load(num_ptr + b)
+    _mask_tile(par_ptr + b * N, num, mask_ptr + b * N * W, tl.program_id(1) * ROWS, N, W,
+               ROWS, WP)
+
+
+@triton.jit
+def _q(score):
+    """Score (<= 0, fp32) -> 31-bit magnitude as int64; smaller is better."""
+    return (score.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
+def _score(q):
+    """Inverse of :func:`_q` for non-positive scores (q = 0 is the +0.0 of the root)."""
+    mag = q.to(tl.int32).to(tl.float32, bitcast=True)
+    return tl.where(q == 0, 0.0, -mag)
+
+
+@triton.jit
+def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stride_ld,
+                 D, K, budget, n_target,
+                 tok_ptr, par_ptr, dep_ptr, sc_ptr, num_ptr, mask_ptr, W,
+                 TOPN: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, NP)
+    lp_row = lp_ptr + b * stride_lb
+    tt_row = tt_ptr + b * stride_tb
+    sc = tl.where(slot == 0, 0.0, float("-inf"))          # node score
+    dep = tl.where(slot == 0, 0, -1)                        # node depth, -1 = empty slot
+    rk = tl.zeros([NP], tl.int32)                           # rank among its siblings
+
+    if TOPN:
+        pos = tl.where(slot == 0, 0, -1)                    # output position
+        ppos = tl.full([NP], -1, tl.int32)                  # parent's output position
+        nc = tl.zeros([NP], tl.int32)                       # children selected so far
+        cs = tl.where(slot == 0, tl.load(lp_row), 0.0)      # score of the frontier child
+        for n in range(1, n_target):
+            has = (dep >= 0) & (dep < D) & (nc < K)
+            key = (_q(cs) << 30) | ((dep + 1).to(tl.int64) << 18) \
+                | (pos.to(tl.int64) << 6) | nc.to(tl.int64)
+            key = tl.where(has, key, _INF_KEY)
+            best = tl.min(key, axis=0)
+            sel = key == best                               # the new node's parent
+            bd = ((best >> 18) & 0xFFF).to(tl.int32)
+            bp = ((best >> 6) & 0xFFF).to(tl.int32)
+            br = (best & 0x3F).to(tl.int32)
+            score = _score(best >> 30)
+            before = (dep >= 0) & ((dep < bd) | ((dep == bd) & (ppos <= bp)))
+            p_new = tl.sum(before.to(tl.int32), axis=0)
+            pos = tl.where(pos >= p_new, pos + 1, pos)
+            ppos = tl.where(ppos >= p_new, ppos + 1, ppos)
+            lp_next = tl.load(lp_row + (bd - 1) * stride_ld + br + 1, mask=br + 1 < K,
+                              other=0.0)
+            lp_first = tl.load(lp_row + bd * stride_ld, mask=bd < D, other=0.0)
+            nc = tl.where(sel, nc + 1, nc)
+            cs = tl.where(sel, sc + lp_next, cs)
+            me = slot == n
+            sc = tl.where(me, score, sc)
+            dep = tl.where(me, bd, dep)
+            rk = tl.where(me, br, rk)
+            pos = tl.where(me, p_new, pos)
+            ppos = tl.where(me, bp, ppos)
+            cs = tl.where(me, score + lp_first, cs)
+        out = pos
+        parent = ppos
+    else:
+        par = tl.full([NP], -1, tl.int32)
+        heap = slot == 0
+        n = tl.full([], 1, tl.int32)
+        while n < n_target:
+            key = (_q(sc) << 24) | (slot.to(tl.int64) << 12) | dep.to(tl.int64)
+            best = tl.min(tl.where(heap, key, _INF_KEY), axis=0)
+            i = ((best >> 12) & 0xFFF).to(tl.int32)
+            d = (best & 0xFFF).to(tl.int32)
+            score = _score(best >> 24)
+            heap = heap & (slot != i)
+            m = tl.where(d < D, tl.minimum(K, budget - n), 0)
+            new = (slot >= n) & (slot < n + m)
+            r = slot - n
+            lpv = tl.load(lp_row + d * stride_ld + r, mask=new, other=0.0)
+            sc = tl.where(new, score + lpv, sc)
+            dep = tl.where(new, d + 1, dep)
+            par = tl.where(new, i, par)
+            rk = tl.where(new, r, rk)
+            heap = heap | new
+            n += m
+        out = slot
+        parent = par
+
+    valid = slot < n_target
+    root = tl.load(root_ptr + b)
+    tok = tl.load(tt_row + (dep - 1) * stride_td + rk, mask=valid & (dep > 0), other=0)
+    tok = tl.where(dep == 0, root, tok)
+    row = b * budget
+    tl.store(tok_ptr + row + out, tok, mask=valid)
+    tl.store(par_ptr + row + out, parent, mask=valid)
+    tl.store(dep_ptr + row + out, dep, mask=valid)
+    tl.store(sc_ptr + row + out, sc, mask=valid)
+    pad = (slot >= n_target) & (slot < budget)
+    tl.store(tok_ptr + row + slot, tl.zeros([NP], tl.int32), mask=pad)
+    tl.store(par_ptr + row + slot, tl.full([NP], -1, tl.int32), mask=pad)
+    tl.store(dep_ptr + row + slot, tl.full([NP], -1, tl.int32), mask=pad)
+    tl.store(sc_ptr + row + slot, tl.full([NP], float("-inf"), tl.float32), mask=pad)
+    tl.store(num_ptr + b, n_target)
+    # the mask walk reads the parents this program just wrote
+    tl.debug_barrier()
+    for r0 in range(0, budget, ROWS):
+        _mask_tile(par_ptr + row, n_target, mask_ptr + row * W, r0, budget, W, ROWS, WP)
+
+
+def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    """Build the draft tree from per-depth top-K candidates on the device.
+
+    Parameters
+    ----------
+    topk_tokens : int32 ``[B, D, K]``, last dim contiguous; row d = children of depth-d nodes
+    topk_logprobs : float32 ``[B, D, K]``, ``<= 0``, sorted descending along K
+    root_tokens : int32 ``[B]``
+    budget : int in ``[1, 4096]``, tree capacity N
+    algorithm : ``"topn"`` or ``"accum_logp"`` (DESIGN.md section 4)
+
+    Returns
+    -------
+    tokens, parents, depths : int32 ``[B, N]``; scores : float32 ``[B, N]``;
+    num_nodes : int32 ``[B]``; mask : int32 ``[B, N, ceil(N / 32)]``
+    """
+    B, D, K = topk_tokens.shape
+    N = int(budget)
+    dev = topk_tokens.device
+    W, WP, ROWS = _mask_layout(N)
+    tokens = torch.empty(B, N, dtype=torch.int32, device=dev)
+    parents = torch.empty(B, N, dtype=torch.int32, device=dev)
+    depths = torch.empty(B, N, dtype=torch.int32, device=dev)
+    scores = torch.empty(B, N, dtype=torch.float32, device=dev)
+    num_nodes = torch.empty(B, dtype=torch.int32, device=dev)
+    mask = torch.empty(B, N, W, dtype=torch.int32, device=dev)
+    if B:
+        NP = triton.next_power_of_2(N)
+        _tree_kernel[(B,)](topk_tokens, topk_logprobs, root_tokens,
+                           topk_tokens.stride(0), topk_tokens.stride(1),
+                           topk_logprobs.stride(0), topk_logprobs.stride(1),
+                           D, K, N, _tree_size(D, K, N),
+                           tokens, parents, depths, scores, num_nodes, mask, W,
+                           TOPN=algorithm == "topn", NP=NP, ROWS=ROWS, WP=WP,
+                           num_warps=_warps(NP))
+    return tokens, parents, depths, scores, num_nodes, mask
+
+
+def pack_mask(parents, num_nodes):
+    """Bit-packed ancestor-or-self mask.
+
+    Parameters
+    ----------
+    parents : int32 ``[B, N]``, ``-1`` for the root and padding, ``parents[b, i] < i``
+    num_nodes : int32 ``[B]``; rows ``i >= num_nodes[b]`` get only their own bit
+
+    Returns
+    -------
+    mask : int32 ``[B, N, ceil(N / 32)]``; bit ``j % 32`` of word ``j // 32`` of row i is set iff
+    j is i or an ancestor of i
+    """
+    B, N = parents.shape
+    W, WP, ROWS = _mask_layout(N)
+    parents = parents.contiguous()
+    mask = torch.empty(B, N, W, dtype=torch.int32, device=parents.device)
+    if B and N:
+        _pack_mask_kernel[(B, triton.cdiv(N, ROWS))](parents, num_nodes.contiguous(), mask,
+                                                     N, W, ROWS=ROWS, WP=WP, num_warps=4)
+    return mask
