@@ -130,4 +130,5 @@ def test_bf16_qwen_shapes_on_gpu(page):
 
 @pytest.mark.gpu
 def test_fp32_long_positions_on_gpu():
-    run_case(2, 33, 16, 4, 128, torch.float32, torch.float32, "contiguous", 16, False, 40000, seed=2)
+    run_case(2, 33, 16, 4, 128, torch.float32, torch.float32, "contiguous", 16, False, 40000,
+             seed=2)

@@ -111,7 +111,7 @@ def launch(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden,
 
 
 def commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
-    """Move slot ``prefix_lens[b] + path[b, i]`` to ``prefix_lens[b] + i`` for ``i <= accept_len[b]``.
+    """Move slot ``prefix_lens[b] + path[b, i]`` to ``prefix_lens[b] + i``, ``i <= accept_len[b]``.
 
     Parameters
     ----------
