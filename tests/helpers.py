@@ -1,0 +1,102 @@
+"""Helpers shared by tests: the eps-aware comparison of draft trees."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes", "mask")
+
+
+def tree_fields(t):
+    """A Tree, a python_ref dict or a backend tuple -> dict of CPU tensors keyed by TREE_FIELDS."""
+    if isinstance(t, dict):
+        return {k: t[k].detach().cpu() for k in TREE_FIELDS}
+    if isinstance(t, (tuple, list)):
+        return {k: v.detach().cpu() for k, v in zip(TREE_FIELDS, t)}
+    return {k: getattr(t, k).detach().cpu() for k in TREE_FIELDS}
+
+
+def _paths(f, b):
+    """Token path (root first) -> (score, parent path) for the valid nodes of sequence b."""
+    n = int(f["num_nodes"][b])
+    tok = f["tokens"][b].tolist()
+    par = f["parents"][b].tolist()
+    dep = f["depths"][b].tolist()
+    sc = f["scores"][b].tolist()
+    out, path_of = {}, []
+    for i in range(n):
+        p = par[i]
+        if i == 0:
+            if p != -1 or dep[0] != 0:
+                return None, f"node 0 is not a root (parent {p}, depth {dep[0]})"
+            path = (tok[0],)
+        else:
+            if not 0 <= p < i or dep[i] != dep[p] + 1:
+                return None, f"node {i}: parent {p}, depth {dep[i]} is not a valid tree"
+            path = path_of[p] + (tok[i],)
+        if path in out:
+            return None, f"node {i} repeats the token path {path}"
+        path_of.append(path)
+        out[path] = (sc[i], path_of[p] if i else None)
+    return out, None
+
+
+def tree_difference(a, b, eps):
+    """None when trees ``a`` and ``b`` are equivalent up to score ties within ``eps``, else why not.
+
+    Both trees must have the same node counts; nodes are matched by token path. Matched nodes
+    must have scores within ``eps``. Nodes present in one tree only are accepted only when a
+    near-tie at a selection decision explains them:
+
+    * the cutoff (``topn``): each node missing from the other tree scores at most ``eps`` above
+      that tree's lowest-scoring node (it could have been chosen instead), or
+    * the pop order (``accum_logp``): every parent of the nodes only in ``a`` ties within ``eps``
+      with every parent of the nodes only in ``b`` (either could have been popped first).
+    """
+    fa, fb = tree_fields(a), tree_fields(b)
+    if not torch.equal(fa["num_nodes"], fb["num_nodes"]):
+        return f"num_nodes differ: {fa['num_nodes'].tolist()} vs {fb['num_nodes'].tolist()}"
+    for b_ in range(fa["num_nodes"].shape[0]):
+        pa, err = _paths(fa, b_)
+        if err:
+            return f"seq {b_}, first tree: {err}"
+        pb, err = _paths(fb, b_)
+        if err:
+            return f"seq {b_}, second tree: {err}"
+        for path in pa.keys() & pb.keys():
+            if abs(pa[path][0] - pb[path][0]) > eps:
+                return f"seq {b_}: node {path} scores {pa[path][0]} vs {pb[path][0]}"
+        only_a = [pa[p] for p in pa.keys() - pb.keys()]
+        only_b = [pb[p] for p in pb.keys() - pa.keys()]
+        if not only_a and not only_b:
+            continue
+        min_a = min(s for s, _ in pa.values())
+        min_b = min(s for s, _ in pb.values())
+        cutoff = (all(s <= min_b + eps for s, _ in only_a)
+                  and all(s <= min_a + eps for s, _ in only_b))
+        score_of = lambda p: pa[p][0] if p in pa else pb[p][0]
+        par_a = {score_of(p) for _, p in only_a if p is not None}
+        par_b = {score_of(p) for _, p in only_b if p is not None}
+        pop_order = bool(par_a) and bool(par_b) and all(
+            abs(x - y) <= eps for x in par_a for y in par_b)
+        if not (cutoff or pop_order):
+            return (f"seq {b_}: {len(only_a)} nodes differ without a tie within {eps} "
+                    f"(scores {sorted(s for s, _ in only_a)} vs {sorted(s for s, _ in only_b)})")
+    return None
+
+
+def trees_equivalent(a, b, eps):
+    """True when :func:`tree_difference` finds no difference beyond ties within ``eps``."""
+    return tree_difference(a, b, eps) is None
+
+
+def assert_padding(f, budget):
+    """Rows i >= num_nodes follow CONTRIBUTING.md: token 0, parent -1, depth -1, score -inf."""
+    for b in range(f["num_nodes"].shape[0]):
+        n = int(f["num_nodes"][b])
+        assert f["tokens"][b, n:].eq(0).all()
+        assert f["parents"][b, n:].eq(-1).all()
+        assert f["depths"][b, n:].eq(-1).all()
+        assert torch.isneginf(f["scores"][b, n:]).all()
+        assert n <= budget and not math.isnan(float(f["scores"][b, :n].sum()))
