@@ -1,6 +1,8 @@
 """commit_kv: move the accepted path's K/V into contiguous cache slots."""
 from __future__ import annotations
 
+import torch
+
 from .. import backend as _backend
 from ..tree import Commit, Verdict
 from . import _checks as C
@@ -28,6 +30,13 @@ def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
         C.value_range("verdict.path", verdict.path, -1, hidden.shape[1] - 1)
     if C.values_checked(verdict.path) and b:
         C.fits_in_cache(prefix_lens, int(verdict.path.max()) + 1, cap)
+        # Overlap safety of the in-place move relies on a root-first, strictly increasing path.
+        idx = torch.arange(m, device=dev)
+        live = idx[None, :] <= verdict.accept_len[:, None]
+        steps = verdict.path[:, 1:] > verdict.path[:, :-1]
+        if bool((verdict.path[:, 0] != 0).any()) or bool((live[:, 1:] & ~steps).any()):
+            raise ValueError("verdict.path must start at the root (0) and increase strictly "
+                             "up to accept_len")
 
 
 def commit_kv(k_cache, v_cache, prefix_lens, verdict: Verdict, *, block_table=None, hidden=None,

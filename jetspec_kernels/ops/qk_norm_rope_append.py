@@ -33,6 +33,11 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
     C.value_range("positions", positions, 0, None)
     if cache_start is None:
         C.value_range("positions", positions, 0, cap - 1)
+        if C.values_checked(positions) and n > 1:
+            srt = positions.sort(1).values
+            if bool((srt[:, 1:] == srt[:, :-1]).any()):
+                raise ValueError("positions must be distinct within a sequence when they are the "
+                                 "cache slots (cache_start=None); pass cache_start for tree rows")
     else:
         C.tensor("cache_start", cache_start, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
         C.fits_in_cache(cache_start, n, cap, "cache_start")

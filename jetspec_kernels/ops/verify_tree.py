@@ -76,7 +76,8 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     Parameters
     ----------
     tree : Tree with capacity N
-    target_logits : float [B, N, V], optional   the target's logits at each node
+    target_logits : float [B, N, V], optional   the target's logits at each node (NaN-free:
+        backends differ on where a NaN wins the argmax)
     target_tokens : int32 [B, N], optional      or the target's already chosen token per node
     temperature : float >= 0
     seed, offset : int64 tensors [B] or [] (or ints); required when temperature > 0
