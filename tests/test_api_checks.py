@@ -181,6 +181,8 @@ CASES = [
     (jk.tree_attention, tree_attention_args, _with("scale", "x"), TypeError, "scale"),
     (jk.tree_attention, tree_attention_args, _with("out", torch.empty(B, N, HQ, DH, dtype=torch.float16)), TypeError, "out"),
     (jk.tree_attention, tree_attention_args, _with("out", torch.empty(B, N, HQ, DH + 1)), ValueError, "out"),
+    (jk.tree_attention, tree_attention_args, _with("lse", torch.empty(B, N, HQ)), ValueError, "lse"),
+    (jk.tree_attention, tree_attention_args, _with("lse", torch.empty(B, HQ, N, dtype=torch.float64)), TypeError, "lse"),
     (jk.tree_attention, paged_attention_args, _with("block_table", lambda a: a["block_table"].long()), TypeError, "block_table"),
     (jk.tree_attention, paged_attention_args, _with("block_table", lambda a: a["block_table"][:2]), ValueError, "block_table"),
     (jk.tree_attention, paged_attention_args, _with("block_table", lambda a: a["block_table"] + 1), ValueError, "block_table"),

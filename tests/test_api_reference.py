@@ -35,7 +35,9 @@ def test_tree_attention_out_and_lse():
     vc = torch.randn(b, L, hkv, dh, generator=g, dtype=torch.float16)
     prefix = torch.tensor([3, 14], dtype=I32)
     out = torch.full_like(q, float("nan"))
-    res, lse = jk.tree_attention(q, kc, vc, prefix, tail="full", return_lse=True, out=out, backend="reference")
+    lse_buf = torch.full((b, hq, n), float("nan"))
+    res, lse = jk.tree_attention(q, kc, vc, prefix, tail="full", out=out, lse=lse_buf, backend="reference")
+    assert lse is lse_buf
     assert res is out and out.dtype == torch.float16 and torch.isfinite(out).all()
     assert lse.shape == (b, hq, n) and lse.dtype == torch.float32
     o64, l64 = ref.tree_attention(q.double(), kc.double(), vc.double(), prefix, None, "full")

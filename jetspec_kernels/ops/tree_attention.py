@@ -13,7 +13,8 @@ TAILS = ("causal", "full")
 KERNEL_HEAD_DIMS = {"cuda": (64, 128, 256), "triton": (16, 32, 64, 128, 256)}
 
 
-def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out):
+def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
+                         lse=None):
     C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
     b, n, hq, dh = q.shape
     dev = q.device
@@ -28,12 +29,13 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     if scale is not None:
         C.number("scale", scale, positive=True)
     C.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
+    C.optional("lse", lse, dtypes=(torch.float32,), shape=[b, hq, n], device=dev)
     C.fits_in_cache(prefix_lens, n, cap)
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: str = "causal",
                    block_table=None, scale: float | None = None, return_lse: bool = False,
-                   out=None, backend: str | None = None):
+                   out=None, lse=None, backend: str | None = None):
     """Attention of N tree (or draft-block) queries over a cached prefix plus the N tail keys.
 
     Query i of sequence b sees every key at positions ``< prefix_lens[b]`` and the tail key at
@@ -53,12 +55,13 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     scale : float, optional; default 1/sqrt(Dh).
     return_lse : bool; also return float32 [B, Hq, N] natural-log log-sum-exp.
     out : [B, N, Hq, Dh] q.dtype, optional; written in place and returned.
+    lse : float32 [B, Hq, N], optional; written in place (implies return_lse).
 
     Returns
     -------
     out, or (out, lse) when return_lse.
     """
-    check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out)
+    check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse)
     name = _backend.resolve(q.device, backend)
     dh = q.shape[-1]
     if name in KERNEL_HEAD_DIMS and dh not in KERNEL_HEAD_DIMS[name]:
@@ -66,8 +69,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
                          f"(supported: {KERNEL_HEAD_DIMS[name]})")
     if out is None:
         out = torch.empty_like(q)
-    lse = None
-    if return_lse:
+    return_lse = return_lse or lse is not None
+    if return_lse and lse is None:
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     _backend.kernel(name, "tree_attention")(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
