@@ -78,7 +78,12 @@ def main(argv=None) -> int:
                    help="default bf16 on CUDA, fp32 on the CPU")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help=f"comma list out of {','.join(BASELINES)}")
+    p.add_argument("--flex-shapes", type=int, default=None,
+                   help="compile FlexAttention for the first N shapes only (each shape is a "
+                        "recompile; default: all, 2 with --quick)")
     opts = bc.options(p, argv)
+    flex_shapes = opts.args.flex_shapes if opts.args.flex_shapes is not None else \
+        (2 if opts.quick else len(shapes(opts)[0]))
     dtype = bc.DTYPES[opts.args.dtype or ("bf16" if opts.cuda else "fp32")]
     wanted = set(opts.args.baselines.split(","))
     dev = opts.device
@@ -143,6 +148,9 @@ def main(argv=None) -> int:
             if not opts.cuda:
                 table.skip(shape, "flex", "FlexAttention is benchmarked on CUDA only (CPU "
                            "compilation would dominate the quick run)", flops=flops, nbytes=nbytes)
+            elif si >= flex_shapes:
+                table.skip(shape, "flex", f"compiled for the first {flex_shapes} shapes only "
+                           "(--flex-shapes)", flops=flops, nbytes=nbytes)
             else:
                 _run_flex(table, shape, q_t, k_t, v_t, dense, b, l, n, flops, nbytes, ref_out)
         if "flash_causal" in wanted:

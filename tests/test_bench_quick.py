@@ -54,12 +54,26 @@ def test_quick_bench_writes_table_csv_png(name, tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_runs_as_a_script(tmp_path):
+def test_bench_runs_as_a_script(tmp_path, capsys):
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_draft_tree.py"), "--quick",
                           "--device", "cpu", "--no-plot", "--backends", "reference",
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "draft_tree.csv").exists() and not (tmp_path / "draft_tree.png").exists()
+
+    # The device-check summary reads that CSV and a step log.
+    from bench import summarize
+
+    (tmp_path / "steps.tsv").write_text("build\tPASS\t12\t_C built for 90a\n")
+    summarize.main(["--steps", str(tmp_path / "steps.tsv"), "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "build" in out and "PASS" in out and "reference:topn" in out and "x_host=" in out
+
+
+def test_device_check_script_parses():
+    res = subprocess.run(["bash", "-n", str(ROOT / "bench" / "device_check.sh")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
 
 
 def test_roofline_floor_and_speedups(tmp_path):

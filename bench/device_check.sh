@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The one script a device session runs (DESIGN.md section 6), from the repository root:
+#
+#   bash bench/device_check.sh              # on the GPU machine; results under $OUT
+#   bash bench/device_check.sh --dry-run    # anywhere: prints the GPU steps, runs the CPU parts
+#
+# Steps, each under `timeout`, all inside a total budget (default 470 s, under 8 minutes):
+#   nvidia-smi; a venv with --system-site-packages (the machine's CUDA torch and triton); _C built
+#   for sm_90a only; `python -m jetspec_kernels info`; pytest -m gpu; compute-sanitizer memcheck
+#   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
+#   allows); the quick GPU sweep of every bench. A step that would not fit is skipped and says so.
+# Output ($OUT, default bench/results/device_check): summary.txt (the table printed last),
+# device_check.tar.gz (every log, CSV and PNG, steps.tsv), nvidia-smi.txt. No network is needed:
+# pip runs with PIP_NO_INDEX=1 against what the machine has installed.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+DRY=0
+[[ "${1:-}" == "--dry-run" ]] && DRY=1
+OUT=${OUT:-$ROOT/bench/results/device_check}
+BUDGET_S=${DEVICE_CHECK_BUDGET_S:-470}
+RESERVE_S=15                                   # summary + tar at the end
+VENV=${DEVICE_CHECK_VENV:-/tmp/jetspec-device-venv}
+SYS_PY=${DEVICE_CHECK_PYTHON:-python3}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/jetspec_dc.XXXXXX")
+LOGS=$WORK/logs
+RES=$WORK/results
+STEPS=$WORK/steps.tsv
+mkdir -p "$OUT" "$LOGS" "$RES"
+: >"$STEPS"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 JETSPEC_CUDA_ARCHS=90a
+
+if ((DRY)); then
+  PY=${DEVICE_CHECK_DRY_PYTHON:-$ROOT/.venv/bin/python}
+  BENCH_FLAGS="--quick --device cpu"
+else
+  PY=$VENV/bin/python
+  BENCH_FLAGS="--quick"
+fi
+
+remaining() { echo $((START + BUDGET_S - RESERVE_S - $(date +%s))); }
+
+# run_step NAME LIMIT_S KEEP_S COMMAND
+#   Runs COMMAND (a bash string) with a limit of min(LIMIT_S, time left - KEEP_S), logging to
+#   $LOGS/NAME.log; KEEP_S is time held back for the steps after this one.
+run_step() {
+  local name=$1 limit=$2 keep=$3 cmd=$4
+  local left=$(($(remaining) - keep))
+  ((left < limit)) && limit=$left
+  if ((limit < 10)); then
+    printf '%s\tSKIP\t0\tno time left in the %ss budget\n' "$name" "$BUDGET_S" >>"$STEPS"
+    echo "[device_check] $name: skipped (no time left)"
+    return 0
+  fi
+  echo "[device_check] $name (limit ${limit}s): $cmd"
+  local t0 rc status
+  t0=$(date +%s)
+  timeout -k 5 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) status=PASS ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status="FAIL($rc)" ;;
+  esac
+  local detail
+  detail=$(grep -E '(passed|failed|ERROR SUMMARY|sanitize_ops:|_C built|wrote .*\.csv|Error)' \
+    "$LOGS/$name.log" | tail -n 1 | tail -c 150 | tr '\t' ' ')
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(date +%s) - t0))" "$detail" >>"$STEPS"
+  echo "[device_check] $name: $status"
+  return 0
+}
+
+dry_step() { # record what a GPU step would run
+  printf '%s\tDRY\t0\t%s\n' "$1" "$(echo "$2" | tr '\n\t' '  ' | tr -s ' ' | tail -c 150)" >>"$STEPS"
+  echo "[device_check] (dry run) $1: $2"
+}
+
+step() { # step NAME LIMIT KEEP CMD [gpu]: GPU steps are only printed in a dry run
+  if ((DRY)) && [[ "${5:-}" == gpu ]]; then dry_step "$1" "$4"; else run_step "$@"; fi
+}
+
+SAN="compute-sanitizer --error-exitcode 9 --target-processes all"
+SAN_ENV="PYTORCH_NO_CUDA_MEMORY_CACHING=1"   # every tensor its own allocation: OOB reads are seen
+
+# 1. The machine.
+step nvidia_smi 20 0 "nvidia-smi && nvidia-smi -q -d CLOCK,PERFORMANCE,POWER" gpu
+
+# 2. Environment and build. The machine's python3 is itself a venv (/opt/torch/.venv): a nested
+#    --system-site-packages venv sees the base interpreter's packages only, so a .pth file adds
+#    the outer site-packages (torch, triton) when the new venv cannot import torch.
+step venv 60 0 "test -x '$PY' || $SYS_PY -m venv --system-site-packages '$VENV' || exit 1
+  if ! '$PY' -c 'import torch' 2>/dev/null; then
+    $SYS_PY -c 'import site; print(\"\\n\".join(site.getsitepackages()))' \
+      >\"\$('$PY' -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/_device_site.pth\"
+  fi
+  '$PY' -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.is_available())'" gpu
+step build 180 0 "make install VENV='$VENV' PYTHON=$SYS_PY VENV_FLAGS=--system-site-packages TORCH_SPEC= \
+  || '$PY' -m pip install --no-deps --no-build-isolation -e .
+  '$PY' -c 'import jetspec_kernels._C as C; print(\"_C built for\", C.built_archs())'" gpu
+step info 30 0 "'$PY' -m jetspec_kernels info" gpu
+
+# 3. Correctness on the GPU; then the sanitizers (the benches keep at least 210 s).
+step gpu_tests 100 250 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests \
+  --junitxml='$RES/gpu_tests.xml'" gpu
+if command -v compute-sanitizer >/dev/null 2>&1 || ((DRY)); then
+  step memcheck_cuda 60 210 "$SAN_ENV $SAN --tool memcheck '$PY' bench/sanitize_ops.py --backend cuda" gpu
+  step racecheck_cuda 40 210 "$SAN --tool racecheck '$PY' bench/sanitize_ops.py --backend cuda" gpu
+  step memcheck_triton 40 210 "$SAN_ENV $SAN --tool memcheck '$PY' bench/sanitize_ops.py --backend triton" gpu
+else
+  printf 'sanitizers\tSKIP\t0\tcompute-sanitizer is not on PATH\n' >>"$STEPS"
+fi
+
+# 4. The quick sweep of every bench (CPU in a dry run).
+step bench_tree_attention 75 140 "'$PY' bench/bench_tree_attention.py $BENCH_FLAGS --out '$RES'"
+step bench_draft_tree 40 100 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --out '$RES'"
+step bench_verify 40 60 "'$PY' bench/bench_verify.py $BENCH_FLAGS --out '$RES'"
+step bench_draft_head 40 30 "'$PY' bench/bench_draft_head.py $BENCH_FLAGS --out '$RES'"
+step bench_decode 60 0 "'$PY' bench/bench_decode.py $BENCH_FLAGS --out '$RES'"
+
+# 5. Summary (printed last) and the results, packed into few files for the trip back.
+SUMPY=$PY
+"$SUMPY" -c 'import sys' 2>/dev/null || SUMPY=$SYS_PY
+"$SUMPY" bench/summarize.py --steps "$STEPS" --results "$RES" >"$WORK/summary.txt" 2>&1 ||
+  { echo "(summarize.py failed)"; cat "$STEPS"; } >>"$WORK/summary.txt"
+echo "total $(($(date +%s) - START)) s of a ${BUDGET_S} s budget" >>"$WORK/summary.txt"
+cp "$WORK/summary.txt" "$OUT/summary.txt"
+[[ -f "$LOGS/nvidia_smi.log" ]] && cp "$LOGS/nvidia_smi.log" "$OUT/nvidia-smi.txt"
+tar -czf "$OUT/device_check.tar.gz" -C "$WORK" logs results steps.tsv summary.txt
+rm -rf "$WORK"
+echo
+echo "[device_check] logs, CSV and PNG: $OUT/device_check.tar.gz"
+cat "$OUT/summary.txt"

@@ -1,0 +1,90 @@
+"""Print the short summary of a device-check run: step status, then one compact line per measured
+jetspec row of every bench CSV (time, time/floor, speed-up against each baseline).
+
+    python bench/summarize.py --steps steps.tsv --results DIR
+
+``steps.tsv`` lines are ``name<TAB>status<TAB>seconds<TAB>detail`` (written by device_check.sh).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+BENCH_ORDER = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
+
+
+def _num(v: str) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _f(v: float) -> str:
+    if math.isnan(v):
+        return "-"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def steps_table(path: Path) -> list[str]:
+    """Lines of the step table from ``steps.tsv`` (missing file: one line saying so)."""
+    if not path.exists():
+        return [f"(no step log at {path})"]
+    rows = [line.rstrip("\n").split("\t") for line in path.read_text().splitlines() if line.strip()]
+    lines = [f"{'step':28s} {'status':10s} {'seconds':>8s}  detail"]
+    for r in rows:
+        r = (r + ["", "", "", ""])[:4]
+        lines.append(f"{r[0]:28s} {r[1]:10s} {r[2]:>8s}  {r[3]}")
+    return lines
+
+
+def bench_lines(csv_path: Path) -> list[str]:
+    """Compact lines for the non-baseline rows of one bench CSV."""
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        cols = reader.fieldnames or []
+    xcols = [c for c in cols if c.startswith("x_")]
+    baselines = {c[2:] for c in xcols}
+    lines = [f"-- {csv_path.stem} ({rows[0]['device'] if rows else '?'}): time [us], time/floor, "
+             + ", ".join(xcols) + " (> 1: faster than that baseline)"]
+    skipped = {}
+    for r in rows:
+        if r["backend"] in baselines:
+            continue
+        if r["status"] != "ok":
+            skipped.setdefault((r["backend"], r["status"], r["note"][:120]), 0)
+            skipped[(r["backend"], r["status"], r["note"][:120])] += 1
+            continue
+        xs = " ".join(f"{c}={_f(_num(r[c]))}" for c in xcols if r.get(c))
+        lines.append(f"{r['shape']:34s} {r['backend']:16s} {_f(_num(r['median_us'])):>9s} "
+                     f"{_f(_num(r['time_over_floor'])):>7s}  {xs}")
+    for (backend, status, note), count in sorted(skipped.items()):
+        lines.append(f"  [{status} x{count}] {backend}: {note}")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=Path, required=True)
+    p.add_argument("--results", type=Path, required=True)
+    a = p.parse_args(argv)
+    lines = ["== device check: steps ==", *steps_table(a.steps), "", "== benchmarks (quick sweep) =="]
+    csvs = sorted(a.results.rglob("*.csv"), key=lambda c: (BENCH_ORDER.index(c.stem)
+                                                           if c.stem in BENCH_ORDER else 99, c.name))
+    if not csvs:
+        lines.append(f"(no bench CSV under {a.results})")
+    for c in csvs:
+        try:
+            lines += bench_lines(c)
+        except Exception as e:  # one broken CSV must not hide the others
+            lines.append(f"-- {c.name}: unreadable ({type(e).__name__}: {e})")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
