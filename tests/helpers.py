@@ -51,8 +51,9 @@ def tree_difference(a, b, eps):
 
     * the cutoff (``topn``): each node missing from the other tree scores at most ``eps`` above
       that tree's lowest-scoring node (it could have been chosen instead), or
-    * the pop order (``accum_logp``): every parent of the nodes only in ``a`` ties within ``eps``
-      with every parent of the nodes only in ``b`` (either could have been popped first).
+    * the pop order (``accum_logp``): the nodes only in ``a`` and those only in ``b`` have
+      different parents, and every parent on one side ties within ``eps`` with every parent on
+      the other (either could have been popped first).
     """
     fa, fb = tree_fields(a), tree_fields(b)
     if not torch.equal(fa["num_nodes"], fb["num_nodes"]):
@@ -76,10 +77,10 @@ def tree_difference(a, b, eps):
         cutoff = (all(s <= min_b + eps for s, _ in only_a)
                   and all(s <= min_a + eps for s, _ in only_b))
         score_of = lambda p: pa[p][0] if p in pa else pb[p][0]
-        par_a = {score_of(p) for _, p in only_a if p is not None}
-        par_b = {score_of(p) for _, p in only_b if p is not None}
-        pop_order = bool(par_a) and bool(par_b) and all(
-            abs(x - y) <= eps for x in par_a for y in par_b)
+        par_a = {p for _, p in only_a if p is not None}
+        par_b = {p for _, p in only_b if p is not None}
+        pop_order = bool(par_a) and bool(par_b) and not par_a & par_b and all(
+            abs(score_of(x) - score_of(y)) <= eps for x in par_a for y in par_b)
         if not (cutoff or pop_order):
             return (f"seq {b_}: {len(only_a)} nodes differ without a tie within {eps} "
                     f"(scores {sorted(s for s, _ in only_a)} vs {sorted(s for s, _ in only_b)})")

@@ -35,6 +35,9 @@ budget / K pops (about 10 us). Larger budgets scale as budget**2 / 32 lanes.
 """
 from __future__ import annotations
 
+import sys
+import types
+
 import torch
 import triton
 import triton.language as tl
@@ -264,3 +267,15 @@ def pack_mask(parents, num_nodes):
         _pack_mask_kernel[(B, triton.cdiv(N, ROWS))](parents, num_nodes.contiguous(), mask,
                                                      N, W, ROWS=ROWS, WP=WP, num_warps=4)
     return mask
+
+
+class _CallableModule(types.ModuleType):
+    """This module shares its name with the backend function ``build_tree``: once imported, the
+    package attribute ``jetspec_kernels.triton.build_tree`` is this module, not the function
+    that ``backend.kernel("triton", "build_tree")`` expects, so calling the module calls it."""
+
+    def __call__(self, *args, **kwargs):
+        return build_tree(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
