@@ -112,7 +112,9 @@ def cases(dev, dtype, backend):
         return run
 
     def c_commit():
-        verdict = jk.verify_tree(tree, target, backend="reference" if dev.type == "cpu" else backend)
+        # The verdict comes from the reference, so a missing verify_tree cannot hide commit_kv.
+        verdict = jk.verify_tree(ref_tree, target.cpu(), backend="reference")
+        verdict = jk.Verdict(*(x.to(dev) for x in verdict))
         hidden = torch.randn(B, N, 64, device=dev, generator=g).to(dtype)
         kk, vv = kc.clone(), vc.clone()
         res = jk.commit_kv(kk, vv, prefix, verdict, hidden=hidden, backend=backend)
