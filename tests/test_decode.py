@@ -1,0 +1,254 @@
+"""Lossless speculative decoding: greedy output equals the autoregressive baseline token for token
+(random draft head: low acceptance; oracle draft: high acceptance), across budgets, tree
+algorithms, EOS inside an accepted path, max_new_tokens inside a round, ragged batches and paged
+caches; sampled output follows the target's distribution."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels.decode import generate, generate_ar
+from jetspec_kernels.models import tiny_models
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]]
+
+
+@pytest.fixture(autouse=True)
+def reference_backend():
+    prev = jk.get_backend()
+    jk.set_backend("reference")
+    yield
+    jk.set_backend(prev)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_models(seed=0)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(models):
+    # Module-scoped fixtures run before the function-scoped backend fixture: set it here too.
+    target, _ = models
+    prev = jk.get_backend()
+    jk.set_backend("reference")
+    out = generate_ar(target, PROMPTS, max_new_tokens=24).tokens
+    jk.set_backend(prev)
+    return out
+
+
+class OracleHead:
+    """Test double for the draft head that proposes the target's own greedy continuation (known
+    from the baseline), so acceptance is high. At stream positions where ``(b * 31 + i) % 7 == 0``
+    the right token is only second-ranked, and where ``% 11 == 0`` it is absent, so accepted
+    lengths vary. It also checks the loop's bookkeeping: the anchor must be the stream token at
+    the context length the loop has appended."""
+
+    def __init__(self, streams, vocab, block_size=5, hidden=64):
+        self.streams = streams
+        self.vocab = vocab
+        self.block_size = block_size
+        self.target_layer_ids = [1]
+        self.config = SimpleNamespace(target_hidden_size=hidden)
+        self.state = None
+
+    def new_state(self, batch, capacity, *, page_size=None):
+        self.state = SimpleNamespace(ctx_len=torch.zeros(batch, dtype=torch.int32))
+        return self.state
+
+    def append_context(self, state, taps, counts):
+        assert taps.shape[0] == len(self.streams) and taps.shape[2] == 64
+        assert bool(torch.isfinite(taps).all())
+        state.ctx_len.add_(counts)
+
+    def cached_logits(self, state, anchor_tokens, *, embed_weight, lm_head_weight):
+        b_sz, d = len(self.streams), self.block_size - 1
+        logits = torch.zeros(b_sz, d, self.vocab)
+        for b, stream in enumerate(self.streams):
+            t = int(state.ctx_len[b])
+            if t < len(stream):
+                assert int(anchor_tokens[b]) == stream[t], "anchor and draft context disagree"
+            for depth in range(1, d + 1):
+                i = t + depth
+                if i >= len(stream):
+                    break
+                tok, wrong = stream[i], (stream[i] + 1) % self.vocab
+                if (b * 31 + i) % 11 == 0:
+                    logits[b, depth - 1, wrong] = 10.0
+                    logits[b, depth - 1, tok] = -10.0
+                elif (b * 31 + i) % 7 == 0:
+                    logits[b, depth - 1, wrong] = 10.0
+                    logits[b, depth - 1, tok] = 9.0
+                else:
+                    logits[b, depth - 1, tok] = 10.0
+        return logits
+
+
+def oracle(models, ar_tokens):
+    target, _ = models
+    return OracleHead([p + t for p, t in zip(PROMPTS, ar_tokens)], target.config.vocab_size)
+
+
+@pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
+@pytest.mark.parametrize("budget", [1, 2, 16, 64])
+def test_greedy_lossless_random_head(models, ar_tokens, budget, algorithm):
+    target, head = models
+    out = generate(target, head, PROMPTS, max_new_tokens=10, budget=budget, topk=4, algorithm=algorithm)
+    assert out.tokens == [t[:10] for t in ar_tokens]
+    s = out.stats
+    assert s.rounds >= 1 and len(s.accept_lengths) >= s.rounds
+    assert sum(s.accept_histogram) == len(s.accept_lengths)
+    assert s.new_tokens == 30
+
+
+@pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
+@pytest.mark.parametrize("budget,topk", [(2, 1), (16, 4), (64, 3)])
+def test_greedy_lossless_oracle_head(models, ar_tokens, budget, topk, algorithm):
+    target, _ = models
+    head = oracle(models, ar_tokens)
+    out = generate(target, head, PROMPTS, max_new_tokens=24, budget=budget, topk=topk,
+                   algorithm=algorithm, fused_draft=False)
+    assert out.tokens == ar_tokens
+    s = out.stats
+    if budget >= 16:
+        # Perfect proposals except the planted misses: long paths are accepted.
+        assert s.mean_accept > 2.0
+        assert s.accept_histogram[4] > 0 and s.rounds < 24 / 2
+    assert max(s.accept_lengths) <= min(4, budget - 1)
+    # The context holds the prompt and every emitted token but the last anchor (a sequence's last
+    # round may commit up to 4 tokens past max_new_tokens; they are not returned).
+    for p, toks, ctx in zip(PROMPTS, out.tokens, head.state.ctx_len.tolist()):
+        assert len(p) + len(toks) - 1 <= ctx <= len(p) + len(toks) - 1 + 4
+
+
+def test_eos_inside_accepted_path_and_max_new_inside_round(models, ar_tokens):
+    target, _ = models
+    # EOS: a token of sequence 0's greedy output that is not its first few tokens; max_new: 13
+    # ends inside a round (rounds of the oracle emit up to 5 tokens after the prefill's one).
+    seq = ar_tokens[0]
+    k = next(i for i in range(7, 12) if seq[i] not in seq[:i])
+    eos = seq[k]
+    ar = generate_ar(target, PROMPTS, max_new_tokens=13, eos_token_id=eos).tokens
+    assert ar[0] == seq[:k + 1]
+    for budget in (16, 64):
+        head = oracle(models, ar_tokens)
+        out = generate(target, head, PROMPTS, max_new_tokens=13, budget=budget, topk=3,
+                       eos_token_id=[eos, 96], fused_draft=False)
+        ar_multi = generate_ar(target, PROMPTS, max_new_tokens=13, eos_token_id=[eos, 96]).tokens
+        assert out.tokens == ar_multi
+        assert all(len(t) <= 13 for t in out.tokens)
+    assert any(len(t) == 13 for t in ar_multi)
+
+
+@pytest.mark.parametrize("page_size", [3, 16])
+def test_greedy_lossless_paged_cache(models, ar_tokens, page_size):
+    target, head = models
+    out = generate(target, head, PROMPTS, max_new_tokens=8, budget=16, topk=4, page_size=page_size)
+    assert out.tokens == [t[:8] for t in ar_tokens]
+    ar = generate_ar(target, PROMPTS, max_new_tokens=8, page_size=page_size)
+    assert ar.tokens == [t[:8] for t in ar_tokens]
+
+
+def test_fused_and_logits_draft_paths_agree(models):
+    target, head = models
+    a = generate(target, head, PROMPTS[:2], max_new_tokens=8, budget=8, topk=3, fused_draft=True)
+    b = generate(target, head, PROMPTS[:2], max_new_tokens=8, budget=8, topk=3, fused_draft=False)
+    assert a.tokens == b.tokens
+    assert a.stats.accept_lengths == b.stats.accept_lengths
+
+
+def test_bad_arguments(models):
+    target, head = models
+    with pytest.raises(ValueError, match="prompt_ids"):
+        generate(target, head, [], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
+        generate(target, head, [[1], []], max_new_tokens=4)
+    with pytest.raises(ValueError, match="outside"):
+        generate(target, head, [[1, 97]], max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate_ar(target, [[1]], max_new_tokens=0)
+    with pytest.raises(ValueError, match="algorithm"):
+        generate(target, head, [[1]], max_new_tokens=2, algorithm="beam")
+
+
+def _chi2_sf(x: float, dof: int) -> float:
+    """Survival function of the chi-square distribution (regularised upper gamma)."""
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         torch.tensor(x / 2.0, dtype=torch.float64)))
+
+
+def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value, cells with expectation < 5 pooled into one."""
+    n = counts.sum()
+    exp = probs * n
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    exp = torch.cat([exp[big], exp[~big].sum().reshape(1)])
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    return _chi2_sf(stat, int(keep.sum()) - 1)
+
+
+def test_sampling_matches_target_distribution():
+    """Tiny vocabulary, sharp-ish target: the first three sampled tokens (the first from the
+    prefill, the others from speculative rounds) follow the exact law computed from the target:
+    joint of (t1, t2), joint of (t2, t3), marginal of t3; for the speculative loop and, as a
+    check of the test itself, for the baseline. Each batch row draws independent noise. (With
+    these sizes, a loop that reuses the prefill's noise in its first round fails with p ~ 1e-19.)"""
+    target, head = _sharp_tiny()
+    v, temp, prompt, n = 7, 0.8, [1, 4, 2], 600
+    probs1 = _next_probs(target, [prompt], temp)[0]                                        # [V]
+    probs2 = _next_probs(target, [prompt + [a] for a in range(v)], temp)                   # [V, V]
+    probs3 = _next_probs(target, [prompt + [a, b] for a in range(v) for b in range(v)],
+                         temp).view(v, v, v)
+    joint = probs1[:, None, None] * probs2[:, :, None] * probs3
+
+    kw = dict(max_new_tokens=3, temperature=temp, seed=11)
+    runs = {"topn": lambda: generate(target, head, [prompt] * n, budget=6, topk=3, algorithm="topn", **kw),
+            "ar": lambda: generate_ar(target, [prompt] * n, **kw)}
+    for name, run in runs.items():
+        out = run()
+        counts = torch.zeros(v, v, v, dtype=torch.float64)
+        for t in out.tokens:
+            counts[t[0], t[1], t[2]] += 1
+        if name != "ar":
+            accepted = sum(out.stats.accept_histogram[1:])
+            assert accepted >= 10, "the draft should get some tokens accepted"
+        checks = {"(t1, t2)": (counts.sum(2), joint.sum(2)), "(t2, t3)": (counts.sum(0), joint.sum(0)),
+                  "t3": (counts.sum((0, 1)), joint.sum((0, 1)))}
+        for what, (c, p) in checks.items():
+            pval = _chi2_pvalue(c.flatten(), p.flatten())
+            assert pval > 1e-3, f"{name}: {what} does not follow the target (p = {pval:.2e})"
+
+
+def _sharp_tiny():
+    from jetspec_kernels.models import DraftHead, Qwen3
+    from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights,
+                                             tiny_draft_config, tiny_qwen3_config)
+    tcfg = tiny_qwen3_config(vocab_size=7)
+    dcfg = tiny_draft_config(tcfg, block_size=4)
+    return (Qwen3(tcfg, random_qwen3_weights(tcfg, seed=3, logit_scale=2.0)),
+            DraftHead(dcfg, random_draft_weights(dcfg, seed=4)))
+
+
+def _next_probs(target, seqs, temperature):
+    """softmax(logits / T) of the next token after each sequence (float64 [len(seqs), V])."""
+    lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32)
+    tokens = torch.tensor(seqs)
+    cache = target.new_cache(len(seqs), tokens.shape[1])
+    logits, _ = target.prefill(tokens, lens, cache)
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+def test_triton_backend_greedy_lossless(models, ar_tokens):
+    """The same loop on the triton backend (under the interpreter on CPU), where its kernels exist."""
+    target, head = models
+    jk.set_backend("triton")
+    try:
+        out = generate(target, head, PROMPTS[:2], max_new_tokens=4, budget=4, topk=2)
+    except jk.BackendUnavailableError as e:
+        pytest.skip(str(e))
+    assert out.tokens == [t[:4] for t in ar_tokens[:2]]
+    assert not math.isnan(out.stats.mean_accept)
