@@ -44,7 +44,7 @@ import triton.language as tl
 
 __all__ = ["build_tree", "pack_mask"]
 
-_INF_KEY = 2**63 - 1
+_INF_KEY = tl.constexpr(2**63 - 1)
 
 
 def _tree_size(D, K, cap):

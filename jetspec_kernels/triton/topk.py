@@ -33,7 +33,7 @@ import triton.language as tl
 __all__ = ["log_softmax_topk", "hidden_topk"]
 
 # Smaller than every real key: real keys have a low word in (0, 2**31).
-_NEG_KEY = -(2**63)
+_NEG_KEY = tl.constexpr(-(2**63))
 
 
 @triton.jit
