@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import backend as _backend
 from .ops.commit_kv import commit_kv
 from .ops.draft_tree import ALGORITHMS, draft_tree, draft_tree_from_hidden
 from .ops.verify_tree import verify_tree
@@ -341,7 +342,8 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     fused_draft : build the tree from the draft hidden states with ``draft_tree_from_hidden``
         (``head.draft_hidden``; the draft logits are never materialised); False: from
         ``head.cached_logits`` with ``draft_tree``
-    cuda_graphs : capture the steps in CUDA graphs; default: when the models are on CUDA
+    cuda_graphs : capture the steps in CUDA graphs; default: on CUDA unless the backend is
+        ``reference``
 
     Returns
     -------
@@ -359,7 +361,8 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
         raise ValueError(f"the draft head expects target hidden size {head.config.target_hidden_size}, "
                          f"the target has {target.config.hidden_size}")
     if cuda_graphs is None:
-        cuda_graphs = dev.type == "cuda"
+        # The reference backend reads values on the host inside its ops: it cannot be captured.
+        cuda_graphs = dev.type == "cuda" and _backend.resolve(dev) != "reference"
     if cuda_graphs and dev.type != "cuda":
         raise ValueError("cuda_graphs=True needs models on a CUDA device")
 

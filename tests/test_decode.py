@@ -252,3 +252,16 @@ def test_triton_backend_greedy_lossless(models, ar_tokens):
         pytest.skip(str(e))
     assert out.tokens == [t[:4] for t in ar_tokens[:2]]
     assert not math.isnan(out.stats.mean_accept)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_lossless(dtype):
+    """On a GPU (triton or cuda backend): graphed and eager rounds give the baseline's tokens."""
+    jk.set_backend("auto")
+    target, head = tiny_models(seed=0, dtype=dtype, device="cuda")
+    ar = generate_ar(target, PROMPTS, max_new_tokens=16).tokens
+    for graphs in (False, True):
+        out = generate(target, head, PROMPTS, max_new_tokens=16, budget=16, topk=4, cuda_graphs=graphs)
+        assert out.stats.cuda_graphs == graphs
+        assert out.tokens == ar
