@@ -257,11 +257,15 @@ def test_triton_backend_greedy_lossless(models, ar_tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graphs_lossless(dtype):
-    """On a GPU (triton or cuda backend): graphed and eager rounds give the baseline's tokens."""
+    """On a GPU (triton or cuda backend): graphed rounds give the eager rounds' tokens, and in
+    fp32 the baseline's (bf16 rounding differs between tree and one-token shapes, so only the
+    graphed-vs-eager identity is exact there)."""
     jk.set_backend("auto")
     target, head = tiny_models(seed=0, dtype=dtype, device="cuda")
-    ar = generate_ar(target, PROMPTS, max_new_tokens=16).tokens
-    for graphs in (False, True):
-        out = generate(target, head, PROMPTS, max_new_tokens=16, budget=16, topk=4, cuda_graphs=graphs)
-        assert out.stats.cuda_graphs == graphs
-        assert out.tokens == ar
+    eager = generate(target, head, PROMPTS, max_new_tokens=16, budget=16, topk=4, cuda_graphs=False)
+    graphed = generate(target, head, PROMPTS, max_new_tokens=16, budget=16, topk=4, cuda_graphs=True)
+    assert not eager.stats.cuda_graphs and graphed.stats.cuda_graphs
+    assert graphed.tokens == eager.tokens
+    assert graphed.stats.accept_lengths == eager.stats.accept_lengths
+    if dtype == torch.float32:
+        assert eager.tokens == generate_ar(target, PROMPTS, max_new_tokens=16).tokens
