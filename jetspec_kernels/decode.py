@@ -12,7 +12,8 @@ cache and ``prefix`` counts the tokens before it. The draft context has exactly 
 Prefill runs the whole prompt and samples the first new token, which is the first anchor.
 
 Host syncs: one per round, reading whether every sequence is done (``done.all()``), and one at
-the end to read the tokens and statistics. (The reference backend, used for CPU tensors, syncs
+the end to read the tokens and statistics. With ``sync_every=k`` the done check runs every k
+rounds instead (finished sequences are frozen, so extra rounds change nothing but time). (The reference backend, used for CPU tensors, syncs
 inside its ops anyway; the argument checks read values only for CPU tensors.) On CUDA the two steps are captured once (after an eager
 first round) and replayed; NVTX ranges mark the stages. The CUDA path is not tested on a GPU
 in CI.
@@ -49,7 +50,7 @@ class DecodeStats:
     tokens_per_s : float         new_tokens / seconds
     stage_seconds : dict         time per stage (prefill, draft, tree, verify, accept, commit,
                                  append, emit; "draft_step"/"verify_step" when graphed)
-    host_syncs_per_round : int   1 (the done check)
+    host_syncs_per_round : float 1 / sync_every (the done check)
     cuda_graphs : bool           whether the steps were replayed from CUDA graphs
     """
 
@@ -62,7 +63,7 @@ class DecodeStats:
     seconds: float = 0.0
     tokens_per_s: float = 0.0
     stage_seconds: dict = field(default_factory=dict)
-    host_syncs_per_round: int = 1
+    host_syncs_per_round: float = 1.0
     cuda_graphs: bool = False
 
 
@@ -324,7 +325,7 @@ def _capacity(max_prompt: int, max_new: int, budget: int, block: int, width: int
 def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64, topk: int = 8,
              algorithm: str = "topn", temperature: float = 0.0, eos_token_id=None, seed: int = 0,
              page_size: int | None = None, fused_draft: bool = True,
-             cuda_graphs: bool | None = None) -> GenerateOutput:
+             cuda_graphs: bool | None = None, sync_every: int = 1) -> GenerateOutput:
     """JetSpec speculative decoding for a batch of prompts of different lengths.
 
     Parameters
@@ -344,6 +345,8 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
         ``head.cached_logits`` with ``draft_tree``
     cuda_graphs : capture the steps in CUDA graphs; default: on CUDA unless the backend is
         ``reference``
+    sync_every : int >= 1, rounds between host-side done checks (stats.rounds counts every
+        round run, including those after the last sequence finished)
 
     Returns
     -------
@@ -363,12 +366,14 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     if cuda_graphs is None:
         # The reference backend reads values on the host inside its ops: it cannot be captured.
         cuda_graphs = dev.type == "cuda" and _backend.resolve(dev) != "reference"
+    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+        raise ValueError(f"sync_every must be an int >= 1, got {sync_every!r}")
     if cuda_graphs and dev.type != "cuda":
         raise ValueError("cuda_graphs=True needs models on a CUDA device")
 
     t0 = time.perf_counter()
     stages = _Stages(dev)
-    stats = DecodeStats(cuda_graphs=bool(cuda_graphs))
+    stats = DecodeStats(cuda_graphs=bool(cuda_graphs), host_syncs_per_round=1.0 / sync_every)
     tokens, lens = _pad_prompts(prompt_ids, target.config.vocab_size, dev)
     b, t_max = tokens.shape
     width = min(head.block_size - 1, budget - 1) + 1          # verdict columns M
@@ -389,15 +394,16 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
                  stages=stages)
     accepts = []
     graphed = None
-    while not bool(out.done.all()):          # the one host sync per round
-        if graphed is not None:
-            accepts.append(graphed.step())
-        else:
-            rnd.draft_step()
-            accepts.append(rnd.verify_step())
-            if cuda_graphs:
-                graphed = _Graphed(rnd)
-        stats.rounds += 1
+    while not bool(out.done.all()):          # the one host sync (per sync_every rounds)
+        for _ in range(sync_every):
+            if graphed is not None:
+                accepts.append(graphed.step())
+            else:
+                rnd.draft_step()
+                accepts.append(rnd.verify_step())
+                if cuda_graphs:
+                    graphed = _Graphed(rnd)
+            stats.rounds += 1
     return _finish(stats, out, stages, t0, accepts, width - 1)
 
 

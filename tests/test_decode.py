@@ -159,6 +159,15 @@ def test_fused_and_logits_draft_paths_agree(models):
     assert a.stats.accept_lengths == b.stats.accept_lengths
 
 
+def test_sync_every_changes_nothing_but_rounds(models, ar_tokens):
+    target, head = models
+    a = generate(target, head, PROMPTS, max_new_tokens=9, budget=8, topk=3)
+    b = generate(target, head, PROMPTS, max_new_tokens=9, budget=8, topk=3, sync_every=3)
+    assert a.tokens == b.tokens == [t[:9] for t in ar_tokens]
+    assert b.stats.rounds % 3 == 0 and a.stats.rounds <= b.stats.rounds < a.stats.rounds + 3
+    assert a.stats.accept_lengths == b.stats.accept_lengths      # frozen sequences record nothing
+
+
 def test_bad_arguments(models):
     target, head = models
     with pytest.raises(ValueError, match="prompt_ids"):
@@ -171,6 +180,8 @@ def test_bad_arguments(models):
         generate_ar(target, [[1]], max_new_tokens=0)
     with pytest.raises(ValueError, match="algorithm"):
         generate(target, head, [[1]], max_new_tokens=2, algorithm="beam")
+    with pytest.raises(ValueError, match="sync_every"):
+        generate(target, head, [[1]], max_new_tokens=2, sync_every=0)
 
 
 def _chi2_sf(x: float, dof: int) -> float:
