@@ -21,7 +21,7 @@ $(STAMP): $(BUILD_INPUTS)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --benchmark-disable $(PYTEST_ARGS) tests
 
 demo: $(STAMP)
 	$(PY) -m jetspec_kernels demo

@@ -7,7 +7,7 @@ import torch
 
 import jetspec_kernels as jk
 import python_ref as ref
-from jetspec_kernels.triton import build_tree as triton_tree
+from jetspec_kernels.triton import tree_build as triton_tree
 from jetspec_kernels.triton import topk as triton_topk
 from helpers import TREE_FIELDS, assert_padding, tree_difference, tree_fields
 

@@ -35,8 +35,6 @@ budget / K pops (about 10 us). Larger budgets scale as budget**2 / 32 lanes.
 """
 from __future__ import annotations
 
-import sys
-import types
 
 import torch
 import triton
@@ -268,14 +266,3 @@ def pack_mask(parents, num_nodes):
                                                      N, W, ROWS=ROWS, WP=WP, num_warps=4)
     return mask
 
-
-class _CallableModule(types.ModuleType):
-    """This module shares its name with the backend function ``build_tree``: once imported, the
-    package attribute ``jetspec_kernels.triton.build_tree`` is this module, not the function
-    that ``backend.kernel("triton", "build_tree")`` expects, so calling the module calls it."""
-
-    def __call__(self, *args, **kwargs):
-        return build_tree(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
