@@ -13,10 +13,13 @@ Prefill runs the whole prompt and samples the first new token, which is the firs
 
 Host syncs: one per round, reading whether every sequence is done (``done.all()``), and one at
 the end to read the tokens and statistics. With ``sync_every=k`` the done check runs every k
-rounds instead (finished sequences are frozen, so extra rounds change nothing but time). (The reference backend, used for CPU tensors, syncs
-inside its ops anyway; the argument checks read values only for CPU tensors.) On CUDA the two steps are captured once (after an eager
-first round) and replayed; NVTX ranges mark the stages. The CUDA path is not tested on a GPU
-in CI.
+rounds instead (finished sequences are frozen, so extra rounds change nothing but time). The
+reference backend, used for CPU tensors, syncs inside its ops anyway, and the ops' argument
+checks read values only for CPU tensors.
+
+On CUDA the first round runs eagerly on a side stream (warm-up: kernel compilation, library
+handles), then both steps are captured once and replayed every later round; NVTX ranges mark
+the stages. The CUDA path has not been run on a GPU yet (tests/test_decode.py has a gpu test).
 """
 from __future__ import annotations
 
@@ -285,13 +288,12 @@ class _Graphed:
     round's static buffers in place. Not exercised by the CPU test suite.
     """
 
-    def __init__(self, rnd: _Round):
+    def __init__(self, rnd: _Round, stream):
         self.rnd = rnd
         real_stages = rnd.stages
         rnd.stages = _NoStages()
         self.draft_graph = torch.cuda.CUDAGraph()
         self.verify_graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             with torch.cuda.graph(self.draft_graph, stream=stream):
@@ -398,11 +400,17 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
         for _ in range(sync_every):
             if graphed is not None:
                 accepts.append(graphed.step())
+            elif cuda_graphs:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    rnd.draft_step()
+                    accepts.append(rnd.verify_step())
+                torch.cuda.current_stream().wait_stream(side)
+                graphed = _Graphed(rnd, side)
             else:
                 rnd.draft_step()
                 accepts.append(rnd.verify_step())
-                if cuda_graphs:
-                    graphed = _Graphed(rnd)
             stats.rounds += 1
     return _finish(stats, out, stages, t0, accepts, width - 1)
 
