@@ -1,12 +1,14 @@
 // pybind11 module jetspec_kernels._C: torch-free. Takes raw device pointers (data_ptr() integers),
 // sizes and a stream handle, so it does not depend on the installed torch's C++ ABI.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cctype>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "jetspec/api.h"
 
@@ -27,6 +29,15 @@ template <typename T>
 T* ptr(std::uintptr_t p) { return reinterpret_cast<T*>(p); }
 
 cudaStream_t stream_of(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+using U = std::uintptr_t;
+using I64s = std::vector<int64_t>;
+
+// Strides of dims 0..2 of a 4-d tensor (dim 3 is contiguous).
+jetspec::Strides4 strides4(const I64s& s, const char* what) {
+  if (s.size() < 3) throw std::invalid_argument(std::string(what) + ": need 3 strides");
+  return jetspec::Strides4{s[0], s[1], s[2]};
+}
 
 // "90a,80" -> does a binary for one of these run on sm_<major><minor>?
 bool supports_arch(int sm) {
@@ -76,4 +87,192 @@ PYBIND11_MODULE(_C, m) {
       py::arg("parents"), py::arg("num_nodes"), py::arg("mask"), py::arg("batch"), py::arg("n"),
       py::arg("words"), py::arg("stream"),
       "int32 parents [B,N], num_nodes [B] -> int32 mask [B,N,W] (device pointers).");
+
+  m.def(
+      "qk_norm_rope_append",
+      [](U q, U k, U v, U q_norm_w, U k_norm_w, U positions, U cache_start, U q_out, U k_cache,
+         U v_cache, U block_table, const I64s& sq, const I64s& sk, const I64s& sv, const I64s& sc,
+         const I64s& svc, int64_t bt_stride, int batch, int n, int hq, int hkv, int dh,
+         int page_size, float theta, float eps, int dtype, int cache_dtype, U stream) {
+        jetspec::RopeParams p{};
+        p.q = ptr<const void>(q);
+        p.k = ptr<const void>(k);
+        p.v = ptr<const void>(v);
+        p.q_norm_w = ptr<const float>(q_norm_w);
+        p.k_norm_w = ptr<const float>(k_norm_w);
+        p.positions = ptr<const int32_t>(positions);
+        p.cache_start = ptr<const int32_t>(cache_start);
+        p.q_out = ptr<void>(q_out);
+        p.k_cache = ptr<void>(k_cache);
+        p.v_cache = ptr<void>(v_cache);
+        p.block_table = ptr<const int32_t>(block_table);
+        p.sq = strides4(sq, "q");
+        p.sk = strides4(sk, "k");
+        p.sv = strides4(sv, "v");
+        p.sc = strides4(sc, "k_cache");
+        p.svc = strides4(svc, "v_cache");
+        p.bt_stride = bt_stride;
+        p.batch = batch;
+        p.n = n;
+        p.hq = hq;
+        p.hkv = hkv;
+        p.dh = dh;
+        p.page_size = page_size;
+        p.theta = theta;
+        p.eps = eps;
+        check(jetspec::launch_qk_norm_rope_append(p, dtype, cache_dtype, stream_of(stream)),
+              "qk_norm_rope_append");
+      },
+      "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache.");
+  m.def(
+      "verify_target_tokens",
+      [](U logits, int64_t s0, int64_t s1, U num_nodes, U seed, U offset, U target, int batch,
+         int n, int vocab, float temperature, int dtype, U stream) {
+        jetspec::TargetTokenParams p{};
+        p.logits = ptr<const void>(logits);
+        p.s0 = s0;
+        p.s1 = s1;
+        p.num_nodes = ptr<const int32_t>(num_nodes);
+        p.seed = ptr<const int64_t>(seed);
+        p.offset = ptr<const int64_t>(offset);
+        p.target = ptr<int32_t>(target);
+        p.batch = batch;
+        p.n = n;
+        p.vocab = vocab;
+        p.temperature = temperature;
+        check(jetspec::launch_target_tokens(p, dtype, stream_of(stream)), "verify_target_tokens");
+      },
+      "Target token per valid node: argmax (temperature 0) or seeded Gumbel-max sample.");
+  m.def(
+      "verify_walk",
+      [](U tokens, U parents, U num_nodes, U target, int64_t target_stride, U accept_len, U path,
+         U bonus, U emitted, int batch, int n, int cols, U stream) {
+        jetspec::VerifyWalkParams p{};
+        p.tokens = ptr<const int32_t>(tokens);
+        p.parents = ptr<const int32_t>(parents);
+        p.num_nodes = ptr<const int32_t>(num_nodes);
+        p.target = ptr<const int32_t>(target);
+        p.target_stride = target_stride;
+        p.accept_len = ptr<int32_t>(accept_len);
+        p.path = ptr<int32_t>(path);
+        p.bonus = ptr<int32_t>(bonus);
+        p.emitted = ptr<int32_t>(emitted);
+        p.batch = batch;
+        p.n = n;
+        p.cols = cols;
+        check(jetspec::launch_verify_walk(p, stream_of(stream)), "verify_walk");
+      },
+      "Acceptance walk: accept_len, path, bonus, emitted.");
+  m.def(
+      "commit_kv",
+      [](U k_cache, U v_cache, const I64s& sk, const I64s& sv, U block_table, int64_t bt_stride,
+         U prefix_lens, U path, U accept_len, U new_prefix_lens, U hidden, int64_t sh0,
+         int64_t sh1, U hidden_rows, int batch, int cols, int hkv, int dh, int page_size,
+         int hidden_dim, int cache_elem_bytes, int hidden_elem_bytes, U stream) {
+        jetspec::CommitParams p{};
+        p.k_cache = ptr<void>(k_cache);
+        p.v_cache = ptr<void>(v_cache);
+        p.sk = strides4(sk, "k_cache");
+        p.sv = strides4(sv, "v_cache");
+        p.block_table = ptr<const int32_t>(block_table);
+        p.bt_stride = bt_stride;
+        p.prefix_lens = ptr<const int32_t>(prefix_lens);
+        p.path = ptr<const int32_t>(path);
+        p.accept_len = ptr<const int32_t>(accept_len);
+        p.new_prefix_lens = ptr<int32_t>(new_prefix_lens);
+        p.hidden = ptr<const void>(hidden);
+        p.sh0 = sh0;
+        p.sh1 = sh1;
+        p.hidden_rows = ptr<void>(hidden_rows);
+        p.batch = batch;
+        p.cols = cols;
+        p.hkv = hkv;
+        p.dh = dh;
+        p.page_size = page_size;
+        p.hidden_dim = hidden_dim;
+        check(jetspec::launch_commit_kv(p, cache_elem_bytes, hidden_elem_bytes, stream_of(stream)),
+              "commit_kv");
+      },
+      "Move the accepted path's K/V to contiguous slots in place; gather hidden rows.");
+  m.def("topk_workspace_bytes", &jetspec::topk_workspace_bytes, py::arg("rows"), py::arg("vocab"),
+        py::arg("k"), "Workspace bytes log_softmax_topk needs for rows x vocab and top-k.");
+  m.def(
+      "log_softmax_topk",
+      [](U logits, int64_t s0, int64_t s1, U tokens, U logprobs, U workspace, int batch, int depth,
+         int vocab, int k, int dtype, U stream) {
+        jetspec::TopkParams p{};
+        p.logits = ptr<const void>(logits);
+        p.s0 = s0;
+        p.s1 = s1;
+        p.tokens = ptr<int32_t>(tokens);
+        p.logprobs = ptr<float>(logprobs);
+        p.workspace = ptr<void>(workspace);
+        p.batch = batch;
+        p.depth = depth;
+        p.vocab = vocab;
+        p.k = k;
+        check(jetspec::launch_log_softmax_topk(p, dtype, stream_of(stream)), "log_softmax_topk");
+      },
+      "Per-row log-softmax over the vocabulary and its top-k (tokens int32, log-probs fp32).");
+  m.def(
+      "build_tree",
+      [](U topk_tokens, U topk_logprobs, U root_tokens, U tokens, U parents, U depths, U scores,
+         U num_nodes, U mask, int batch, int depth, int k, int budget, int words, int algorithm,
+         U stream) {
+        jetspec::BuildTreeParams p{};
+        p.topk_tokens = ptr<const int32_t>(topk_tokens);
+        p.topk_logprobs = ptr<const float>(topk_logprobs);
+        p.root_tokens = ptr<const int32_t>(root_tokens);
+        p.tokens = ptr<int32_t>(tokens);
+        p.parents = ptr<int32_t>(parents);
+        p.depths = ptr<int32_t>(depths);
+        p.scores = ptr<float>(scores);
+        p.num_nodes = ptr<int32_t>(num_nodes);
+        p.mask = ptr<int32_t>(mask);
+        p.batch = batch;
+        p.depth = depth;
+        p.k = k;
+        p.budget = budget;
+        p.words = words;
+        p.algorithm = algorithm;
+        check(jetspec::launch_build_tree(p, stream_of(stream)), "build_tree");
+      },
+      "Draft tree (algorithm 0 topn, 1 accum_logp) from per-depth top-k, one CTA per sequence.");
+  m.def(
+      "tree_attention",
+      [](U q, const I64s& sq, U k_cache, U v_cache, const I64s& sk, const I64s& sv, U block_table,
+         int64_t bt_stride, int page_size, U prefix_lens, U tree_mask, int64_t sm0, int64_t sm1,
+         int tail, U out, const I64s& so, U lse, U part_o, U part_lse, int batch, int n, int hq,
+         int hkv, int splits, float scale, int dtype, int head_dim, U stream) {
+        jetspec::AttnParams p{};
+        p.q = ptr<const void>(q);
+        p.sq = strides4(sq, "q");
+        p.k_cache = ptr<const void>(k_cache);
+        p.v_cache = ptr<const void>(v_cache);
+        p.sk = strides4(sk, "k_cache");
+        p.sv = strides4(sv, "v_cache");
+        p.block_table = ptr<const int32_t>(block_table);
+        p.bt_stride = bt_stride;
+        p.page_size = page_size;
+        p.prefix_lens = ptr<const int32_t>(prefix_lens);
+        p.tree_mask = ptr<const int32_t>(tree_mask);
+        p.sm0 = sm0;
+        p.sm1 = sm1;
+        p.tail = tail;
+        p.out = ptr<void>(out);
+        p.so = strides4(so, "out");
+        p.lse = ptr<float>(lse);
+        p.part_o = ptr<float>(part_o);
+        p.part_lse = ptr<float>(part_lse);
+        p.batch = batch;
+        p.n = n;
+        p.hq = hq;
+        p.hkv = hkv;
+        p.group = hkv > 0 ? hq / hkv : 0;
+        p.splits = splits;
+        p.scale_log2 = scale * 1.4426950408889634f;
+        check(jetspec::launch_tree_attention(p, dtype, head_dim, stream_of(stream)),
+              "tree_attention");
+      },
+      "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits.");
 }

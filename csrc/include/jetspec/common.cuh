@@ -1,7 +1,11 @@
 // Shared helpers for the torch-free kernel layer: launchers return cudaError_t, never throw.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+
+#include "jetspec/params.h"
 
 namespace jetspec {
 
@@ -13,5 +17,45 @@ namespace jetspec {
   } while (0)
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Element types the kernels are instantiated for; the bindings pass one of these codes.
+enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// fp32 <-> storage type conversions (round to nearest even, as torch's .to()).
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+
+// Element offset of logical cache position p of sequence b, kv head h (contiguous or paged).
+__device__ __forceinline__ int64_t cache_offset(const Strides4& st, const int32_t* block_table,
+                                                int64_t bt_stride, int page_size, int b, int p,
+                                                int h) {
+  if (block_table == nullptr) return b * st.s0 + p * st.s1 + h * st.s2;
+  const int page = block_table[b * bt_stride + p / page_size];
+  return page * st.s0 + (p % page_size) * st.s1 + h * st.s2;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
 }  // namespace jetspec

@@ -1,0 +1,14 @@
+// commit_kv: raw 2- and 4-byte element copies (the cache dtype does not matter beyond its size).
+#include "jetspec/api.h"
+#include "jetspec/commit.cuh"
+
+namespace jetspec {
+
+cudaError_t launch_commit_kv(const CommitParams& p, int cache_elem_bytes, int hidden_elem_bytes,
+                             cudaStream_t stream) {
+  if (cache_elem_bytes == 2) return commit_kv<uint16_t>(p, hidden_elem_bytes, stream);
+  if (cache_elem_bytes == 4) return commit_kv<uint32_t>(p, hidden_elem_bytes, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jetspec

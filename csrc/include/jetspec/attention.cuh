@@ -1,0 +1,305 @@
+// Tree-masked / block-causal attention over a KV cache with mma.sync (sm_80, also runs on sm_90).
+//
+// GQA packing: a CTA owns one (sequence, kv head) and 64 packed rows, row r = (tree row r / G,
+// query head kvh * G + r % G), G = Hq / Hkv, so every K/V tile loaded serves all G query heads.
+// 4 warps x 16 rows; K/V tiles of BN keys, double-buffered with cp.async (rows past the end are
+// zero-filled so that 0 * garbage can never be NaN). Online softmax in the log2 domain, fp32
+// accumulators. Split-KV: blockIdx.z takes an even share of the sequence's key blocks and
+// writes fp32 partial outputs + LSE that attention_combine_kernel merges; with one split the
+// kernel writes `out` and `lse` directly.
+#pragma once
+#include "jetspec/mma.cuh"
+
+namespace jetspec {
+
+enum AttnTail : int { kTailMask = 0, kTailCausal = 1, kTailFull = 2 };
+
+
+constexpr int kAttnRows = 64;     // packed rows per CTA
+constexpr int kAttnThreads = 128;
+
+template <int HD> struct AttnBlockN { static constexpr int value = HD >= 256 ? 32 : 64; };
+
+template <typename T, int HD>
+constexpr size_t attention_smem_bytes() {
+  return static_cast<size_t>(kAttnRows + 4 * AttnBlockN<HD>::value) * (HD + 8) * sizeof(T);
+}
+
+// May packed row pr see the key at logical position p? (pr's tree row is i)
+__device__ __forceinline__ bool attn_visible(const AttnParams& p, int b, int prefix, int i,
+                                             int pos) {
+  if (pos < prefix) return true;
+  const int j = pos - prefix;
+  if (j >= p.n) return false;
+  if (p.tail == kTailFull) return true;
+  if (p.tail == kTailCausal) return j <= i;
+  const uint32_t w = static_cast<uint32_t>(p.tree_mask[b * p.sm0 + i * p.sm1 + (j >> 5)]);
+  return (w >> (j & 31)) & 1u;
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams p) {
+  constexpr int BN = AttnBlockN<HD>::value;
+  constexpr int LD = HD + 8;  // padded row: 8 ldmatrix rows hit distinct bank groups
+  constexpr int CH = HD / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kAttnRows * LD;  // [2][BN][LD]
+  T* sV = sK + 2 * BN * LD;     // [2][BN][LD]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int b = blockIdx.y / p.hkv, kvh = blockIdx.y % p.hkv;
+  const int split = blockIdx.z;
+  const int rows_total = p.n * p.group;
+  const int row0 = blockIdx.x * kAttnRows;
+  const int prefix = p.prefix_lens[b];
+  const int len = prefix + p.n;
+  const int nblocks = (len + BN - 1) / BN;
+  const int blk_begin = static_cast<int>(static_cast<long long>(split) * nblocks / p.splits);
+  const int blk_end = static_cast<int>(static_cast<long long>(split + 1) * nblocks / p.splits);
+
+  // Q tile (rows past the packed rows are zero).
+  {
+    const T* q = static_cast<const T*>(p.q);
+    for (int c = tid; c < kAttnRows * CH; c += kAttnThreads) {
+      const int r = c / CH, col = (c % CH) * 8;
+      const int pr = row0 + r;
+      const bool ok = pr < rows_total;
+      const T* src = q;
+      if (ok) {
+        const int i = pr / p.group, h = kvh * p.group + pr % p.group;
+        src = q + b * p.sq.s0 + i * p.sq.s1 + h * p.sq.s2 + col;
+      }
+      cp_async_16(sQ + r * LD + col, src, ok);
+    }
+  }
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  auto load_kv = [&](int blk, int stage) {
+    T* dk = sK + stage * BN * LD;
+    T* dv = sV + stage * BN * LD;
+    for (int c = tid; c < BN * CH; c += kAttnThreads) {
+      const int r = c / CH, col = (c % CH) * 8;
+      const int pos = blk * BN + r;
+      const bool ok = pos < len;
+      const T* ks = kc;
+      const T* vs = vc;
+      if (ok) {
+        ks = kc + cache_offset(p.sk, p.block_table, p.bt_stride, p.page_size, b, pos, kvh) + col;
+        vs = vc + cache_offset(p.sv, p.block_table, p.bt_stride, p.page_size, b, pos, kvh) + col;
+      }
+      cp_async_16(dk + r * LD + col, ks, ok);
+      cp_async_16(dv + r * LD + col, vs, ok);
+    }
+  };
+  if (blk_begin < blk_end) load_kv(blk_begin, 0);
+  cp_async_commit();
+
+  // This thread's two rows: warp*16 + g and warp*16 + g + 8; their tree rows (clamped for rows
+  // past the end, whose results are discarded).
+  int tree_row[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const int pr = row0 + warp * 16 + g + 8 * h2;
+    tree_row[h2] = min(pr, rows_total - 1) / p.group;
+  }
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < HD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  for (int blk = blk_begin; blk < blk_end; ++blk) {
+    const int stage = (blk - blk_begin) & 1;
+    if (blk + 1 < blk_end) {
+      load_kv(blk + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* tK = sK + stage * BN * LD;
+    const T* tV = sV + stage * BN * LD;
+
+    // S = Q K^T for this warp's 16 rows x BN keys.
+    float s[BN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 +
+                         (lane >> 4) * 8);
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; nt += 2) {
+        uint32_t bk[4];
+        const int mi = lane >> 3;
+        ldmatrix_x4(bk, tK + (nt * 8 + (mi >> 1) * 8 + (lane & 7)) * LD + kk * 16 + (mi & 1) * 8);
+        mma_16816<T>(s[nt], a, bk[0], bk[1]);
+        mma_16816<T>(s[nt + 1], a, bk[2], bk[3]);
+      }
+    }
+
+    // Scale into the log2 domain and mask the keys this row may not see.
+    const int key0 = blk * BN;
+    const bool need_mask = key0 + BN > prefix;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[nt][e] * p.scale_log2;
+        if (need_mask) {
+          const int pos = key0 + nt * 8 + 2 * tq + (e & 1);
+          if (!attn_visible(p, b, prefix, tree_row[e >> 1], pos)) v = -INFINITY;
+        }
+        s[nt][e] = v;
+      }
+    }
+
+    // Online softmax per row (a row is spread over the 4 threads of a quad).
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h2], s[nt][2 * h2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[h2], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: no NaN
+      const float alpha = exp2f(m_run[h2] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        s[nt][2 * h2] = exp2f(s[nt][2 * h2] - m_use);
+        s[nt][2 * h2 + 1] = exp2f(s[nt][2 * h2 + 1] - m_use);
+        sum += s[nt][2 * h2] + s[nt][2 * h2 + 1];
+      }
+      l_run[h2] = l_run[h2] * alpha + sum;
+      m_run[h2] = m_new;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        o[dt][2 * h2] *= alpha;
+        o[dt][2 * h2 + 1] *= alpha;
+      }
+    }
+
+    // O += P V: the S accumulators of two key tiles form one A fragment.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; dt += 2) {
+        uint32_t bv[4];
+        const int mi = lane >> 3;
+        ldmatrix_x4_trans(bv, tV + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + dt * 8 +
+                                  (mi >> 1) * 8);
+        mma_16816<T>(o[dt], a, bv[0], bv[1]);
+        mma_16816<T>(o[dt + 1], a, bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // the next prefetch overwrites this stage
+  }
+  cp_async_wait<0>();
+
+  // Normalise and write.
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float l = l_run[h2];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int pr = row0 + warp * 16 + g + 8 * h2;
+    if (pr >= rows_total) continue;
+    const int i = pr / p.group, h = kvh * p.group + pr % p.group;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? (m_run[h2] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    const int64_t ridx = (static_cast<int64_t>(b) * p.hq + h) * p.n + i;
+    if (p.splits == 1) {
+      T* dst = static_cast<T*>(p.out) + b * p.so.s0 + i * p.so.s1 + h * p.so.s2;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        const int d = dt * 8 + 2 * tq;
+        *reinterpret_cast<uint32_t*>(dst + d) =
+            pack2<T>(o[dt][2 * h2] * inv, o[dt][2 * h2 + 1] * inv);
+      }
+      if (p.lse != nullptr && tq == 0) p.lse[ridx] = lse;
+    } else {
+      const int64_t prow = static_cast<int64_t>(split) * p.batch * p.hq * p.n + ridx;
+      float* dst = p.part_o + prow * HD;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        const int d = dt * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(dst + d) =
+            make_float2(o[dt][2 * h2] * inv, o[dt][2 * h2 + 1] * inv);
+      }
+      if (tq == 0) p.part_lse[prow] = lse;
+    }
+  }
+}
+
+// Merges split partials: one warp per (b, h, i) row; out = sum_s w_s O_s / sum_s w_s with
+// w_s = exp(lse_s - max lse); lse = max + log(sum w). Empty splits have lse -inf (w = 0).
+template <typename T>
+__global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, int hd) {
+  const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
+  const long long row = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % p.n);
+  const int h = static_cast<int>((row / p.n) % p.hq);
+  const int b = static_cast<int>(row / (static_cast<long long>(p.n) * p.hq));
+  float m = -INFINITY;
+  for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.part_lse[s * rows + row]);
+  m = warp_max(m);
+  float sum = 0.f;
+  if (m != -INFINITY)
+    for (int s = lane; s < p.splits; s += 32) sum += expf(p.part_lse[s * rows + row] - m);
+  sum = warp_sum(sum);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* dst = static_cast<T*>(p.out) + b * p.so.s0 + i * p.so.s1 + h * p.so.s2;
+  for (int d = lane; d < hd; d += 32) {
+    float acc = 0.f;
+    if (m != -INFINITY) {
+      for (int s = 0; s < p.splits; ++s) {
+        const float ls = p.part_lse[s * rows + row];
+        if (ls != -INFINITY) acc += expf(ls - m) * p.part_o[(s * rows + row) * hd + d];
+      }
+    }
+    dst[d] = from_float<T>(acc * inv);
+  }
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
+}
+
+template <typename T, int HD>
+cudaError_t tree_attention(const AttnParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
+  if (p.splits < 1 || p.hkv < 1 || p.group < 1 || p.hq != p.hkv * p.group)
+    return cudaErrorInvalidValue;
+  if (p.splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
+  const long long tiles = (static_cast<long long>(p.n) * p.group + kAttnRows - 1) / kAttnRows;
+  const long long bh = static_cast<long long>(p.batch) * p.hkv;
+  if (tiles > 0x7fffffffLL || bh > 65535 || p.splits > 65535) return cudaErrorInvalidConfiguration;
+  constexpr size_t smem = attention_smem_bytes<T, HD>();
+  if (smem > 48 * 1024) {
+    JETSPEC_RETURN_IF_ERROR(cudaFuncSetAttribute(tree_attention_kernel<T, HD>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+  }
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(bh), p.splits);
+  tree_attention_kernel<T, HD><<<grid, kAttnThreads, smem, stream>>>(p);
+  JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
+  if (p.splits == 1) return cudaSuccess;
+  const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
+  const long long blocks = (rows * 32 + 255) / 256;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  attention_combine_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, HD);
+  return cudaGetLastError();
+}
+
+}  // namespace jetspec

@@ -1,0 +1,125 @@
+// Plain parameter structs shared by the kernels (*.cuh) and the C++ bindings: no CUDA syntax,
+// so bindings.cpp can fill them without nvcc. Pointers are device pointers; strides are in
+// elements; index tensors are int32 unless noted.
+#pragma once
+#include <cstdint>
+
+namespace jetspec {
+
+// Strides (in elements) of a 4-d tensor such as q [B, N, H, D] or a cache [B|P, L|page, H, D];
+// the last dimension is contiguous (checked by the ops layer).
+struct Strides4 {
+  int64_t s0, s1, s2;
+};
+
+// qk_norm_rope_append (rope.cuh).
+struct RopeParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const float* q_norm_w;   // [Dh] fp32
+  const float* k_norm_w;   // [Dh] fp32
+  const int32_t* positions;  // [B, N] contiguous
+  const int32_t* cache_start;  // [B] or null (then slot = position)
+  void* q_out;             // [B, N, Hq, Dh] contiguous
+  void* k_cache;
+  void* v_cache;
+  const int32_t* block_table;  // [B, max_pages] or null
+  Strides4 sq, sk, sv;         // q, k, v
+  Strides4 sc, svc;            // k_cache, v_cache (same shape, possibly different strides)
+  int64_t bt_stride;
+  int batch, n, hq, hkv, dh, page_size;
+  float theta, eps;
+};
+
+// verify_tree, phase 1: the target's token per node (verify.cuh).
+struct TargetTokenParams {
+  const void* logits;       // [B, N, V]
+  int64_t s0, s1;           // strides of dims 0 and 1 (dim 2 contiguous)
+  const int32_t* num_nodes; // [B]
+  const int64_t* seed;      // [B] or null (greedy)
+  const int64_t* offset;    // [B] or null
+  int32_t* target;          // [B, N] contiguous
+  int batch, n, vocab;
+  float temperature;        // 0: greedy
+};
+
+// verify_tree, phase 2: the acceptance walk (verify.cuh).
+struct VerifyWalkParams {
+  const int32_t* tokens;     // [B, N] contiguous
+  const int32_t* parents;    // [B, N] contiguous
+  const int32_t* num_nodes;  // [B]
+  const int32_t* target;     // [B, N] target token per node (row stride target_stride)
+  int64_t target_stride;
+  int32_t* accept_len;       // [B]
+  int32_t* path;             // [B, C]
+  int32_t* bonus;            // [B]
+  int32_t* emitted;          // [B, C]
+  int batch, n, cols;        // cols = max_depth + 1
+};
+
+// commit_kv (commit.cuh).
+struct CommitParams {
+  void* k_cache;
+  void* v_cache;
+  Strides4 sk, sv;
+  const int32_t* block_table;  // [B, max_pages] or null
+  int64_t bt_stride;
+  const int32_t* prefix_lens;  // [B]
+  const int32_t* path;         // [B, C] contiguous
+  const int32_t* accept_len;   // [B]
+  int32_t* new_prefix_lens;    // [B]
+  const void* hidden;          // [B, N, Hh] or null
+  int64_t sh0, sh1;            // hidden strides of dims 0, 1
+  void* hidden_rows;           // [B, C, Hh] contiguous or null
+  int batch, cols, hkv, dh, page_size, hidden_dim;
+};
+
+// log_softmax_topk (topk.cuh).
+struct TopkParams {
+  const void* logits;   // [B, D, V], dim 2 contiguous
+  int64_t s0, s1;
+  int32_t* tokens;      // [B, D, K] contiguous
+  float* logprobs;      // [B, D, K] contiguous
+  void* workspace;      // log_softmax_topk_workspace_bytes
+  int batch, depth, vocab, k;
+};
+
+// build_tree (build_tree.cuh); algorithm: 0 topn, 1 accum_logp.
+struct BuildTreeParams {
+  const int32_t* topk_tokens;    // [B, D, K] contiguous
+  const float* topk_logprobs;    // [B, D, K] contiguous, sorted descending along K
+  const int32_t* root_tokens;    // [B]
+  int32_t* tokens;               // [B, N]
+  int32_t* parents;              // [B, N]
+  int32_t* depths;               // [B, N]
+  float* scores;                 // [B, N]
+  int32_t* num_nodes;            // [B]
+  int32_t* mask;                 // [B, N, W]
+  int batch, depth, k, budget, words, algorithm;
+};
+
+// tree_attention (attention.cuh); tail: 0 packed mask, 1 causal, 2 full.
+struct AttnParams {
+  const void* q;             // [B, N, Hq, D]
+  Strides4 sq;
+  const void* k_cache;       // [B, L, Hkv, D] or [P, page, Hkv, D]
+  const void* v_cache;
+  Strides4 sk, sv;
+  const int32_t* block_table;  // [B, max_pages] or null
+  int64_t bt_stride;
+  int page_size;
+  const int32_t* prefix_lens;  // [B]
+  const int32_t* tree_mask;    // [B, N, W] or null
+  int64_t sm0, sm1;            // mask strides of dims 0, 1 (dim 2 contiguous)
+  int tail;                    // AttnTail
+  void* out;                   // [B, N, Hq, D]
+  Strides4 so;
+  float* lse;                  // [B, Hq, N] contiguous, or null
+  float* part_o;               // [splits, B, Hq, N, D] when splits > 1
+  float* part_lse;             // [splits, B, Hq, N]
+  int batch, n, hq, hkv, group, splits;
+  float scale_log2;            // softmax scale * log2(e)
+};
+
+}  // namespace jetspec

@@ -1,0 +1,102 @@
+// Fused per-head RMSNorm of q and k, Neox RoPE, and the K/V cache append.
+// Numerics follow python_ref/rope.py exactly where a float32 kernel can: RMSNorm in fp32,
+// inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply, cos/sin of
+// that float32 angle in double then rounded to float32, the rotation without FMA contraction.
+#pragma once
+#include "jetspec/common.cuh"
+
+namespace jetspec {
+
+constexpr int kRopeMaxPairsPerLane = 8;  // head dims up to 2 * 32 * 8 = 512
+
+
+// One warp per (b, n, head), heads 0..Hq-1 are q heads, Hq..Hq+Hkv-1 are k heads (+ their v).
+template <typename T, typename TC>
+__global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
+  const int lane = threadIdx.x & 31;
+  const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
+  const int heads = p.hq + p.hkv;
+  const long long total = static_cast<long long>(p.batch) * p.n * heads;
+  if (wid >= total) return;
+  const int head = static_cast<int>(wid % heads);
+  const int n = static_cast<int>((wid / heads) % p.n);
+  const int b = static_cast<int>(wid / (static_cast<long long>(heads) * p.n));
+  const bool is_q = head < p.hq;
+  const int h = is_q ? head : head - p.hq;
+  const int half = p.dh / 2;
+
+  const T* src = is_q ? static_cast<const T*>(p.q) + b * p.sq.s0 + n * p.sq.s1 + h * p.sq.s2
+                      : static_cast<const T*>(p.k) + b * p.sk.s0 + n * p.sk.s1 + h * p.sk.s2;
+  const float* w = is_q ? p.q_norm_w : p.k_norm_w;
+
+  float x1[kRopeMaxPairsPerLane], x2[kRopeMaxPairsPerLane];
+  float ss = 0.f;
+#pragma unroll
+  for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
+    const int i = lane + 32 * t;
+    x1[t] = x2[t] = 0.f;
+    if (i < half) {
+      x1[t] = to_float(src[i]);
+      x2[t] = to_float(src[i + half]);
+      ss += x1[t] * x1[t] + x2[t] * x2[t];
+    }
+  }
+  ss = warp_sum(ss);
+  // Correctly rounded sqrt and division (no fast-math): close to torch.rsqrt in fp32.
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(p.dh) + p.eps);
+  const int pos = p.positions[static_cast<long long>(b) * p.n + n];
+
+  int64_t dst_off = 0;
+  if (is_q) {
+    dst_off = ((static_cast<int64_t>(b) * p.n + n) * p.hq + h) * p.dh;
+  } else {
+    const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
+    dst_off = cache_offset(p.sc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
+  }
+#pragma unroll
+  for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
+    const int i = lane + 32 * t;
+    if (i >= half) break;
+    const float n1 = __fmul_rn(__fmul_rn(x1[t], r), w[i]);
+    const float n2 = __fmul_rn(__fmul_rn(x2[t], r), w[i + half]);
+    const float inv = static_cast<float>(pow(static_cast<double>(p.theta),
+                                             (-2.0 * i) / static_cast<double>(p.dh)));
+    const float angle = __fmul_rn(static_cast<float>(pos), inv);
+    double sd, cd;
+    sincos(static_cast<double>(angle), &sd, &cd);
+    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
+    const float o1 = __fsub_rn(__fmul_rn(n1, c), __fmul_rn(n2, s));
+    const float o2 = __fadd_rn(__fmul_rn(n2, c), __fmul_rn(n1, s));
+    if (is_q) {
+      T* dst = static_cast<T*>(p.q_out) + dst_off;
+      dst[i] = from_float<T>(o1);
+      dst[i + half] = from_float<T>(o2);
+    } else {
+      TC* dst = static_cast<TC*>(p.k_cache) + dst_off;
+      dst[i] = from_float<TC>(o1);
+      dst[i + half] = from_float<TC>(o2);
+    }
+  }
+  if (!is_q) {
+    const T* vs = static_cast<const T*>(p.v) + b * p.sv.s0 + n * p.sv.s1 + h * p.sv.s2;
+    // v_cache shares k_cache's shape but may have its own strides.
+    const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
+    TC* vd = static_cast<TC*>(p.v_cache) +
+             cache_offset(p.svc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
+    for (int i = lane; i < p.dh; i += 32) vd[i] = from_float<TC>(to_float(vs[i]));
+  }
+}
+
+template <typename T, typename TC>
+cudaError_t qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
+  if (p.dh % 2 != 0 || p.dh > 2 * 32 * kRopeMaxPairsPerLane) return cudaErrorInvalidValue;
+  const long long warps = static_cast<long long>(p.batch) * p.n * (p.hq + p.hkv);
+  if (warps == 0) return cudaSuccess;
+  const int threads = 256;
+  const long long blocks = (warps * 32 + threads - 1) / threads;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  qk_norm_rope_append_kernel<T, TC><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace jetspec

@@ -1,0 +1,218 @@
+// Per-depth log-softmax + top-K over the full vocabulary in two phases.
+// Phase 1 (vocab-parallel): one CTA per (row, 4096-entry chunk) computes the chunk's max, its
+// sum of exp(x - max) and its own top-K. Phase 2: one CTA per row merges the partials into the
+// log-sum-exp and the row's top-K. Order: larger logit first, ties to the lower token id (the
+// order of python_ref's stable descending sort of the log-probs).
+#pragma once
+#include "jetspec/common.cuh"
+
+namespace jetspec {
+
+constexpr int kTopkThreads = 256;
+constexpr int kTopkPerThread = 16;
+constexpr int kTopkChunk = kTopkThreads * kTopkPerThread;
+constexpr int kTopkNone = 0x7fffffff;  // index of the "no candidate" key (-inf, INT_MAX)
+
+// Is (av, ai) strictly before (bv, bi)? Keys are unique because token ids are.
+__device__ __forceinline__ bool topk_before(float av, int ai, float bv, int bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+// Bytes of workspace for `rows` rows of `vocab` entries and top-k.
+inline size_t log_softmax_topk_workspace_bytes(long long rows, int vocab, int k) {
+  const long long chunks = (vocab + kTopkChunk - 1) / kTopkChunk;
+  return static_cast<size_t>(rows * chunks * (2 + 2 * static_cast<long long>(k)) * 4);
+}
+
+// Block-wide argmax of each thread's (v, i) by topk_before; every thread gets the winner.
+// `buf` holds 2 x 8 slots; `parity` alternates so that one barrier per call suffices.
+__device__ __forceinline__ void topk_block_best(float& v, int& i, float* buf_v, int* buf_i,
+                                                int parity) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (topk_before(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+  const int warps = kTopkThreads / 32;
+  if ((threadIdx.x & 31) == 0) {
+    buf_v[parity * warps + (threadIdx.x >> 5)] = v;
+    buf_i[parity * warps + (threadIdx.x >> 5)] = i;
+  }
+  __syncthreads();
+  v = buf_v[parity * warps];
+  i = buf_i[parity * warps];
+#pragma unroll
+  for (int w = 1; w < warps; ++w) {
+    const float ov = buf_v[parity * warps + w];
+    const int oi = buf_i[parity * warps + w];
+    if (topk_before(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+
+template <typename T>
+__global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p) {
+  __shared__ float buf_v[2 * kTopkThreads / 32];
+  __shared__ int buf_i[2 * kTopkThreads / 32];
+  const int chunk = blockIdx.x, chunks = gridDim.x;
+  const int row = blockIdx.y;
+  const int b = row / p.depth, d = row % p.depth;
+  const T* x = static_cast<const T*>(p.logits) + b * p.s0 + d * p.s1;
+  const int base = chunk * kTopkChunk;
+
+  float val[kTopkPerThread];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kTopkPerThread; ++j) {
+    const int v = base + j * kTopkThreads + threadIdx.x;
+    val[j] = v < p.vocab ? to_float(x[v]) : -INFINITY;
+    m = fmaxf(m, val[j]);
+  }
+  // Chunk max (all threads), then the chunk's sum of exp relative to it.
+  int dummy = 0;
+  topk_block_best(m, dummy, buf_v, buf_i, 0);
+  float s = 0.f;
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < kTopkPerThread; ++j) s += expf(val[j] - m);
+  }
+  s = warp_sum(s);
+
+  float* stats = static_cast<float*>(p.workspace);
+  const long long slot = static_cast<long long>(row) * chunks + chunk;
+  const long long rows = static_cast<long long>(p.batch) * p.depth;
+  float* cand_v = stats + 2 * rows * chunks + slot * p.k;
+  int* cand_i = reinterpret_cast<int*>(stats + 2 * rows * chunks + rows * chunks * p.k) + slot * p.k;
+
+  // Local best strictly after the last key this thread gave away.
+  float last_v = INFINITY;
+  int last_i = -1;
+  auto local_best = [&](float& bv, int& bi) {
+    bv = -INFINITY;
+    bi = kTopkNone;
+#pragma unroll
+    for (int j = 0; j < kTopkPerThread; ++j) {
+      const int v = base + j * kTopkThreads + threadIdx.x;
+      if (v < p.vocab && topk_before(last_v, last_i, val[j], v) && topk_before(val[j], v, bv, bi)) {
+        bv = val[j];
+        bi = v;
+      }
+    }
+  };
+  float bv;
+  int bi;
+  local_best(bv, bi);
+  // The sum reduction reuses buf slots of parity 1 before the first selection round.
+  __shared__ float sums[kTopkThreads / 32];
+  if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = s;
+  for (int r = 0; r < p.k; ++r) {
+    float wv = bv;
+    int wi = bi;
+    topk_block_best(wv, wi, buf_v, buf_i, (r + 1) & 1);
+    if (threadIdx.x == 0) {
+      cand_v[r] = wv;
+      cand_i[r] = wi;
+    }
+    if (wi == bi && wi != kTopkNone) {  // this thread owned the winner
+      last_v = wv;
+      last_i = wi;
+      local_best(bv, bi);
+    }
+  }
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kTopkThreads / 32; ++w) total += sums[w];
+    stats[2 * slot] = m;
+    stats[2 * slot + 1] = total;
+  }
+}
+
+__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, int chunks) {
+  __shared__ float buf_v[2 * kTopkThreads / 32];
+  __shared__ int buf_i[2 * kTopkThreads / 32];
+  __shared__ float red[kTopkThreads / 32];
+  const int row = blockIdx.x;
+  const long long rows = static_cast<long long>(p.batch) * p.depth;
+  const float* stats = static_cast<const float*>(p.workspace) + 2LL * row * chunks;
+  const float* cand_v = static_cast<const float*>(p.workspace) + 2 * rows * chunks +
+                        static_cast<long long>(row) * chunks * p.k;
+  const int* cand_i = reinterpret_cast<const int*>(static_cast<const float*>(p.workspace) +
+                                                   2 * rows * chunks + rows * chunks * p.k) +
+                      static_cast<long long>(row) * chunks * p.k;
+
+  // Global max and sum of exp: combine the chunk partials.
+  float m = -INFINITY;
+  for (int c = threadIdx.x; c < chunks; c += kTopkThreads) m = fmaxf(m, stats[2 * c]);
+  int dummy = 0;
+  topk_block_best(m, dummy, buf_v, buf_i, 0);
+  float s = 0.f;
+  if (m != -INFINITY) {
+    for (int c = threadIdx.x; c < chunks; c += kTopkThreads) {
+      const float mc = stats[2 * c];
+      if (mc != -INFINITY) s += stats[2 * c + 1] * expf(mc - m);
+    }
+  }
+  s = warp_sum(s);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < kTopkThreads / 32; ++w) total += red[w];
+  const float log_sum = logf(total);
+
+  const int ncand = chunks * p.k;
+  float last_v = INFINITY;
+  int last_i = -1;
+  auto local_best = [&](float& bv, int& bi) {
+    bv = -INFINITY;
+    bi = kTopkNone;
+    for (int c = threadIdx.x; c < ncand; c += kTopkThreads) {
+      const float v = cand_v[c];
+      const int i = cand_i[c];
+      if (topk_before(last_v, last_i, v, i) && topk_before(v, i, bv, bi)) {
+        bv = v;
+        bi = i;
+      }
+    }
+  };
+  float bv;
+  int bi;
+  local_best(bv, bi);
+  int32_t* out_t = p.tokens + static_cast<long long>(row) * p.k;
+  float* out_l = p.logprobs + static_cast<long long>(row) * p.k;
+  for (int r = 0; r < p.k; ++r) {
+    float wv = bv;
+    int wi = bi;
+    topk_block_best(wv, wi, buf_v, buf_i, (r + 1) & 1);
+    if (threadIdx.x == 0) {
+      out_t[r] = wi;
+      // As torch's log_softmax: (x - max) - log(sum exp(x - max)).
+      out_l[r] = __fsub_rn(__fsub_rn(wv, m), log_sum);
+    }
+    if (wi == bi && wi != kTopkNone) {
+      last_v = wv;
+      last_i = wi;
+      local_best(bv, bi);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
+  const long long rows = static_cast<long long>(p.batch) * p.depth;
+  if (rows == 0) return cudaSuccess;
+  if (p.k < 1 || p.k > p.vocab || rows > 65535) return cudaErrorInvalidValue;
+  const int chunks = ceil_div(p.vocab, kTopkChunk);
+  topk_partial_kernel<T><<<dim3(chunks, static_cast<unsigned>(rows)), kTopkThreads, 0, stream>>>(p);
+  JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
+  topk_merge_kernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, stream>>>(p, chunks);
+  return cudaGetLastError();
+}
+
+}  // namespace jetspec
