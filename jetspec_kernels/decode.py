@@ -147,7 +147,8 @@ def _root_tree(tokens: torch.Tensor) -> Tree:
     """A batch of one-node trees (just the root); verifying it samples one token per sequence."""
     b, dev = tokens.shape[0], tokens.device
     i32 = torch.int32
-    return Tree(tokens=tokens.to(i32)[:, None].contiguous(), parents=torch.full((b, 1), -1, dtype=i32, device=dev),
+    return Tree(tokens=tokens.to(i32)[:, None].contiguous(),
+                parents=torch.full((b, 1), -1, dtype=i32, device=dev),
                 depths=torch.zeros(b, 1, dtype=i32, device=dev),
                 scores=torch.zeros(b, 1, dtype=torch.float32, device=dev),
                 num_nodes=torch.ones(b, dtype=i32, device=dev),
@@ -179,7 +180,8 @@ class _Output:
         m = emitted.shape[1]
         col = torch.arange(m, device=emitted.device, dtype=torch.int32)
         valid = (col[None, :] < num[:, None]) & active[:, None]
-        idx = torch.where(valid, self.count[:, None] + col[None, :], torch.full_like(col, self.trash)[None, :])
+        trash = torch.full_like(col, self.trash)[None, :]
+        idx = torch.where(valid, self.count[:, None] + col[None, :], trash)
         self.tokens.scatter_(1, idx.long(), emitted)
         self.count.add_(torch.where(active, num, torch.zeros_like(num)))
         hit = self.count >= self.max_new
@@ -270,7 +272,8 @@ class _Round:
             commit = commit_kv(cache.k, cache.v, self.prefix, verdict, block_table=cache.block_table,
                                hidden=tapped)
         with st("append"):
-            self.head.append_context(self.dstate, commit.hidden, torch.where(active, num, torch.zeros_like(num)))
+            counts = torch.where(active, num, torch.zeros_like(num))
+            self.head.append_context(self.dstate, commit.hidden, counts)
         with st("emit"):
             self.prefix.copy_(torch.where(active, commit.prefix_lens, self.prefix))
             self.anchor.copy_(torch.where(active, verdict.bonus, self.anchor))

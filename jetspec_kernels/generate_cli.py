@@ -23,7 +23,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jetspec_kernels generate",
-                                description="JetSpec speculative decoding with a Qwen3 target and a draft head.")
+                                description="JetSpec speculative decoding with a Qwen3 target and "
+                                            "a draft head.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--target", help="Hugging Face Qwen3 checkpoint directory")
     src.add_argument("--tiny", action="store_true", help="use the built-in tiny random models")
@@ -43,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("auto", "cuda", "triton", "reference"), default=None)
     p.add_argument("--page-size", type=int, default=None, help="use paged KV caches")
     p.add_argument("--ar", action="store_true", help="also run the autoregressive baseline and compare")
-    p.add_argument("--token-ids", action="store_true", help="treat prompts as token ids even with a tokenizer")
+    p.add_argument("--token-ids", action="store_true",
+                   help="treat prompts as token ids even with a tokenizer")
     return p
 
 

@@ -164,5 +164,5 @@ def test_tied_embeddings_and_config_errors(tmp_path):
         Qwen3Config.from_dict({**d, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ValueError, match="vocab_size"):
         Qwen3Config.from_dict({k: v for k, v in d.items() if k != "vocab_size"})
-    assert Qwen3Config.from_dict({**d, "rope_theta": None,
-                                  "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}).rope_theta == 5.0
+    v5 = {**d, "rope_theta": None, "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}
+    assert Qwen3Config.from_dict(v5).rope_theta == 5.0

@@ -66,7 +66,8 @@ def load_safetensors(path: str, *, dtype: torch.dtype | None = None,
     return out
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], path: str, *, max_shard_bytes: int | None = None) -> None:
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str, *,
+                     max_shard_bytes: int | None = None) -> None:
     """Write ``tensors`` into directory ``path`` as one file or as shards plus the index file.
 
     Parameters

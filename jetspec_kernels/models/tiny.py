@@ -53,7 +53,8 @@ def _layer(cfg: Qwen3Config, gen: torch.Generator, prefix: str) -> dict[str, tor
     return out
 
 
-def random_qwen3_weights(cfg: Qwen3Config, seed: int = 0, *, logit_scale: float = 1.0) -> dict[str, torch.Tensor]:
+def random_qwen3_weights(cfg: Qwen3Config, seed: int = 0, *,
+                         logit_scale: float = 1.0) -> dict[str, torch.Tensor]:
     """Random Hugging Face-keyed Qwen3 weights (float32). ``logit_scale`` sharpens the output
     distribution (it scales the lm_head, or the final norm when embeddings are tied)."""
     gen = torch.Generator().manual_seed(seed)
