@@ -13,6 +13,7 @@ separated by spaces or commas, and ids are printed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -38,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eos", type=int, action="append",
-                   help="EOS token id (repeatable); default: the target config's eos_token_id")
+                   help="EOS token id (repeatable); default: eos_token_id of the target's "
+                        "generation_config.json, else of its config.json")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backend", choices=("auto", "cuda", "triton", "reference"), default=None)
@@ -68,6 +70,17 @@ def _parse_ids(prompt: str) -> list[int]:
     except ValueError:
         raise SystemExit(f"error: prompt {prompt!r} is not a list of token ids (no tokenizer: "
                          "give ids separated by spaces, or a target directory with tokenizer.json)")
+
+
+def _default_eos(target_dir: str | None, target):
+    """EOS ids from ``generation_config.json`` when present (chat models list several there),
+    else from the target's config.json."""
+    if target_dir is not None and os.path.isfile(os.path.join(target_dir, "generation_config.json")):
+        with open(os.path.join(target_dir, "generation_config.json")) as f:
+            eos = json.load(f).get("eos_token_id")
+        if eos is not None:
+            return eos
+    return target.config.eos_token_id
 
 
 def _format_stats(name: str, stats) -> str:
@@ -103,7 +116,7 @@ def main(argv=None) -> int:
         prompts = [tokenizer.encode(p).ids for p in args.prompt]
     else:
         prompts = [_parse_ids(p) for p in args.prompt]
-    eos = args.eos if args.eos else target.config.eos_token_id
+    eos = args.eos if args.eos else _default_eos(None if args.tiny else args.target, target)
 
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_token_id=eos,
               seed=args.seed, page_size=args.page_size)

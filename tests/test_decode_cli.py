@@ -1,5 +1,7 @@
 """``python -m jetspec_kernels generate``: built-in tiny models, checkpoint directories, with and
 without a tokenizer."""
+import json
+
 import pytest
 
 import jetspec_kernels as jk
@@ -46,6 +48,12 @@ def test_checkpoints_token_ids(checkpoint_dirs, capsys):
     target, head = tiny_models()     # the same seeds as the saved checkpoints
     want = generate(target, head, [[5, 6, 7]], max_new_tokens=5, budget=64, topk=8).tokens[0]
     assert " ".join(map(str, want)) in capsys.readouterr().out
+    # EOS from generation_config.json: generation stops right after the first generated token.
+    (target_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [want[0], 96]}))
+    assert package_main(["generate", "--target", str(target_dir), "--head", str(head_dir), "--prompt",
+                         "5 6 7", "--max-new-tokens", "5", "--backend", "reference"]) == 0
+    printed = capsys.readouterr().out.split("\n")
+    assert printed[1] == str(want[0])
     with pytest.raises(SystemExit, match="not a list of token ids"):
         package_main(["generate", "--target", str(target_dir), "--head", str(head_dir),
                       "--prompt", "hello", "--backend", "reference"])
