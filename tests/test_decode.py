@@ -123,6 +123,47 @@ def test_greedy_lossless_oracle_head(models, ar_tokens, budget, topk, algorithm)
         assert len(p) + len(toks) - 1 <= ctx <= len(p) + len(toks) - 1 + 4
 
 
+def _rigged_repeat_models():
+    """A real Qwen3 + DraftHead pair rigged for full acceptance: the target's layers add nothing
+    (o_proj = down_proj = 0) and its lm_head is its embedding, so it repeats its last token; the
+    head's queries and fc are zero (uniform attention over context rows whose values are zero),
+    the mask token embeds to zero, v_proj = o_proj = identity and the MLP adds nothing, so every
+    block row carries the anchor's embedding and every depth predicts the anchor."""
+    from jetspec_kernels.models import DraftHead, Qwen3
+    from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights,
+                                             tiny_draft_config, tiny_qwen3_config)
+    tcfg = tiny_qwen3_config()
+    dcfg = tiny_draft_config(tcfg, num_attention_heads=4, num_key_value_heads=4, head_dim=16)
+    tw = random_qwen3_weights(tcfg, seed=5)
+    tw["model.embed_tokens.weight"][dcfg.mask_token_id] = 0.0
+    tw["lm_head.weight"] = tw["model.embed_tokens.weight"].clone()
+    tw["model.norm.weight"] = torch.ones(64)
+    for i in range(tcfg.num_hidden_layers):
+        tw[f"model.layers.{i}.self_attn.o_proj.weight"].zero_()
+        tw[f"model.layers.{i}.mlp.down_proj.weight"].zero_()
+    hw = random_draft_weights(dcfg, seed=6)
+    hw["fc.weight"].zero_()
+    hw["norm.weight"] = torch.ones(64)
+    hw["layers.0.input_layernorm.weight"] = torch.ones(64)
+    hw["layers.0.self_attn.q_proj.weight"].zero_()
+    hw["layers.0.self_attn.v_proj.weight"] = torch.eye(64)
+    hw["layers.0.self_attn.o_proj.weight"] = torch.eye(64)
+    hw["layers.0.mlp.down_proj.weight"].zero_()
+    return Qwen3(tcfg, tw), DraftHead(dcfg, hw)
+
+
+@pytest.mark.parametrize("page_size", [None, 4])
+def test_rigged_draft_head_full_acceptance(page_size):
+    target, head = _rigged_repeat_models()
+    prompts = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5, 8, 9, 7]]
+    ar = generate_ar(target, prompts, max_new_tokens=11).tokens
+    assert ar == [[p[-1]] * 11 for p in prompts]
+    out = generate(target, head, prompts, max_new_tokens=11, budget=8, topk=2, page_size=page_size)
+    assert out.tokens == ar
+    # 1 token from the prefill, then 2 rounds of 4 accepted + 1 bonus.
+    assert out.stats.rounds == 2 and out.stats.accept_lengths == [4] * 6
+
+
 def test_eos_inside_accepted_path_and_max_new_inside_round(models, ar_tokens):
     target, _ = models
     # EOS: a token of sequence 0's greedy output that is not its first few tokens; max_new: 13
