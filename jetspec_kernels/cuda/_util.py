@@ -1,0 +1,45 @@
+"""Helpers shared by the cuda backend wrappers: stream handle, dtype codes, strides, alignment."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ..backend import BackendUnavailableError
+
+# jetspec::DType in csrc/include/jetspec/common.cuh
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def stream() -> int:
+    """Raw handle of the current CUDA stream (what _C launches on)."""
+    return torch.cuda.current_stream().cuda_stream
+
+
+def dtype_code(t: torch.Tensor) -> int:
+    return DTYPE_CODES[t.dtype]
+
+
+def ptr(t: torch.Tensor | None) -> int:
+    """Device pointer of ``t`` (0 for None, which the kernels read as "absent")."""
+    return 0 if t is None else t.data_ptr()
+
+
+def strides3(t: torch.Tensor) -> list[int]:
+    """Strides (elements) of dims 0..2 of a 4-d tensor whose dim 3 is contiguous."""
+    return [int(s) for s in t.stride()[:3]]
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    """Whether every row of the last dim starts on a 16-byte boundary (cp.async needs it)."""
+    per = 16 // t.element_size()
+    return t.data_ptr() % 16 == 0 and all(s % per == 0 for s in t.stride()[:-1])
+
+
+@lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def unavailable(what: str) -> BackendUnavailableError:
+    return BackendUnavailableError(f"backend 'cuda' is not available: {what}")

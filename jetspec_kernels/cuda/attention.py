@@ -1,0 +1,89 @@
+"""cuda backend: tree_attention (mma.sync kernel; fp16/bf16, head dims 64/128/256)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _util as U
+
+_TAILS = {"mask": 0, "causal": 1, "full": 2}
+_ROWS_PER_CTA = 64  # kAttnRows in csrc/include/jetspec/attention.cuh
+MAX_SPLITS = 32
+
+
+def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) -> int:
+    """Split-KV factor from static shapes only (no host sync, fixed under graph capture).
+
+    Splits only when the (tile, sequence, kv head) CTAs cannot fill the GPU, and never below about
+    four 64-key blocks per split at the cache's full capacity.
+    """
+    tiles = -(-n * (hq // hkv) // _ROWS_PER_CTA)
+    base = tiles * batch * hkv
+    sms = U.sm_count(torch.device(device).index or 0)
+    if base >= sms:
+        return 1
+    want = -(-2 * sms // base)
+    return max(1, min(want, capacity // 256, MAX_SPLITS))
+
+
+@torch.library.custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
+def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    prefix_lens: torch.Tensor, tree_mask: Optional[torch.Tensor], tail: str,
+                    block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
+                    lse: Optional[torch.Tensor], num_splits: int) -> None:
+    from .. import _C
+
+    b, n, hq, dh = q.shape
+    hkv = k_cache.shape[2]
+    prefix_lens = prefix_lens.contiguous()
+    mode = "mask" if tree_mask is not None else tail
+    if tree_mask is not None:
+        tree_mask = tree_mask.contiguous()
+    if block_table is not None:
+        block_table = block_table.contiguous()
+    part_o = part_lse = None
+    if num_splits > 1:
+        part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
+    _C.tree_attention(
+        U.ptr(q), U.strides3(q), U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache),
+        U.strides3(v_cache), U.ptr(block_table), 0 if block_table is None else block_table.stride(0),
+        k_cache.shape[1], U.ptr(prefix_lens), U.ptr(tree_mask),
+        0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
+        _TAILS[mode], U.ptr(out), U.strides3(out), U.ptr(lse), U.ptr(part_o), U.ptr(part_lse),
+        b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, U.stream())
+
+
+@_tree_attention.register_fake
+def _(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse, num_splits):
+    return None
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse,
+                   num_splits: int | None = None):
+    """Fill ``out`` [B, N, Hq, Dh] (q.dtype) and ``lse`` float32 [B, Hq, N] (if given).
+
+    Parameters are those of the backend interface (CONTRIBUTING.md), already validated;
+    ``num_splits`` overrides the split-KV heuristic (tests use it to exercise the combine).
+    """
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise U.unavailable(f"tree_attention needs float16/bfloat16 inputs (mma.sync), got "
+                            f"{str(q.dtype).replace('torch.', '')}; use backend='triton'")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not U.aligned16(t):
+            raise ValueError(f"{name} rows must start on 16-byte boundaries for the cuda backend "
+                             f"(strides {t.stride()}, data_ptr % 16 = {t.data_ptr() % 16})")
+    if not U.aligned16(q):
+        q = q.clone(memory_format=torch.contiguous_format)
+    if num_splits is None:
+        capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+        num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
+                                   q.device)
+    # The epilogue stores pairs of elements (4 bytes).
+    direct = out.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in out.stride()[:3])
+    target = out if direct else torch.empty_like(q, memory_format=torch.contiguous_format)
+    _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
+                    target, lse, int(num_splits))
+    if not direct:
+        out.copy_(target)

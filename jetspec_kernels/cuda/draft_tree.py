@@ -1,0 +1,76 @@
+"""cuda backend: log_softmax_topk (vocab-parallel) and build_tree (one CTA per sequence)."""
+from __future__ import annotations
+
+import torch
+
+from ..tree import mask_words
+from . import _util as U
+
+_ALGORITHMS = {"topn": 0, "accum_logp": 1}
+
+
+@torch.library.custom_op("jetspec::log_softmax_topk", mutates_args=())
+def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from .. import _C
+
+    b, d, v = logits.shape
+    tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
+    logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)
+    ws = torch.empty(_C.topk_workspace_bytes(b * d, v, k), device=logits.device, dtype=torch.uint8)
+    _C.log_softmax_topk(U.ptr(logits), logits.stride(0), logits.stride(1), U.ptr(tokens),
+                        U.ptr(logprobs), U.ptr(ws), b, d, v, k, U.dtype_code(logits), U.stream())
+    return tokens, logprobs
+
+
+@_log_softmax_topk.register_fake
+def _(logits, k):
+    b, d, _ = logits.shape
+    return (logits.new_empty(b, d, k, dtype=torch.int32),
+            logits.new_empty(b, d, k, dtype=torch.float32))
+
+
+def log_softmax_topk(logits, k):
+    """logits float [B, D, V] -> (tokens int32 [B, D, K], logprobs float32 [B, D, K])."""
+    return _log_softmax_topk(logits, int(k))
+
+
+@torch.library.custom_op("jetspec::build_tree", mutates_args=())
+def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tokens: torch.Tensor,
+                budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .. import _C
+
+    b, d, k = topk_tokens.shape
+    dev = topk_tokens.device
+    n, w = budget, mask_words(budget)
+    tt = topk_tokens.to(torch.int32).contiguous()
+    tl = topk_logprobs.to(torch.float32).contiguous()
+    root = root_tokens.to(torch.int32).contiguous()
+    tokens = torch.empty(b, n, device=dev, dtype=torch.int32)
+    parents = torch.empty(b, n, device=dev, dtype=torch.int32)
+    depths = torch.empty(b, n, device=dev, dtype=torch.int32)
+    scores = torch.empty(b, n, device=dev, dtype=torch.float32)
+    num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
+    mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
+    _C.build_tree(U.ptr(tt), U.ptr(tl), U.ptr(root), U.ptr(tokens), U.ptr(parents), U.ptr(depths),
+                  U.ptr(scores), U.ptr(num_nodes), U.ptr(mask), b, d, k, n, w,
+                  _ALGORITHMS[algorithm], U.stream())
+    return tokens, parents, depths, scores, num_nodes, mask
+
+
+@_build_tree.register_fake
+def _(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    b = topk_tokens.shape[0]
+    i32 = dict(dtype=torch.int32)
+    return (topk_tokens.new_empty(b, budget, **i32), topk_tokens.new_empty(b, budget, **i32),
+            topk_tokens.new_empty(b, budget, **i32),
+            topk_tokens.new_empty(b, budget, dtype=torch.float32),
+            topk_tokens.new_empty(b, **i32), topk_tokens.new_empty(b, budget, mask_words(budget), **i32))
+
+
+def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    """Per-depth top-K [B, D, K] -> (tokens, parents, depths, scores, num_nodes, mask).
+
+    Bit-exact with python_ref.build_tree given log-probs sorted descending along K.
+    """
+    return _build_tree(topk_tokens, topk_logprobs, root_tokens, int(budget), algorithm)

@@ -1,0 +1,59 @@
+"""cuda backend: verify_tree (target token per node, then the acceptance walk)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _util as U
+
+
+@torch.library.custom_op("jetspec::verify_tree", mutates_args=())
+def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
+                 max_depth: int, target_logits: Optional[torch.Tensor],
+                 target_tokens: Optional[torch.Tensor], temperature: float,
+                 seed: Optional[torch.Tensor], offset: Optional[torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .. import _C
+
+    b, n = tokens.shape
+    dev = tokens.device
+    cols = max_depth + 1
+    tokens = tokens.contiguous()
+    parents = parents.contiguous()
+    num_nodes = num_nodes.contiguous()
+    if target_tokens is None:
+        target = torch.empty(b, n, device=dev, dtype=torch.int32)
+        sample = temperature > 0
+        seed_t = seed.to(torch.int64).contiguous() if sample else None
+        offset_t = offset.to(torch.int64).contiguous() if sample else None
+        _C.verify_target_tokens(U.ptr(target_logits), target_logits.stride(0),
+                                target_logits.stride(1), U.ptr(num_nodes), U.ptr(seed_t),
+                                U.ptr(offset_t), U.ptr(target), b, n, target_logits.shape[2],
+                                float(temperature) if sample else 0.0,
+                                U.dtype_code(target_logits), U.stream())
+    else:
+        target = target_tokens.contiguous()
+    accept_len = torch.empty(b, device=dev, dtype=torch.int32)
+    path = torch.empty(b, cols, device=dev, dtype=torch.int32)
+    bonus = torch.empty(b, device=dev, dtype=torch.int32)
+    emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
+    _C.verify_walk(U.ptr(tokens), U.ptr(parents), U.ptr(num_nodes), U.ptr(target), target.stride(0),
+                   U.ptr(accept_len), U.ptr(path), U.ptr(bonus), U.ptr(emitted), b, n, cols,
+                   U.stream())
+    return accept_len, path, bonus, emitted
+
+
+@_verify_tree.register_fake
+def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature, seed, offset):
+    b = tokens.shape[0]
+    return (tokens.new_empty(b), tokens.new_empty(b, max_depth + 1), tokens.new_empty(b),
+            tokens.new_empty(b, max_depth + 1))
+
+
+def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
+                seed, offset):
+    """-> (accept_len int32 [B], path int32 [B, M], bonus int32 [B], emitted int32 [B, M]),
+    M = max_depth + 1; greedy when temperature == 0, else seeded Gumbel-max (CONTRIBUTING.md)."""
+    return _verify_tree(tokens, parents, num_nodes, int(max_depth), target_logits, target_tokens,
+                        float(temperature), seed, offset)

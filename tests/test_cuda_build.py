@@ -1,0 +1,114 @@
+"""CPU checks of the CUDA extension: it imports without a GPU, reports the missing device cleanly,
+and its main kernels compile for sm_90a and sm_80 without register spills or local memory."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+_C = pytest.importorskip("jetspec_kernels._C", reason="the CUDA extension is not built (no nvcc)")
+
+# Kernels whose ptxas report must show no spills and no stack frame.
+MAIN_KERNELS = (
+    "tree_attention_kernel", "attention_combine_kernel", "topk_partial_kernel",
+    "topk_merge_kernel", "build_tree_kernel", "target_tokens_kernel", "verify_walk_kernel",
+    "commit_kv_kernel", "gather_hidden_kernel", "qk_norm_rope_append_kernel", "pack_mask_kernel",
+)
+# Double-precision sincos (python_ref's RoPE convention) keeps its argument-reduction table in
+# local memory; that stack frame is libdevice's, not a spill.
+STACK_ALLOWED = ("qk_norm_rope_append_kernel",)
+
+
+def test_import_and_archs():
+    archs = _C.built_archs().split(",")
+    assert "90a" in archs and "80" in archs
+    assert _C.supports_arch(90) and _C.supports_arch(80) and _C.supports_arch(86)
+    assert not _C.supports_arch(75)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_no_device_reported_cleanly():
+    assert _C.device_count() == 0
+    # A launch without a device raises RuntimeError carrying the CUDA error name and string.
+    with pytest.raises(RuntimeError, match=r"jetspec_kernels\._C\.build_tree: CUDA error \d+ \(cuda"):
+        _C.build_tree(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 4, 1, 0, 0)
+    from jetspec_kernels import available_backends
+    reason = available_backends("cpu")["cuda"]
+    assert reason is not None and "CUDA tensors" in reason
+
+
+def parse_ptxas(log: str):
+    """ptxas -v output -> {(mangled name, arch): dict(registers, stack, spill_stores, spill_loads)}."""
+    out = {}
+    current = None
+    props_for = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)' for '(sm_\w+)'", line)
+        if m:
+            current = (m.group(1), m.group(2))
+            out[current] = {}
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props_for = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      line)
+        if m and current and props_for == current[0]:
+            out[current].update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                                spill_loads=int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            out[current]["registers"] = int(m.group(1))
+    return out
+
+
+def test_parse_ptxas_sample():
+    log = """ptxas info    : Compiling entry function '_ZN7jetspec17build_tree_kernelE' for 'sm_80'
+ptxas info    : Function properties for _ZN7jetspec17build_tree_kernelE
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 64 registers, used 0 barriers"""
+    got = parse_ptxas(log)
+    assert got == {("_ZN7jetspec17build_tree_kernelE", "sm_80"):
+                   dict(stack=8, spill_stores=4, spill_loads=4, registers=64)}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
+                    reason="needs nvcc")
+def test_ptxas_no_spills(tmp_path):
+    """Fresh build of _C for 90a and 80 with -Xptxas -v (a few minutes on 2 cores)."""
+    import pybind11
+
+    env_bin = Path(sys.executable).parent
+    cmake = shutil.which("cmake", path=str(env_bin)) or shutil.which("cmake")
+    ninja = shutil.which("ninja", path=str(env_bin)) or shutil.which("ninja")
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    build = tmp_path / "build"
+    subprocess.run([cmake, f"-S{ROOT}", f"-B{build}", "-GNinja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
+                    "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_COMPILER={nvcc}",
+                    f"-DPython_EXECUTABLE={sys.executable}",
+                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", "-DJETSPEC_CUDA_ARCHS=90a;80",
+                    "-DJETSPEC_PTXAS_VERBOSE=ON", f"-DJETSPEC_OUTPUT_DIR={tmp_path / 'out'}"],
+                   check=True, capture_output=True, timeout=300)
+    res = subprocess.run([cmake, "--build", str(build), "--parallel", str(os.cpu_count() or 2)],
+                         capture_output=True, text=True, timeout=1500)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-4000:]
+    stats = parse_ptxas(log)
+    for kernel in MAIN_KERNELS:
+        for arch in ("sm_90a", "sm_80"):
+            found = {k: v for k, v in stats.items() if kernel in k[0] and k[1] == arch}
+            assert found, f"no ptxas report for {kernel} on {arch}"
+            for (name, _), s in found.items():
+                assert s["spill_stores"] == 0 and s["spill_loads"] == 0, (name, arch, s)
+                if kernel not in STACK_ALLOWED:
+                    assert s["stack"] == 0, (name, arch, s)
+    report = sorted((k[1], k[0], v.get("registers")) for k, v in stats.items()
+                    if "tree_attention_kernel" in k[0])
+    print("\n".join(f"{a} {n} {r} registers" for a, n, r in report))
