@@ -1,0 +1,253 @@
+"""GPU parity of the cuda backend against python_ref (float64), opcheck, and CUDA-graph replay.
+
+Every test is gpu-marked: none of this has run on a GPU yet in CI on CPU machines.
+"""
+import math
+
+import pytest
+import torch
+
+import python_ref as ref
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DEV = "cuda"
+
+
+def rel_l2(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def cu():
+    import jetspec_kernels.cuda as c
+    return c
+
+
+def random_tree(b, n, gen):
+    parents = torch.full((b, n), -1, dtype=torch.int32)
+    for i in range(1, n):
+        parents[:, i] = torch.randint(0, i, (b,), generator=gen, dtype=torch.int32)
+    num_nodes = torch.randint(max(1, n // 2), n + 1, (b,), generator=gen, dtype=torch.int32)
+    for bb in range(b):
+        parents[bb, num_nodes[bb]:] = -1
+    return parents, num_nodes
+
+
+def paged(cache, page_size, gen, table=None):
+    """[B, L, H, D] -> (paged cache, block table); a shuffled table unless one is given."""
+    b, l, h, d = cache.shape
+    pages = l // page_size
+    if table is None:
+        table = torch.randperm(b * pages, generator=gen).view(b, pages).to(torch.int32)
+    out = torch.empty(b * pages, page_size, h, d, dtype=cache.dtype)
+    for bb in range(b):
+        for p in range(pages):
+            out[table[bb, p]] = cache[bb, p * page_size:(p + 1) * page_size]
+    return out, table
+
+
+ATTN_CASES = [
+    # (dtype, dh, B, N, Hq, Hkv, tail, paged, splits)
+    (torch.float16, 128, 2, 37, 8, 2, "mask", False, 1),
+    (torch.bfloat16, 128, 2, 37, 8, 2, "mask", True, 3),
+    (torch.float16, 64, 1, 16, 4, 4, "causal", False, 2),
+    (torch.bfloat16, 64, 3, 70, 4, 1, "full", True, 1),
+    (torch.float16, 256, 2, 20, 4, 2, "causal", True, 4),
+    (torch.bfloat16, 256, 1, 64, 2, 1, "mask", False, 1),
+]
+
+
+@pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
+def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
+    gen = torch.Generator().manual_seed(dh + n + splits)
+    lmax = 320
+    prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
+    q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).to(dtype)
+    mask = None
+    if tail == "mask":
+        parents, num_nodes = random_tree(b, n, gen)
+        mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    table = None
+    if is_paged:
+        k, table = paged(k, 16, gen)
+        v, _ = paged(v, 16, gen, table)
+    args = [x.to(DEV) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full((b, hq, n), float("nan"), device=DEV)
+    scale = 1.0 / math.sqrt(dh)
+    cu().tree_attention(args[0], args[1], args[2], args[3], args[4], tail, args[5], scale, out, lse,
+                        num_splits=splits)
+    torch.cuda.synchronize()
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, tail,
+                                      table, scale)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert rel_l2(out, o_ref) < TOL[dtype]
+    assert rel_l2(lse, l_ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),
+                                               (torch.float16, torch.float16),
+                                               (torch.bfloat16, torch.bfloat16),
+                                               (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("is_paged", [False, True])
+def test_qk_norm_rope_append(dtype, cache_dtype, is_paged):
+    gen = torch.Generator().manual_seed(3)
+    b, n, hq, hkv, dh, lmax = 2, 5, 8, 2, 128, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
+    k = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    qw = torch.rand(dh, generator=gen) + 0.5
+    kw = torch.rand(dh, generator=gen) + 0.5
+    positions = torch.tensor([[3, 4, 5, 6, 7], [40000, 40001, 40001, 40002, 40003]], dtype=torch.int32)
+    start = torch.tensor([10, 30], dtype=torch.int32)
+    kc = torch.full((b, lmax, hkv, dh), -7.0).to(cache_dtype)
+    table = None
+    if is_paged:
+        kc, table = paged(kc, 8, gen)
+    vc = kc.clone()
+    # Compare written slots with the tolerance, untouched ones (sentinel -7) exactly.
+    kc_ref, vc_ref = kc.double(), vc.double()
+    q_ref = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
+                                    positions, kc_ref, vc_ref, 1e6, 1e-6, table, start)
+    kd, vd = kc.to(DEV), vc.to(DEV)
+    q_out = cu().qk_norm_rope_append(q.to(DEV), k.to(DEV), v.to(DEV), qw.to(DEV), kw.to(DEV),
+                                     positions.to(DEV), kd, vd, 1e6, 1e-6,
+                                     None if table is None else table.to(DEV), start.to(DEV))
+    torch.cuda.synchronize()
+    assert q_out.dtype == dtype
+    assert rel_l2(q_out, q_ref) < TOL[dtype]
+    written = kc_ref != -7.0
+    assert rel_l2(kd.cpu()[written], kc_ref[written]) < TOL[cache_dtype]
+    assert rel_l2(vd.cpu()[written], vc_ref[written]) < TOL[cache_dtype]
+    assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_verify_tree(dtype, temperature):
+    gen = torch.Generator().manual_seed(5)
+    b, n, v = 3, 40, 1000
+    parents, num_nodes = random_tree(b, n, gen)
+    tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)  # frequent matches
+    logits = torch.randn(b, n, v, generator=gen).to(dtype)
+    logits[..., :4] += 4.0
+    seed = torch.tensor([1, 2, 3], dtype=torch.int64)
+    offset = torch.tensor([7, 7, 2 ** 40], dtype=torch.int64)
+    max_depth = 8
+    want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits.float(),
+                           temperature=temperature, seed=seed, offset=offset)
+    got = cu().verify_tree(tokens.to(DEV), parents.to(DEV), num_nodes.to(DEV), max_depth,
+                           logits.to(DEV), None, temperature, seed.to(DEV), offset.to(DEV))
+    for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
+        assert torch.equal(g.cpu(), want[key].cpu()), key
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("is_paged", [False, True])
+def test_commit_kv(cache_dtype, is_paged):
+    gen = torch.Generator().manual_seed(9)
+    b, lmax, hkv, dh, cols = 2, 64, 2, 16, 5
+    kc = torch.randn(b, lmax, hkv, dh, generator=gen).to(cache_dtype)
+    table = None
+    if is_paged:
+        kc, table = paged(kc, 8, gen)
+    vc = torch.randn(kc.shape, generator=gen).to(cache_dtype)
+    prefix = torch.tensor([3, 20], dtype=torch.int32)
+    path = torch.tensor([[0, 2, 3, 7, -1], [0, 1, 5, 6, 9]], dtype=torch.int32)
+    accept = torch.tensor([3, 4], dtype=torch.int32)
+    hidden = torch.randn(b, 12, 24, generator=gen).to(torch.bfloat16)
+    kr, vr = kc.clone(), vc.clone()
+    want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
+    kd, vd = kc.to(DEV), vc.to(DEV)
+    lens, rows = cu().commit_kv(kd, vd, prefix.to(DEV), path.to(DEV), accept.to(DEV),
+                                None if table is None else table.to(DEV), hidden.to(DEV))
+    assert torch.equal(lens.cpu(), want_lens) and torch.equal(rows.cpu(), want_rows)
+    assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_log_softmax_topk(dtype):
+    gen = torch.Generator().manual_seed(11)
+    b, d, v, k = 2, 3, 151936, 8
+    logits = (torch.randn(b, d, v, generator=gen) * 3).to(dtype)
+    logits[0, 0, 100:110] = logits[0, 0].max()  # ties across a chunk: lower token first
+    tt, tl = cu().log_softmax_topk(logits.to(DEV), k)
+    want_t, want_l = ref.log_softmax_topk(logits.double(), k)
+    assert torch.equal(tt.cpu(), want_t)
+    assert (tl.cpu().double() - want_l).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
+@pytest.mark.parametrize("budget,k,d", [(64, 4, 15), (256, 8, 15), (7, 3, 2), (100, 64, 3)])
+def test_build_tree(algorithm, budget, k, d):
+    gen = torch.Generator().manual_seed(budget + k)
+    b = 3
+    lp = torch.log_softmax(torch.randn(b, d, 200, generator=gen), -1)
+    lp, idx = lp.sort(-1, descending=True)
+    lp, idx = lp[..., :k].contiguous(), idx[..., :k].to(torch.int32).contiguous()
+    lp[1] = lp[1].round(decimals=1)  # exact score ties exercise the tie rules
+    lp[1] = lp[1].sort(-1, descending=True).values
+    root = torch.tensor([5, 6, 7], dtype=torch.int32)
+    want = ref.build_tree(idx, lp, root, budget, algorithm)
+    got = cu().build_tree(idx.to(DEV), lp.to(DEV), root.to(DEV), budget, algorithm)
+    for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
+        assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
+
+
+def test_opcheck_and_graph_replay():
+    from torch.library import opcheck
+
+    gen = torch.Generator().manual_seed(1)
+    b, n, hq, hkv, dh = 1, 16, 4, 2, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).half().to(DEV)
+    kc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(DEV)
+    vc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(DEV)
+    prefix = torch.tensor([20], dtype=torch.int32, device=DEV)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, n, device=DEV)
+    opcheck(torch.ops.jetspec.tree_attention.default,
+            (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2))
+    logits = torch.randn(2, 3, 5000, generator=gen).to(DEV)
+    opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
+    tt, tl = cu().log_softmax_topk(logits, 4)
+    root = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))
+    tree = cu().build_tree(tt, tl, root, 20, "topn")
+    tlog = torch.randn(2, 20, 300, generator=gen).to(DEV)
+    opcheck(torch.ops.jetspec.verify_tree.default,
+            (tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None))
+    kn, kv_ = torch.randn(b, n, hkv, dh, generator=gen).half().to(DEV), torch.randn(b, n, hkv, dh).half().to(DEV)
+    w = torch.ones(dh, device=DEV)
+    pos = torch.arange(n, dtype=torch.int32, device=DEV)[None]
+    opcheck(torch.ops.jetspec.qk_norm_rope_append.default,
+            (q, kn, kv_, w, w, pos, kc, vc, 1e6, 1e-6, None, None))
+    path = torch.tensor([[0, 2, 3]], dtype=torch.int32, device=DEV)
+    acc = torch.tensor([2], dtype=torch.int32, device=DEV)
+    opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))
+
+    # CUDA graph: capture draft tree + verification attention, replay on new inputs.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, num_splits=2)
+        t1 = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, num_splits=2)
+        t_graph = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
+    q.copy_(torch.randn(q.shape, generator=gen).half())
+    logits.copy_(torch.randn(logits.shape, generator=gen))
+    g.replay()
+    torch.cuda.synchronize()
+    o_ref, _ = ref.tree_attention(q.double().cpu(), kc.double().cpu(), vc.double().cpu(),
+                                  prefix.cpu(), None, "causal", None, 0.125)
+    assert rel_l2(out, o_ref) < TOL[torch.float16]
+    want = ref.draft_tree(logits.cpu(), root.cpu(), 20, 4, "topn")
+    assert torch.equal(t_graph[0].cpu(), want["tokens"].cpu())
+    assert torch.equal(t_graph[1].cpu(), want["parents"].cpu())
+    del t1
