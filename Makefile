@@ -15,7 +15,7 @@ $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
 	$(PY) -m pip install -q "setuptools>=64" wheel "pybind11>=2.12" "cmake>=3.26" ninja
-	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test,hf]'
 	touch $(STAMP)
 
 install: $(STAMP)
