@@ -23,3 +23,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def reference_backend():
+    """Pin the default backend to `reference` (under TRITON_INTERPRET=1, `auto` picks triton)."""
+    import jetspec_kernels as jk
+
+    prev = jk.get_backend()
+    jk.set_backend("reference")
+    yield
+    jk.set_backend(prev)

@@ -1,9 +1,16 @@
-"""Helpers shared by tests: the eps-aware comparison of draft trees."""
+"""Helpers shared by tests: relative L2 error and the eps-aware comparison of draft trees."""
 from __future__ import annotations
 
 import math
 
 import torch
+
+def rel_l2(out, want) -> float:
+    """||out - want|| / ||want|| in float64 (the house tolerance metric)."""
+    out = torch.as_tensor(out).detach().double().cpu()
+    want = torch.as_tensor(want).detach().double().cpu()
+    return float((out - want).norm() / want.norm().clamp_min(1e-300))
+
 
 TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes", "mask")
 

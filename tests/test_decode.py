@@ -12,15 +12,9 @@ import jetspec_kernels as jk
 from jetspec_kernels.decode import generate, generate_ar
 from jetspec_kernels.models import tiny_models
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]]
-
-
-@pytest.fixture(autouse=True)
-def reference_backend():
-    prev = jk.get_backend()
-    jk.set_backend("reference")
-    yield
-    jk.set_backend(prev)
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,7 @@ from jetspec_kernels.models import save_draft_head, save_qwen3, tiny_models
 from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights, tiny_draft_config,
                                          tiny_qwen3_config)
 
-
-@pytest.fixture(autouse=True)
-def reference_backend():
-    prev = jk.get_backend()
-    jk.set_backend("reference")
-    yield
-    jk.set_backend(prev)
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def test_tiny_models_with_baseline(capsys):

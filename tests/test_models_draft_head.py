@@ -12,19 +12,9 @@ import python_ref as ref
 from jetspec_kernels.models import CheckpointError, DraftConfig, DraftHead, save_draft_head
 from jetspec_kernels.models.config import default_target_layer_ids
 from jetspec_kernels.models.tiny import random_draft_weights, tiny_draft_config, tiny_qwen3_config
+from helpers import rel_l2 as rel
 
-
-@pytest.fixture(autouse=True)
-def reference_backend():
-    prev = jk.get_backend()
-    jk.set_backend("reference")
-    yield
-    jk.set_backend(prev)
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def head_config(causal=True, **kw):

@@ -10,20 +10,9 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels.models import CheckpointError, Qwen3, Qwen3Config, save_qwen3
 from jetspec_kernels.models.tiny import random_qwen3_weights, tiny_qwen3_config
+from helpers import rel_l2 as rel
 
-
-@pytest.fixture(autouse=True)
-def reference_backend():
-    """Run on the reference backend (the conftest's TRITON_INTERPRET=1 would make auto pick triton)."""
-    prev = jk.get_backend()
-    jk.set_backend("reference")
-    yield
-    jk.set_backend(prev)
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def full_forward(model, seqs):

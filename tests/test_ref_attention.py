@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import python_ref as R
+from helpers import rel_l2 as rel
 
 
 def random_tree_parents(N, gen):
@@ -108,12 +109,6 @@ def run_case(B, N, Hq, Hkv, Dh, prefix_lens, mode, paged, dtype=torch.float64, s
     s = 1.0 / math.sqrt(Dh) if scale is None else scale
     ref_out, ref_lse = brute_attention(q, keys, vals, prefix_lens, vis, s)
     return out, lse, ref_out, ref_lse
-
-
-def rel(a, b):
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -13,13 +13,9 @@ import jetspec_kernels as jk
 import python_ref as R
 from jetspec_kernels.ops.tree_attention import check_tree_attention
 from jetspec_kernels.triton import attention as TA
+from helpers import rel_l2
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-def rel_l2(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def tree_masks(B, N, depth, topk, gen, device="cpu"):

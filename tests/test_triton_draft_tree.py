@@ -9,7 +9,7 @@ import jetspec_kernels as jk
 import python_ref as ref
 from jetspec_kernels.triton import tree_build as triton_tree
 from jetspec_kernels.triton import topk as triton_topk
-from helpers import TREE_FIELDS, assert_padding, tree_difference, tree_fields
+from helpers import TREE_FIELDS, assert_padding, rel_l2, tree_difference, tree_fields
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ALGS = ("topn", "accum_logp")
@@ -30,10 +30,6 @@ def poisoned_empty():
         yield
     finally:
         torch.empty = real
-
-
-def rel_l2(out, want):
-    return float((out.double() - want.double()).norm() / want.double().norm())
 
 
 def sorted_logprobs(gen, B, D, K, levels=None):

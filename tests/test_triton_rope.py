@@ -5,14 +5,10 @@ import torch
 import jetspec_kernels as jk
 import python_ref as ref
 from jetspec_kernels.triton import rope
+from helpers import rel_l2
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-def rel_l2(out, want):
-    out, want = out.double(), want.double()
-    return ((out - want).norm() / want.norm().clamp_min(1e-300)).item()
 
 
 def make_inputs(B, N, HQ, HKV, DH, dtype, layout, gen):
