@@ -3,14 +3,17 @@
 Order of precedence: the ``backend=`` argument of an op, then :func:`set_backend`, then the
 ``JETSPEC_BACKEND`` environment variable, then ``auto``. ``auto`` picks ``cuda`` for CUDA tensors
 when ``_C`` is built for the device, else ``triton``; for CPU tensors it picks ``reference``, or
-``triton`` when ``TRITON_INTERPRET=1``. An explicitly requested backend that cannot run raises
-:class:`BackendUnavailableError`; nothing ever falls back silently.
+``triton`` when ``TRITON_INTERPRET=1``; an op whose inputs the first choice cannot take (a
+dtype, a head dim, a kernel not written yet) goes to the next of ``cuda``, ``triton``,
+``reference``. An explicitly requested backend that cannot run raises
+:class:`BackendUnavailableError` with the reason; an explicit choice never falls back.
 """
 from __future__ import annotations
 
 import importlib
 import os
 from functools import lru_cache
+from typing import Callable
 
 import torch
 
@@ -89,26 +92,36 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
         err = _cuda_module_error()
         if err:
             return err
-        from . import _C
-        major, minor = torch.cuda.get_device_capability(device)
-        if not _C.supports_arch(major * 10 + minor):
-            return (f"_C was built for sm_{_C.built_archs()} but the device is "
-                    f"sm_{major}{minor} (rebuild with JETSPEC_CUDA_ARCHS)")
-        return None
+        return _cuda_arch_reason(device.index if device.index is not None else torch.cuda.current_device())
     raise ValueError(f"unknown backend {name!r}")
 
 
+@lru_cache(maxsize=None)
+def _cuda_arch_reason(index: int) -> str | None:
+    from . import _C
+    major, minor = torch.cuda.get_device_capability(index)
+    if not _C.supports_arch(major * 10 + minor):
+        return (f"_C was built for sm_{_C.built_archs()} but the device is "
+                f"sm_{major}{minor} (rebuild with JETSPEC_CUDA_ARCHS)")
+    return None
+
+
+def _auto_candidates(device: torch.device) -> tuple[str, ...]:
+    if device.type == "cuda":
+        return ("cuda", "triton", "reference")
+    if triton_interpret():
+        return ("triton", "reference")
+    return ("reference",)
+
+
 def resolve(device: torch.device, backend: str | None = None) -> str:
-    """The concrete backend to use for tensors on ``device``."""
+    """The backend that ops on ``device`` use first (``auto`` may still pass an op it cannot
+    take to the next backend; see :func:`select`)."""
     name = _current if backend is None else _check_name(backend)
     if name == "auto":
-        if device.type == "cuda":
-            for cand in ("cuda", "triton"):
-                if unavailable_reason(cand, device) is None:
-                    return cand
-            return "reference"
-        if triton_interpret() and unavailable_reason("triton", device) is None:
-            return "triton"
+        for cand in _auto_candidates(device):
+            if unavailable_reason(cand, device) is None:
+                return cand
         return "reference"
     reason = unavailable_reason(name, device)
     if reason is not None:
@@ -124,6 +137,31 @@ def kernel(name: str, fn: str):
         raise BackendUnavailableError(
             f"backend {name!r} is not available: it does not implement {fn} yet")
     return impl
+
+
+def select(device: torch.device, fn: str, backend: str | None = None,
+           unsupported: Callable[[str], str | None] | None = None):
+    """The implementation of interface function ``fn`` for tensors on ``device``.
+
+    ``unsupported(name)`` says why backend ``name`` cannot take this call's inputs (None if it
+    can). ``auto`` takes the first candidate that can run the call; an explicit backend that
+    cannot raises :class:`BackendUnavailableError` with the reason.
+    """
+    name = _current if backend is None else _check_name(backend)
+    candidates = _auto_candidates(device) if name == "auto" else (name,)
+    reasons = []
+    for cand in candidates:
+        reason = unavailable_reason(cand, device)
+        if reason is None and unsupported is not None:
+            reason = unsupported(cand)
+        if reason is None:
+            try:
+                return kernel(cand, fn)
+            except BackendUnavailableError as e:
+                reasons.append(str(e))
+                continue
+        reasons.append(f"backend {cand!r} is not available: {reason}")
+    raise BackendUnavailableError("; ".join(reasons))
 
 
 def available_backends(device: str | torch.device = "cpu") -> dict[str, str | None]:

@@ -86,3 +86,25 @@ def test_cuda_extension_imports_without_a_gpu():
     if not torch.cuda.is_available():
         assert C.device_count() == 0
     assert C.supports_arch(90) == ("90a" in C.built_archs().split(","))
+
+
+def test_auto_passes_a_missing_kernel_to_the_next_backend(monkeypatch):
+    import sys
+    import types
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    fake = types.ModuleType("fake_backend")
+    monkeypatch.setitem(bk._BACKEND_MODULES, "triton", "fake_backend")
+    monkeypatch.setitem(sys.modules, "fake_backend", fake)
+    assert bk.select(torch.device("cpu"), "build_tree", "auto") is bk.kernel("reference", "build_tree")
+    with pytest.raises(jk.BackendUnavailableError, match="does not implement build_tree"):
+        bk.select(torch.device("cpu"), "build_tree", "triton")
+
+
+def test_select_reports_every_reason(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    with pytest.raises(jk.BackendUnavailableError) as info:
+        bk.select(torch.device("cpu"), "tree_attention", "auto", lambda name: f"no {name}")
+    assert "backend 'triton' is not available: no triton" in str(info.value)
+    assert "backend 'reference' is not available: no reference" in str(info.value)

@@ -60,7 +60,6 @@ def commit_kv(k_cache, v_cache, prefix_lens, verdict: Verdict, *, block_table=No
            hidden [B, M, Hh] (rows along the path, zero after) or None)
     """
     check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
-    name = _backend.resolve(prefix_lens.device, backend)
-    new_lens, rows = _backend.kernel(name, "commit_kv")(
+    new_lens, rows = _backend.select(prefix_lens.device, "commit_kv", backend)(
         k_cache, v_cache, prefix_lens, verdict.path, verdict.accept_len, block_table, hidden)
     return Commit(new_lens, rows)

@@ -56,8 +56,8 @@ def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, to
                   vocab=lm_head_weight.shape[0], device=hidden.device)
 
 
-def _build(name, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) -> Tree:
-    parts = _backend.kernel(name, "build_tree")(
+def _build(backend, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) -> Tree:
+    parts = _backend.select(topk_tokens.device, "build_tree", backend)(
         topk_tokens, topk_logprobs, root_tokens.to(torch.int32), budget, algorithm)
     return Tree(*parts, max_depth=min(topk_tokens.shape[1], budget - 1))
 
@@ -86,9 +86,8 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
     Tree with capacity N = budget and max_depth = min(D, budget - 1).
     """
     check_draft_tree(logits, root_tokens, budget, topk, algorithm)
-    name = _backend.resolve(logits.device, backend)
-    tk, lp = _backend.kernel(name, "log_softmax_topk")(logits, topk)
-    return _build(name, tk, lp, root_tokens, budget, algorithm)
+    tk, lp = _backend.select(logits.device, "log_softmax_topk", backend)(logits, topk)
+    return _build(backend, tk, lp, root_tokens, budget, algorithm)
 
 
 def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int,
@@ -108,8 +107,7 @@ def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int
     Tree (bit-exact across backends).
     """
     check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm)
-    name = _backend.resolve(topk_tokens.device, backend)
-    return _build(name, topk_tokens.to(torch.int32), topk_logprobs, root_tokens, budget, algorithm)
+    return _build(backend, topk_tokens.to(torch.int32), topk_logprobs, root_tokens, budget, algorithm)
 
 
 def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, topk: int,
@@ -124,9 +122,8 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
     root_tokens, budget, topk, algorithm, backend : as in :func:`draft_tree`.
     """
     check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm)
-    name = _backend.resolve(hidden.device, backend)
-    tk, lp = _backend.kernel(name, "hidden_topk")(hidden, lm_head_weight, topk)
-    return _build(name, tk, lp, root_tokens, budget, algorithm)
+    tk, lp = _backend.select(hidden.device, "hidden_topk", backend)(hidden, lm_head_weight, topk)
+    return _build(backend, tk, lp, root_tokens, budget, algorithm)
 
 
 def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor:
@@ -151,5 +148,4 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
         bad = valid & (idx[None, :] > 0) & ((parents < 0) | (parents >= idx[None, :]))
         if bool(bad.any()):
             raise ValueError("parents must satisfy 0 <= parents[b, i] < i for valid non-root nodes")
-    name = _backend.resolve(parents.device, backend)
-    return _backend.kernel(name, "pack_mask")(parents, num_nodes)
+    return _backend.select(parents.device, "pack_mask", backend)(parents, num_nodes)

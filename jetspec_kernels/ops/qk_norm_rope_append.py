@@ -66,7 +66,6 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     """
     check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                               rope_theta, eps, block_table, cache_start)
-    name = _backend.resolve(q.device, backend)
-    return _backend.kernel(name, "qk_norm_rope_append")(
+    return _backend.select(q.device, "qk_norm_rope_append", backend)(
         q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, float(rope_theta), float(eps),
         block_table, cache_start)

@@ -11,6 +11,18 @@ from . import _checks as C
 
 TAILS = ("causal", "full")
 KERNEL_HEAD_DIMS = {"cuda": (64, 128, 256), "triton": (16, 32, 64, 128, 256)}
+KERNEL_DTYPES = {"cuda": (torch.float16, torch.bfloat16)}
+
+
+def _unsupported(name: str, q) -> str | None:
+    """Why backend ``name`` cannot take these inputs (None if it can)."""
+    dims = KERNEL_HEAD_DIMS.get(name)
+    if dims is not None and q.shape[-1] not in dims:
+        return f"tree_attention does not support q head dim {q.shape[-1]} (supported: {dims})"
+    dtypes = KERNEL_DTYPES.get(name)
+    if dtypes is not None and q.dtype not in dtypes:
+        return f"tree_attention needs float16/bfloat16 inputs, got {str(q.dtype).replace('torch.', '')}"
+    return None
 
 
 def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
@@ -62,17 +74,13 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     out, or (out, lse) when return_lse.
     """
     check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse)
-    name = _backend.resolve(q.device, backend)
+    impl = _backend.select(q.device, "tree_attention", backend, lambda name: _unsupported(name, q))
     dh = q.shape[-1]
-    if name in KERNEL_HEAD_DIMS and dh not in KERNEL_HEAD_DIMS[name]:
-        raise ValueError(f"q head dim {dh} is not supported by the {name} backend "
-                         f"(supported: {KERNEL_HEAD_DIMS[name]})")
     if out is None:
         out = torch.empty_like(q)
     return_lse = return_lse or lse is not None
     if return_lse and lse is None:
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
-    _backend.kernel(name, "tree_attention")(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
-                                            block_table, scale, out, lse)
+    impl(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse)
     return (out, lse) if return_lse else out

@@ -89,8 +89,7 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     """
     temperature, seed, offset = check_verify_tree(tree, target_logits, target_tokens, temperature,
                                                   seed, offset)
-    name = _backend.resolve(tree.tokens.device, backend)
-    parts = _backend.kernel(name, "verify_tree")(
+    parts = _backend.select(tree.tokens.device, "verify_tree", backend)(
         tree.tokens, tree.parents, tree.num_nodes, tree.max_depth, target_logits, target_tokens,
         temperature, seed, offset)
     return Verdict(*parts)
