@@ -77,8 +77,9 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
     Parameters
     ----------
-    q : ``[B, N, Hq, Dh]``; k, v : ``[B, N, Hkv, Dh]``
-    q_norm_w, k_norm_w : ``[Dh]``
+    q : ``[B, N, Hq, Dh]`` or None (K/V only: the cache writes alone, e.g. draft context rows)
+    k, v : ``[B, N, Hkv, Dh]``
+    q_norm_w : ``[Dh]`` (ignored, may be None, when q is None); k_norm_w : ``[Dh]``
     positions : int32 ``[B, N]``, RoPE positions
     k_cache, v_cache : ``[B, L_max, Hkv, Dh]`` or paged ``[num_pages, page_size, Hkv, Dh]``
         (written in place, in the cache dtype)
@@ -90,11 +91,11 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     Returns
     -------
     q_out : ``[B, N, Hq, Dh]`` in the compute dtype (float64 if q is float64, else float32),
-    ``apply_rope(rms_norm(q, q_norm_w))``. The cache receives ``apply_rope(rms_norm(k, k_norm_w))``
-    and the raw ``v``, both cast to the cache dtype.
+    ``apply_rope(rms_norm(q, q_norm_w))``; None when q is None. The cache receives
+    ``apply_rope(rms_norm(k, k_norm_w))`` and the raw ``v``, both cast to the cache dtype.
     """
-    B, N = q.shape[:2]
-    q_out = apply_rope(rms_norm(q, q_norm_w, eps), positions, rope_theta)
+    B, N = k.shape[:2]
+    q_out = None if q is None else apply_rope(rms_norm(q, q_norm_w, eps), positions, rope_theta)
     k_out = apply_rope(rms_norm(k, k_norm_w, eps), positions, rope_theta)
     page_size = k_cache.shape[1]
     for b in range(B):

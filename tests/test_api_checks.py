@@ -62,6 +62,11 @@ def rope_args():
                 cache_start=None)
 
 
+def rope_kv_args():
+    """The K/V-only form: q and q_norm_w None."""
+    return {**rope_args(), "q": None, "q_norm_w": None}
+
+
 def verify_args():
     tree = _tree()
     return dict(tree=tree, target_logits=torch.randn(B, N, V), target_tokens=None, temperature=0.0,
@@ -208,6 +213,32 @@ CASES = [
     (jk.qk_norm_rope_append, rope_args, _with("cache_start", torch.tensor([0, 0, L - N + 1], dtype=I32)), ValueError, "cache_start"),
     (jk.qk_norm_rope_append, rope_args, _with("cache_start", torch.zeros(B, dtype=I64)), TypeError, "cache_start"),
     (jk.qk_norm_rope_append, rope_args, _with("block_table", torch.full((B, 2), B, dtype=I32)), ValueError, "block_table"),
+    (jk.qk_norm_rope_append, rope_args, _with("q", [[1.0]]), TypeError, "q"),
+    # qk_norm_rope_append, K/V only (q None): sizes come from k; a given q_norm_w is still checked
+    (jk.qk_norm_rope_append, rope_kv_args, _with("q_norm_w", torch.ones(DH + 1)), ValueError, "q_norm_w"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("q_norm_w", torch.ones(DH, dtype=I32)), TypeError, "q_norm_w"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("q_norm_w", lambda a: torch.ones(DH, device="meta")), ValueError, "q_norm_w"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k", lambda a: a["k"].int()), TypeError, "k"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k", lambda a: a["k"].double()), TypeError, "k"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k", lambda a: a["k"][0]), ValueError, "k"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k", lambda a: a["k"].transpose(2, 3)), ValueError, "k"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k", "not a tensor"), TypeError, "k"),
+    (jk.qk_norm_rope_append, rope_kv_args, lambda a: {**a, "k": torch.randn(B, N, HKV, DH - 1), "v": torch.randn(B, N, HKV, DH - 1)}, ValueError, "k head dim"),
+    (jk.qk_norm_rope_append, rope_kv_args, lambda a: {**a, "k": torch.randn(B, N, 0, DH), "v": torch.randn(B, N, 0, DH)}, ValueError, "k"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("v", lambda a: a["v"].half()), TypeError, "v"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("v", torch.randn(B, N + 1, HKV, DH)), ValueError, "v"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k_norm_w", None), TypeError, "k_norm_w"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k_norm_w", torch.ones(DH - 2)), ValueError, "k_norm_w"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("positions", torch.arange(N, dtype=I32)), ValueError, "positions"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("positions", torch.full((B, N), L, dtype=I32)), ValueError, "positions"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("positions", torch.zeros((B, N), dtype=I32)), ValueError, "positions"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("positions", lambda a: a["positions"].to("meta")), ValueError, "positions"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k_cache", torch.zeros(B, L, HKV + 1, DH)), ValueError, "k_cache"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("k_cache", torch.zeros(B + 1, L, HKV, DH)), ValueError, "k_cache"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("v_cache", torch.zeros(B, L - 1, HKV, DH)), ValueError, "v_cache"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("cache_start", torch.tensor([0, 0, L - N + 1], dtype=I32)), ValueError, "cache_start"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("block_table", torch.zeros(B, 2, dtype=I64)), TypeError, "block_table"),
+    (jk.qk_norm_rope_append, rope_kv_args, _with("rope_theta", float("nan")), ValueError, "rope_theta"),
     # verify_tree
     (jk.verify_tree, verify_args, _with("tree", "not a tree"), TypeError, "tree"),
     (jk.verify_tree, verify_args, _tree_with("tokens", lambda t: t.tokens.long()), TypeError, "tree.tokens"),
@@ -258,9 +289,17 @@ def test_bad_argument_is_named(op, make, change, err, needle):
 
 @pytest.mark.parametrize("make", [draft_tree_args, draft_tree_from_topk_args, draft_tree_from_hidden_args,
                                   pack_mask_args, tree_attention_args, paged_attention_args, rope_args,
-                                  verify_args, commit_args])
+                                  rope_kv_args, verify_args, commit_args])
 def test_every_op_covered(make):
     assert any(c[1] is make for c in CASES)
+
+
+def test_kv_only_rope_returns_none_and_writes_the_cache():
+    a = rope_kv_args()
+    assert call(jk.qk_norm_rope_append, a) is None
+    assert (a["k_cache"][:, :N] != 0).any() and torch.equal(a["v_cache"][:, :N], a["v"])
+    # a q_norm_w of the right shape is accepted (and ignored) without q
+    assert call(jk.qk_norm_rope_append, {**rope_kv_args(), "q_norm_w": torch.ones(DH)}) is None
 
 
 def test_unknown_backend_is_named():

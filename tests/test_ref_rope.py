@@ -178,3 +178,36 @@ def test_qk_norm_rope_append_float32_compute():
     assert np.abs(q_out.double().numpy() - qo).max() < 1e-5
     assert ((kc[0, 1:3].double() - torch.tensor(ko[0])).abs() <= 2.0 ** -7 * torch.tensor(ko[0]).abs()).all()
     assert not (kc[0, 0] != 0).any() and not (kc[0, 3] != 0).any()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("use_cache_start", [False, True])
+def test_kv_only_append_matches_full_call(paged, use_cache_start):
+    """q=None writes exactly the caches the full call writes, touches nothing else, returns None."""
+    g = torch.Generator().manual_seed(11)
+    B, N, Hq, Hkv, Dh, theta, eps = 2, 3, 4, 2, 8, 1e4, 1e-6
+    q = torch.randn(B, N, Hq, Dh, generator=g, dtype=torch.float64)
+    k = torch.randn(B, N, Hkv, Dh, generator=g, dtype=torch.float64)
+    v = torch.randn(B, N, Hkv, Dh, generator=g, dtype=torch.float64)
+    kw = torch.rand(Dh, generator=g, dtype=torch.float64) + 0.5
+    pos = torch.tensor([[5, 6, 7], [1, 2, 3]], dtype=torch.int32)
+    start = torch.tensor([2, 8], dtype=torch.int32) if use_cache_start else None
+    bt = torch.tensor([[3, 0, 1], [2, 5, 4]], dtype=torch.int32) if paged else None
+    shape = (6, 4, Hkv, Dh) if paged else (B, 12, Hkv, Dh)
+    kc_full = torch.full(shape, -7.0, dtype=torch.float64)
+    vc_full = kc_full.clone()
+    R.qk_norm_rope_append(q, k, v, torch.ones(Dh, dtype=torch.float64), kw, pos, kc_full, vc_full,
+                          theta, eps, bt, start)
+    kc, vc = torch.full_like(kc_full, -7.0), torch.full_like(vc_full, -7.0)
+    assert R.qk_norm_rope_append(None, k, v, None, kw, pos, kc, vc, theta, eps, bt, start) is None
+    assert torch.equal(kc, kc_full) and torch.equal(vc, vc_full)
+    # and the written values are the documented ones (checked against numpy)
+    _, ko = expected_append(q, k, v, kw, kw, pos, theta, eps)
+    slots = (start[:, None] + torch.arange(N)) if use_cache_start else pos
+    for b in range(B):
+        for n in range(N):
+            s = int(slots[b, n])
+            i0, i1 = (b, s) if bt is None else (int(bt[b, s // 4]), s % 4)
+            assert np.allclose(kc[i0, i1].numpy(), ko[b, n], rtol=0, atol=1e-12)
+            assert torch.equal(vc[i0, i1], v[b, n])
+    assert int((kc != -7.0).all(-1).all(-1).sum()) == B * N

@@ -44,7 +44,7 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     q_out = ref.qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                                     rope_theta, eps=eps, block_table=block_table,
                                     cache_start=cache_start)
-    return q_out.to(q.dtype)
+    return None if q_out is None else q_out.to(q.dtype)
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,

@@ -11,19 +11,32 @@ POSITION_DTYPES = (torch.int32, torch.int64)
 
 def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                               rope_theta, eps, block_table, cache_start):
-    C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
-    b, n, hq, dh = q.shape
-    dev = q.device
-    if dh % 2:
-        raise ValueError(f"q head dim must be even for RoPE, got {dh}")
-    C.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
-    if k.shape[0] != b or k.shape[1] != n or k.shape[3] != dh:
-        raise ValueError(f"k must have shape [{b}, {n}, Hkv, {dh}] to match q, got {list(k.shape)}")
-    hkv = k.shape[2]
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
-    C.tensor("v", v, dtypes=(q.dtype,), shape=list(k.shape), device=dev)
-    C.tensor("q_norm_w", q_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
+    if q is None:
+        # K/V only: sizes and device come from k, and q_norm_w is optional.
+        C.tensor("k", k, dtypes=C.FLOAT_DTYPES, ndim=4)
+        b, n, hkv, dh = k.shape
+        dev = k.device
+        if dh % 2:
+            raise ValueError(f"k head dim must be even for RoPE, got {dh}")
+        if hkv == 0:
+            raise ValueError(f"k must have at least one head, got shape {list(k.shape)}")
+    else:
+        C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
+        b, n, hq, dh = q.shape
+        dev = q.device
+        if dh % 2:
+            raise ValueError(f"q head dim must be even for RoPE, got {dh}")
+        C.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
+        if k.shape[0] != b or k.shape[1] != n or k.shape[3] != dh:
+            raise ValueError(f"k must have shape [{b}, {n}, Hkv, {dh}] to match q, got {list(k.shape)}")
+        hkv = k.shape[2]
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
+    C.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
+    if q is None:
+        C.optional("q_norm_w", q_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
+    else:
+        C.tensor("q_norm_w", q_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
     C.tensor("k_norm_w", k_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
     C.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
     C.number("rope_theta", rope_theta, positive=True)
@@ -50,9 +63,12 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
     Parameters
     ----------
-    q : float16/bfloat16/float32 [B, N, Hq, Dh]
-    k, v : q.dtype [B, N, Hkv, Dh]
-    q_norm_w, k_norm_w : float [Dh]       RMSNorm weights
+    q : float16/bfloat16/float32 [B, N, Hq, Dh], or None
+        None appends K/V only (rows without a query, such as the draft head's context rows):
+        no q is read, normalised, rotated or written.
+    k, v : q.dtype [B, N, Hkv, Dh]         (float16/bfloat16/float32 when q is None)
+    q_norm_w : float [Dh]                  q's RMSNorm weight; may be None when q is None
+    k_norm_w : float [Dh]                  k's RMSNorm weight
     positions : int32/int64 [B, N]        RoPE positions
     k_cache, v_cache : contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
     rope_theta : float; eps : float (RMSNorm epsilon)
@@ -62,10 +78,11 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
     Returns
     -------
-    q_out : q.dtype [B, N, Hq, Dh], normalised and rotated. k_cache and v_cache are updated in place.
+    q_out : q.dtype [B, N, Hq, Dh], normalised and rotated; None when q is None.
+        k_cache and v_cache are updated in place.
     """
     check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                               rope_theta, eps, block_table, cache_start)
-    return _backend.select(q.device, "qk_norm_rope_append", backend)(
+    return _backend.select(k.device, "qk_norm_rope_append", backend)(
         q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, float(rope_theta), float(eps),
         block_table, cache_start)
