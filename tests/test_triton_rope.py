@@ -39,7 +39,8 @@ def make_cache(B, cap, HKV, DH, dtype, page, gen):
 
 
 def run_case(B, N, HQ, HKV, DH, dtype, cache_dtype, layout, page, with_start, base_pos, seed,
-             w_dtype=None, theta=1e6):
+             w_dtype=None, theta=1e6, with_q=True):
+    """``with_q=False``: the K/V-only form (q, q_norm_w and q_out None), same caches expected."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v = make_inputs(B, N, HQ, HKV, DH, dtype, layout, gen)
     qw = (torch.rand(DH, generator=gen) + 0.5).to(w_dtype or dtype)
@@ -54,17 +55,23 @@ def run_case(B, N, HQ, HKV, DH, dtype, cache_dtype, layout, page, with_start, ba
         positions = (base_pos + pre[:, None] + torch.arange(N, dtype=torch.int32)).to(torch.int32)
         start, cap = None, base_pos + 9 + N
     kc, vc, table = make_cache(B, cap, HKV, DH, cache_dtype, page, gen)
+    if not with_q:
+        q = qw = None
     kr, vr = kc.double(), vc.double()
-    want_q = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
+    dbl = lambda t: None if t is None else t.double()
+    want_q = ref.qk_norm_rope_append(dbl(q), k.double(), v.double(), dbl(qw), kw.double(),
                                      positions, kr, vr, theta, block_table=table, cache_start=start)
 
     to = lambda t: None if t is None else t.to(DEV)
-    q_out = torch.full(q.shape, float("nan"), dtype=dtype, device=DEV)
+    q_out = None if q is None else torch.full(q.shape, float("nan"), dtype=dtype, device=DEV)
     kc, vc = kc.to(DEV), vc.to(DEV)
     rope.launch(to(q), to(k), to(v), to(qw), to(kw), to(positions), kc, vc, theta, 1e-6,
                 to(table), to(start), q_out)
     tol = max(TOL[dtype], TOL[cache_dtype])
-    assert rel_l2(q_out.cpu(), want_q) < TOL[dtype]
+    if with_q:
+        assert rel_l2(q_out.cpu(), want_q) < TOL[dtype]
+    else:
+        assert want_q is None
     kc, vc = kc.cpu(), vc.cpu()
     written = ~torch.isnan(kr)
     assert torch.equal(torch.isnan(kc), ~written), "wrote outside the target slots or missed one"
@@ -93,6 +100,16 @@ def test_parity_with_reference(i):
     run_case(*CASES[i], seed=i)
 
 
+# The K/V-only form: contiguous and paged caches, with and without cache_start, long positions.
+KV_ONLY_CASES = [CASES[i] for i in (0, 1, 2, 4, 5, 6)]
+
+
+@pytest.mark.parametrize("i", range(len(KV_ONLY_CASES)),
+                         ids=["-".join(map(str, c)).replace("torch.", "") for c in KV_ONLY_CASES])
+def test_kv_only_parity_with_reference(i):
+    run_case(*KV_ONLY_CASES[i], seed=100 + i, with_q=False)
+
+
 def test_weights_in_another_dtype_and_small_theta():
     run_case(3, 5, 8, 2, 64, torch.float16, torch.float16, "contiguous", None, True, 5000, seed=7,
              w_dtype=torch.float32, theta=10000.0)
@@ -118,10 +135,36 @@ def test_public_api_dispatches_to_triton():
     assert rel_l2(kc[written], kr[written]) < 1e-5
 
 
+def test_public_api_kv_only_returns_none_and_fills_cache():
+    gen = torch.Generator().manual_seed(4)
+    B, N, HKV, DH, page = 2, 6, 2, 32, 4
+    _, k, v = make_inputs(B, N, 2, HKV, DH, torch.float32, "transposed", gen)
+    w = torch.rand(DH, generator=gen) + 0.5
+    pos = torch.tensor([[3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 5]], dtype=torch.int32)
+    kc, vc, table = make_cache(B, 12, HKV, DH, torch.float32, page, gen)
+    kr, vr = kc.double(), vc.double()
+    got = jk.qk_norm_rope_append(None, k, v, None, w, pos, kc, vc, rope_theta=1e6,
+                                 block_table=table, backend="triton")
+    assert got is None
+    ref.qk_norm_rope_append(None, k.double(), v.double(), None, w.double(), pos, kr, vr, 1e6,
+                            block_table=table)
+    written = ~torch.isnan(kr)
+    assert torch.equal(torch.isnan(kc), ~written) and torch.equal(torch.isnan(vc), ~written)
+    assert rel_l2(kc[written], kr[written]) < 1e-5
+    assert torch.equal(vc[written], vr[written].float())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [None, 16])
 def test_bf16_qwen_shapes_on_gpu(page):
     run_case(4, 64, 32, 8, 128, torch.bfloat16, torch.bfloat16, "fused", page, True, 32768, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 16])
+def test_bf16_kv_only_on_gpu(page):
+    run_case(4, 64, 32, 8, 128, torch.bfloat16, torch.bfloat16, "fused", page, True, 32768, seed=3,
+             with_q=False)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """Triton kernel for ``qk_norm_rope_append``: per-head RMSNorm of q and k, RoPE, K/V cache append.
 
 One program per token row ``(b, n)`` handles all of its heads: the RoPE angles are computed once
-per row and shared by the q and k heads. The cos/sin tables follow python_ref/rope.py bit for bit
+per row and shared by the q and k heads. Without q (``HAS_Q=False``: K/V-only appends such as
+the draft head's context rows) no q load, norm, rotation or store is emitted. The cos/sin tables follow python_ref/rope.py bit for bit
 where it matters for long positions: ``inv_freq`` is ``theta ** (-2i / Dh)`` in float64 rounded
 to float32, the angle is ONE float32 multiply ``float32(position) * inv_freq``, and cos/sin of
 that float32 angle are evaluated in float64. Everything else is float32.
@@ -37,7 +38,7 @@ def _qk_norm_rope_append_kernel(
     sp_b, sp_n, skc_0, skc_1, skc_2, svc_0, svc_1, svc_2, sbt_b,
     theta_hi, theta_lo, eps,
     DH: tl.constexpr, HALF_P: tl.constexpr, BH_Q: tl.constexpr, BH_K: tl.constexpr,
-    PAGED: tl.constexpr, HAS_START: tl.constexpr,
+    PAGED: tl.constexpr, HAS_START: tl.constexpr, HAS_Q: tl.constexpr,
 ):
     HALF: tl.constexpr = DH // 2
     pid = tl.program_id(0)
@@ -58,19 +59,20 @@ def _qk_norm_rope_append_kernel(
     sin = tl.sin(angle).to(tl.float32)[None, :]
 
     d = j[None, :]
-    qw1 = tl.load(qw_ptr + d, mask=jm[None, :], other=0.0).to(tl.float32)
-    qw2 = tl.load(qw_ptr + HALF + d, mask=jm[None, :], other=0.0).to(tl.float32)
     kw1 = tl.load(kw_ptr + d, mask=jm[None, :], other=0.0).to(tl.float32)
     kw2 = tl.load(kw_ptr + HALF + d, mask=jm[None, :], other=0.0).to(tl.float32)
 
-    for h0 in range(0, HQ, BH_Q):
-        h = h0 + tl.arange(0, BH_Q)[:, None]
-        m = (h < HQ) & jm[None, :]
-        o1, o2 = _norm_rope_tile(q_ptr + b * sq_b + n * sq_n + h * sq_h + d, qw1, qw2, cos, sin,
-                                 m, eps, DH, HALF)
-        o_ptrs = qo_ptr + b * so_b + n * so_n + h * so_h + d
-        tl.store(o_ptrs, o1.to(qo_ptr.dtype.element_ty), mask=m)
-        tl.store(o_ptrs + HALF, o2.to(qo_ptr.dtype.element_ty), mask=m)
+    if HAS_Q:
+        qw1 = tl.load(qw_ptr + d, mask=jm[None, :], other=0.0).to(tl.float32)
+        qw2 = tl.load(qw_ptr + HALF + d, mask=jm[None, :], other=0.0).to(tl.float32)
+        for h0 in range(0, HQ, BH_Q):
+            h = h0 + tl.arange(0, BH_Q)[:, None]
+            m = (h < HQ) & jm[None, :]
+            o1, o2 = _norm_rope_tile(q_ptr + b * sq_b + n * sq_n + h * sq_h + d, qw1, qw2, cos,
+                                     sin, m, eps, DH, HALF)
+            o_ptrs = qo_ptr + b * so_b + n * so_n + h * so_h + d
+            tl.store(o_ptrs, o1.to(qo_ptr.dtype.element_ty), mask=m)
+            tl.store(o_ptrs + HALF, o2.to(qo_ptr.dtype.element_ty), mask=m)
 
     if HAS_START:
         slot = tl.load(start_ptr + b).to(tl.int64) + n
@@ -115,29 +117,38 @@ def launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta,
            block_table, cache_start, q_out):
     """Run the kernel, writing ``q_out`` (any strides, last dim contiguous) and the caches.
 
-    Parameters are those of :func:`qk_norm_rope_append`; ``q_out`` is ``[B, N, Hq, Dh]``.
+    Parameters are those of :func:`qk_norm_rope_append`; ``q_out`` is ``[B, N, Hq, Dh]``, or None
+    together with ``q`` (K/V only; ``q_norm_w`` is then ignored and may be None).
     """
-    B, N, HQ, DH = q.shape
+    B, N, _, DH = k.shape
     HKV = k.shape[2]
     if B * N == 0:
         return
+    has_q = q is not None
+    if has_q != (q_out is not None):
+        raise ValueError("q and q_out must be given together")
+    HQ = q.shape[2] if has_q else 0
     half_p = triton.next_power_of_2(DH // 2)
     paged = block_table is not None
     bt = block_table if paged else positions      # dummy pointer, never read when not paged
     start = cache_start if cache_start is not None else positions
+    # Without q the q pointers are dummies (never read or written: HAS_Q=False).
+    qx = q if has_q else k
+    qo = q_out if has_q else k
+    qw = q_norm_w if has_q else k_norm_w
     theta_hi, theta_lo = _f32_split(float(rope_theta))
     _qk_norm_rope_append_kernel[(B * N,)](
-        q, k, v, q_out, q_norm_w, k_norm_w, positions, start, k_cache, v_cache, bt,
+        qx, k, v, qo, qw, k_norm_w, positions, start, k_cache, v_cache, bt,
         N, HQ, HKV, k_cache.shape[1],
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
+        qx.stride(0), qx.stride(1), qx.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
         positions.stride(0), positions.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         bt.stride(0) if paged else 0,
         theta_hi, theta_lo, float(eps),
         DH=DH, HALF_P=half_p, BH_Q=_heads_per_tile(HQ, half_p), BH_K=_heads_per_tile(HKV, half_p),
-        PAGED=paged, HAS_START=cache_start is not None,
+        PAGED=paged, HAS_START=cache_start is not None, HAS_Q=has_q,
     )
 
 
@@ -147,9 +158,9 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
     Parameters
     ----------
-    q : float32/float16/bfloat16 ``[B, N, Hq, Dh]``; k, v : q.dtype ``[B, N, Hkv, Dh]``
-        (any strides with the last dim contiguous)
-    q_norm_w, k_norm_w : float ``[Dh]``
+    q : float32/float16/bfloat16 ``[B, N, Hq, Dh]``, or None (K/V only)
+    k, v : q.dtype ``[B, N, Hkv, Dh]`` (any strides with the last dim contiguous)
+    q_norm_w : float ``[Dh]`` (None allowed when q is None); k_norm_w : float ``[Dh]``
     positions : int32/int64 ``[B, N]``
     k_cache, v_cache : ``[B, L, Hkv, Dh]`` or paged ``[P, page_size, Hkv, Dh]`` (any float dtype;
         values are cast on store). Row n goes to slot ``positions[b, n]``, or
@@ -159,9 +170,9 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
     Returns
     -------
-    q_out : q.dtype ``[B, N, Hq, Dh]`` (contiguous).
+    q_out : q.dtype ``[B, N, Hq, Dh]`` (contiguous), or None when q is None.
     """
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q_out = None if q is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
            block_table, cache_start, q_out)
     return q_out
