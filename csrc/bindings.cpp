@@ -94,6 +94,8 @@ PYBIND11_MODULE(_C, m) {
          U v_cache, U block_table, const I64s& sq, const I64s& sk, const I64s& sv, const I64s& sc,
          const I64s& svc, int64_t bt_stride, int batch, int n, int hq, int hkv, int dh,
          int page_size, float theta, float eps, int dtype, int cache_dtype, U stream) {
+        if ((q == 0) != (q_out == 0))
+          throw std::invalid_argument("qk_norm_rope_append: q and q_out must both be set or both be 0");
         jetspec::RopeParams p{};
         p.q = ptr<const void>(q);
         p.k = ptr<const void>(k);
@@ -123,7 +125,8 @@ PYBIND11_MODULE(_C, m) {
         check(jetspec::launch_qk_norm_rope_append(p, dtype, cache_dtype, stream_of(stream)),
               "qk_norm_rope_append");
       },
-      "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache.");
+      "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache. "
+      "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only.");
   m.def(
       "verify_target_tokens",
       [](U logits, int64_t s0, int64_t s1, U num_nodes, U seed, U offset, U target, int batch,

@@ -16,6 +16,7 @@ cudaError_t rope_for_cache(const RopeParams& p, int cache_dtype, cudaStream_t st
 }
 }  // namespace
 
+// dtype: that of k and v (and of q and q_out when p.q is set); cache_dtype: k_cache / v_cache.
 cudaError_t launch_qk_norm_rope_append(const RopeParams& p, int dtype, int cache_dtype,
                                        cudaStream_t stream) {
   switch (dtype) {

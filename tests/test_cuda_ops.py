@@ -126,6 +126,51 @@ def test_qk_norm_rope_append(dtype, cache_dtype, is_paged):
     assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
 
 
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float32)])
+@pytest.mark.parametrize("is_paged", [False, True])
+@pytest.mark.parametrize("with_start", [False, True])
+def test_kv_only_norm_rope_append(dtype, cache_dtype, is_paged, with_start):
+    """q=None: no q output, caches identical in content to python_ref's K/V-only append."""
+    gen = torch.Generator().manual_seed(5)
+    b, n, hkv, dh, lmax = 3, 6, 2, 128, 64
+    k = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    kw = torch.rand(dh, generator=gen) + 0.5
+    positions = torch.tensor([[3, 4, 5, 6, 7, 8], [40000, 40001, 40002, 40003, 40004, 40005],
+                              [0, 1, 2, 3, 4, 5]], dtype=torch.int32)
+    if with_start:
+        positions[1] = torch.tensor([40000, 40001, 40001, 40002, 40002, 40003])
+        start = torch.tensor([10, 30, 0], dtype=torch.int32)
+    else:
+        positions[1] -= 40000 - 50
+        start = None
+    kc = torch.full((b, lmax, hkv, dh), -7.0).to(cache_dtype)
+    table = None
+    if is_paged:
+        kc, table = paged(kc, 8, gen)
+    vc = kc.clone()
+    kc_ref, vc_ref = kc.double(), vc.double()
+    assert ref.qk_norm_rope_append(None, k.double(), v.double(), None, kw.double(), positions,
+                                   kc_ref, vc_ref, 1e6, 1e-6, table, start) is None
+    kd, vd = kc.to(DEV), vc.to(DEV)
+    dev = lambda t: None if t is None else t.to(DEV)
+    got = cu().qk_norm_rope_append(None, k.to(DEV), v.to(DEV), None, kw.to(DEV),
+                                   positions.to(DEV), kd, vd, 1e6, 1e-6, dev(table), dev(start))
+    torch.cuda.synchronize()
+    assert got is None
+    written = kc_ref != -7.0
+    assert int(written.sum()) == b * n * hkv * dh
+    assert rel_l2(kd.cpu()[written], kc_ref[written]) < TOL[cache_dtype]
+    assert rel_l2(vd.cpu()[written], vc_ref[written]) < TOL[cache_dtype]
+    assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
+    from torch.library import opcheck
+    opcheck(torch.ops.jetspec.kv_norm_rope_append.default,
+            (k.to(DEV), v.to(DEV), kw.to(DEV), positions.to(DEV), kd, vd, 1e6, 1e-6, dev(table),
+             dev(start)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_verify_tree(dtype, temperature):

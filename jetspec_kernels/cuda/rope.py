@@ -1,4 +1,4 @@
-"""cuda backend: qk_norm_rope_append (one warp per (token, head) row)."""
+"""cuda backend: qk_norm_rope_append (one warp per (token, head) row; no q warps without q)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,28 +10,35 @@ from . import _util as U
 MAX_HEAD_DIM = 512  # 2 * 32 lanes * kRopeMaxPairsPerLane
 
 
-@torch.library.custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))
-def _qk_norm_rope_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_w: torch.Tensor,
-                         k_norm_w: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, rope_theta: float, eps: float,
-                         block_table: Optional[torch.Tensor],
-                         cache_start: Optional[torch.Tensor]) -> torch.Tensor:
+def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
+            cache_start, q_out):
+    """Call _C; ``q``, ``q_norm_w`` and ``q_out`` are None for a K/V-only append."""
     from .. import _C
 
-    b, n, hq, dh = q.shape
-    hkv = k.shape[2]
-    q_out = torch.empty(b, n, hq, dh, device=q.device, dtype=q.dtype)
-    qw = q_norm_w.to(torch.float32).contiguous()
+    b, n, hkv, dh = k.shape
+    hq = 0 if q is None else q.shape[2]
+    qw = None if q is None else q_norm_w.to(torch.float32).contiguous()
     kw = k_norm_w.to(torch.float32).contiguous()
     pos = positions.to(torch.int32).contiguous()
     start = None if cache_start is None else cache_start.contiguous()
     table = None if block_table is None else block_table.contiguous()
     _C.qk_norm_rope_append(
         U.ptr(q), U.ptr(k), U.ptr(v), U.ptr(qw), U.ptr(kw), U.ptr(pos), U.ptr(start), U.ptr(q_out),
-        U.ptr(k_cache), U.ptr(v_cache), U.ptr(table), U.strides3(q), U.strides3(k), U.strides3(v),
-        U.strides3(k_cache), U.strides3(v_cache), 0 if table is None else table.stride(0),
-        b, n, hq, hkv, dh, k_cache.shape[1], float(rope_theta), float(eps), U.dtype_code(q),
-        U.dtype_code(k_cache), U.stream())
+        U.ptr(k_cache), U.ptr(v_cache), U.ptr(table), [0, 0, 0] if q is None else U.strides3(q),
+        U.strides3(k), U.strides3(v), U.strides3(k_cache), U.strides3(v_cache),
+        0 if table is None else table.stride(0), b, n, hq, hkv, dh, k_cache.shape[1],
+        float(rope_theta), float(eps), U.dtype_code(k), U.dtype_code(k_cache), U.stream())
+
+
+@torch.library.custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))
+def _qk_norm_rope_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_w: torch.Tensor,
+                         k_norm_w: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, rope_theta: float, eps: float,
+                         block_table: Optional[torch.Tensor],
+                         cache_start: Optional[torch.Tensor]) -> torch.Tensor:
+    q_out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
+            cache_start, q_out)
     return q_out
 
 
@@ -41,11 +48,45 @@ def _(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+# A separate op for the K/V-only form: it returns nothing, so it needs no fake output.
+@torch.library.custom_op("jetspec::kv_norm_rope_append", mutates_args=("k_cache", "v_cache"))
+def _kv_norm_rope_append(k: torch.Tensor, v: torch.Tensor, k_norm_w: torch.Tensor,
+                         positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         rope_theta: float, eps: float, block_table: Optional[torch.Tensor],
+                         cache_start: Optional[torch.Tensor]) -> None:
+    _launch(None, k, v, None, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
+            cache_start, None)
+
+
+@_kv_norm_rope_append.register_fake
+def _(k, v, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table, cache_start):
+    return None
+
+
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
                         block_table, cache_start):
-    """Return q_out [B, N, Hq, Dh] (q.dtype); write normed+rotated k and raw v into the caches."""
-    if q.shape[-1] > MAX_HEAD_DIM:
+    """Per-head RMSNorm of q and k, RoPE at ``positions``, and the K/V cache append.
+
+    Parameters
+    ----------
+    q : float32/float16/bfloat16 ``[B, N, Hq, Dh]``, or None (K/V only: no q warps launched)
+    k, v : q.dtype ``[B, N, Hkv, Dh]``
+    q_norm_w : float ``[Dh]`` (None allowed when q is None); k_norm_w : float ``[Dh]``
+    positions : int32/int64 ``[B, N]``; k_cache, v_cache : contiguous or paged cache
+    rope_theta, eps : float; block_table : int32 ``[B, max_pages]`` or None
+    cache_start : int32 ``[B]`` or None
+
+    Returns
+    -------
+    q_out : q.dtype ``[B, N, Hq, Dh]``, or None when q is None. The caches receive the normed,
+    rotated k and the raw v.
+    """
+    if k.shape[-1] > MAX_HEAD_DIM:
         raise U.unavailable(f"qk_norm_rope_append supports head dims up to {MAX_HEAD_DIM}, "
-                            f"got {q.shape[-1]}")
+                            f"got {k.shape[-1]}")
+    if q is None:
+        _kv_norm_rope_append(k, v, k_norm_w, positions, k_cache, v_cache, float(rope_theta),
+                             float(eps), block_table, cache_start)
+        return None
     return _qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                                 float(rope_theta), float(eps), block_table, cache_start)

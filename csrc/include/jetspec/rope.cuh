@@ -2,6 +2,8 @@
 // Numerics follow python_ref/rope.py exactly where a float32 kernel can: RMSNorm in fp32,
 // inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply, cos/sin of
 // that float32 angle in double then rounded to float32, the rotation without FMA contraction.
+// A null q (K/V-only append, e.g. the draft head's context rows) launches no q warps at all:
+// q, q_out and q_norm_w are then never touched and may be null too.
 #pragma once
 #include "jetspec/common.cuh"
 
@@ -10,19 +12,26 @@ namespace jetspec {
 constexpr int kRopeMaxPairsPerLane = 8;  // head dims up to 2 * 32 * 8 = 512
 
 
-// One warp per (b, n, head), heads 0..Hq-1 are q heads, Hq..Hq+Hkv-1 are k heads (+ their v).
+// Query heads processed by the kernel: none when q is null.
+__host__ __device__ inline int rope_q_heads(const RopeParams& p) {
+  return p.q == nullptr ? 0 : p.hq;
+}
+
+// One warp per (b, n, head), heads 0..Hq'-1 are q heads, Hq'..Hq'+Hkv-1 are k heads (+ their v),
+// with Hq' = rope_q_heads(p).
 template <typename T, typename TC>
 __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
   const int lane = threadIdx.x & 31;
   const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
-  const int heads = p.hq + p.hkv;
+  const int hq = rope_q_heads(p);
+  const int heads = hq + p.hkv;
   const long long total = static_cast<long long>(p.batch) * p.n * heads;
   if (wid >= total) return;
   const int head = static_cast<int>(wid % heads);
   const int n = static_cast<int>((wid / heads) % p.n);
   const int b = static_cast<int>(wid / (static_cast<long long>(heads) * p.n));
-  const bool is_q = head < p.hq;
-  const int h = is_q ? head : head - p.hq;
+  const bool is_q = head < hq;
+  const int h = is_q ? head : head - hq;
   const int half = p.dh / 2;
 
   const T* src = is_q ? static_cast<const T*>(p.q) + b * p.sq.s0 + n * p.sq.s1 + h * p.sq.s2
@@ -48,7 +57,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 
   int64_t dst_off = 0;
   if (is_q) {
-    dst_off = ((static_cast<int64_t>(b) * p.n + n) * p.hq + h) * p.dh;
+    dst_off = ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.dh;
   } else {
     const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
     dst_off = cache_offset(p.sc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
@@ -90,7 +99,8 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 template <typename T, typename TC>
 cudaError_t qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
   if (p.dh % 2 != 0 || p.dh > 2 * 32 * kRopeMaxPairsPerLane) return cudaErrorInvalidValue;
-  const long long warps = static_cast<long long>(p.batch) * p.n * (p.hq + p.hkv);
+  if (p.q != nullptr && (p.q_out == nullptr || p.q_norm_w == nullptr)) return cudaErrorInvalidValue;
+  const long long warps = static_cast<long long>(p.batch) * p.n * (rope_q_heads(p) + p.hkv);
   if (warps == 0) return cudaSuccess;
   const int threads = 256;
   const long long blocks = (warps * 32 + threads - 1) / threads;
