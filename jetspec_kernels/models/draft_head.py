@@ -109,10 +109,9 @@ class DraftHead:
             k = F.linear(ctx, w["self_attn.k_proj.weight"]).view(b, m, nkv, dh)
             v = F.linear(ctx, w["self_attn.v_proj.weight"]).view(b, m, nkv, dh)
             kc, vc = state.cache.layer(li)
-            # The op also normalises and rotates a query; context rows have none, so k stands in
-            # for q and that output is dropped.
-            qk_norm_rope_append(k, k, v, w["self_attn.k_norm.weight"], w["self_attn.k_norm.weight"],
-                                pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+            # Context rows have no query: the K/V-only form (q=None) only fills the cache.
+            qk_norm_rope_append(None, k, v, None, w["self_attn.k_norm.weight"], pos, kc, vc,
+                                rope_theta=cfg.rope_theta, eps=eps,
                                 block_table=state.cache.block_table)
         state.ctx_len.add_(counts.to(torch.int32))   # in place: a static buffer for CUDA graphs
 
