@@ -43,6 +43,8 @@ import triton.language as tl
 __all__ = ["build_tree", "pack_mask"]
 
 _INF_KEY = tl.constexpr(2**63 - 1)
+# topn: heap-window entries per step (NP * KB of them); bounds the registers of one program
+_WINDOW = 2048
 
 
 def _tree_size(D, K, cap):
@@ -115,11 +117,37 @@ def _score(q):
 
 
 @triton.jit
+def _kth_key(key, valid, k):
+    """The k-th smallest of the distinct int64 ``key`` where ``valid`` (2-D), by bisection:
+    first on the score part (bits 30..), then on the rest among the keys of that score."""
+    q = key >> 30
+    lo = tl.min(tl.min(tl.where(valid, q, _INF_KEY), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(valid, q, -1), axis=1), axis=0)
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        c = tl.sum(tl.sum((valid & (q <= mid)).to(tl.int32), axis=1), axis=0)
+        hi = tl.where(c >= k, mid, hi)
+        lo = tl.where(c >= k, lo, mid + 1)
+    k -= tl.sum(tl.sum((valid & (q < lo)).to(tl.int32), axis=1), axis=0)
+    tie = valid & (q == lo)
+    lo = tl.min(tl.min(tl.where(tie, key, _INF_KEY), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(tie, key, -1), axis=1), axis=0)
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        c = tl.sum(tl.sum((tie & (key <= mid)).to(tl.int32), axis=1), axis=0)
+        hi = tl.where(c >= k, mid, hi)
+        lo = tl.where(c >= k, lo, mid + 1)
+    return lo
+
+
+@triton.jit
 def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stride_ld,
                  D, K, budget, n_target,
                  tok_ptr, par_ptr, dep_ptr, sc_ptr, num_ptr, mask_ptr, W,
-                 TOPN: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr):
+                 TOPN: tl.constexpr, NP: tl.constexpr, KB: tl.constexpr, ROWS: tl.constexpr,
+                 WP: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
+    row = b * budget
     slot = tl.arange(0, NP)
     lp_row = lp_ptr + b * stride_lb
     tt_row = tt_ptr + b * stride_tb
@@ -128,38 +156,77 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
     rk = tl.zeros([NP], tl.int32)                           # rank among its siblings
 
     if TOPN:
-        pos = tl.where(slot == 0, 0, -1)                    # output position
-        ppos = tl.full([NP], -1, tl.int32)                  # parent's output position
+        # Nodes live at their output positions (BFS order): a node's position is its slot, so
+        # the lexicographic tie key of a child is (parent slot, rank) at no cost. Node x's
+        # children sit at 1 + (children of all nodes before x) + rank.
+        j = tl.arange(0, KB)[None, :]
+        ppos = tl.where(slot == 0, -1, 0)                   # parent position
         nc = tl.zeros([NP], tl.int32)                       # children selected so far
-        cs = tl.where(slot == 0, tl.load(lp_row), 0.0)      # score of the frontier child
-        for n in range(1, n_target):
-            has = (dep >= 0) & (dep < D) & (nc < K)
-            key = (_q(cs) << 30) | ((dep + 1).to(tl.int64) << 18) \
-                | (pos.to(tl.int64) << 6) | nc.to(tl.int64)
-            key = tl.where(has, key, _INF_KEY)
-            best = tl.min(key, axis=0)
-            sel = key == best                               # the new node's parent
-            bd = ((best >> 18) & 0xFFF).to(tl.int32)
-            bp = ((best >> 6) & 0xFFF).to(tl.int32)
-            br = (best & 0x3F).to(tl.int32)
-            score = _score(best >> 30)
-            before = (dep >= 0) & ((dep < bd) | ((dep == bd) & (ppos <= bp)))
-            p_new = tl.sum(before.to(tl.int32), axis=0)
-            pos = tl.where(pos >= p_new, pos + 1, pos)
-            ppos = tl.where(ppos >= p_new, ppos + 1, ppos)
-            lp_next = tl.load(lp_row + (bd - 1) * stride_ld + br + 1, mask=br + 1 < K,
-                              other=0.0)
-            lp_first = tl.load(lp_row + bd * stride_ld, mask=bd < D, other=0.0)
-            nc = tl.where(sel, nc + 1, nc)
-            cs = tl.where(sel, sc + lp_next, cs)
-            me = slot == n
-            sc = tl.where(me, score, sc)
-            dep = tl.where(me, bd, dep)
-            rk = tl.where(me, br, rk)
-            pos = tl.where(me, p_new, pos)
-            ppos = tl.where(me, bp, ppos)
-            cs = tl.where(me, score + lp_first, cs)
-        out = pos
+        sa_row = tok_ptr + row                              # scratch: children shift by parent
+        sb_row = mask_ptr + row * W                         # scratch: new position by old one
+        f_row = dep_ptr + row                               # scratch: depth | rank | nc
+        n = tl.full([], 1, tl.int32)
+        while n < n_target:
+            old = slot < n
+            grow = old & (dep < D)
+            # the heap window: children nc .. nc+KB-1 of every node, keyed in spec order
+            r = nc[:, None] + j
+            vis = grow[:, None] & (r < K)
+            lpv = tl.load(lp_row + dep[:, None] * stride_ld + r, mask=vis, other=0.0)
+            csc = sc[:, None] + lpv
+            key = (_q(csc) << 30) | ((dep[:, None] + 1).to(tl.int64) << 18) \
+                | (slot[:, None].to(tl.int64) << 6) | r.to(tl.int64)
+            key = tl.where(vis, key, _INF_KEY)
+            hmin = tl.min(tl.min(key, axis=1), axis=0)
+            # bound 1: the best child of any window entry (primary key q | depth only)
+            first = grow & (nc < K)
+            c0 = sc + tl.load(lp_row + dep * stride_ld + nc, mask=first, other=0.0)
+            has_bc = first & (dep + 1 < D)
+            bc = c0 + tl.load(lp_row + (dep + 1) * stride_ld, mask=has_bc, other=0.0)
+            bc_key = tl.where(has_bc, (_q(bc) << 12) | (dep + 2).to(tl.int64), _INF_KEY)
+            bc_min = tl.min(bc_key, axis=0)
+            # bound 2: the first child hidden behind the window (full key)
+            hr = nc + KB
+            has_h = grow & (hr < K)
+            hsc = sc + tl.load(lp_row + dep * stride_ld + hr, mask=has_h, other=0.0)
+            h_key = (_q(hsc) << 30) | ((dep + 1).to(tl.int64) << 18) \
+                | (slot.to(tl.int64) << 6) | hr.to(tl.int64)
+            h_min = tl.min(tl.where(has_h, h_key, _INF_KEY), axis=0)
+            take = vis & ((key == hmin) | (((key >> 18) < bc_min) & (key < h_min)))
+            m = tl.sum(tl.sum(take.to(tl.int32), axis=1), axis=0)
+            if m > n_target - n:
+                m = n_target - n
+                take = take & (key <= _kth_key(key, take, m))
+            # new layout: x's first child moves from 1 + excl(nc) to 1 + excl(nc + cnt)
+            cnt = tl.sum(take.to(tl.int32), axis=1)
+            nc2 = nc + cnt
+            both = (nc2.to(tl.int64) << 32) | cnt.to(tl.int64)
+            excl = tl.cumsum(both, axis=0) - both
+            child0 = 1 + (excl >> 32).to(tl.int32)
+            tl.store(sa_row + slot, (excl & 0xFFFFFFFF).to(tl.int32), mask=old)
+            tl.debug_barrier()
+            newpos = slot + tl.load(sa_row + ppos, mask=old & (ppos >= 0), other=0)
+            tl.store(sb_row + slot, newpos, mask=old)
+            tl.store(sc_ptr + row + newpos, sc, mask=old)
+            tl.store(f_row + newpos, dep | (rk << 12) | (nc2 << 18), mask=old)
+            tl.store(par_ptr + row + newpos, ppos, mask=old)
+            dst = child0[:, None] + r
+            tl.store(sc_ptr + row + dst, csc, mask=take)
+            tl.store(f_row + dst, (dep[:, None] + 1) | (r << 12), mask=take)
+            tl.store(par_ptr + row + dst, tl.broadcast_to(slot[:, None], [NP, KB]), mask=take)
+            tl.debug_barrier()
+            n += m
+            old = slot < n
+            sc = tl.load(sc_ptr + row + slot, mask=old, other=float("-inf"))
+            f = tl.load(f_row + slot, mask=old, other=-1)
+            par_old = tl.load(par_ptr + row + slot, mask=old, other=-1)
+            ppos = tl.load(sb_row + par_old, mask=par_old >= 0, other=-1)
+            dep = tl.where(old, f & 0xFFF, -1)
+            rk = tl.where(old, (f >> 12) & 0x3F, 0)
+            nc = tl.where(old, f >> 18, 0)
+        # the final stores below overwrite this loop's scratch
+        tl.debug_barrier()
+        out = slot
         parent = ppos
     else:
         par = tl.full([NP], -1, tl.int32)
@@ -189,7 +256,6 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
     root = tl.load(root_ptr + b)
     tok = tl.load(tt_row + (dep - 1) * stride_td + rk, mask=valid & (dep > 0), other=0)
     tok = tl.where(dep == 0, root, tok)
-    row = b * budget
     tl.store(tok_ptr + row + out, tok, mask=valid)
     tl.store(par_ptr + row + out, parent, mask=valid)
     tl.store(dep_ptr + row + out, dep, mask=valid)
@@ -234,13 +300,14 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
     mask = torch.empty(B, N, W, dtype=torch.int32, device=dev)
     if B:
         NP = triton.next_power_of_2(N)
+        KB = min(triton.next_power_of_2(K), max(1, _WINDOW // NP))
         _tree_kernel[(B,)](topk_tokens, topk_logprobs, root_tokens,
                            topk_tokens.stride(0), topk_tokens.stride(1),
                            topk_logprobs.stride(0), topk_logprobs.stride(1),
                            D, K, N, _tree_size(D, K, N),
                            tokens, parents, depths, scores, num_nodes, mask, W,
-                           TOPN=algorithm == "topn", NP=NP, ROWS=ROWS, WP=WP,
-                           num_warps=_warps(NP))
+                           TOPN=algorithm == "topn", NP=NP, KB=KB, ROWS=ROWS, WP=WP,
+                           num_warps=_warps(NP * KB // 2 if algorithm == "topn" else NP))
     return tokens, parents, depths, scores, num_nodes, mask
 
 
