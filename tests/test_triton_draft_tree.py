@@ -149,6 +149,77 @@ def test_draft_tree_from_topk_bit_exact(B, D, K, budget, algorithm):
     assert_padding(tree_fields(got), budget)
 
 
+def build_exact(lp, seed, budget, algorithm="topn"):
+    """Triton tree from log-probs ``lp [B, D, K]`` (random tokens) vs python_ref, bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    B, D, K = lp.shape
+    tok = torch.randint(0, 151936, (B, D, K), generator=gen, dtype=torch.int32)
+    root = torch.randint(0, 151936, (B,), generator=gen, dtype=torch.int32)
+    with poisoned_empty():
+        got = jk.draft_tree_from_topk(tok.to(DEV), lp.to(DEV), root.to(DEV), budget=budget,
+                                      algorithm=algorithm, backend="triton")
+    check_tree_exact(got, ref.build_tree(tok, lp, root, budget, algorithm))
+    assert_padding(tree_fields(got), budget)
+
+
+@pytest.mark.parametrize("levels,zeros", [(1, False), (2, True), (1, True)])
+@pytest.mark.parametrize("B,D,K,budget", [(2, 6, 4, 100), (1, 4, 8, 200), (2, 9, 2, 64)])
+def test_topn_batch_ties_across_depths(B, D, K, budget, levels, zeros):
+    """Integer / half-integer log-probs (and log-prob 0: a child scores exactly as its parent)
+    make a node tie with nodes of other depths and with the best child of a node taken in the
+    same batch; batches must stop at exactly the spec's tie order."""
+    gen = torch.Generator().manual_seed(B + D + K + budget + levels)
+    lp = sorted_logprobs(gen, B, D, K, levels=levels) / 3
+    if zeros:
+        lp[:, ::2, 0] = 0.0
+    build_exact(lp.sort(dim=-1, descending=True).values.contiguous(), budget, budget)
+
+
+@pytest.mark.parametrize("B,D,K,budget", [(2, 5, 3, 64), (1, 3, 16, 256), (2, 2, 64, 128)])
+def test_topn_all_equal_logprobs(B, D, K, budget):
+    """Every sibling ties: order is by depth, then rank sequence (breadth-first), and the budget
+    cuts through one huge tie group."""
+    lp = torch.full((B, D, K), -0.5)
+    build_exact(lp, D * K, budget)
+
+
+@pytest.mark.parametrize("D,budget", [(40, 64), (70, 64), (1, 2)])
+def test_topn_k1_chain(D, budget):
+    gen = torch.Generator().manual_seed(D)
+    lp = sorted_logprobs(gen, 2, D, 1, levels=1)
+    build_exact(lp, D, budget)
+
+
+def test_topn_neg_inf_logprobs():
+    """Impossible candidates (-inf) tie with each other at every depth: depth, then rank order."""
+    gen = torch.Generator().manual_seed(9)
+    lp = sorted_logprobs(gen, 3, 6, 5, levels=2)
+    lp[:, :, 3:] = float("-inf")
+    lp[1, 2, 1:] = float("-inf")
+    lp[2, 1, :] = float("-inf")
+    build_exact(lp, 9, 150)
+    build_exact(lp, 10, 150, algorithm="accum_logp")
+
+
+@pytest.mark.parametrize("D,K,levels", [(12, 2, 2), (5, 5, 1)])
+def test_topn_budget_4096(D, K, levels):
+    """Largest budget (window of one child a parent); D 5 K 5 has 3906 nodes < 4096: padding."""
+    gen = torch.Generator().manual_seed(D * K)
+    lp = sorted_logprobs(gen, 1, D, K, levels=levels)
+    build_exact(lp, D + K, 4096)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_topn_random_shapes(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    B = int(torch.randint(1, 4, (1,), generator=gen))
+    D = int(torch.randint(1, 10, (1,), generator=gen))
+    K = int(torch.randint(1, 12, (1,), generator=gen))
+    budget = int(torch.randint(1, 300, (1,), generator=gen))
+    lp = sorted_logprobs(gen, B, D, K, levels=(0, 1, 4)[seed % 3])
+    build_exact(lp, seed, budget)
+
+
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_build_tree_continuous_and_strided(algorithm):
     gen = torch.Generator().manual_seed(3)
