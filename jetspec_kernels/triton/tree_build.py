@@ -8,17 +8,38 @@ function of the static shapes.
 Every score is ``<= 0`` (log-probs are checked ``<= 0`` by ``ops.draft_tree``; sums of them
 stay ``<= 0`` and never become ``-0.0`` because the root is ``+0.0``), so the 31-bit magnitude
 ``q = bits(score) & 0x7fffffff`` orders scores: smaller ``q`` is a higher score. Selection keys
-are int64 with ``q`` on top; one integer min per step picks the best node with its tie rule,
-and the winner's fields are decoded from the key instead of gathered.
+are int64 with ``q`` on top, so one integer min applies a whole tie rule.
 
-``topn`` simulates the spec's best-first search exactly. Every selected node offers one frontier
-candidate, its best not-yet-selected child (children are in rank order: non-increasing score,
-increasing rank sequence). Candidate key: ``q | child depth | parent's output position | rank``
-(bits 30.., 18..29, 6..17, 0..5): among equal scores the shallower wins, then the smaller
-rank sequence, because among nodes of one depth the output position (depth, parent position,
-rank) is the lexicographic order of rank sequences. Positions are maintained as nodes arrive: a
-new node's position is the number of nodes before it in that order, and later ones shift by one.
-Per step: one min, one count, two scalar loads of log-probs.
+``topn`` takes the spec's best-first order in batches. Nodes live at their output positions
+(order (depth, parent position, rank), i.e. breadth first), so node x's children sit at
+``1 + (children selected by the nodes before x) + rank`` and among nodes of one depth position
+order is the lexicographic order of rank sequences. The heap is every unselected child of a
+selected node; each step looks at a window of the next ``KB`` children of every node, keyed
+``q | depth | parent position | rank`` (bits 30.., 18..29, 6..17, 0..5): the spec's order
+exactly. A step takes every window entry ``e`` with
+
+* ``e`` below the first child hidden behind any window (full key), and
+* ``(q, depth)`` of ``e`` below that of the best child any window entry could have
+  (``score + lp[depth][0]``, one deeper; ties of that pair are not taken: conservative),
+
+plus always the heap minimum. Nothing a taken entry c brings in can precede a taken entry: c's
+descendants are deeper and score at most ``score(c) + lp[depth(c)][0]`` (log-probs are
+``<= 0``), so they follow the best child of the first window entry of c's parent; the children
+behind a window follow it in rank order. So the taken entries are a prefix of the spec's order,
+and no sort is needed: the step is a threshold, not a rank. When the prefix passes the node
+count, :func:`_kth_key` bisects (on ``q``, then on the rest) for the last key to keep. A step
+then moves every node to its new position through two round trips in the output buffers
+(the shift of a node's children, then the new position of a parent), scattering new nodes
+into place. Per step: four reductions, one scan, two barriers.
+
+``KB = min(next_pow2(K), 2048 / NP)`` keeps the window at 2048 entries (8 at budget 256, 1 from
+budget 2048: then one child per node per step).
+
+Sequential steps, counted on the CPU by wrapping the interpreter's barrier (two a step), for
+random logits ``randn * linspace(6, 2, D)`` (the benchmark's), D = 15, V = 151936, K = 8, 8 draws
+each, median (range): budget 64: 6 (6-9) steps, was 63; budget 256: 12.5 (4-19), was 255;
+budget 512: 14 (10-19), was 511; plus about 20 bisection rounds (one reduction each) once.
+A K = 1 chain still takes one node a step (its heap never holds more than one entry).
 
 ``accum_logp`` simulates JetSpec's heap: slots are insertion order (= output order); the heap is
 the set of inserted, unpopped slots; key ``q | slot | depth`` (bits 24.., 12..23, 0..11) pops the
@@ -29,9 +50,16 @@ The mask (shared with :func:`pack_mask`) is built by an ancestor walk over tiles
 row sets the bit of its current node and steps to the parent until all rows reach the root.
 
 Floor and prediction (H200; D = 15, K = 8, budget 256, B = 1): the tree is a few KB, so there is
-no bandwidth floor; the cost is the dependent chain of the selection loop on one warp: topn has
-255 steps of two 256-wide reductions (about 0.3 us a step: about 70-80 us), accum_logp about
-budget / K pops (about 10 us). Larger budgets scale as budget**2 / 32 lanes.
+no bandwidth floor; the cost is the dependent chain of the selection loop in one program. topn
+was 255 steps of two 256-wide reductions (about 0.3 us a step: 70-80 us). Now a step is about
+1.5 us (four block reductions over the 256 x 8 window at 8 warps, a scan, two store/barrier/load
+round trips through L2): about 5-30 us for 4-19 steps, plus about 3 us of bisection and the
+mask, so draft_tree from logits (plus 4-6 us of top-K) predicts 15-40 us against the 50 us
+target. Not yet measured on a GPU. accum_logp: about budget / K pops (about 10 us).
+
+Checked offline for sm_90 (no GPU needed): ``triton.compile(ASTSource(_tree_kernel, signature,
+constexprs), target=GPUTarget("cuda", 90, 64), options={"num_warps": ...})`` and
+``cuobjdump -res-usage`` on the cubin (triton 3.9's bundled ptxas), budgets 1 to 4096.
 """
 from __future__ import annotations
 
@@ -68,6 +96,12 @@ def _mask_layout(n):
 
 def _warps(np_):
     return max(1, min(8, np_ // 256))
+
+
+def _topn_warps(entries):
+    # sm_90 ptxas (triton 3.9): 64x8 / 256x8 / 512x4 windows fit in 94 / 180 / 177 registers
+    # at 4 / 8 / 8 warps with no spill; 4096x1 spills least (440 bytes) at 16 warps
+    return max(4, min(16, entries // 256))
 
 
 @triton.jit
@@ -307,7 +341,7 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
                            D, K, N, _tree_size(D, K, N),
                            tokens, parents, depths, scores, num_nodes, mask, W,
                            TOPN=algorithm == "topn", NP=NP, KB=KB, ROWS=ROWS, WP=WP,
-                           num_warps=_warps(NP * KB // 2 if algorithm == "topn" else NP))
+                           num_warps=_topn_warps(NP * KB) if algorithm == "topn" else _warps(NP))
     return tokens, parents, depths, scores, num_nodes, mask
 
 
