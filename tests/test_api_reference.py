@@ -92,7 +92,7 @@ def test_sampling_accepts_int_seeds_and_is_deterministic():
 
 def test_demo_runs(capsys):
     from jetspec_kernels.demo import main
-    assert main(["--backend", "reference", "--batch", "3", "--prefix", "40", "--vocab", "999",
-                 "--budget", "37", "--heads", "4", "2", "16"]) == 0
+    assert main(["--random-round", "--backend", "reference", "--batch", "3", "--prefix", "40",
+                 "--vocab", "999", "--budget", "37", "--heads", "4", "2", "16"]) == 0
     text = capsys.readouterr().out
     assert "tree 0: 37 nodes" in text and "round total" in text and "finite: True" in text

@@ -1,0 +1,35 @@
+"""The demo on the shipped tiny models: runs, reports, and fails loudly when outputs differ."""
+import os
+
+import jetspec_kernels.decode as decode_mod
+from jetspec_kernels.demo import main
+
+SMALL = ["--backend", "reference", "--device", "cpu", "--prompts", "1", "--max-new-tokens", "24",
+         "--budget", "16", "--budgets", "1", "16", "--table-tokens", "12"]
+
+
+def test_demo_lossless_and_report(tmp_path, capsys):
+    assert main(SMALL + ["--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "lossless check: PASS" in text
+    for needle in ("tokens/s", "speed-up:", "accepted per round: [", "head_causal", "head_dflash", "chain"):
+        assert needle in text, needle
+    with open(tmp_path / "demo_acceptance.csv") as f:
+        rows = f.read().splitlines()
+    assert rows[0] == "drafter,budget_1,budget_16"
+    assert [r.split(",")[0] for r in rows[1:]] == ["head_causal", "head_dflash", "chain"]
+    assert all(float(r.split(",")[1]) == 0.0 for r in rows[1:])   # budget 1: the root only
+    assert os.path.getsize(tmp_path / "demo_acceptance.png") > 1000
+
+
+def test_demo_fails_when_outputs_differ(tmp_path, capsys, monkeypatch):
+    real = decode_mod.generate
+
+    def corrupted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.tokens[0][-1] = (out.tokens[0][-1] + 1) % 256
+        return out
+
+    monkeypatch.setattr(decode_mod, "generate", corrupted)
+    assert main(SMALL[:-5] + ["--budgets", "--out", str(tmp_path)]) == 1
+    assert "lossless check: FAIL" in capsys.readouterr().out
