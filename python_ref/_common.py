@@ -20,3 +20,11 @@ def cache_location(p, b, block_table, page_size):
     if block_table is None:
         return b, p
     return int(block_table[b, p // page_size]), p % page_size
+
+
+def cache_indices(slots, block_table, page_size):
+    """Vectorised :func:`cache_location`: int64 ``slots [B, N]`` -> index tensors (i0, i1) ``[B, N]``."""
+    B = slots.shape[0]
+    if block_table is None:
+        return torch.arange(B, device=slots.device)[:, None].expand_as(slots), slots
+    return block_table.to(torch.long).gather(1, slots // page_size), slots % page_size

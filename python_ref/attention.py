@@ -5,6 +5,7 @@ import math
 import torch
 
 from ._common import compute_dtype
+from .tree import unpack_mask
 
 __all__ = ["tree_attention", "gather_cache", "visibility"]
 
@@ -40,9 +41,7 @@ def visibility(prefix_len, N, tree_mask_b=None, tail="causal"):
     vis = torch.zeros(N, prefix_len + N, dtype=torch.bool)
     vis[:, :prefix_len] = True
     if tree_mask_b is not None:
-        words = tree_mask_b.detach().cpu().to(torch.int64) & 0xFFFFFFFF
-        for j in range(N):
-            vis[:, prefix_len + j] = ((words[:, j // 32] >> (j % 32)) & 1).bool()
+        vis[:, prefix_len:] = unpack_mask(tree_mask_b.detach().cpu()[None], N)[0]
     elif tail == "causal":
         vis[:, prefix_len:] = torch.ones(N, N, dtype=torch.bool).tril()
     elif tail == "full":

@@ -11,7 +11,7 @@ positions; the exact-real-angle alternative would not be reproducible by a float
 
 import torch
 
-from ._common import cache_location, compute_dtype
+from ._common import cache_indices, compute_dtype
 
 __all__ = ["rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
 
@@ -97,11 +97,11 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     B, N = k.shape[:2]
     q_out = None if q is None else apply_rope(rms_norm(q, q_norm_w, eps), positions, rope_theta)
     k_out = apply_rope(rms_norm(k, k_norm_w, eps), positions, rope_theta)
-    page_size = k_cache.shape[1]
-    for b in range(B):
-        for n in range(N):
-            slot = int(positions[b, n]) if cache_start is None else int(cache_start[b]) + n
-            i0, i1 = cache_location(slot, b, block_table, page_size)
-            k_cache[i0, i1] = k_out[b, n].to(k_cache.dtype)
-            v_cache[i0, i1] = v[b, n].to(v_cache.dtype)
+    if cache_start is None:
+        slots = positions.to(torch.long)
+    else:
+        slots = cache_start.to(torch.long)[:, None] + torch.arange(N, device=k.device)
+    i0, i1 = cache_indices(slots, block_table, k_cache.shape[1])
+    k_cache[i0, i1] = k_out.to(k_cache.dtype)
+    v_cache[i0, i1] = v.to(v_cache.dtype)
     return q_out

@@ -228,27 +228,23 @@ def dense_mask(parents, num_nodes):
     ancestor of i). Padding rows have only their own entry.
     """
     B, N = parents.shape
-    out = torch.zeros(B, N, N, dtype=torch.bool)
     par = parents.detach().cpu().tolist()
     nn_ = num_nodes.detach().cpu().tolist()
+    out = [[[False] * N for _ in range(N)] for _ in range(B)]
     for b in range(B):
         for i in range(N):
-            if i < nn_[b]:
-                for j in ancestors(par[b], i):
-                    out[b, i, j] = True
-            else:
-                out[b, i, i] = True
-    return out.to(parents.device)
+            for j in (ancestors(par[b], i) if i < nn_[b] else [i]):
+                out[b][i][j] = True
+    return torch.tensor(out, dtype=torch.bool).reshape(B, N, N).to(parents.device)
 
 
 def _pack_dense(dense):
     """bool ``[B, N, N']`` -> int32 ``[B, N, ceil(N'/32)]`` (bit j%32 of word j//32)."""
     B, N, M = dense.shape
     W = (M + 31) // 32
-    words = torch.zeros(B, N, W, dtype=torch.int64)
-    d = dense.detach().cpu()
-    for j in range(M):
-        words[:, :, j // 32] |= d[:, :, j].to(torch.int64) << (j % 32)
+    d = torch.zeros(B, N, W * 32, dtype=torch.int64)
+    d[:, :, :M] = dense.detach().cpu()
+    words = (d.view(B, N, W, 32) << torch.arange(32)).sum(-1)     # bit j % 32 of word j // 32
     # two's complement: bit 31 makes the int32 word negative
     words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
     return words.to(torch.int32).to(dense.device)
@@ -274,7 +270,5 @@ def unpack_mask(mask, n=None):
     B, N, W = mask.shape
     n = N if n is None else n
     m = mask.detach().cpu().to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros(B, N, n, dtype=torch.bool)
-    for j in range(n):
-        out[:, :, j] = ((m[:, :, j // 32] >> (j % 32)) & 1).bool()
-    return out.to(mask.device)
+    j = torch.arange(n)
+    return ((m[:, :, j // 32] >> (j % 32)) & 1).bool().to(mask.device)
