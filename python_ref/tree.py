@@ -159,11 +159,12 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm="topn"
     lp_l = topk_logprobs.detach().cpu().to(cd).tolist()
     root_l = root_tokens.detach().cpu().to(torch.int64).tolist()
 
-    tokens = torch.zeros(B, N, dtype=torch.int32)
-    parents = torch.full((B, N), -1, dtype=torch.int32)
-    depths = torch.full((B, N), -1, dtype=torch.int32)
-    scores = torch.full((B, N), -math.inf, dtype=cd)
-    num_nodes = torch.zeros(B, dtype=torch.int32)
+    # padding rows: token 0, parent -1, depth -1, score -inf
+    tokens = [[0] * N for _ in range(B)]
+    parents = [[-1] * N for _ in range(B)]
+    depths = [[-1] * N for _ in range(B)]
+    scores = [[-math.inf] * N for _ in range(B)]
+    num_nodes = [0] * B
 
     for b in range(B):
         if algorithm == "topn":
@@ -174,12 +175,15 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm="topn"
             rows = _accum_logp_one(lp_l[b], K, D, budget, add)
         for i, (seq, score, par) in enumerate(rows):
             d = len(seq)
-            tokens[b, i] = root_l[b] if d == 0 else tok_l[b][d - 1][seq[-1]]
-            parents[b, i] = par
-            depths[b, i] = d
-            scores[b, i] = score
+            tokens[b][i] = root_l[b] if d == 0 else tok_l[b][d - 1][seq[-1]]
+            parents[b][i] = par
+            depths[b][i] = d
+            scores[b][i] = score
         num_nodes[b] = len(rows)
 
+    tokens, parents, depths, num_nodes = (torch.tensor(x, dtype=torch.int32)
+                                          for x in (tokens, parents, depths, num_nodes))
+    scores = torch.tensor(scores, dtype=cd)
     mask = pack_mask(parents, num_nodes)
     out = dict(tokens=tokens, parents=parents, depths=depths, scores=scores,
                num_nodes=num_nodes, mask=mask)
