@@ -44,7 +44,9 @@ def _tiny_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=None, help="tiny-model directory (default: the shipped one)")
     p.add_argument("--prompts", type=int, default=3, help=f"how many built-in prompts (1..{len(PROMPTS)})")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--budget", type=int, default=64, help="tree budget of the timed speculative run")
+    p.add_argument("--budget", type=int, default=None,
+                   help="tree budget of the timed speculative run (default: 16 on cpu, where the "
+                        "verify forward's cost grows with the tree size; 64 on a GPU)")
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--budgets", type=int, nargs="*", default=[1, 4, 16, 64, 256],
                    help="budgets of the acceptance table (none: skip the table)")
@@ -121,6 +123,8 @@ def _run_tiny(args, device) -> int:
     from .train.tokenizer import EOS_ID, decode, encode
 
     backend = _backend.resolve(device)
+    if args.budget is None:
+        args.budget = 16 if device.type == "cpu" else 64
     target, heads = load_tiny(args.models or TINY_DIR, dtype=DTYPES[args.dtype], device=device)
     head = heads["head_causal"]
     tc = target.config

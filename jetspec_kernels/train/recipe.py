@@ -25,8 +25,8 @@ __all__ = ["PRESETS", "run_recipe", "evaluate_dir", "EVAL"]
 
 # "default" ships; "quick" exercises the same code in well under a minute (not for shipping).
 PRESETS = {
-    "default": {"target": dict(steps=240, batch=8, length=256, lr=4e-3),
-                "head": dict(steps=100, batch=8, length=256, blocks=12, lr=2e-3, gamma=7.0)},
+    "default": {"target": dict(steps=1200, batch=8, length=256, lr=4e-3),
+                "head": dict(steps=1500, batch=8, length=256, blocks=16, lr=4e-3, gamma=7.0)},
     "quick": {"target": dict(steps=3, batch=2, length=64, lr=3e-3),
               "head": dict(steps=3, batch=2, length=64, blocks=2, lr=2e-3, gamma=7.0)},
 }
