@@ -91,16 +91,10 @@ def main(argv=None) -> int:
                   lambda: torch.log_softmax(F.linear(hidden, lm_head).float(), -1).topk(topk, -1),
                   flops=flops, nbytes=nbytes)
         for name, why in status.items():
-            if why is not None:
-                table.skip(shape, name, why, flops=flops, nbytes=nbytes)
-            elif bc.interpreted(name, dev) and si > 0:
-                table.skip(shape, name, "Triton interpreter: timed on the first shape only",
-                           flops=flops, nbytes=nbytes)
-            else:
-                table.run(shape, name,
-                          lambda name=name: jk.draft_tree_from_hidden(
-                              hidden, lm_head, root, budget=budget, topk=topk, backend=name),
-                          flops=flops, nbytes=nbytes, reps=2 if bc.interpreted(name, dev) else None)
+            table.run_ours(shape, name, why,
+                           lambda name=name: jk.draft_tree_from_hidden(
+                               hidden, lm_head, root, budget=budget, topk=topk, backend=name),
+                           first_shape=si == 0, flops=flops, nbytes=nbytes)
     return table.finish()
 
 

@@ -202,16 +202,9 @@ def main(argv=None) -> int:
             table.run(shape, "torch_vec", vec, flops=flops, nbytes=nbytes)
             for name, why in status.items():
                 for alg in algos:
-                    label = f"{name}:{alg}"
-                    if why is not None:
-                        table.skip(shape, label, why, flops=flops, nbytes=nbytes)
-                    elif bc.interpreted(name, dev) and si > 0:
-                        table.skip(shape, label, "Triton interpreter: timed on the first shape only",
-                                   flops=flops, nbytes=nbytes)
-                    else:
-                        table.run(shape, label, lambda name=name, alg=ALGOS[alg]: ours(name, alg),
-                                  flops=flops, nbytes=nbytes,
-                                  reps=2 if bc.interpreted(name, dev) else None)
+                    table.run_ours(shape, name, why, lambda name=name, alg=ALGOS[alg]: ours(name, alg),
+                                   first_shape=si == 0, flops=flops, nbytes=nbytes,
+                                   label=f"{name}:{alg}")
         del logits, vals, idx, idx32
     return table.finish()
 

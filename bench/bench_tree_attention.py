@@ -127,20 +127,13 @@ def main(argv=None) -> int:
                 table.run(shape, "sdpa", sdpa, flops=flops, nbytes=nbytes, rel_err=0.0)
 
         for name, why in status.items():
-            if why is not None:
-                table.skip(shape, name, why, flops=flops, nbytes=nbytes)
-                continue
-            if bc.interpreted(name, dev) and si > 0:
-                table.skip(shape, name, "Triton interpreter: timed on the first shape only",
-                           flops=flops, nbytes=nbytes)
-                continue
             out = torch.full_like(q, float("nan"))
 
             def ours(name=name, out=out):
                 return jk.tree_attention(q, k_cache, v_cache, prefix, tree.mask, out=out,
                                          backend=name)
-            row = table.run(shape, name, ours, flops=flops, nbytes=nbytes,
-                            reps=2 if bc.interpreted(name, dev) else None)
+            row = table.run_ours(shape, name, why, ours, first_shape=si == 0, flops=flops,
+                                 nbytes=nbytes)
             if row["status"] == "ok" and ref_out is not None:
                 row["rel_err"] = rel_err(out, ref_out)
 

@@ -156,16 +156,10 @@ def target_logits(tree, v, dtype, gen, accept_p=0.8):
     return logits.to(dtype)
 
 
-def _ours(table, status, shape, dev, fn, flops, nbytes, si):
+def _ours(table, status, shape, fn, flops, nbytes, si):
     for name, why in status.items():
-        if why is not None:
-            table.skip(shape, name, why, flops=flops, nbytes=nbytes)
-        elif bc.interpreted(name, dev) and si > 0:
-            table.skip(shape, name, "Triton interpreter: timed on the first shape only",
+        table.run_ours(shape, name, why, lambda name=name: fn(name), first_shape=si == 0,
                        flops=flops, nbytes=nbytes)
-        else:
-            table.run(shape, name, lambda name=name: fn(name), flops=flops, nbytes=nbytes,
-                      reps=2 if bc.interpreted(name, dev) else None)
 
 
 def main(argv=None) -> int:
@@ -198,7 +192,7 @@ def main(argv=None) -> int:
             table.run(shape, "torch_vec", lambda: vec_verify(tree, logits, temp), flops=flops,
                       nbytes=nbytes)
             kw = dict(temperature=temp, seed=seed, offset=offset) if temp > 0 else {}
-            _ours(table, status, shape, dev,
+            _ours(table, status, shape,
                   lambda name: jk.verify_tree(tree, logits, backend=name, **kw), flops, nbytes, si)
         del logits
 
@@ -218,7 +212,7 @@ def main(argv=None) -> int:
         table.run(shape, "torch_eager",
                   lambda: eager_rope_append(q, k, vv, qw, kw_, positions, k_cache, v_cache, 1e6,
                                             1e-6, prefix), flops=flops, nbytes=nbytes)
-        _ours(table, status, shape, dev,
+        _ours(table, status, shape,
               lambda name: jk.qk_norm_rope_append(q, k, vv, qw, kw_, positions, k_cache, v_cache,
                                                   rope_theta=1e6, cache_start=prefix, backend=name),
               flops, nbytes, si)
@@ -235,7 +229,7 @@ def main(argv=None) -> int:
         nbytes = float(4 * b * m * hkv * dh * e)
         table.run(shape, "torch_eager", lambda: eager_commit(k_cache, v_cache, prefix, verdict.path),
                   flops=0.0, nbytes=nbytes)
-        _ours(table, status, shape, dev,
+        _ours(table, status, shape,
               lambda name: jk.commit_kv(k_cache, v_cache, prefix, verdict, backend=name),
               0.0, nbytes, si)
         del q, k, vv, k_cache, v_cache

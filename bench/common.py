@@ -332,6 +332,18 @@ class Table:
                             note=tb[:300])
         return self.add(shape, backend, t, flops=flops, nbytes=nbytes, **extra)
 
+    def run_ours(self, shape: str, backend: str, why: str | None, fn: Callable[[], object], *,
+                 first_shape: bool, flops: float, nbytes: float, label: str | None = None) -> dict:
+        """Row of one of our backends (``why``: None if usable, else why not). The Triton
+        interpreter is timed on the first shape only, with two repetitions."""
+        label = label or backend
+        slow = interpreted(backend, self.opts.device)
+        if why is None and slow and not first_shape:
+            why = "Triton interpreter: timed on the first shape only"
+        if why is not None:
+            return self.skip(shape, label, why, flops=flops, nbytes=nbytes)
+        return self.run(shape, label, fn, flops=flops, nbytes=nbytes, reps=2 if slow else None)
+
     def skip(self, shape: str, backend: str, reason: str, *, flops: float = 0.0,
              nbytes: float = 0.0) -> dict:
         return self.add(shape, backend, None, flops=flops, nbytes=nbytes, status="skip",
