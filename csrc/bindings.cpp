@@ -93,7 +93,7 @@ PYBIND11_MODULE(_C, m) {
       [](U q, U k, U v, U q_norm_w, U k_norm_w, U positions, U cache_start, U q_out, U k_cache,
          U v_cache, U block_table, const I64s& sq, const I64s& sk, const I64s& sv, const I64s& sc,
          const I64s& svc, int64_t bt_stride, int batch, int n, int hq, int hkv, int dh,
-         int page_size, float theta, float eps, int dtype, int cache_dtype, U stream) {
+         int page_size, double theta, float eps, int dtype, int cache_dtype, U stream) {
         if ((q == 0) != (q_out == 0))
           throw std::invalid_argument("qk_norm_rope_append: q and q_out must both be set or both be 0");
         jetspec::RopeParams p{};

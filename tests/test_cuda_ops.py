@@ -89,6 +89,32 @@ def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     assert rel_l2(lse, l_ref) < TOL[dtype]
 
 
+def test_tree_attention_strided_outputs_and_empty():
+    """out and lse as views into larger buffers (written through their strides), and N = 0."""
+    import jetspec_kernels as jk
+
+    gen = torch.Generator().manual_seed(5)
+    b, n, hq, hkv, dh, lmax = 2, 19, 4, 2, 64, 96
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    prefix = torch.tensor([40, 77], dtype=torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal",
+                                      None, 0.125)
+    out_buf = torch.full((b, n, hq + 1, dh), float("nan"), device=DEV, dtype=torch.float16)
+    lse_buf = torch.full((b, hq, n + 5), float("nan"), device=DEV)
+    out, lse = out_buf[:, :, 1:], lse_buf[:, :, 2:n + 2]
+    jk.tree_attention(q.to(DEV), k.to(DEV), v.to(DEV), prefix.to(DEV), tail="causal", scale=0.125,
+                      out=out, lse=lse, backend="cuda")
+    torch.cuda.synchronize()
+    assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
+    assert out_buf[:, :, 0].isnan().all() and lse_buf[:, :, :2].isnan().all()
+    assert lse_buf[:, :, n + 2:].isnan().all()
+    empty = jk.tree_attention(q[:, :0].to(DEV), k.to(DEV), v.to(DEV), prefix.to(DEV), tail="causal",
+                              backend="cuda")
+    assert empty.shape == (b, 0, hq, dh)
+
+
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),
                                                (torch.float16, torch.float16),
                                                (torch.bfloat16, torch.bfloat16),

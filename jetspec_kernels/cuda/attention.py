@@ -20,6 +20,8 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) 
     """
     tiles = -(-n * (hq // hkv) // _ROWS_PER_CTA)
     base = tiles * batch * hkv
+    if base == 0:  # nothing to compute (the launcher returns early)
+        return 1
     sms = U.sm_count(torch.device(device).index or 0)
     if base >= sms:
         return 1
@@ -33,6 +35,19 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
                     lse: Optional[torch.Tensor], num_splits: int) -> None:
     from .. import _C
+
+    # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not U.aligned16(t):
+            raise ValueError(f"{name} rows must start on 16-byte boundaries for the cuda backend "
+                             f"(strides {t.stride()}, data_ptr % 16 = {t.data_ptr() % 16})")
+    if not U.aligned16(q):
+        q = q.clone(memory_format=torch.contiguous_format)
+    # The epilogue stores pairs of elements (4 bytes); lse is written as a contiguous [B, Hq, N].
+    direct = out.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in out.stride()[:3])
+    out_buf = out if direct else torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse_buf = lse if lse is None or lse.is_contiguous() else torch.empty_like(
+        lse, memory_format=torch.contiguous_format)
 
     b, n, hq, dh = q.shape
     hkv = k_cache.shape[2]
@@ -51,8 +66,12 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         U.strides3(v_cache), U.ptr(block_table), 0 if block_table is None else block_table.stride(0),
         k_cache.shape[1], U.ptr(prefix_lens), U.ptr(tree_mask),
         0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
-        _TAILS[mode], U.ptr(out), U.strides3(out), U.ptr(lse), U.ptr(part_o), U.ptr(part_lse),
-        b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, U.stream())
+        _TAILS[mode], U.ptr(out_buf), U.strides3(out_buf), U.ptr(lse_buf), U.ptr(part_o),
+        U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, U.stream())
+    if out_buf is not out:
+        out.copy_(out_buf)
+    if lse_buf is not lse:
+        lse.copy_(lse_buf)
 
 
 @_tree_attention.register_fake
@@ -70,20 +89,9 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise U.unavailable(f"tree_attention needs float16/bfloat16 inputs (mma.sync), got "
                             f"{str(q.dtype).replace('torch.', '')}; use backend='triton'")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not U.aligned16(t):
-            raise ValueError(f"{name} rows must start on 16-byte boundaries for the cuda backend "
-                             f"(strides {t.stride()}, data_ptr % 16 = {t.data_ptr() % 16})")
-    if not U.aligned16(q):
-        q = q.clone(memory_format=torch.contiguous_format)
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
                                    q.device)
-    # The epilogue stores pairs of elements (4 bytes).
-    direct = out.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in out.stride()[:3])
-    target = out if direct else torch.empty_like(q, memory_format=torch.contiguous_format)
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
-                    target, lse, int(num_splits))
-    if not direct:
-        out.copy_(target)
+                    out, lse, int(num_splits))

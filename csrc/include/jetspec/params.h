@@ -29,7 +29,8 @@ struct RopeParams {
   Strides4 sc, svc;            // k_cache, v_cache (same shape, possibly different strides)
   int64_t bt_stride;
   int batch, n, hq, hkv, dh, page_size;
-  float theta, eps;
+  double theta;  // as python_ref: inv_freq = theta ** (-2i/dh) in double, rounded to float once
+  float eps;
 };
 
 // verify_tree, phase 1: the target's token per node (verify.cuh).

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
     if (i >= half) break;
     const float n1 = __fmul_rn(__fmul_rn(x1[t], r), w[i]);
     const float n2 = __fmul_rn(__fmul_rn(x2[t], r), w[i + half]);
-    const float inv = static_cast<float>(pow(static_cast<double>(p.theta),
+    const float inv = static_cast<float>(pow(p.theta,
                                              (-2.0 * i) / static_cast<double>(p.dh)));
     const float angle = __fmul_rn(static_cast<float>(pos), inv);
     double sd, cd;
