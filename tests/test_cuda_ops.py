@@ -253,7 +253,10 @@ def test_log_softmax_topk(dtype):
 
 
 @pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
-@pytest.mark.parametrize("budget,k,d", [(64, 4, 15), (256, 8, 15), (7, 3, 2), (100, 64, 3)])
+# (8, 2, 1) and (40, 3, 2): budget above the implicit tree size (3 and 13 nodes), where a lane
+# caching another lane's node once made accum_logp pop a max-depth leaf forever.
+@pytest.mark.parametrize("budget,k,d", [(64, 4, 15), (256, 8, 15), (7, 3, 2), (100, 64, 3),
+                                        (8, 2, 1), (40, 3, 2), (600, 5, 6)])
 def test_build_tree(algorithm, budget, k, d):
     gen = torch.Generator().manual_seed(budget + k)
     b = 3

@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
 
   Cand mine = rescan();
   while (count < cap) {
+    __syncwarp();  // lane 0's writes of the last step before anyone reads them
     Cand win = mine;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -172,7 +173,8 @@ __global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
       __syncwarp();
       const int first = count;
       count += m;
-      for (int n = first + lane; n < count; n += 32) {
+      // Node n belongs to lane n % 32 (the lane that rescans it once it is popped).
+      for (int n = first + ((lane - first) & 31); n < count; n += 32) {
         const Cand c = cand_of(n);
         if (before(c, mine)) mine = c;
       }
@@ -222,18 +224,31 @@ __global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
     }
   }
   if (lane == 0) p.num_nodes[b] = count;
-  // Mask words: walk each row's ancestor chain (its length is the depth).
+  // Mask words: one ancestor walk per row (a lane per row). Ancestors have smaller output
+  // indices, so the walk visits the row's words from its own down to word 0, each once.
   const int words = p.words;
-  for (int e = lane; e < cap * words; e += 32) {
-    const int j = e / words, w = e % words;
-    uint32_t bits = 0;
-    if (j >= count) {
-      if (j / 32 == w) bits = 1u << (j % 32);
-    } else {
-      for (int a = j; a >= 0; a = t.first_child[a])
-        if (a / 32 == w) bits |= 1u << (a % 32);
+  for (int j = lane; j < cap; j += 32) {
+    int32_t* row = p.mask + (row0 + j) * words;
+    const int own = j / 32;
+    for (int w = words - 1; w > own; --w) row[w] = 0;
+    if (j >= count) {  // padding row: its own bit only
+      row[own] = static_cast<int32_t>(1u << (j % 32));
+      for (int w = own - 1; w >= 0; --w) row[w] = 0;
+      continue;
     }
-    p.mask[row0 * words + e] = static_cast<int32_t>(bits);
+    uint32_t bits = 0;
+    int cur = own;
+    for (int a = j; a >= 0; a = t.first_child[a]) {
+      for (; cur > a / 32; --cur) {
+        row[cur] = static_cast<int32_t>(bits);
+        bits = 0;
+      }
+      bits |= 1u << (a % 32);
+    }
+    for (; cur >= 0; --cur) {  // the walk ends at the root (word 0)
+      row[cur] = static_cast<int32_t>(bits);
+      bits = 0;
+    }
   }
 }
 
