@@ -116,6 +116,7 @@ CASES = [
     (2, 6, 2, 1, 128, [9, 40], "tree", None, "contiguous"),
     (3, 9, 4, 4, 16, [17, 64, 0], "full", None, "transposed"),
     (2, 16, 4, 1, 32, [31, 70], "causal", 1, "sliced"),
+    (1, 70, 2, 1, 16, [12], "tree", None, "contiguous"),   # three mask words, the last partial
 ]
 
 

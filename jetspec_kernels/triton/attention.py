@@ -111,7 +111,7 @@ def _tree_attention_fwd(
     stride_ob, stride_on, stride_oh,
     stride_lb, stride_lh, stride_ln,
     B, N, HQ, HKV, G, num_splits, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
     PAGED: tl.constexpr, TAIL_MODE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -155,17 +155,19 @@ def _tree_attention_fwd(
         if TAIL_MODE == 1:
             last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, N - 1)
             tail_end = last_row + 1
-        for j0 in range(0, tail_end, BLOCK_N):
-            j = j0 + offs_n
+        offs_t = tl.arange(0, TAIL_N)
+        for j0 in range(0, tail_end, TAIL_N):
+            j = j0 + offs_t
             key_ok = j < tail_end
             kv_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
                                  stride_c0, stride_c1, stride_ch, PAGED)
             both = row_ok[:, None] & key_ok[None, :]
             if TAIL_MODE == 0:
+                # TAIL_N is 32 here, so one mask word per row covers the block: a [BLOCK_M]
+                # load instead of a [BLOCK_M, BLOCK_N] gather (which spilled at Dh 128).
                 word = tl.load(mask_ptr + b.to(tl.int64) * stride_mb
-                               + row_i.to(tl.int64)[:, None] * stride_mn + (j // 32)[None, :],
-                               mask=both, other=0)
-                visible = both & (((word >> (j % 32)[None, :]) & 1) != 0)
+                               + row_i.to(tl.int64) * stride_mn + j0 // 32, mask=row_ok, other=0)
+                visible = both & (((word[:, None] >> offs_t[None, :]) & 1) != 0)
             elif TAIL_MODE == 1:
                 visible = both & (j[None, :] <= row_i[:, None])
             else:
@@ -325,7 +327,8 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides,
         B, N, HQ, HKV, G, num_splits, scale * _LOG2E,
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, TAIL_MODE=tail_mode,
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n,
+        TAIL_N=32 if tree_mask is not None else block_n, PAGED=paged, TAIL_MODE=tail_mode,
         SPLIT=split, STORE_LSE=store_lse, INPUT_PRECISION=precision, num_warps=num_warps,
         num_stages=num_stages,
     )
