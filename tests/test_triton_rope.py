@@ -91,6 +91,7 @@ CASES = [
     (2, 5, 4, 4, 128, torch.float16, torch.float16, "transposed", 16, False, 100),
     (3, 5, 8, 2, 64, torch.float16, torch.float32, "fused", 1, True, 32000),
     (2, 3, 4, 1, 16, torch.float32, torch.float16, "contiguous", 16, True, 0),
+    (2, 3, 12, 4, 128, torch.float32, torch.float32, "contiguous", None, True, 7),  # 2 q tiles
 ]
 
 

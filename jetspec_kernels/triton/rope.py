@@ -109,8 +109,12 @@ def _f32_split(x: float) -> tuple[float, float]:
 
 
 def _heads_per_tile(heads: int, half_p: int) -> int:
-    """Heads per tile: all of them when small, else about 2048 elements per half-tile."""
-    return min(triton.next_power_of_2(max(heads, 1)), max(1, 2048 // half_p))
+    """Heads per tile: all of them when small, else 512 elements per half-tile.
+
+    At 4 warps, 1024 or more elements per half-tile spill on sm_90a (255 registers and a 624 B
+    stack at Dh 128); 512 uses 70 registers (bench/triton_resources.py).
+    """
+    return min(triton.next_power_of_2(max(heads, 1)), max(1, 512 // half_p))
 
 
 def launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,

@@ -1,0 +1,216 @@
+"""Compile every Triton kernel for sm_90a offline (no GPU) and report its resources.
+
+    python bench/triton_resources.py [--csv PATH]
+
+The Triton interpreter checks the kernels' logic on the CPU but never compiles them, so it
+cannot see bf16 ``tl.dot`` lowering, register spills or shared memory beyond the 227 KB an
+sm_90 block may use. This script compiles each kernel exactly as the backend launches it on
+a CUDA device (same wrappers, block sizes and constexprs), at the Qwen3-8B shapes of the
+benchmarks, and reads registers, stack and spills from ``ptxas -v`` (the ptxas Triton uses)
+and shared memory from the compiled kernel. tests/test_triton_sm90_resources.py fails on any
+spill or on shared memory over the limit.
+
+How it compiles without a GPU: a stand-in Triton driver reports an sm_90 target, and every
+launch becomes ``warmup=True`` (compile, do not run). The wrappers get CPU tensors of the right
+dtypes and shapes (never read), and their device-dependent choices are told "cuda". Triton
+internals (``JITFunction.run``, ``driver.set_active``) are used on purpose: this is a build check,
+not library code.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # must precede the kernels' @triton.jit
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SM90_MAX_SHARED = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
+H200_SMS = 132
+
+
+class _Sm90Driver:
+    """The parts of a Triton driver that compiling needs: an sm_90 target, device 0."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 64)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def is_active(self):
+        return True
+
+
+def _install(compiled: list) -> None:
+    driver.set_active(_Sm90Driver())
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append((self.fn.__name__, kernel))
+        return kernel
+
+    JITFunction.run = compile_only
+
+
+def _as_cuda(module) -> None:
+    """Make a wrapper's device-dependent choices (block sizes, split counts) those of an H200."""
+    cuda = torch.device("cuda", 0)
+    if hasattr(module, "_block_sizes"):  # attention
+        block_sizes = module._block_sizes
+        module._block_sizes = lambda device, rows, head_dim: block_sizes(cuda, rows, head_dim)
+        module._sm_count = lambda device: H200_SMS
+    if hasattr(module, "_splits"):  # verify
+        splits = module._splits
+        module._sm_count = lambda index: H200_SMS
+        module._splits = lambda rows, V, block_v, device: splits(rows, V, block_v, cuda)
+
+
+def _cases():
+    """(label, thunk) pairs: each thunk calls one backend wrapper as a GPU caller would."""
+    from jetspec_kernels.triton import attention, commit, rope, topk, tree_build, verify
+
+    for m in (attention, verify):
+        _as_cuda(m)
+    e = torch.empty
+    i32 = dict(dtype=torch.int32)
+    bf16 = torch.bfloat16
+    hq, hkv = 32, 8
+
+    def attn(dtype, dh, n, tail, paged, splits, with_lse):
+        b, length = 2, 4096
+        q = e(b, n, hq, dh, dtype=dtype)
+        if paged:
+            kc = e(b * length // 16, 16, hkv, dh, dtype=dtype)
+            table = e(b, length // 16, **i32)
+        else:
+            kc, table = e(b, length, hkv, dh, dtype=dtype), None
+        mask = e(b, n, -(-n // 32), **i32) if tail == "mask" else None
+        lse = e(b, hq, n) if with_lse else None
+        return lambda: attention.launch_tree_attention(
+            q, kc, kc, e(b, **i32), mask, "causal" if tail == "mask" else tail, table, 0.088,
+            torch.empty_like(q), lse, num_splits=splits)
+
+    variants = (("mask paged split lse", ("mask", True, 4, True)),
+                ("mask lse", ("mask", False, 1, True)),
+                ("causal", ("causal", False, 1, False)))
+    for dtype, dhs in ((bf16, (64, 128, 256)), (torch.float16, (128,))):  # fp16 compiles alike
+        for dh in dhs:
+            for n in (16, 64):
+                for what, args in variants:
+                    yield (f"tree_attention {str(dtype)[6:]} Dh{dh} N{n} {what}",
+                           attn(dtype, dh, n, *args))
+
+    v, d, k = 151936, 15, 8
+    yield "log_softmax_topk bf16 V151936", lambda: topk.log_softmax_topk(e(1, d, v, dtype=bf16), k)
+    yield ("hidden_topk bf16 H4096", lambda: topk.hidden_topk(e(1, d, 4096, dtype=bf16),
+                                                              e(v, 4096, dtype=bf16), k))
+    for budget in (64, 256, 1024):
+        for alg in ("topn", "accum_logp"):
+            yield (f"build_tree {alg} budget {budget}",
+                   lambda budget=budget, alg=alg: tree_build.build_tree(
+                       e(1, d, k, **i32), e(1, d, k), e(1, **i32), budget, alg))
+    yield "pack_mask N256", lambda: tree_build.pack_mask(e(4, 256, **i32), e(4, **i32))
+    for n, temp in ((64, 0.0), (256, 0.8)):
+        yield (f"verify_tree bf16 N{n} T{temp}",
+               lambda n=n, temp=temp: verify.verify_tree(
+                   e(4, n, **i32), e(4, n, **i32), e(4, **i32), 15, e(4, n, v, dtype=bf16), None,
+                   temp, e(4, dtype=torch.int64), e(4, dtype=torch.int64)))
+    yield ("qk_norm_rope_append bf16 Dh128",
+           lambda: rope.qk_norm_rope_append(
+               e(2, 64, hq, 128, dtype=bf16), e(2, 64, hkv, 128, dtype=bf16),
+               e(2, 64, hkv, 128, dtype=bf16), e(128), e(128), e(2, 64, **i32),
+               e(2, 4096, hkv, 128, dtype=bf16), e(2, 4096, hkv, 128, dtype=bf16), 1e6, 1e-6,
+               None, e(2, **i32)))
+    yield ("commit_kv bf16 Dh128 + hidden",
+           lambda: commit.commit_kv(e(2, 4096, hkv, 128, dtype=bf16),
+                                    e(2, 4096, hkv, 128, dtype=bf16), e(2, **i32),
+                                    e(2, 16, **i32), e(2, **i32), None,
+                                    e(2, 64, 3 * 4096, dtype=bf16)))
+
+
+def _usage(ptx: str, name: str, tmp: Path) -> dict:
+    """{registers, stack, spill_stores, spill_loads} of entry ``name``: ``ptxas -v`` on the
+    kernel's PTX, run as Triton runs it for sm_90a."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = tmp / "kernel.ptx"
+    path.write_text(ptx)
+    # The flags Triton's make_cubin passes (register allocation differs without them).
+    cmd = [get_ptxas(90).path, "-lineinfo", "-v", "--regAllocOptLevel=2", "--gpu-name=sm_90a",
+           str(path), "-o", str(tmp / "kernel.o")]
+    log = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
+    # The entry's "Function properties" block comes right after "Compiling entry function".
+    entry = log[log.index(f"Compiling entry function '{name}'"):]
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      entry)
+    regs = re.search(r"Used (\d+) registers", entry)
+    return dict(registers=int(regs.group(1)), stack=int(frame.group(1)),
+                spill_stores=int(frame.group(2)), spill_loads=int(frame.group(3)))
+
+
+def collect() -> list[dict]:
+    """One row per compiled kernel: case, kernel, warps, stages, registers, stack, shared."""
+    compiled: list = []
+    _install(compiled)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, thunk in _cases():
+            start = len(compiled)
+            thunk()
+            for name, kernel in compiled[start:]:
+                md = kernel.metadata
+                rows.append(dict(case=label, kernel=name, warps=md.num_warps,
+                                 stages=md.num_stages, shared=md.shared,
+                                 **_usage(kernel.asm["ptx"], md.name, Path(tmp))))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--csv", type=Path, default=None, help="also write the rows as CSV")
+    args = p.parse_args(argv)
+    rows = collect()
+    cols = ["case", "kernel", "warps", "stages", "registers", "stack", "spill_stores",
+            "spill_loads", "shared"]
+    width = max(len(r["case"]) for r in rows)
+    kw = max(len(r["kernel"]) for r in rows)
+    print(f"{'case':{width}s}  {'kernel':{kw}s}  warps stages  regs  stack  spill st/ld  shared")
+    for r in rows:
+        flag = "  <- spills" if r["spill_stores"] or r["spill_loads"] else ""
+        flag += "  <- shared over 227 KB" if r["shared"] > SM90_MAX_SHARED else ""
+        print(f"{r['case']:{width}s}  {r['kernel']:{kw}s}  {r['warps']:5d} {r['stages']:6d} "
+              f"{r['registers']:5d} {r['stack']:6d} {r['spill_stores']:6d}/{r['spill_loads']:<5d}"
+              f"{r['shared']:7d}{flag}")
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+    print(f"triton {triton.__version__}, target sm_90a; {len(rows)} kernels compiled")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Every Triton kernel compiles for sm_90a as the backend launches it on a GPU (bf16 included,
+which the interpreter cannot run), without register spills and within the shared memory an sm_90
+block may use. bench/triton_resources.py does the compiling, offline; no GPU is needed."""
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every @triton.jit kernel a backend op launches (gumbel_uniform's test-only kernel aside).
+KERNELS = {
+    "_tree_attention_fwd", "_merge_splits", "_logits_partial_kernel", "_merge_kernel",
+    "_hidden_partial_kernel", "_tree_kernel", "_pack_mask_kernel", "_target_partial_kernel",
+    "_walk_kernel", "_qk_norm_rope_append_kernel", "_commit_kv_kernel", "_gather_hidden_kernel",
+}
+# float64 sin/cos (python_ref's RoPE convention) keeps libdevice's argument-reduction buffer on
+# the stack: a frame, not a spill (ptxas reports 0 spill bytes for it).
+STACK_ALLOWED = {"_qk_norm_rope_append_kernel": 48}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its CUDA backend")
+    out = tmp_path_factory.mktemp("sm90") / "resources.csv"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_resources.py"),
+                           "--csv", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out) as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_kernel_compiled(rows):
+    assert {r["kernel"] for r in rows} == KERNELS
+
+
+def test_no_spills_and_shared_memory_fits(rows):
+    bad = [r for r in rows
+           if int(r["spill_stores"]) or int(r["spill_loads"])
+           or int(r["stack"]) > STACK_ALLOWED.get(r["kernel"], 0)
+           or int(r["shared"]) > 227 * 1024 or int(r["registers"]) > 255]
+    assert not bad, "\n".join(f"{r['case']}: {r['kernel']} regs {r['registers']} stack "
+                              f"{r['stack']} spills {r['spill_stores']}/{r['spill_loads']} "
+                              f"shared {r['shared']}" for r in bad)
