@@ -1,18 +1,47 @@
-"""GPU parity of the cuda backend against python_ref (float64), opcheck, and CUDA-graph replay.
+"""The cuda backend against python_ref (float64): parity for every op and dtype, opcheck, and
+CUDA-graph replay.
 
-Every test is gpu-marked: none of this has run on a GPU yet in CI on CPU machines.
+Ops other than tree_attention also run on the CPU in CI. They use the ``sim`` device: the same
+csrc kernels, built with g++ against tests/cuda_sim/cuda_sim.h, run on CPU threads behind the
+same bindings and Python wrappers. Tests with the ``cuda`` device, attention, opcheck of the
+attention op and graph replay are gpu-marked.
 """
 import math
+import shutil
+from functools import lru_cache
 
 import pytest
 import torch
 
+import jetspec_kernels
 import python_ref as ref
-
-pytestmark = pytest.mark.gpu
+from jetspec_kernels.cuda import _util as U
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DEV = "cuda"
+DEV = "cuda"  # the gpu-only tests
+
+
+@lru_cache(maxsize=None)
+def _sim_module():
+    from cuda_sim.build import load
+    return load()
+
+
+@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "sim"])
+def dev(request, monkeypatch):
+    """Device of the test tensors: "cuda", or "cpu" with the simulated kernels installed as _C."""
+    if request.param == "cuda":
+        return "cuda"
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    monkeypatch.setattr(jetspec_kernels, "_C", _sim_module(), raising=False)
+    monkeypatch.setattr(U, "stream", lambda: 0)
+    return "cpu"
+
+
+def sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
 
 
 def rel_l2(a, b):
@@ -59,6 +88,7 @@ ATTN_CASES = [
 ]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     gen = torch.Generator().manual_seed(dh + n + splits)
@@ -89,6 +119,7 @@ def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     assert rel_l2(lse, l_ref) < TOL[dtype]
 
 
+@pytest.mark.gpu
 def test_tree_attention_strided_outputs_and_empty():
     """out and lse as views into larger buffers (written through their strides), and N = 0."""
     import jetspec_kernels as jk
@@ -120,7 +151,7 @@ def test_tree_attention_strided_outputs_and_empty():
                                                (torch.bfloat16, torch.bfloat16),
                                                (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("is_paged", [False, True])
-def test_qk_norm_rope_append(dtype, cache_dtype, is_paged):
+def test_qk_norm_rope_append(dev, dtype, cache_dtype, is_paged):
     gen = torch.Generator().manual_seed(3)
     b, n, hq, hkv, dh, lmax = 2, 5, 8, 2, 128, 64
     q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
@@ -139,11 +170,11 @@ def test_qk_norm_rope_append(dtype, cache_dtype, is_paged):
     kc_ref, vc_ref = kc.double(), vc.double()
     q_ref = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
                                     positions, kc_ref, vc_ref, 1e6, 1e-6, table, start)
-    kd, vd = kc.to(DEV), vc.to(DEV)
-    q_out = cu().qk_norm_rope_append(q.to(DEV), k.to(DEV), v.to(DEV), qw.to(DEV), kw.to(DEV),
-                                     positions.to(DEV), kd, vd, 1e6, 1e-6,
-                                     None if table is None else table.to(DEV), start.to(DEV))
-    torch.cuda.synchronize()
+    kd, vd = kc.to(dev), vc.to(dev)
+    q_out = cu().qk_norm_rope_append(q.to(dev), k.to(dev), v.to(dev), qw.to(dev), kw.to(dev),
+                                     positions.to(dev), kd, vd, 1e6, 1e-6,
+                                     None if table is None else table.to(dev), start.to(dev))
+    sync(dev)
     assert q_out.dtype == dtype
     assert rel_l2(q_out, q_ref) < TOL[dtype]
     written = kc_ref != -7.0
@@ -157,7 +188,7 @@ def test_qk_norm_rope_append(dtype, cache_dtype, is_paged):
                                                (torch.float16, torch.float32)])
 @pytest.mark.parametrize("is_paged", [False, True])
 @pytest.mark.parametrize("with_start", [False, True])
-def test_kv_only_norm_rope_append(dtype, cache_dtype, is_paged, with_start):
+def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start):
     """q=None: no q output, caches identical in content to python_ref's K/V-only append."""
     gen = torch.Generator().manual_seed(5)
     b, n, hkv, dh, lmax = 3, 6, 2, 128, 64
@@ -180,11 +211,11 @@ def test_kv_only_norm_rope_append(dtype, cache_dtype, is_paged, with_start):
     kc_ref, vc_ref = kc.double(), vc.double()
     assert ref.qk_norm_rope_append(None, k.double(), v.double(), None, kw.double(), positions,
                                    kc_ref, vc_ref, 1e6, 1e-6, table, start) is None
-    kd, vd = kc.to(DEV), vc.to(DEV)
-    dev = lambda t: None if t is None else t.to(DEV)
-    got = cu().qk_norm_rope_append(None, k.to(DEV), v.to(DEV), None, kw.to(DEV),
-                                   positions.to(DEV), kd, vd, 1e6, 1e-6, dev(table), dev(start))
-    torch.cuda.synchronize()
+    kd, vd = kc.to(dev), vc.to(dev)
+    to = lambda t: None if t is None else t.to(dev)
+    got = cu().qk_norm_rope_append(None, k.to(dev), v.to(dev), None, kw.to(dev),
+                                   positions.to(dev), kd, vd, 1e6, 1e-6, to(table), to(start))
+    sync(dev)
     assert got is None
     written = kc_ref != -7.0
     assert int(written.sum()) == b * n * hkv * dh
@@ -193,13 +224,13 @@ def test_kv_only_norm_rope_append(dtype, cache_dtype, is_paged, with_start):
     assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
     from torch.library import opcheck
     opcheck(torch.ops.jetspec.kv_norm_rope_append.default,
-            (k.to(DEV), v.to(DEV), kw.to(DEV), positions.to(DEV), kd, vd, 1e6, 1e-6, dev(table),
-             dev(start)))
+            (k.to(dev), v.to(dev), kw.to(dev), positions.to(dev), kd, vd, 1e6, 1e-6, to(table),
+             to(start)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_verify_tree(dtype, temperature):
+def test_verify_tree(dev, dtype, temperature):
     gen = torch.Generator().manual_seed(5)
     b, n, v = 3, 40, 1000
     parents, num_nodes = random_tree(b, n, gen)
@@ -211,15 +242,15 @@ def test_verify_tree(dtype, temperature):
     max_depth = 8
     want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits.float(),
                            temperature=temperature, seed=seed, offset=offset)
-    got = cu().verify_tree(tokens.to(DEV), parents.to(DEV), num_nodes.to(DEV), max_depth,
-                           logits.to(DEV), None, temperature, seed.to(DEV), offset.to(DEV))
+    got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), max_depth,
+                           logits.to(dev), None, temperature, seed.to(dev), offset.to(dev))
     for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("is_paged", [False, True])
-def test_commit_kv(cache_dtype, is_paged):
+def test_commit_kv(dev, cache_dtype, is_paged):
     gen = torch.Generator().manual_seed(9)
     b, lmax, hkv, dh, cols = 2, 64, 2, 16, 5
     kc = torch.randn(b, lmax, hkv, dh, generator=gen).to(cache_dtype)
@@ -233,20 +264,22 @@ def test_commit_kv(cache_dtype, is_paged):
     hidden = torch.randn(b, 12, 24, generator=gen).to(torch.bfloat16)
     kr, vr = kc.clone(), vc.clone()
     want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
-    kd, vd = kc.to(DEV), vc.to(DEV)
-    lens, rows = cu().commit_kv(kd, vd, prefix.to(DEV), path.to(DEV), accept.to(DEV),
-                                None if table is None else table.to(DEV), hidden.to(DEV))
+    kd, vd = kc.to(dev), vc.to(dev)
+    lens, rows = cu().commit_kv(kd, vd, prefix.to(dev), path.to(dev), accept.to(dev),
+                                None if table is None else table.to(dev), hidden.to(dev))
     assert torch.equal(lens.cpu(), want_lens) and torch.equal(rows.cpu(), want_rows)
     assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_log_softmax_topk(dtype):
+def test_log_softmax_topk(dev, dtype):
     gen = torch.Generator().manual_seed(11)
-    b, d, v, k = 2, 3, 151936, 8
+    # 5 vocabulary chunks of 4096 (the last partial) in the simulator, 38 on a GPU.
+    b, d, v, k = 2, 3, 151936 if dev == "cuda" else 18000, 8
     logits = (torch.randn(b, d, v, generator=gen) * 3).to(dtype)
-    logits[0, 0, 100:110] = logits[0, 0].max()  # ties across a chunk: lower token first
-    tt, tl = cu().log_softmax_topk(logits.to(DEV), k)
+    logits[0, 0, 100:110] = logits[0, 0].max()  # ties within a chunk: lower token first
+    logits[1, 2, 4090:4100] = logits[1, 2].max()  # ties across two chunks
+    tt, tl = cu().log_softmax_topk(logits.to(dev), k)
     want_t, want_l = ref.log_softmax_topk(logits.double(), k)
     assert torch.equal(tt.cpu(), want_t)
     assert (tl.cpu().double() - want_l).abs().max() < 1e-4
@@ -257,7 +290,7 @@ def test_log_softmax_topk(dtype):
 # caching another lane's node once made accum_logp pop a max-depth leaf forever.
 @pytest.mark.parametrize("budget,k,d", [(64, 4, 15), (256, 8, 15), (7, 3, 2), (100, 64, 3),
                                         (8, 2, 1), (40, 3, 2), (600, 5, 6)])
-def test_build_tree(algorithm, budget, k, d):
+def test_build_tree(dev, algorithm, budget, k, d):
     gen = torch.Generator().manual_seed(budget + k)
     b = 3
     lp = torch.log_softmax(torch.randn(b, d, 200, generator=gen), -1)
@@ -267,11 +300,12 @@ def test_build_tree(algorithm, budget, k, d):
     lp[1] = lp[1].sort(-1, descending=True).values
     root = torch.tensor([5, 6, 7], dtype=torch.int32)
     want = ref.build_tree(idx, lp, root, budget, algorithm)
-    got = cu().build_tree(idx.to(DEV), lp.to(DEV), root.to(DEV), budget, algorithm)
+    got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
     for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
         assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
 
 
+@pytest.mark.gpu
 def test_opcheck_and_graph_replay():
     from torch.library import opcheck
 

@@ -2,7 +2,11 @@
 // Every launcher checks its launch and returns the CUDA error (cudaSuccess on success);
 // dtype codes are jetspec::DType values (0 float32, 1 float16, 2 bfloat16).
 #pragma once
+#ifdef JETSPEC_CPU_SIM
+#include "cuda_sim.h"
+#else
 #include <cuda_runtime.h>
+#endif
 #include <cstddef>
 #include <cstdint>
 

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams
   constexpr int BN = AttnBlockN<HD>::value;
   constexpr int LD = HD + 8;  // padded row: 8 ldmatrix rows hit distinct bank groups
   constexpr int CH = HD / 8;  // 16-byte chunks per row
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  JETSPEC_DYNAMIC_SMEM(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kAttnRows * LD;  // [2][BN][LD]
   T* sV = sK + 2 * BN * LD;     // [2][BN][LD]
@@ -292,13 +292,14 @@ cudaError_t tree_attention(const AttnParams& p, cudaStream_t stream) {
                                                  static_cast<int>(smem)));
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(bh), p.splits);
-  tree_attention_kernel<T, HD><<<grid, kAttnThreads, smem, stream>>>(p);
+  const auto kernel = tree_attention_kernel<T, HD>;
+  JETSPEC_LAUNCH(kernel, grid, kAttnThreads, smem, stream, p);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (p.splits == 1) return cudaSuccess;
   const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
   const long long blocks = (rows * 32 + 255) / 256;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  attention_combine_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, HD);
+  JETSPEC_LAUNCH(attention_combine_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, p, HD);
   return cudaGetLastError();
 }
 

@@ -63,7 +63,7 @@ __device__ __forceinline__ Cand shfl_cand(const Cand& c, int o) {
 }
 
 __global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  JETSPEC_DYNAMIC_SMEM(smem_raw);
   const int cap = p.budget;
   TreeSmem t;
   t.score = reinterpret_cast<float*>(smem_raw);
@@ -261,7 +261,7 @@ inline cudaError_t build_tree(const BuildTreeParams& p, cudaStream_t stream) {
     JETSPEC_RETURN_IF_ERROR(cudaFuncSetAttribute(
         build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  build_tree_kernel<<<p.batch, 32, smem, stream>>>(p);
+  JETSPEC_LAUNCH(build_tree_kernel, p.batch, 32, smem, stream, p);
   return cudaGetLastError();
 }
 

@@ -48,15 +48,15 @@ cudaError_t commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t
   if (p.batch == 0) return cudaSuccess;
   const int row = p.hkv * p.dh;
   const int chunks = row > 0 ? min(ceil_div(row, 256), 64) : 1;
-  commit_kv_kernel<E><<<dim3(p.batch, chunks), 256, 0, stream>>>(p);
+  JETSPEC_LAUNCH(commit_kv_kernel<E>, dim3(p.batch, chunks), 256, 0, stream, p);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (p.hidden_rows == nullptr || p.hidden_dim == 0 || p.cols == 0) return cudaSuccess;
   if (p.cols > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(p.batch, p.cols);
   if (hidden_elem_bytes == 2) {
-    gather_hidden_kernel<uint16_t><<<grid, 256, 0, stream>>>(p);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, 256, 0, stream, p);
   } else if (hidden_elem_bytes == 4) {
-    gather_hidden_kernel<uint32_t><<<grid, 256, 0, stream>>>(p);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, 256, 0, stream, p);
   } else {
     return cudaErrorInvalidValue;
   }

@@ -1,8 +1,12 @@
 // Shared helpers for the torch-free kernel layer: launchers return cudaError_t, never throw.
 #pragma once
+#ifdef JETSPEC_CPU_SIM
+#include "cuda_sim.h"  // tests/cuda_sim: runs these kernels on CPU threads (CI has no GPU)
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 #include <cstdint>
 
 #include "jetspec/params.h"
@@ -15,6 +19,18 @@ namespace jetspec {
     cudaError_t jetspec_err_ = (expr);             \
     if (jetspec_err_ != cudaSuccess) return jetspec_err_; \
   } while (0)
+
+// kernel<<<grid, block, smem, stream>>>(args...), or a run on CPU threads in the simulator.
+// A templated kernel with several parameters goes through a local pointer (commas).
+#ifdef JETSPEC_CPU_SIM
+#define JETSPEC_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  ::jetspec_sim::launch(grid, block, smem, kernel, __VA_ARGS__)
+#define JETSPEC_DYNAMIC_SMEM(name) unsigned char* name = ::jetspec_sim::dynamic_smem()
+#else
+#define JETSPEC_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define JETSPEC_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 

@@ -36,7 +36,8 @@ inline cudaError_t pack_mask(const int32_t* parents, const int32_t* num_nodes, i
   if (total == 0) return cudaSuccess;
   const int threads = 256;
   const int blocks = static_cast<int>(total / threads + 1 < 65535 ? total / threads + 1 : 65535);
-  pack_mask_kernel<<<blocks, threads, 0, stream>>>(parents, num_nodes, mask, batch, n, words);
+  JETSPEC_LAUNCH(pack_mask_kernel, blocks, threads, 0, stream, parents, num_nodes, mask, batch, n,
+                 words);
   return cudaGetLastError();
 }
 

@@ -105,7 +105,8 @@ cudaError_t qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
   const int threads = 256;
   const long long blocks = (warps * 32 + threads - 1) / threads;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  qk_norm_rope_append_kernel<T, TC><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  const auto kernel = qk_norm_rope_append_kernel<T, TC>;
+  JETSPEC_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -211,9 +211,10 @@ cudaError_t log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
   const int chunks = ceil_div(p.vocab, kTopkChunk);
   if (p.k < 1 || p.k > p.vocab || rows > 0x7fffffffLL || chunks > 65535) return cudaErrorInvalidValue;
   // Rows on grid x (up to 2^31 - 1), vocabulary chunks on y.
-  topk_partial_kernel<T><<<dim3(static_cast<unsigned>(rows), chunks), kTopkThreads, 0, stream>>>(p);
+  JETSPEC_LAUNCH(topk_partial_kernel<T>, dim3(static_cast<unsigned>(rows), chunks), kTopkThreads, 0,
+                 stream, p);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
-  topk_merge_kernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, stream>>>(p, chunks);
+  JETSPEC_LAUNCH(topk_merge_kernel, static_cast<unsigned>(rows), kTopkThreads, 0, stream, p, chunks);
   return cudaGetLastError();
 }
 

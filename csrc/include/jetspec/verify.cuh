@@ -135,13 +135,13 @@ cudaError_t target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  target_tokens_kernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(p);
+  JETSPEC_LAUNCH(target_tokens_kernel<T>, static_cast<unsigned>(rows), 256, 0, stream, p);
   return cudaGetLastError();
 }
 
 inline cudaError_t verify_walk(const VerifyWalkParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
-  verify_walk_kernel<<<p.batch, 32, 0, stream>>>(p);
+  JETSPEC_LAUNCH(verify_walk_kernel, p.batch, 32, 0, stream, p);
   return cudaGetLastError();
 }
 

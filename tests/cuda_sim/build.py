@@ -1,0 +1,64 @@
+"""Build csrc against cuda_sim.h with g++ and load it as a stand-in for ``jetspec_kernels._C``.
+
+The result runs the real kernel source (every op but tree_attention, whose inline PTX cannot be
+simulated) on CPU threads, behind the same bindings.cpp, so the cuda backend's Python wrappers
+can be tested against python_ref on a machine without a GPU. The module is cached under
+``build/cuda_sim/<hash of the sources>``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_DIR = Path(__file__).resolve().parent
+SOURCES = [ROOT / "csrc" / f for f in ("bindings.cpp", "draft_tree.cu", "verify.cu", "commit.cu",
+                                      "pack_mask.cu", "rope.cu")]
+
+
+def _fingerprint() -> str:
+    h = hashlib.sha256()
+    files = SOURCES + sorted((ROOT / "csrc" / "include").rglob("*")) + sorted(SIM_DIR.glob("*.[ch]*"))
+    for f in files:
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def compiler() -> str | None:
+    return shutil.which("g++")
+
+
+def load():
+    """Build (if needed) and import the simulated ``_C``; raises CalledProcessError on a build
+    error, with the compiler's output."""
+    import pybind11
+
+    out_dir = ROOT / "build" / "cuda_sim" / _fingerprint()
+    so = out_dir / ("_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not so.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = so.with_suffix(".tmp")
+        cmd = [compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
+               "-Wno-unknown-pragmas", "-DJETSPEC_CPU_SIM", '-DJETSPEC_CUDA_ARCHS="sim"',
+               f"-I{ROOT / 'csrc' / 'include'}", f"-I{SIM_DIR}", f"-I{pybind11.get_include()}",
+               f"-I{sysconfig.get_paths()['include']}", "-x", "c++", *map(str, SOURCES),
+               "-x", "none", str(SIM_DIR / "attention_stub.cpp"), "-o", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        tmp.replace(so)
+    spec = importlib.util.spec_from_file_location("_C", so)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":
+    print(load().__file__, file=sys.stdout)

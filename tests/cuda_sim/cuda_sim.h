@@ -1,0 +1,227 @@
+// A CPU stand-in for the CUDA features the csrc kernels use, so that CI (no GPU) can run the
+// real kernel source against python_ref. Included by jetspec/common.cuh and jetspec/api.h when
+// JETSPEC_CPU_SIM is defined; tests/cuda_sim.py builds csrc with it (g++, C++20).
+//
+// Model: the blocks of a launch run one after another; the threads of a block are std::threads.
+// __syncthreads / __syncwarp are barriers; a shuffle or ballot is a store to a per-warp exchange
+// buffer between two warp barriers (every lane of the warp must take part, as the kernels do).
+// A thread that returns leaves its barriers (arrive_and_drop), like an exited GPU thread.
+// `__shared__` locals become `static`: one block at a time, so all of its threads share them.
+// Float math is plain IEEE float (build with -ffp-contract=off): __fadd_rn and friends are exact
+// counterparts; expf/logf come from glibc, which may differ from CUDA's by an ulp.
+// Not simulated: inline PTX (mma.sync, cp.async), so the attention kernel is not built here.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __shared__ static
+
+// ---- runtime API surface --------------------------------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
+};
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorName(cudaError_t) { return "cudaSimError"; }
+inline const char* cudaGetErrorString(cudaError_t) { return "error in the CPU simulator"; }
+inline cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 0;
+  return cudaErrorNoDevice;
+}
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+// ---- storage types --------------------------------------------------------------------------
+struct __half {
+  uint16_t bits;
+};
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+inline float __half2float(__half h) {
+  _Float16 f;
+  std::memcpy(&f, &h.bits, 2);
+  return static_cast<float>(f);
+}
+inline __half __float2half_rn(float v) {
+  const _Float16 f = static_cast<_Float16>(v);
+  __half h;
+  std::memcpy(&h.bits, &f, 2);
+  return h;
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+  const uint32_t u = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (v != v) return __nv_bfloat16{0x7fc0};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return __nv_bfloat16{static_cast<uint16_t>(u >> 16)};
+}
+
+// ---- device math ----------------------------------------------------------------------------
+using std::max;
+using std::min;
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+
+// ---- threads, barriers, warp exchange -------------------------------------------------------
+namespace jetspec_sim {
+
+struct Block {
+  explicit Block(unsigned n) : all(n), xchg(n) {
+    for (unsigned w = 0; w * 32 < n; ++w)
+      warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
+  }
+  std::barrier<> all;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<uint64_t> xchg;
+};
+
+inline thread_local dim3 thread_idx, block_idx;
+inline thread_local Block* block;
+inline dim3 grid_dim, block_dim;
+
+inline std::vector<unsigned char>& smem_buffer() {
+  static std::vector<unsigned char> buf;
+  return buf;
+}
+inline unsigned char* dynamic_smem() { return smem_buffer().data(); }
+
+inline std::barrier<>& my_warp() { return *block->warps[thread_idx.x >> 5]; }
+
+// Every lane publishes `bits`; returns the exchange buffer of this warp after all have.
+template <typename F>
+auto exchange(uint64_t bits, F&& read) {
+  block->xchg[thread_idx.x] = bits;
+  my_warp().arrive_and_wait();
+  auto r = read(&block->xchg[thread_idx.x & ~31u]);
+  my_warp().arrive_and_wait();
+  return r;
+}
+
+// A kernel that never finishes (a deadlock, or a loop that does not end) aborts the process
+// with a message after this long, instead of hanging the test run.
+constexpr auto kWatchdog = std::chrono::seconds(300);
+
+struct Watchdog {
+  Watchdog() : thread([this] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, kWatchdog, [this] { return done; })) {
+      std::fprintf(stderr, "cuda_sim: a kernel launch did not finish within %lld s (hang)\n",
+                   static_cast<long long>(kWatchdog.count()));
+      std::abort();
+    }
+  }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    cv.notify_one();
+    thread.join();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread thread;
+};
+
+// Runs `kernel(args...)` on grid x block threads, one block at a time.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...), Args... args) {
+  if (threads.y != 1 || threads.z != 1 || threads.x == 0 || threads.x > 1024) {
+    return cudaErrorInvalidConfiguration;
+  }
+  grid_dim = grid;
+  block_dim = threads;
+  smem_buffer().assign(smem + 16, 0xA5);  // poisoned, like uninitialised shared memory
+  Watchdog watchdog;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block blk(threads.x);
+        std::vector<std::thread> pool;
+        pool.reserve(threads.x);
+        for (unsigned t = 0; t < threads.x; ++t) {
+          pool.emplace_back([&, t] {
+            thread_idx = dim3(t);
+            block_idx = dim3(x, y, z);
+            block = &blk;
+            kernel(args...);
+            my_warp().arrive_and_drop();
+            blk.all.arrive_and_drop();
+          });
+        }
+        for (auto& th : pool) th.join();
+      }
+  return cudaSuccess;
+}
+
+}  // namespace jetspec_sim
+
+#define threadIdx (::jetspec_sim::thread_idx)
+#define blockIdx (::jetspec_sim::block_idx)
+#define blockDim (::jetspec_sim::block_dim)
+#define gridDim (::jetspec_sim::grid_dim)
+
+inline void __syncthreads() { ::jetspec_sim::block->all.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::jetspec_sim::my_warp().arrive_and_wait(); }
+
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  const unsigned src = (::jetspec_sim::thread_idx.x & 31u) ^ static_cast<unsigned>(lane_mask);
+  const uint64_t got = ::jetspec_sim::exchange(bits, [&](const uint64_t* w) { return w[src]; });
+  T out;
+  std::memcpy(&out, &got, sizeof(T));
+  return out;
+}
+
+inline unsigned __ballot_sync(unsigned, bool pred) {
+  const unsigned lanes = std::min(32u, ::jetspec_sim::block_dim.x - (::jetspec_sim::thread_idx.x & ~31u));
+  return ::jetspec_sim::exchange(pred ? 1u : 0u, [&](const uint64_t* w) {
+    unsigned m = 0;
+    for (unsigned l = 0; l < lanes; ++l) m |= static_cast<unsigned>(w[l] & 1u) << l;
+    return m;
+  });
+}
