@@ -36,6 +36,7 @@ def dev(request, monkeypatch):
         pytest.skip("the CUDA simulator needs g++")
     monkeypatch.setattr(jetspec_kernels, "_C", _sim_module(), raising=False)
     monkeypatch.setattr(U, "stream", lambda: 0)
+    monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices
     return "cpu"
 
 
@@ -88,9 +89,8 @@ ATTN_CASES = [
 ]
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
-def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
+def test_tree_attention(dev, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
     prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
@@ -105,13 +105,13 @@ def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     if is_paged:
         k, table = paged(k, 16, gen)
         v, _ = paged(v, 16, gen, table)
-    args = [x.to(DEV) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    args = [x.to(dev) if x is not None else None for x in (q, k, v, prefix, mask, table)]
     out = torch.full_like(args[0], float("nan"))
-    lse = torch.full((b, hq, n), float("nan"), device=DEV)
+    lse = torch.full((b, hq, n), float("nan"), device=dev)
     scale = 1.0 / math.sqrt(dh)
     cu().tree_attention(args[0], args[1], args[2], args[3], args[4], tail, args[5], scale, out, lse,
                         num_splits=splits)
-    torch.cuda.synchronize()
+    sync(dev)
     o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, tail,
                                       table, scale)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -119,11 +119,8 @@ def test_tree_attention(dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     assert rel_l2(lse, l_ref) < TOL[dtype]
 
 
-@pytest.mark.gpu
-def test_tree_attention_strided_outputs_and_empty():
+def test_tree_attention_strided_outputs_and_empty(dev):
     """out and lse as views into larger buffers (written through their strides), and N = 0."""
-    import jetspec_kernels as jk
-
     gen = torch.Generator().manual_seed(5)
     b, n, hq, hkv, dh, lmax = 2, 19, 4, 2, 64, 96
     q = torch.randn(b, n, hq, dh, generator=gen).half()
@@ -132,18 +129,17 @@ def test_tree_attention_strided_outputs_and_empty():
     prefix = torch.tensor([40, 77], dtype=torch.int32)
     o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal",
                                       None, 0.125)
-    out_buf = torch.full((b, n, hq + 1, dh), float("nan"), device=DEV, dtype=torch.float16)
-    lse_buf = torch.full((b, hq, n + 5), float("nan"), device=DEV)
+    out_buf = torch.full((b, n, hq + 1, dh), float("nan"), device=dev, dtype=torch.float16)
+    lse_buf = torch.full((b, hq, n + 5), float("nan"), device=dev)
     out, lse = out_buf[:, :, 1:], lse_buf[:, :, 2:n + 2]
-    jk.tree_attention(q.to(DEV), k.to(DEV), v.to(DEV), prefix.to(DEV), tail="causal", scale=0.125,
-                      out=out, lse=lse, backend="cuda")
-    torch.cuda.synchronize()
+    q, k, v, prefix = q.to(dev), k.to(dev), v.to(dev), prefix.to(dev)
+    cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, lse)
+    sync(dev)
     assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
     assert out_buf[:, :, 0].isnan().all() and lse_buf[:, :, :2].isnan().all()
     assert lse_buf[:, :, n + 2:].isnan().all()
-    empty = jk.tree_attention(q[:, :0].to(DEV), k.to(DEV), v.to(DEV), prefix.to(DEV), tail="causal",
-                              backend="cuda")
-    assert empty.shape == (b, 0, hq, dh)
+    empty = torch.empty(b, 0, hq, dh, device=dev, dtype=torch.float16)
+    cu().tree_attention(q[:, :0], k, v, prefix, None, "causal", None, 0.125, empty, None)
 
 
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),

@@ -9,7 +9,9 @@
 // `__shared__` locals become `static`: one block at a time, so all of its threads share them.
 // Float math is plain IEEE float (build with -ffp-contract=off): __fadd_rn and friends are exact
 // counterparts; expf/logf come from glibc, which may differ from CUDA's by an ulp.
-// Not simulated: inline PTX (mma.sync, cp.async), so the attention kernel is not built here.
+// Inline PTX is not simulated: jetspec/mma.cuh takes its wrappers from mma_sim.h instead.
+// What the simulator cannot show: timing, races that a barrier-per-step model hides, the
+// asynchrony of cp.async (copies are synchronous here), and hardware-specific rounding.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -60,6 +62,11 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 // ---- storage types --------------------------------------------------------------------------
 struct __half {

@@ -6,6 +6,12 @@
 
 namespace jetspec {
 
+#ifdef JETSPEC_CPU_SIM
+}  // namespace jetspec
+#include "mma_sim.h"  // tests/cuda_sim: the same wrappers, emulated across the simulated warp
+namespace jetspec {
+#else
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -76,5 +82,6 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+#endif  // JETSPEC_CPU_SIM
 
 }  // namespace jetspec

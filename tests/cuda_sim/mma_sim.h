@@ -1,0 +1,103 @@
+// The warp-level PTX wrappers of jetspec/mma.cuh, emulated for cuda_sim.h: cp.async becomes a
+// synchronous 16-byte copy; ldmatrix and mma.sync gather every lane's operands through the warp
+// exchange buffer and give each lane its part of the result, with the fragment layouts of the
+// PTX ISA (m8n8 ldmatrix; mma.m16n8k16 .row.col with f32 accumulators).
+// groupID = lane / 4, tig = lane % 4 below, as in the ISA's figures.
+#pragma once
+#include <array>
+
+namespace jetspec {
+
+inline void cp_async_16(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+}
+
+inline void cp_async_commit() {}
+
+template <int N>
+inline void cp_async_wait() {}
+
+namespace sim_detail {
+
+inline unsigned lane() { return ::jetspec_sim::thread_idx.x & 31u; }
+
+// The 32 lanes' values of `v`, in lane order.
+inline std::array<uint64_t, 32> gather(uint64_t v) {
+  return ::jetspec_sim::exchange(v, [](const uint64_t* w) {
+    std::array<uint64_t, 32> all;
+    std::copy(w, w + 32, all.begin());
+    return all;
+  });
+}
+
+inline uint16_t load16(uint64_t row_address, int col) {
+  uint16_t v;
+  std::memcpy(&v, reinterpret_cast<const unsigned char*>(row_address) + 2 * col, 2);
+  return v;
+}
+
+}  // namespace sim_detail
+
+// Lanes 8m..8m+7 give the row addresses of matrix m; lane l gets row l/4, columns 2(l%4), +1.
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const auto rows = sim_detail::gather(reinterpret_cast<uint64_t>(p));
+  const unsigned l = sim_detail::lane();
+  for (int m = 0; m < 4; ++m) {
+    const uint64_t row = rows[m * 8 + (l >> 2)];
+    r[m] = sim_detail::load16(row, 2 * (l & 3)) |
+           (static_cast<uint32_t>(sim_detail::load16(row, 2 * (l & 3) + 1)) << 16);
+  }
+}
+
+// Transposed: lane l gets rows 2(l%4) and 2(l%4)+1 of column l/4.
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const auto rows = sim_detail::gather(reinterpret_cast<uint64_t>(p));
+  const unsigned l = sim_detail::lane();
+  for (int m = 0; m < 4; ++m) {
+    const int col = static_cast<int>(l >> 2);
+    r[m] = sim_detail::load16(rows[m * 8 + 2 * (l & 3)], col) |
+           (static_cast<uint32_t>(sim_detail::load16(rows[m * 8 + 2 * (l & 3) + 1], col)) << 16);
+  }
+}
+
+// d += a * b for the warp's 16x16 A (row-major fragments) and 16x8 B (column fragments).
+template <typename T>
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const auto a01 = sim_detail::gather(a[0] | (static_cast<uint64_t>(a[1]) << 32));
+  const auto a23 = sim_detail::gather(a[2] | (static_cast<uint64_t>(a[3]) << 32));
+  const auto b = sim_detail::gather(b0 | (static_cast<uint64_t>(b1) << 32));
+  auto half = [](uint64_t word, int which) {  // which: 0..3, the 16-bit pieces of a 64-bit word
+    return to_float(T{static_cast<uint16_t>(word >> (16 * which))});
+  };
+  float A[16][16], B[16][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L >> 2, t = L & 3;
+    for (int h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = half(a01[L], h);          // a0
+      A[g + 8][2 * t + h] = half(a01[L], 2 + h);  // a1
+      A[g][2 * t + 8 + h] = half(a23[L], h);      // a2
+      A[g + 8][2 * t + 8 + h] = half(a23[L], 2 + h);  // a3
+      B[2 * t + h][g] = half(b[L], h);            // b0
+      B[2 * t + 8 + h][g] = half(b[L], 2 + h);    // b1
+    }
+  }
+  const int g = static_cast<int>(sim_detail::lane() >> 2), t = static_cast<int>(sim_detail::lane() & 3);
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+    double acc = 0.0;
+    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
+    d[i] = static_cast<float>(d[i] + acc);
+  }
+}
+
+// Two floats -> one register of two 16-bit values (lo = first, the lower column).
+template <typename T>
+inline uint32_t pack2(float lo, float hi) {
+  return from_float<T>(lo).bits | (static_cast<uint32_t>(from_float<T>(hi).bits) << 16);
+}
+
+}  // namespace jetspec
