@@ -301,6 +301,26 @@ def test_build_tree(dev, algorithm, budget, k, d):
         assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
 
 
+def test_build_tree_random_configs(dev):
+    """Many small trees with heavy score ties (log-probs on a 0.25 grid) and -inf log-probs."""
+    gen = torch.Generator().manual_seed(123)
+    for trial in range(30):
+        d = int(torch.randint(1, 7, (1,), generator=gen))
+        k = int(torch.randint(1, 10, (1,), generator=gen))
+        budget = int(torch.randint(1, 160, (1,), generator=gen))
+        lp = -(torch.rand(2, d, k, generator=gen) * 3 / 0.25).round() * 0.25
+        if trial % 5 == 0:
+            lp[0, :, k // 2 + 1:] = float("-inf")
+        lp = lp.sort(-1, descending=True).values.contiguous()
+        idx = torch.randint(0, 1000, (2, d, k), generator=gen, dtype=torch.int32)
+        root = torch.tensor([3, 4], dtype=torch.int32)
+        for algorithm in ("topn", "accum_logp"):
+            want = ref.build_tree(idx, lp, root, budget, algorithm)
+            got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+            for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
+                assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), (trial, algorithm, key)
+
+
 @pytest.mark.gpu
 def test_opcheck_and_graph_replay():
     from torch.library import opcheck

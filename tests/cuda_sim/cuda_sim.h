@@ -108,6 +108,11 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, 4);
+  return i;
+}
 
 // ---- threads, barriers, warp exchange -------------------------------------------------------
 namespace jetspec_sim {
@@ -219,6 +224,19 @@ T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   std::memcpy(&bits, &v, sizeof(T));
   const unsigned src = (::jetspec_sim::thread_idx.x & 31u) ^ static_cast<unsigned>(lane_mask);
   const uint64_t got = ::jetspec_sim::exchange(bits, [&](const uint64_t* w) { return w[src]; });
+  T out;
+  std::memcpy(&out, &got, sizeof(T));
+  return out;
+}
+
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  const unsigned lane = ::jetspec_sim::thread_idx.x & 31u;
+  const uint64_t got = ::jetspec_sim::exchange(
+      bits, [&](const uint64_t* w) { return lane >= delta ? w[lane - delta] : w[lane]; });
   T out;
   std::memcpy(&out, &got, sizeof(T));
   return out;

@@ -1,12 +1,19 @@
-// Draft tree selection from per-depth top-K, one warp-sized CTA per sequence, bit-exact with
+// Draft tree selection from per-depth top-K, one CTA per sequence, bit-exact with
 // python_ref/tree.py (float32 scores summed left to right, the same tie rules).
 //
-// Every selected node owns one "slot". topn: the slot holds the node's best unselected child,
-// which is the child of rank next[s], because log-probs are sorted descending and equal scores
-// go to the smaller rank; so the best candidate of the whole frontier is the best slot, and one
-// warp argmax per new node reproduces python_ref's best-first search. accum_logp: the slot is
-// the node itself while it is still in JetSpec's heap. Each lane caches the best of its own
-// slots and rescans only when one of them gets worse.
+// topn (256 threads): the best-first order taken in batches, the algorithm of
+// jetspec_kernels/triton/tree_build.py (its docstring has the argument). Nodes live at their
+// output (breadth-first) positions, so a child's spec-order key is
+//   q(score) << 30 | depth << 18 | parent position << 6 | rank
+// with q = the 31-bit magnitude of the (<= 0) score: one int64 comparison applies the whole
+// tie rule. A step looks at a window of the next kTopnWindow children of every node and takes
+// every entry that provably precedes anything not yet seen (the heap minimum always), then
+// re-lays the tree out in shared memory (one block scan). About 4-19 steps at budget 256
+// instead of 255.
+//
+// accum_logp (one warp): JetSpec's heap, simulated. Slots are insertion order (= output order);
+// each lane caches the best of its own slots (slot s belongs to lane s % 32) and rescans only
+// when one of them is popped.
 #pragma once
 #include "jetspec/common.cuh"
 
@@ -14,220 +21,42 @@ namespace jetspec {
 
 constexpr int kTreeTopn = 0;
 constexpr int kTreeAccumLogp = 1;
+constexpr int kTopnThreads = 256;
+constexpr int kTopnWindow = 8;  // children per node examined per step
+constexpr long long kNoKey = 0x7fffffffffffffffLL;
 
-
-// Shared memory per node: score, parent, depth, first child, next sibling, last child,
-// new->old and old->new order (int16 each, budget <= 32767), rank and next (uint8, K <= 255).
-inline size_t build_tree_smem_bytes(int budget) { return static_cast<size_t>(budget) * 20; }
-
-struct TreeSmem {
-  float* score;
-  int16_t *parent, *depth, *first_child, *next_sib, *last_child, *new2old, *old2new;
-  uint8_t *rank, *next;
-};
-
-// A candidate: the child of rank next[slot] (topn) or the node `slot` itself (accum_logp).
-struct Cand {
-  float score;
-  int depth;
-  int slot;  // -1: none
-};
-
-// topn order: higher score, then lower depth, then the smaller rank sequence. Both candidates
-// are children at the same depth of distinct parents a, b: compare the parents' rank sequences
-// where their ancestor chains meet.
-__device__ __forceinline__ bool topn_before(const Cand& x, const Cand& y, const TreeSmem& t) {
-  if (y.slot < 0) return x.slot >= 0;
-  if (x.slot < 0) return false;
-  if (x.score != y.score) return x.score > y.score;
-  if (x.depth != y.depth) return x.depth < y.depth;
-  int a = x.slot, b = y.slot;
-  while (t.parent[a] != t.parent[b]) {
-    a = t.parent[a];
-    b = t.parent[b];
+// Nodes of the implicit tree that fit the budget: min(budget, 1 + K + ... + K^D).
+__device__ __forceinline__ int tree_node_target(int budget, int depth, int k) {
+  long long total = 1, level = 1;
+  for (int d = 0; d < depth && total < budget; ++d) {
+    level *= k;
+    total += level;
   }
-  return t.rank[a] < t.rank[b];
+  return static_cast<int>(total < budget ? total : budget);
 }
 
-// accum_logp order (JetSpec's heap): higher score, ties to the earlier inserted node.
-__device__ __forceinline__ bool heap_before(const Cand& x, const Cand& y) {
-  if (y.slot < 0) return x.slot >= 0;
-  if (x.slot < 0) return false;
-  if (x.score != y.score) return x.score > y.score;
-  return x.slot < y.slot;
-}
-
-__device__ __forceinline__ Cand shfl_cand(const Cand& c, int o) {
-  return Cand{__shfl_xor_sync(0xffffffffu, c.score, o), __shfl_xor_sync(0xffffffffu, c.depth, o),
-              __shfl_xor_sync(0xffffffffu, c.slot, o)};
-}
-
-__global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
-  JETSPEC_DYNAMIC_SMEM(smem_raw);
-  const int cap = p.budget;
-  TreeSmem t;
-  t.score = reinterpret_cast<float*>(smem_raw);
-  int16_t* s16 = reinterpret_cast<int16_t*>(t.score + cap);
-  t.parent = s16;
-  t.depth = s16 + cap;
-  t.first_child = s16 + 2 * cap;
-  t.next_sib = s16 + 3 * cap;
-  t.last_child = s16 + 4 * cap;
-  t.new2old = s16 + 5 * cap;
-  t.old2new = s16 + 6 * cap;
-  t.rank = reinterpret_cast<uint8_t*>(s16 + 7 * cap);
-  t.next = t.rank + cap;
-
-  const int b = blockIdx.x, lane = threadIdx.x;
-  const int D = p.depth, K = p.k;
-  const float* lp = p.topk_logprobs + static_cast<int64_t>(b) * D * K;
-  const int32_t* tk = p.topk_tokens + static_cast<int64_t>(b) * D * K;
-  const bool topn = p.algorithm == kTreeTopn;
-
-  if (lane == 0) {
-    t.score[0] = 0.f;
-    t.parent[0] = -1;
-    t.depth[0] = 0;
-    t.rank[0] = 0;
-    t.next[0] = topn ? 0 : 1;  // accum_logp: 1 = still in the heap
-    t.first_child[0] = t.next_sib[0] = t.last_child[0] = -1;
-  }
-  __syncwarp();
-
-  int count = 1;
-  auto cand_of = [&](int s) -> Cand {
-    if (topn) {
-      if (s >= count || t.depth[s] >= D || t.next[s] >= K) return Cand{-INFINITY, 0, -1};
-      const int d = t.depth[s];
-      return Cand{__fadd_rn(t.score[s], lp[d * K + t.next[s]]), d + 1, s};
-    }
-    if (s >= count || t.next[s] == 0) return Cand{-INFINITY, 0, -1};
-    return Cand{t.score[s], t.depth[s], s};
-  };
-  auto before = [&](const Cand& x, const Cand& y) {
-    return topn ? topn_before(x, y, t) : heap_before(x, y);
-  };
-  auto rescan = [&]() {
-    Cand best{-INFINITY, 0, -1};
-    for (int s = lane; s < count; s += 32) {
-      const Cand c = cand_of(s);
-      if (before(c, best)) best = c;
-    }
-    return best;
-  };
-
-  Cand mine = rescan();
-  while (count < cap) {
-    __syncwarp();  // lane 0's writes of the last step before anyone reads them
-    Cand win = mine;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const Cand other = shfl_cand(win, o);
-      if (before(other, win)) win = other;
-    }
-    if (win.slot < 0) break;  // frontier (or heap) exhausted
-    const int ps = win.slot;
-    if (topn) {
-      const int n = count;
-      if (lane == 0) {
-        const int r = t.next[ps];
-        t.score[n] = win.score;
-        t.parent[n] = static_cast<int16_t>(ps);
-        t.depth[n] = static_cast<int16_t>(win.depth);
-        t.rank[n] = static_cast<uint8_t>(r);
-        t.next[n] = 0;
-        t.first_child[n] = t.next_sib[n] = t.last_child[n] = -1;
-        if (t.first_child[ps] < 0) {
-          t.first_child[ps] = static_cast<int16_t>(n);
-        } else {
-          t.next_sib[t.last_child[ps]] = static_cast<int16_t>(n);
-        }
-        t.last_child[ps] = static_cast<int16_t>(n);
-        t.next[ps] = static_cast<uint8_t>(r + 1);
-      }
-      __syncwarp();
-      count = n + 1;
-      if ((ps & 31) == lane) {
-        mine = rescan();  // the parent's slot moved on to its next child
-      }
-      if ((n & 31) == lane) {
-        const Cand c = cand_of(n);
-        if (before(c, mine)) mine = c;
-      }
-    } else {
-      if (lane == 0) t.next[ps] = 0;  // popped
-      __syncwarp();
-      if ((ps & 31) == lane) mine = rescan();
-      const int d = t.depth[ps];
-      if (d == D) continue;  // a leaf at the maximum depth has no children
-      const int m = min(K, cap - count);
-      const float base = t.score[ps];
-      for (int r = lane; r < m; r += 32) {
-        const int n = count + r;
-        t.score[n] = __fadd_rn(base, lp[d * K + r]);
-        t.parent[n] = static_cast<int16_t>(ps);
-        t.depth[n] = static_cast<int16_t>(d + 1);
-        t.rank[n] = static_cast<uint8_t>(r);
-        t.next[n] = 1;
-      }
-      __syncwarp();
-      const int first = count;
-      count += m;
-      // Node n belongs to lane n % 32 (the lane that rescans it once it is popped).
-      for (int n = first + ((lane - first) & 31); n < count; n += 32) {
-        const Cand c = cand_of(n);
-        if (before(c, mine)) mine = c;
-      }
-    }
-  }
-
-  // Output order. topn: breadth first, children in rank order, i.e. (depth, parent, rank);
-  // accum_logp: insertion order.
-  if (topn) {
-    if (lane == 0) {
-      t.new2old[0] = 0;
-      int tail = 1;
-      for (int head = 0; head < tail; ++head) {
-        for (int c = t.first_child[t.new2old[head]]; c >= 0; c = t.next_sib[c]) {
-          t.new2old[tail++] = static_cast<int16_t>(c);
-        }
-      }
-    }
-    __syncwarp();
-  } else {
-    for (int j = lane; j < count; j += 32) t.new2old[j] = static_cast<int16_t>(j);
-    __syncwarp();
-  }
-  for (int j = lane; j < count; j += 32) t.old2new[t.new2old[j]] = static_cast<int16_t>(j);
-  __syncwarp();
-  // Parent in output order, kept in first_child (no longer needed).
-  for (int j = lane; j < count; j += 32) {
-    const int o = t.new2old[j];
-    t.first_child[j] = t.parent[o] < 0 ? static_cast<int16_t>(-1) : t.old2new[t.parent[o]];
-  }
-  __syncwarp();
-
+// One tree's output rows (tokens, parents, depths, scores; padding past `count`) and its
+// ancestor mask, written by `nthreads` threads. Parents precede children (parent[j] < j).
+__device__ __forceinline__ void write_tree(const BuildTreeParams& p, int b, int count,
+                                           const float* score, const int16_t* parent,
+                                           const int16_t* depth, const uint8_t* rank,
+                                           int nthreads) {
+  const int cap = p.budget, K = p.k;
+  const int32_t* tk = p.topk_tokens + static_cast<int64_t>(b) * p.depth * K;
   const int64_t row0 = static_cast<int64_t>(b) * cap;
-  for (int j = lane; j < cap; j += 32) {
-    if (j < count) {
-      const int o = t.new2old[j];
-      const int d = t.depth[o];
-      p.tokens[row0 + j] = d == 0 ? p.root_tokens[b] : tk[(d - 1) * K + t.rank[o]];
-      p.parents[row0 + j] = t.first_child[j];
-      p.depths[row0 + j] = d;
-      p.scores[row0 + j] = t.score[o];
-    } else {
-      p.tokens[row0 + j] = 0;
-      p.parents[row0 + j] = -1;
-      p.depths[row0 + j] = -1;
-      p.scores[row0 + j] = -INFINITY;
-    }
+  for (int j = threadIdx.x; j < cap; j += nthreads) {
+    const bool real = j < count;
+    const int d = real ? depth[j] : -1;
+    p.tokens[row0 + j] = !real ? 0 : d == 0 ? p.root_tokens[b] : tk[(d - 1) * K + rank[j]];
+    p.parents[row0 + j] = real ? parent[j] : -1;
+    p.depths[row0 + j] = d;
+    p.scores[row0 + j] = real ? score[j] : -INFINITY;
   }
-  if (lane == 0) p.num_nodes[b] = count;
-  // Mask words: one ancestor walk per row (a lane per row). Ancestors have smaller output
-  // indices, so the walk visits the row's words from its own down to word 0, each once.
+  if (threadIdx.x == 0) p.num_nodes[b] = count;
+  // One ancestor walk per row: ancestors have smaller indices, so the walk visits the row's
+  // words from its own down to word 0, each once.
   const int words = p.words;
-  for (int j = lane; j < cap; j += 32) {
+  for (int j = threadIdx.x; j < cap; j += nthreads) {
     int32_t* row = p.mask + (row0 + j) * words;
     const int own = j / 32;
     for (int w = words - 1; w > own; --w) row[w] = 0;
@@ -238,7 +67,7 @@ __global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
     }
     uint32_t bits = 0;
     int cur = own;
-    for (int a = j; a >= 0; a = t.first_child[a]) {
+    for (int a = j; a >= 0; a = parent[a]) {
       for (; cur > a / 32; --cur) {
         row[cur] = static_cast<int32_t>(bits);
         bits = 0;
@@ -252,16 +81,355 @@ __global__ void __launch_bounds__(32) build_tree_kernel(BuildTreeParams p) {
   }
 }
 
+// ---- topn -------------------------------------------------------------------------------------
+
+// Shared memory: two node layouts (score, depth, parent, rank, children taken so far) plus the
+// per-step scratch (exclusive count of new children, first-child position, new position, count).
+inline size_t topn_smem_bytes(int budget) { return static_cast<size_t>(budget) * 29 + 16; }
+
+struct TopnNodes {
+  float* score;
+  int16_t *depth, *parent;
+  uint8_t *rank, *taken;
+};
+
+__device__ __forceinline__ long long score_q(float s) {
+  return static_cast<long long>(__float_as_int(s) & 0x7fffffff);
+}
+
+__device__ __forceinline__ long long child_key(float score, int depth, int parent, int rank) {
+  return (score_q(score) << 30) | (static_cast<long long>(depth) << 18) |
+         (static_cast<long long>(parent) << 6) | rank;
+}
+
+// All threads get op over every thread's v. `red` (kTopnThreads / 32 entries) is free on entry.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_all_reduce(T v, Op op, T* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // the previous reduction's readers are done with `red`
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = red[0];
+#pragma unroll
+  for (int w = 1; w < kTopnThreads / 32; ++w) v = op(v, red[w]);
+  return v;
+}
+
+__device__ __forceinline__ long long block_min(long long v, long long* red) {
+  return block_all_reduce(v, [](long long a, long long b) { return a < b ? a : b; }, red);
+}
+
+__device__ __forceinline__ long long block_max(long long v, long long* red) {
+  return block_all_reduce(v, [](long long a, long long b) { return a > b ? a : b; }, red);
+}
+
+__device__ __forceinline__ long long block_sum(long long v, long long* red) {
+  return block_all_reduce(v, [](long long a, long long b) { return a + b; }, red);
+}
+
+// Exclusive prefix sum of v over threads in index order.
+__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  long long inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const long long u = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += u;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = inc;
+  __syncthreads();
+  long long base = 0;
+  for (int w = 0; w < warp; ++w) base += red[w];
+  return base + inc - v;
+}
+
+// The k-th smallest (1-based) of the keys `key_at(s, i)`, i < cnt[s], over slots s < n: a
+// bisection on the score part, then on the whole key among the keys of that score.
+template <typename KeyAt>
+__device__ __forceinline__ long long kth_key(KeyAt key_at, const uint8_t* cnt, int n, long long k,
+                             long long* red) {
+  auto count_le = [&](long long bound, int shift, long long prefix) {
+    long long c = 0;
+    for (int s = threadIdx.x; s < n; s += kTopnThreads)
+      for (int i = 0; i < cnt[s]; ++i) {
+        const long long key = key_at(s, i);
+        if (prefix >= 0 && (key >> 30) != prefix) continue;
+        if ((key >> shift) <= bound) ++c;
+      }
+    return block_sum(c, red);
+  };
+  long long lo = kNoKey, hi = -1;
+  for (int s = threadIdx.x; s < n; s += kTopnThreads)
+    for (int i = 0; i < cnt[s]; ++i) {
+      const long long q = key_at(s, i) >> 30;
+      lo = q < lo ? q : lo;
+      hi = q > hi ? q : hi;
+    }
+  lo = block_min(lo, red);
+  hi = block_max(hi, red);
+  while (lo < hi) {
+    const long long mid = lo + (hi - lo) / 2;
+    if (count_le(mid, 30, -1) >= k) hi = mid; else lo = mid + 1;
+  }
+  const long long q = lo;
+  k -= q > 0 ? count_le(q - 1, 30, -1) : 0;
+  lo = kNoKey;
+  hi = -1;
+  for (int s = threadIdx.x; s < n; s += kTopnThreads)
+    for (int i = 0; i < cnt[s]; ++i) {
+      const long long key = key_at(s, i);
+      if ((key >> 30) != q) continue;
+      lo = key < lo ? key : lo;
+      hi = key > hi ? key : hi;
+    }
+  lo = block_min(lo, red);
+  hi = block_max(hi, red);
+  while (lo < hi) {
+    const long long mid = lo + (hi - lo) / 2;
+    if (count_le(mid, 0, q) >= k) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTreeParams p) {
+  JETSPEC_DYNAMIC_SMEM(smem_raw);
+  __shared__ long long red[kTopnThreads / 32];
+  const int cap = p.budget, D = p.depth, K = p.k, b = blockIdx.x, tid = threadIdx.x;
+  const float* lp = p.topk_logprobs + static_cast<int64_t>(b) * D * K;
+
+  // Carve: floats, int32, int16, then bytes (each group stays aligned).
+  TopnNodes na, nb;  // two layouts (no array: a dynamic index would put them on the stack)
+  float* f32 = reinterpret_cast<float*>(smem_raw);
+  na.score = f32;
+  nb.score = f32 + cap;
+  int32_t* excl = reinterpret_cast<int32_t*>(f32 + 2 * cap);  // new children before slot s
+  int16_t* i16 = reinterpret_cast<int16_t*>(excl + cap);
+  na.depth = i16;
+  na.parent = i16 + cap;
+  nb.depth = i16 + 2 * cap;
+  nb.parent = i16 + 3 * cap;
+  int16_t* child0 = i16 + 4 * cap;  // new position of slot s's first child
+  int16_t* newpos = i16 + 5 * cap;  // new position of the node at slot s
+  uint8_t* u8 = reinterpret_cast<uint8_t*>(i16 + 6 * cap);
+  na.rank = u8;
+  na.taken = u8 + cap;
+  nb.rank = u8 + 2 * cap;
+  nb.taken = u8 + 3 * cap;
+  uint8_t* cnt = u8 + 4 * cap;  // children taken from slot s's window this step
+
+  const int target = tree_node_target(cap, D, K);
+  const int window = K < kTopnWindow ? K : kTopnWindow;
+  if (tid == 0) {
+    na.score[0] = 0.f;
+    na.depth[0] = 0;
+    na.parent[0] = -1;
+    na.rank[0] = 0;
+    na.taken[0] = 0;
+  }
+  __syncthreads();
+
+  int cur = 0, n = 1;
+  while (n < target) {
+    const TopnNodes t = cur ? nb : na, u = cur ? na : nb;
+    // The window of slot s: children taken[s] .. taken[s] + window - 1 (ranks < K). Its keys
+    // increase with the rank, so its first entry is its minimum.
+    auto key_at = [=](int s, int i) {
+      const int r = t.taken[s] + i;
+      return child_key(__fadd_rn(t.score[s], lp[t.depth[s] * K + r]), t.depth[s] + 1, s, r);
+    };
+    long long heap_min = kNoKey, best_child = kNoKey, hidden = kNoKey;
+    for (int s = tid; s < n; s += kTopnThreads) {
+      const int d = t.depth[s], c = t.taken[s];
+      if (d >= D || c >= K) continue;
+      const long long k0 = key_at(s, 0);
+      heap_min = k0 < heap_min ? k0 : heap_min;
+      if (d + 1 < D) {  // bound 1: the best child any window entry can have (q | depth only)
+        const float c0 = __fadd_rn(t.score[s], lp[d * K + c]);
+        const long long bk = (score_q(__fadd_rn(c0, lp[(d + 1) * K])) << 12) | (d + 2);
+        best_child = bk < best_child ? bk : best_child;
+      }
+      if (c + window < K) {  // bound 2: the first child hidden behind the window (full key)
+        const long long hk = key_at(s, window);
+        hidden = hk < hidden ? hk : hidden;
+      }
+    }
+    heap_min = block_min(heap_min, red);
+    best_child = block_min(best_child, red);
+    hidden = block_min(hidden, red);
+
+    // Taken entries form a prefix of every window (the test is monotone in the key).
+    long long m = 0;
+    for (int s = tid; s < n; s += kTopnThreads) {
+      const int d = t.depth[s], c = t.taken[s];
+      int take = 0;
+      if (d < D) {
+        for (int i = 0; i < window && c + i < K; ++i) {
+          const long long key = key_at(s, i);
+          if (!(key == heap_min || ((key >> 18) < best_child && key < hidden))) break;
+          ++take;
+        }
+      }
+      cnt[s] = static_cast<uint8_t>(take);
+      m += take;
+    }
+    m = block_sum(m, red);
+    if (m > target - n) {  // the last step: keep the (target - n) smallest
+      m = target - n;
+      const long long last = kth_key(key_at, cnt, n, m, red);
+      for (int s = tid; s < n; s += kTopnThreads) {
+        int take = 0;
+        while (take < cnt[s] && key_at(s, take) <= last) ++take;
+        cnt[s] = static_cast<uint8_t>(take);
+      }
+      __syncthreads();
+    }
+
+    // New layout. Slot s's first child moves to 1 + (children of the slots before s, old and
+    // new); an old node moves by the new children of the slots before its parent.
+    const int per = (n + kTopnThreads - 1) / kTopnThreads;
+    const int s0 = tid * per < n ? tid * per : n, s1 = s0 + per < n ? s0 + per : n;
+    long long local = 0;
+    for (int s = s0; s < s1; ++s)
+      local += (static_cast<long long>(t.taken[s] + cnt[s]) << 32) | cnt[s];
+    long long run = block_exclusive_scan(local, red);
+    for (int s = s0; s < s1; ++s) {
+      excl[s] = static_cast<int32_t>(run & 0xffffffff);
+      child0[s] = static_cast<int16_t>(1 + (run >> 32));
+      run += (static_cast<long long>(t.taken[s] + cnt[s]) << 32) | cnt[s];
+    }
+    __syncthreads();
+    for (int s = tid; s < n; s += kTopnThreads)
+      newpos[s] = static_cast<int16_t>(s == 0 ? 0 : s + excl[t.parent[s]]);
+    __syncthreads();
+    for (int s = tid; s < n; s += kTopnThreads) {
+      const int np = newpos[s], d = t.depth[s], c = t.taken[s];
+      u.score[np] = t.score[s];
+      u.depth[np] = static_cast<int16_t>(d);
+      u.parent[np] = t.parent[s] < 0 ? static_cast<int16_t>(-1) : newpos[t.parent[s]];
+      u.rank[np] = t.rank[s];
+      u.taken[np] = static_cast<uint8_t>(c + cnt[s]);
+      for (int i = 0; i < cnt[s]; ++i) {
+        const int r = c + i, dst = child0[s] + r;
+        u.score[dst] = __fadd_rn(t.score[s], lp[d * K + r]);
+        u.depth[dst] = static_cast<int16_t>(d + 1);
+        u.parent[dst] = static_cast<int16_t>(np);
+        u.rank[dst] = static_cast<uint8_t>(r);
+        u.taken[dst] = 0;
+      }
+    }
+    __syncthreads();
+    cur ^= 1;
+    n += static_cast<int>(m);
+  }
+  const TopnNodes t = cur ? nb : na;
+  write_tree(p, b, n, t.score, t.parent, t.depth, t.rank, kTopnThreads);
+}
+
+// ---- accum_logp -------------------------------------------------------------------------------
+
+// Shared memory per node: score, parent, depth (int16), rank and "still in the heap" (uint8).
+inline size_t accum_smem_bytes(int budget) { return static_cast<size_t>(budget) * 10 + 16; }
+
+// A heap entry: higher score first, ties to the earlier inserted slot; slot -1 is "none".
+struct HeapEntry {
+  float score;
+  int slot;
+};
+
+__device__ __forceinline__ bool heap_before(const HeapEntry& x, const HeapEntry& y) {
+  if (y.slot < 0) return x.slot >= 0;
+  if (x.slot < 0) return false;
+  if (x.score != y.score) return x.score > y.score;
+  return x.slot < y.slot;
+}
+
+__global__ void __launch_bounds__(32) build_tree_accum_kernel(BuildTreeParams p) {
+  JETSPEC_DYNAMIC_SMEM(smem_raw);
+  const int cap = p.budget, D = p.depth, K = p.k, b = blockIdx.x, lane = threadIdx.x;
+  float* score = reinterpret_cast<float*>(smem_raw);
+  int16_t* parent = reinterpret_cast<int16_t*>(score + cap);
+  int16_t* depth = parent + cap;
+  uint8_t* rank = reinterpret_cast<uint8_t*>(depth + cap);
+  uint8_t* in_heap = rank + cap;
+  const float* lp = p.topk_logprobs + static_cast<int64_t>(b) * D * K;
+
+  if (lane == 0) {
+    score[0] = 0.f;
+    parent[0] = -1;
+    depth[0] = 0;
+    rank[0] = 0;
+    in_heap[0] = 1;
+  }
+  __syncwarp();
+
+  int count = 1;
+  auto entry = [&](int s) {
+    return s < count && in_heap[s] ? HeapEntry{score[s], s} : HeapEntry{-INFINITY, -1};
+  };
+  auto rescan = [&]() {  // the best of this lane's slots (s % 32 == lane)
+    HeapEntry best{-INFINITY, -1};
+    for (int s = lane; s < count; s += 32)
+      if (heap_before(entry(s), best)) best = entry(s);
+    return best;
+  };
+
+  HeapEntry mine = rescan();
+  while (count < cap) {
+    __syncwarp();  // the last step's writes before anyone reads them
+    HeapEntry win = mine;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const HeapEntry other{__shfl_xor_sync(0xffffffffu, win.score, o),
+                            __shfl_xor_sync(0xffffffffu, win.slot, o)};
+      if (heap_before(other, win)) win = other;
+    }
+    if (win.slot < 0) break;  // heap exhausted
+    const int ps = win.slot;
+    if (lane == 0) in_heap[ps] = 0;  // popped
+    __syncwarp();
+    if ((ps & 31) == lane) mine = rescan();
+    const int d = depth[ps];
+    if (d == D) continue;  // a leaf at the maximum depth has no children
+    const int m = min(K, cap - count);
+    const float base = score[ps];
+    for (int r = lane; r < m; r += 32) {
+      const int n = count + r;
+      score[n] = __fadd_rn(base, lp[d * K + r]);
+      parent[n] = static_cast<int16_t>(ps);
+      depth[n] = static_cast<int16_t>(d + 1);
+      rank[n] = static_cast<uint8_t>(r);
+      in_heap[n] = 1;
+    }
+    __syncwarp();
+    const int first = count;
+    count += m;
+    // Node n belongs to lane n % 32 (the lane that rescans it once it is popped).
+    for (int n = first + ((lane - first) & 31); n < count; n += 32)
+      if (heap_before(entry(n), mine)) mine = entry(n);
+  }
+  __syncwarp();
+  write_tree(p, b, count, score, parent, depth, rank, 32);
+}
+
 inline cudaError_t build_tree(const BuildTreeParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
-  if (p.budget < 1 || p.budget > 32767 || p.k < 1 || p.k > 255 || p.depth < 1)
+  // Keys pack the parent position in 12 bits and the rank in 6: budget <= 4096, K <= 64.
+  if (p.budget < 1 || p.budget > 4096 || p.k < 1 || p.k > 64 || p.depth < 1)
     return cudaErrorInvalidValue;
-  const size_t smem = build_tree_smem_bytes(p.budget);
+  const bool topn = p.algorithm == kTreeTopn;
+  const size_t smem = topn ? topn_smem_bytes(p.budget) : accum_smem_bytes(p.budget);
   if (smem > 48 * 1024) {
     JETSPEC_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        topn ? build_tree_topn_kernel : build_tree_accum_kernel,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  JETSPEC_LAUNCH(build_tree_kernel, p.batch, 32, smem, stream, p);
+  if (topn) {
+    JETSPEC_LAUNCH(build_tree_topn_kernel, p.batch, kTopnThreads, smem, stream, p);
+  } else {
+    JETSPEC_LAUNCH(build_tree_accum_kernel, p.batch, 32, smem, stream, p);
+  }
   return cudaGetLastError();
 }
 
