@@ -146,51 +146,47 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
 }
 
 // The k-th smallest (1-based) of the keys `key_at(s, i)`, i < cnt[s], over slots s < n: a
-// bisection on the score part, then on the whole key among the keys of that score.
+// bisection on the score part (key >> 30), then on the whole key among the keys of that score.
 template <typename KeyAt>
 __device__ __forceinline__ long long kth_key(KeyAt key_at, const uint8_t* cnt, int n, long long k,
-                             long long* red) {
-  auto count_le = [&](long long bound, int shift, long long prefix) {
-    long long c = 0;
+                                             long long* red) {
+  // fn(value) for every key: value = key >> 30 (prefix < 0), or the key if its score part is
+  // `prefix`.
+  auto visit = [&](long long prefix, auto fn) {
     for (int s = threadIdx.x; s < n; s += kTopnThreads)
       for (int i = 0; i < cnt[s]; ++i) {
         const long long key = key_at(s, i);
-        if (prefix >= 0 && (key >> 30) != prefix) continue;
-        if ((key >> shift) <= bound) ++c;
+        if (prefix < 0) {
+          fn(key >> 30);
+        } else if ((key >> 30) == prefix) {
+          fn(key);
+        }
       }
-    return block_sum(c, red);
   };
-  long long lo = kNoKey, hi = -1;
-  for (int s = threadIdx.x; s < n; s += kTopnThreads)
-    for (int i = 0; i < cnt[s]; ++i) {
-      const long long q = key_at(s, i) >> 30;
-      lo = q < lo ? q : lo;
-      hi = q > hi ? q : hi;
+  auto select = [&](long long prefix, long long kk) {  // the kk-th smallest value
+    long long lo = kNoKey, hi = -1;
+    visit(prefix, [&](long long v) {
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    });
+    lo = block_min(lo, red);
+    hi = block_max(hi, red);
+    while (lo < hi) {
+      const long long mid = lo + (hi - lo) / 2;
+      long long c = 0;
+      visit(prefix, [&](long long v) { c += v <= mid; });
+      if (block_sum(c, red) >= kk) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
     }
-  lo = block_min(lo, red);
-  hi = block_max(hi, red);
-  while (lo < hi) {
-    const long long mid = lo + (hi - lo) / 2;
-    if (count_le(mid, 30, -1) >= k) hi = mid; else lo = mid + 1;
-  }
-  const long long q = lo;
-  k -= q > 0 ? count_le(q - 1, 30, -1) : 0;
-  lo = kNoKey;
-  hi = -1;
-  for (int s = threadIdx.x; s < n; s += kTopnThreads)
-    for (int i = 0; i < cnt[s]; ++i) {
-      const long long key = key_at(s, i);
-      if ((key >> 30) != q) continue;
-      lo = key < lo ? key : lo;
-      hi = key > hi ? key : hi;
-    }
-  lo = block_min(lo, red);
-  hi = block_max(hi, red);
-  while (lo < hi) {
-    const long long mid = lo + (hi - lo) / 2;
-    if (count_le(mid, 0, q) >= k) hi = mid; else lo = mid + 1;
-  }
-  return lo;
+    return lo;
+  };
+  const long long q = select(-1, k);
+  long long below = 0;
+  visit(-1, [&](long long v) { below += v < q; });
+  return select(q, k - block_sum(below, red));
 }
 
 __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTreeParams p) {
