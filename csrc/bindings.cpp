@@ -218,6 +218,37 @@ PYBIND11_MODULE(_C, m) {
       },
       "Per-row log-softmax over the vocabulary and its top-k (tokens int32, log-probs fp32).");
   m.def(
+      "hidden_topk_workspace_bytes",
+      [](long long rows, int vocab, int k) {
+        size_t bytes = 0;
+        check(jetspec::hidden_topk_workspace_bytes(rows, vocab, k, &bytes),
+              "hidden_topk_workspace_bytes");
+        return bytes;
+      },
+      py::arg("rows"), py::arg("vocab"), py::arg("k"),
+      "Workspace bytes hidden_topk needs for rows x vocab and top-k on the current device.");
+  m.def(
+      "hidden_topk",
+      [](U hidden, int64_t sh0, int64_t sh1, U weight, int64_t sw0, U tokens, U logprobs,
+         U workspace, int batch, int depth, int hidden_dim, int vocab, int k, int dtype, U stream) {
+        jetspec::HiddenTopkParams p{};
+        p.hidden = ptr<const void>(hidden);
+        p.sh0 = sh0;
+        p.sh1 = sh1;
+        p.weight = ptr<const void>(weight);
+        p.sw0 = sw0;
+        p.tokens = ptr<int32_t>(tokens);
+        p.logprobs = ptr<float>(logprobs);
+        p.workspace = ptr<void>(workspace);
+        p.batch = batch;
+        p.depth = depth;
+        p.hidden_dim = hidden_dim;
+        p.vocab = vocab;
+        p.k = k;
+        check(jetspec::launch_hidden_topk(p, dtype, stream_of(stream)), "hidden_topk");
+      },
+      "Top-k of log_softmax(hidden @ weight^T) per row without materialising the logits.");
+  m.def(
       "build_tree",
       [](U topk_tokens, U topk_logprobs, U root_tokens, U tokens, U parents, U depths, U scores,
          U num_nodes, U mask, int batch, int depth, int k, int budget, int words, int algorithm,

@@ -1,6 +1,8 @@
-// Draft tree expansion: vocab-parallel log-softmax top-K, then one CTA per sequence builds the tree.
+// Draft tree expansion: vocab-parallel log-softmax top-K (from logits or fused with the lm_head
+// GEMM from hidden states), then one CTA per sequence builds the tree.
 #include "jetspec/api.h"
 #include "jetspec/build_tree.cuh"
+#include "jetspec/hidden_topk.cuh"
 #include "jetspec/topk.cuh"
 
 namespace jetspec {
@@ -14,6 +16,18 @@ cudaError_t launch_log_softmax_topk(const TopkParams& p, int logits_dtype, cudaS
     case kFloat32: return log_softmax_topk<float>(p, stream);
     case kFloat16: return log_softmax_topk<__half>(p, stream);
     case kBFloat16: return log_softmax_topk<__nv_bfloat16>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes) {
+  return hidden_topk_workspace(rows, vocab, k, bytes);
+}
+
+cudaError_t launch_hidden_topk(const HiddenTopkParams& p, int dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case kFloat16: return hidden_topk<__half>(p, stream);
+    case kBFloat16: return hidden_topk<__nv_bfloat16>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

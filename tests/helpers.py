@@ -1,9 +1,29 @@
 """Helpers shared by tests: relative L2 error and the eps-aware comparison of draft trees."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
+
+@contextlib.contextmanager
+def poisoned_empty():
+    """Make torch.empty return NaN (float) / -7 (signed int) / 0xA5 (uint8) tensors, so unwritten
+    outputs show."""
+    real = torch.empty
+
+    def empty(*size, dtype=None, **kw):
+        t = real(*size, dtype=dtype, **kw)
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        return t.fill_(0xA5 if t.dtype == torch.uint8 else -7)
+
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        torch.empty = real
+
 
 def rel_l2(out, want) -> float:
     """||out - want|| / ||want|| in float64 (the house tolerance metric)."""

@@ -107,3 +107,12 @@ def test_select_reports_every_reason(monkeypatch):
         bk.select(torch.device("cpu"), "tree_attention", "auto", lambda name: f"no {name}")
     assert "backend 'triton' is not available: no triton" in str(info.value)
     assert "backend 'reference' is not available: no reference" in str(info.value)
+
+
+def test_hidden_topk_input_limits_per_backend():
+    """The cuda hidden_topk takes fp16/bf16 with H % 8 == 0; auto sends the rest to triton."""
+    from jetspec_kernels.ops.draft_tree import _hidden_unsupported
+    assert _hidden_unsupported("cuda", torch.empty(1, 2, 64, dtype=torch.bfloat16)) is None
+    assert "float16/bfloat16" in _hidden_unsupported("cuda", torch.empty(1, 2, 64))
+    assert "multiple of 8" in _hidden_unsupported("cuda", torch.empty(1, 2, 60, dtype=torch.half))
+    assert _hidden_unsupported("triton", torch.empty(1, 2, 60)) is None

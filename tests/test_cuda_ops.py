@@ -16,6 +16,7 @@ import torch
 import jetspec_kernels
 import python_ref as ref
 from jetspec_kernels.cuda import _util as U
+from helpers import poisoned_empty, rel_l2
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DEV = "cuda"  # the gpu-only tests
@@ -43,11 +44,6 @@ def dev(request, monkeypatch):
 def sync(dev):
     if dev == "cuda":
         torch.cuda.synchronize()
-
-
-def rel_l2(a, b):
-    a, b = a.double().cpu(), b.double().cpu()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def cu():
@@ -281,6 +277,64 @@ def test_log_softmax_topk(dev, dtype):
     assert (tl.cpu().double() - want_l).abs().max() < 1e-4
 
 
+# (dtype, B, D, H, V, k, simulated SMs): one m16 tile with a hidden-size tail (72 = 64 + 8) and
+# a partial vocab tile; 21 rows (one 64-row tile); 65 rows (two) and a 4-entry last tile; k = 33
+# (two list slots per lane); a 1-SM plan, so that each CTA folds several vocab tiles.
+F16, BF16 = torch.float16, torch.bfloat16
+HIDDEN_CASES = [(F16, 1, 5, 72, 1000, 8, 132), (BF16, 1, 5, 72, 1000, 8, 132),
+                (BF16, 3, 7, 64, 2000, 5, 132), (F16, 5, 13, 128, 260, 4, 132),
+                (BF16, 1, 3, 64, 700, 33, 132),
+                (F16, 2, 3, 64, 1500, 6, 1), (BF16, 2, 3, 64, 1500, 6, 1)]
+
+
+@pytest.mark.parametrize("dtype,b,d,h,v,k,sms", HIDDEN_CASES)
+def test_hidden_topk(dev, monkeypatch, dtype, b, d, h, v, k, sms):
+    monkeypatch.setenv("JETSPEC_SIM_SM_COUNT", str(sms))
+    gen = torch.Generator().manual_seed(h + v + k)
+    hidden = torch.randn(b, d, h, generator=gen).to(dtype)
+    weight = (torch.randn(v, h, generator=gen) / 4).to(dtype)
+    # Nine equal logits, seven in the first tile (inserted there out of id order: lane 4 holds
+    # token 100), the others in later tiles / CTAs; for k < 9 the cut falls inside the tie, and
+    # the lower token ids must win.
+    weight[[2, 3, 5, 40, 77, 100, 129, v - 1]] = weight[v // 2].clone()
+    hidden[0, 0] = weight[2] * 4  # make the tied logits the largest of row (0, 0)
+    with poisoned_empty():
+        tt, tl = cu().hidden_topk(hidden.to(dev), weight.to(dev), k)
+    sync(dev)
+    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, k)
+    assert torch.equal(tt.cpu(), want_t)
+    # 16-bit inputs are exact in fp32; only the accumulation order differs from float64.
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 6])  # 15 rows (one 16-row tile) and 90 rows (two 64-row tiles)
+def test_hidden_topk_qwen3_shape(b):
+    """Qwen3-8B's lm_head (V=151936, H=4096, bf16) with the device's real launch plan."""
+    gen = torch.Generator(device=DEV).manual_seed(b)
+    hidden = torch.randn(b, 15, 4096, device=DEV, generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(151936, 4096, device=DEV, generator=gen) / 64).to(torch.bfloat16)
+    tt, tl = cu().hidden_topk(hidden, weight, 8)
+    want_t, want_l = ref.log_softmax_topk((hidden.float() @ weight.float().T).double(), 8)
+    assert torch.equal(tt.cpu(), want_t.cpu())
+    assert rel_l2(tl, want_l) < TOL[torch.float32]
+
+
+def test_hidden_topk_strided_and_unsupported(dev):
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, 6, 64, generator=gen).half()[1::2, ::3]  # strided B and D
+    weight = torch.randn(300, 64, generator=gen).half()
+    tt, tl = cu().hidden_topk(hidden.to(dev), weight.to(dev), 4)
+    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, 4)
+    assert torch.equal(tt.cpu(), want_t) and rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+    with pytest.raises(jetspec_kernels.BackendUnavailableError, match="float16/bfloat16"):
+        cu().hidden_topk(hidden.float().to(dev), weight.float().to(dev), 4)
+    with pytest.raises(jetspec_kernels.BackendUnavailableError, match="H % 8"):
+        cu().hidden_topk(hidden[..., :60].to(dev), weight[:, :60].to(dev), 4)
+    with pytest.raises(ValueError, match="lm_head_weight rows must start on 16-byte"):
+        cu().hidden_topk(hidden[..., :56].to(dev), weight[:, 1:57].to(dev), 4)
+
+
 @pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
 # (8, 2, 1) and (40, 3, 2): budget above the implicit tree size (3 and 13 nodes), where a lane
 # caching another lane's node once made accum_logp pop a max-depth leaf forever.
@@ -337,6 +391,8 @@ def test_opcheck_and_graph_replay():
             (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2))
     logits = torch.randn(2, 3, 5000, generator=gen).to(DEV)
     opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
+    hid = torch.randn(2, 3, 64, generator=gen).half().to(DEV)
+    opcheck(torch.ops.jetspec.hidden_topk.default, (hid, torch.randn(700, 64).half().to(DEV), 4))
     tt, tl = cu().log_softmax_topk(logits, 4)
     root = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
     opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))

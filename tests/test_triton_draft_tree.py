@@ -1,7 +1,5 @@
 """Triton draft-tree path vs python_ref: log-softmax top-K (from logits and fused from hidden
 states), tree building (topn, accum_logp; bit-exact from top-K), pack_mask, and draft_tree."""
-import contextlib
-
 import pytest
 import torch
 
@@ -9,27 +7,12 @@ import jetspec_kernels as jk
 import python_ref as ref
 from jetspec_kernels.triton import tree_build as triton_tree
 from jetspec_kernels.triton import topk as triton_topk
-from helpers import TREE_FIELDS, assert_padding, rel_l2, tree_difference, tree_fields
+from helpers import (TREE_FIELDS, assert_padding, poisoned_empty, rel_l2, tree_difference,
+                     tree_fields)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ALGS = ("topn", "accum_logp")
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-@contextlib.contextmanager
-def poisoned_empty():
-    """Make torch.empty return NaN (float) / -7 (int) tensors, so unwritten outputs show."""
-    real = torch.empty
-
-    def empty(*size, dtype=None, **kw):
-        t = real(*size, dtype=dtype, **kw)
-        return t.fill_(float("nan") if t.is_floating_point() else -7)
-
-    torch.empty = empty
-    try:
-        yield
-    finally:
-        torch.empty = real
 
 
 def sorted_logprobs(gen, B, D, K, levels=None):

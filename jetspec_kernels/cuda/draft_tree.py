@@ -1,4 +1,5 @@
-"""cuda backend: log_softmax_topk (vocab-parallel) and build_tree (one CTA per sequence)."""
+"""cuda backend: log_softmax_topk and hidden_topk (vocab-parallel) and build_tree (one CTA per
+sequence)."""
 from __future__ import annotations
 
 import torch
@@ -32,6 +33,48 @@ def _(logits, k):
 def log_softmax_topk(logits, k):
     """logits float [B, D, V] -> (tokens int32 [B, D, K], logprobs float32 [B, D, K])."""
     return _log_softmax_topk(logits, int(k))
+
+
+@torch.library.custom_op("jetspec::hidden_topk", mutates_args=())
+def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from .. import _C
+
+    b, d, h = hidden.shape
+    v = lm_head_weight.shape[0]
+    # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
+    if not U.aligned16(lm_head_weight):
+        raise ValueError("lm_head_weight rows must start on 16-byte boundaries for the cuda backend "
+                         f"(strides {lm_head_weight.stride()}, data_ptr % 16 = "
+                         f"{lm_head_weight.data_ptr() % 16})")
+    if not U.aligned16(hidden):
+        hidden = hidden.clone(memory_format=torch.contiguous_format)
+    tokens = torch.empty(b, d, k, device=hidden.device, dtype=torch.int32)
+    logprobs = torch.empty(b, d, k, device=hidden.device, dtype=torch.float32)
+    ws = torch.empty(_C.hidden_topk_workspace_bytes(b * d, v, k), device=hidden.device,
+                     dtype=torch.uint8)
+    _C.hidden_topk(U.ptr(hidden), hidden.stride(0), hidden.stride(1), U.ptr(lm_head_weight),
+                   lm_head_weight.stride(0), U.ptr(tokens), U.ptr(logprobs), U.ptr(ws), b, d, h, v,
+                   k, U.dtype_code(hidden), U.stream())
+    return tokens, logprobs
+
+
+@_hidden_topk.register_fake
+def _(hidden, lm_head_weight, k):
+    b, d, _ = hidden.shape
+    return (hidden.new_empty(b, d, k, dtype=torch.int32),
+            hidden.new_empty(b, d, k, dtype=torch.float32))
+
+
+def hidden_topk(hidden, lm_head_weight, k):
+    """hidden fp16/bf16 [B, D, H], lm_head_weight [V, H] -> (tokens int32 [B, D, K], logprobs
+    float32 [B, D, K]): the top-K of log_softmax(hidden @ lm_head_weight.T) in fp32, without
+    materialising the logits."""
+    if hidden.dtype not in (torch.float16, torch.bfloat16) or hidden.shape[-1] % 8:
+        raise U.unavailable(f"hidden_topk needs float16/bfloat16 inputs with H % 8 == 0 (mma.sync, "
+                            f"cp.async), got {str(hidden.dtype).replace('torch.', '')} H="
+                            f"{hidden.shape[-1]}; use backend='triton'")
+    return _hidden_topk(hidden, lm_head_weight, int(k))
 
 
 @torch.library.custom_op("jetspec::build_tree", mutates_args=())

@@ -11,6 +11,19 @@ ALGORITHMS = ("topn", "accum_logp")
 MAX_BUDGET = 4096
 MAX_TOPK = 64
 TOKEN_DTYPES = (torch.int32, torch.int64)
+HIDDEN_KERNEL_DTYPES = {"cuda": (torch.float16, torch.bfloat16)}
+HIDDEN_KERNEL_MULTIPLE = {"cuda": 8}  # H % 8 == 0: 16-byte cp.async rows
+
+
+def _hidden_unsupported(name: str, hidden) -> str | None:
+    """Why backend ``name``'s hidden_topk cannot take ``hidden`` (None if it can)."""
+    dtypes = HIDDEN_KERNEL_DTYPES.get(name)
+    if dtypes is not None and hidden.dtype not in dtypes:
+        return f"hidden_topk needs float16/bfloat16 inputs, got {str(hidden.dtype).replace('torch.', '')}"
+    multiple = HIDDEN_KERNEL_MULTIPLE.get(name)
+    if multiple is not None and hidden.shape[-1] % multiple:
+        return f"hidden_topk needs the hidden size to be a multiple of {multiple}, got {hidden.shape[-1]}"
+    return None
 
 
 def _check_common(root_tokens, budget, topk, algorithm, *, batch, depth, vocab, device):
@@ -122,7 +135,8 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
     root_tokens, budget, topk, algorithm, backend : as in :func:`draft_tree`.
     """
     check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm)
-    tk, lp = _backend.select(hidden.device, "hidden_topk", backend)(hidden, lm_head_weight, topk)
+    tk, lp = _backend.select(hidden.device, "hidden_topk", backend,
+                             lambda name: _hidden_unsupported(name, hidden))(hidden, lm_head_weight, topk)
     return _build(backend, tk, lp, root_tokens, budget, algorithm)
 
 

@@ -55,6 +55,28 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 0;
   return cudaErrorNoDevice;
 }
+// An H200's attributes; JETSPEC_SIM_SM_COUNT overrides the SM count (tests of launch plans).
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+inline cudaError_t cudaGetDevice(int* dev) {
+  *dev = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: {
+      const char* env = std::getenv("JETSPEC_SIM_SM_COUNT");
+      *value = env != nullptr ? std::atoi(env) : 132;
+      return cudaSuccess;
+    }
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 232448; return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
 
@@ -108,6 +130,7 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __float_as_int(float f) {
   int i;
   std::memcpy(&i, &f, 4);
@@ -217,16 +240,29 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
 inline void __syncthreads() { ::jetspec_sim::block->all.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::jetspec_sim::my_warp().arrive_and_wait(); }
 
-template <typename T>
-T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+namespace jetspec_sim {
+// Every lane publishes v and reads lane src_of(its own lane) of the warp (a 32-lane shuffle).
+template <typename T, typename Src>
+T shuffle(T v, Src src_of) {
   static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  const unsigned src = (::jetspec_sim::thread_idx.x & 31u) ^ static_cast<unsigned>(lane_mask);
-  const uint64_t got = ::jetspec_sim::exchange(bits, [&](const uint64_t* w) { return w[src]; });
+  const unsigned src = src_of(thread_idx.x & 31u) & 31u;
+  const uint64_t got = exchange(bits, [&](const uint64_t* w) { return w[src]; });
   T out;
   std::memcpy(&out, &got, sizeof(T));
   return out;
+}
+}  // namespace jetspec_sim
+
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  return ::jetspec_sim::shuffle(v, [&](unsigned lane) { return lane ^ static_cast<unsigned>(lane_mask); });
+}
+
+template <typename T>
+T __shfl_sync(unsigned, T v, int src_lane) {
+  return ::jetspec_sim::shuffle(v, [&](unsigned) { return static_cast<unsigned>(src_lane); });
 }
 
 template <typename T>

@@ -30,6 +30,9 @@ cudaError_t launch_commit_kv(const CommitParams& p, int cache_elem_bytes, int hi
 
 size_t topk_workspace_bytes(long long rows, int vocab, int k);
 cudaError_t launch_log_softmax_topk(const TopkParams& p, int logits_dtype, cudaStream_t stream);
+// hidden and weight float16 or bfloat16; the workspace size depends on the current device.
+cudaError_t hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes);
+cudaError_t launch_hidden_topk(const HiddenTopkParams& p, int dtype, cudaStream_t stream);
 cudaError_t launch_build_tree(const BuildTreeParams& p, cudaStream_t stream);
 
 // dtype float16 or bfloat16; head_dim 64, 128 or 256.

@@ -86,6 +86,18 @@ struct TopkParams {
   int batch, depth, vocab, k;
 };
 
+// hidden_topk (hidden_topk.cuh): top-K of log_softmax(hidden @ weight^T) per (b, d) row.
+struct HiddenTopkParams {
+  const void* hidden;   // [B, D, H], dim 2 contiguous
+  int64_t sh0, sh1;
+  const void* weight;   // [V, H], dim 1 contiguous
+  int64_t sw0;
+  int32_t* tokens;      // [B, D, K] contiguous
+  float* logprobs;      // [B, D, K] contiguous
+  void* workspace;      // hidden_topk_workspace_bytes
+  int batch, depth, hidden_dim, vocab, k;
+};
+
 // build_tree (build_tree.cuh); algorithm: 0 topn, 1 accum_logp.
 struct BuildTreeParams {
   const int32_t* topk_tokens;    // [B, D, K] contiguous
