@@ -129,8 +129,9 @@ PYBIND11_MODULE(_C, m) {
       "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only.");
   m.def(
       "verify_target_tokens",
-      [](U logits, int64_t s0, int64_t s1, U num_nodes, U seed, U offset, U target, int batch,
-         int n, int vocab, float temperature, int dtype, U stream) {
+      [](U logits, int64_t s0, int64_t s1, U num_nodes, U seed, U offset, U part_v, U part_i,
+         int batch, int n, int vocab, int splits, int split_len, bool vec, float temperature,
+         int dtype, U stream) {
         jetspec::TargetTokenParams p{};
         p.logits = ptr<const void>(logits);
         p.s0 = s0;
@@ -138,24 +139,33 @@ PYBIND11_MODULE(_C, m) {
         p.num_nodes = ptr<const int32_t>(num_nodes);
         p.seed = ptr<const int64_t>(seed);
         p.offset = ptr<const int64_t>(offset);
-        p.target = ptr<int32_t>(target);
+        p.part_v = ptr<float>(part_v);
+        p.part_i = ptr<int32_t>(part_i);
         p.batch = batch;
         p.n = n;
         p.vocab = vocab;
+        p.splits = splits;
+        p.split_len = split_len;
+        p.vec = vec ? 1 : 0;
         p.temperature = temperature;
         check(jetspec::launch_target_tokens(p, dtype, stream_of(stream)), "verify_target_tokens");
       },
-      "Target token per valid node: argmax (temperature 0) or seeded Gumbel-max sample.");
+      "Per (valid node, vocab split): the best logit (temperature 0) or seeded Gumbel-max value "
+      "and its token, into part_v / part_i [B * N, splits].");
   m.def(
       "verify_walk",
-      [](U tokens, U parents, U num_nodes, U target, int64_t target_stride, U accept_len, U path,
-         U bonus, U emitted, int batch, int n, int cols, U stream) {
+      [](U tokens, U parents, U num_nodes, U target, int64_t target_stride, U part_v, U part_i,
+         int splits, U accept_len, U path, U bonus, U emitted, int batch, int n, int cols,
+         U stream) {
         jetspec::VerifyWalkParams p{};
         p.tokens = ptr<const int32_t>(tokens);
         p.parents = ptr<const int32_t>(parents);
         p.num_nodes = ptr<const int32_t>(num_nodes);
         p.target = ptr<const int32_t>(target);
         p.target_stride = target_stride;
+        p.part_v = ptr<const float>(part_v);
+        p.part_i = ptr<const int32_t>(part_i);
+        p.splits = splits;
         p.accept_len = ptr<int32_t>(accept_len);
         p.path = ptr<int32_t>(path);
         p.bonus = ptr<int32_t>(bonus);

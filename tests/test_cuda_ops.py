@@ -222,15 +222,20 @@ def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_verify_tree(dev, dtype, temperature):
+# (B, N, V, misaligned): one vocab split; a B = 1 verify in 3 splits (with a tie across splits
+# and a NaN logit); 2 splits over logits whose rows are not 16-byte aligned (scalar loads).
+@pytest.mark.parametrize("b,n,v,misaligned", [(3, 40, 1000, False), (1, 9, 9000, False),
+                                              (2, 7, 9001, True)])
+def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
     gen = torch.Generator().manual_seed(5)
-    b, n, v = 3, 40, 1000
     parents, num_nodes = random_tree(b, n, gen)
     tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)  # frequent matches
-    logits = torch.randn(b, n, v, generator=gen).to(dtype)
+    logits = torch.randn(b, n, v + misaligned, generator=gen).to(dtype)[..., misaligned:]
     logits[..., :4] += 4.0
-    seed = torch.tensor([1, 2, 3], dtype=torch.int64)
-    offset = torch.tensor([7, 7, 2 ** 40], dtype=torch.int64)
+    logits[0, 0, [3, v - 2]] = 40.0  # node 0: equal maxima in the first and last split
+    logits[0, 1, v // 2] = float("nan")  # NaN is the maximum (torch.argmax)
+    seed = torch.tensor([1, 2, 3], dtype=torch.int64)[:b]
+    offset = torch.tensor([7, 7, 2 ** 40], dtype=torch.int64)[:b]
     max_depth = 8
     want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits.float(),
                            temperature=temperature, seed=seed, offset=offset)

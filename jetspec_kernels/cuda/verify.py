@@ -8,6 +8,21 @@ import torch
 from . import _util as U
 
 
+# Each phase-1 CTA scans at least this many logits (two 16-byte loads per thread).
+MIN_SPLIT_LEN = 4096
+
+
+def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
+    """(splits, split_len) for phase 1: about 4 CTAs per SM in total, split_len a multiple of 8
+    (16-byte vectors) and about MIN_SPLIT_LEN or more; one split once rows alone fill the GPU."""
+    def cdiv(a, b):
+        return -(-a // b)
+
+    want = max(1, min(cdiv(4 * sm_count, max(rows, 1)), cdiv(vocab, MIN_SPLIT_LEN), 65535))
+    split_len = cdiv(cdiv(vocab, want), 8) * 8
+    return cdiv(vocab, split_len), split_len
+
+
 @torch.library.custom_op("jetspec::verify_tree", mutates_args=())
 def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
                  max_depth: int, target_logits: Optional[torch.Tensor],
@@ -22,15 +37,22 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
     tokens = tokens.contiguous()
     parents = parents.contiguous()
     num_nodes = num_nodes.contiguous()
+    part_v = part_i = target = None
+    splits = 1
     if target_tokens is None:
-        target = torch.empty(b, n, device=dev, dtype=torch.int32)
+        v = target_logits.shape[2]
+        splits, split_len = target_splits(b * n, v, U.sm_count(dev.index or 0))
+        part_v = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
+        part_i = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
         sample = temperature > 0
         seed_t = seed.to(torch.int64).contiguous() if sample else None
         offset_t = offset.to(torch.int64).contiguous() if sample else None
+        # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
+        vec = U.aligned16(target_logits)
         _C.verify_target_tokens(U.ptr(target_logits), target_logits.stride(0),
                                 target_logits.stride(1), U.ptr(num_nodes), U.ptr(seed_t),
-                                U.ptr(offset_t), U.ptr(target), b, n, target_logits.shape[2],
-                                float(temperature) if sample else 0.0,
+                                U.ptr(offset_t), U.ptr(part_v), U.ptr(part_i), b, n, v, splits,
+                                split_len, vec, float(temperature) if sample else 0.0,
                                 U.dtype_code(target_logits), U.stream())
     else:
         target = target_tokens.contiguous()
@@ -38,7 +60,8 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
     path = torch.empty(b, cols, device=dev, dtype=torch.int32)
     bonus = torch.empty(b, device=dev, dtype=torch.int32)
     emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
-    _C.verify_walk(U.ptr(tokens), U.ptr(parents), U.ptr(num_nodes), U.ptr(target), target.stride(0),
+    _C.verify_walk(U.ptr(tokens), U.ptr(parents), U.ptr(num_nodes), U.ptr(target),
+                   0 if target is None else target.stride(0), U.ptr(part_v), U.ptr(part_i), splits,
                    U.ptr(accept_len), U.ptr(path), U.ptr(bonus), U.ptr(emitted), b, n, cols,
                    U.stream())
     return accept_len, path, bonus, emitted

@@ -89,6 +89,9 @@ struct alignas(8) float2 {
   float x, y;
 };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 
 // ---- storage types --------------------------------------------------------------------------
 struct __half {

@@ -33,15 +33,18 @@ struct RopeParams {
   float eps;
 };
 
-// verify_tree, phase 1: the target's token per node (verify.cuh).
+// verify_tree, phase 1: per (node, vocab split) the best target logit (verify.cuh).
 struct TargetTokenParams {
   const void* logits;       // [B, N, V]
   int64_t s0, s1;           // strides of dims 0 and 1 (dim 2 contiguous)
   const int32_t* num_nodes; // [B]
   const int64_t* seed;      // [B] or null (greedy)
   const int64_t* offset;    // [B] or null
-  int32_t* target;          // [B, N] contiguous
+  float* part_v;            // [B * N, splits]: best (Gumbel-perturbed when sampling) value
+  int32_t* part_i;          // [B * N, splits]: its token
   int batch, n, vocab;
+  int splits, split_len;    // split s covers tokens [s * split_len, (s + 1) * split_len)
+  int vec;                  // 1: rows and split starts are 16-byte aligned (vector loads)
   float temperature;        // 0: greedy
 };
 
@@ -50,8 +53,11 @@ struct VerifyWalkParams {
   const int32_t* tokens;     // [B, N] contiguous
   const int32_t* parents;    // [B, N] contiguous
   const int32_t* num_nodes;  // [B]
-  const int32_t* target;     // [B, N] target token per node (row stride target_stride)
+  const int32_t* target;     // [B, N] target token per node (row stride target_stride), or null:
   int64_t target_stride;
+  const float* part_v;       // then the node's target is the best of its phase-1 splits
+  const int32_t* part_i;
+  int splits;
   int32_t* accept_len;       // [B]
   int32_t* path;             // [B, C]
   int32_t* bonus;            // [B]
