@@ -145,7 +145,8 @@ def test_tree_attention_strided_outputs_and_empty(dev):
 @pytest.mark.parametrize("is_paged", [False, True])
 def test_qk_norm_rope_append(dev, dtype, cache_dtype, is_paged):
     gen = torch.Generator().manual_seed(3)
-    b, n, hq, hkv, dh, lmax = 2, 5, 8, 2, 128, 64
+    # 15 heads: warp head-groups of 8 q heads, then 4 q + 3 k heads (a group mixing both).
+    b, n, hq, hkv, dh, lmax = 2, 5, 12, 3, 128, 64
     q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
     k = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
     v = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)

@@ -17,23 +17,17 @@ __host__ __device__ inline int rope_q_heads(const RopeParams& p) {
   return p.q == nullptr ? 0 : p.hq;
 }
 
-// One warp per (b, n, head), heads 0..Hq'-1 are q heads, Hq'..Hq'+Hkv-1 are k heads (+ their v),
-// with Hq' = rope_q_heads(p).
+constexpr int kRopeHeadsPerWarp = 8;  // heads that share one warp's cos/sin of a token
+
+// RMSNorm + rotation of one head of token (b, n) with the token's cos/sin, then its stores (the
+// rotated q row, or the rotated k row and the v row into the cache).
 template <typename T, typename TC>
-__global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
+__device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n, int head, int hq,
+                                              int pos, const float* c, const float* s) {
   const int lane = threadIdx.x & 31;
-  const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
-  const int hq = rope_q_heads(p);
-  const int heads = hq + p.hkv;
-  const long long total = static_cast<long long>(p.batch) * p.n * heads;
-  if (wid >= total) return;
-  const int head = static_cast<int>(wid % heads);
-  const int n = static_cast<int>((wid / heads) % p.n);
-  const int b = static_cast<int>(wid / (static_cast<long long>(heads) * p.n));
   const bool is_q = head < hq;
   const int h = is_q ? head : head - hq;
   const int half = p.dh / 2;
-
   const T* src = is_q ? static_cast<const T*>(p.q) + b * p.sq.s0 + n * p.sq.s1 + h * p.sq.s2
                       : static_cast<const T*>(p.k) + b * p.sk.s0 + n * p.sk.s1 + h * p.sk.s2;
   const float* w = is_q ? p.q_norm_w : p.k_norm_w;
@@ -53,29 +47,19 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
   ss = warp_sum(ss);
   // Correctly rounded sqrt and division (no fast-math): close to torch.rsqrt in fp32.
   const float r = 1.0f / sqrtf(ss / static_cast<float>(p.dh) + p.eps);
-  const int pos = p.positions[static_cast<long long>(b) * p.n + n];
-
-  int64_t dst_off = 0;
-  if (is_q) {
-    dst_off = ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.dh;
-  } else {
-    const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
-    dst_off = cache_offset(p.sc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
-  }
+  const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
+  const int64_t dst_off =
+      is_q ? ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.dh
+           : cache_offset(p.sc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
 #pragma unroll
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
     if (i >= half) break;
     const float n1 = __fmul_rn(__fmul_rn(x1[t], r), w[i]);
     const float n2 = __fmul_rn(__fmul_rn(x2[t], r), w[i + half]);
-    const float inv = static_cast<float>(pow(p.theta,
-                                             (-2.0 * i) / static_cast<double>(p.dh)));
-    const float angle = __fmul_rn(static_cast<float>(pos), inv);
-    double sd, cd;
-    sincos(static_cast<double>(angle), &sd, &cd);
-    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
-    const float o1 = __fsub_rn(__fmul_rn(n1, c), __fmul_rn(n2, s));
-    const float o2 = __fadd_rn(__fmul_rn(n2, c), __fmul_rn(n1, s));
+    const float ct = c[t * 32 + lane], st = s[t * 32 + lane];
+    const float o1 = __fsub_rn(__fmul_rn(n1, ct), __fmul_rn(n2, st));
+    const float o2 = __fadd_rn(__fmul_rn(n2, ct), __fmul_rn(n1, st));
     if (is_q) {
       T* dst = static_cast<T*>(p.q_out) + dst_off;
       dst[i] = from_float<T>(o1);
@@ -89,18 +73,57 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
   if (!is_q) {
     const T* vs = static_cast<const T*>(p.v) + b * p.sv.s0 + n * p.sv.s1 + h * p.sv.s2;
     // v_cache shares k_cache's shape but may have its own strides.
-    const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
     TC* vd = static_cast<TC*>(p.v_cache) +
              cache_offset(p.svc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
     for (int i = lane; i < p.dh; i += 32) vd[i] = from_float<TC>(to_float(vs[i]));
   }
 }
 
+// One warp per (b, n, group of up to kRopeHeadsPerWarp heads): the token's cos/sin (double
+// pow and sincos, the costly part) once, then each head. Heads 0..Hq'-1 are q heads,
+// Hq'..Hq'+Hkv-1 are k heads (+ their v), with Hq' = rope_q_heads(p).
+template <typename T, typename TC>
+__global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
+  const int lane = threadIdx.x & 31;
+  const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
+  const int hq = rope_q_heads(p);
+  const int heads = hq + p.hkv;
+  const int groups = (heads + kRopeHeadsPerWarp - 1) / kRopeHeadsPerWarp;
+  const long long total = static_cast<long long>(p.batch) * p.n * groups;
+  if (wid >= total) return;
+  const int group = static_cast<int>(wid % groups);
+  const int n = static_cast<int>((wid / groups) % p.n);
+  const int b = static_cast<int>(wid / (static_cast<long long>(groups) * p.n));
+  const int half = p.dh / 2;
+  const int pos = p.positions[static_cast<long long>(b) * p.n + n];
+
+  // The warp's cos/sin live in shared memory (entry t * 32 + lane is this lane's pair t), not
+  // in registers that would have to survive the double sincos slow-path calls.
+  __shared__ float cs_all[256 / 32][2][kRopeMaxPairsPerLane * 32];
+  float* c = cs_all[threadIdx.x >> 5][0];
+  float* s = cs_all[threadIdx.x >> 5][1];
+#pragma unroll
+  for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
+    const int i = lane + 32 * t;
+    if (i >= half) break;
+    const float inv = static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(p.dh)));
+    const float angle = __fmul_rn(static_cast<float>(pos), inv);
+    double sd, cd;
+    sincos(static_cast<double>(angle), &sd, &cd);
+    c[t * 32 + lane] = static_cast<float>(cd);
+    s[t * 32 + lane] = static_cast<float>(sd);
+  }
+  const int h_end = min(heads, (group + 1) * kRopeHeadsPerWarp);
+  for (int head = group * kRopeHeadsPerWarp; head < h_end; ++head)
+    rope_one_head<T, TC>(p, b, n, head, hq, pos, c, s);
+}
+
 template <typename T, typename TC>
 cudaError_t qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
   if (p.dh % 2 != 0 || p.dh > 2 * 32 * kRopeMaxPairsPerLane) return cudaErrorInvalidValue;
   if (p.q != nullptr && (p.q_out == nullptr || p.q_norm_w == nullptr)) return cudaErrorInvalidValue;
-  const long long warps = static_cast<long long>(p.batch) * p.n * (rope_q_heads(p) + p.hkv);
+  const int groups = (rope_q_heads(p) + p.hkv + kRopeHeadsPerWarp - 1) / kRopeHeadsPerWarp;
+  const long long warps = static_cast<long long>(p.batch) * p.n * groups;
   if (warps == 0) return cudaSuccess;
   const int threads = 256;
   const long long blocks = (warps * 32 + threads - 1) / threads;
