@@ -248,9 +248,11 @@ def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
 
 @pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("is_paged", [False, True])
-def test_commit_kv(dev, cache_dtype, is_paged):
+# Rows of whole 16-byte units (16-byte copies) or not (element copies).
+@pytest.mark.parametrize("dh,hdim", [(16, 24), (6, 20)])
+def test_commit_kv(dev, cache_dtype, is_paged, dh, hdim):
     gen = torch.Generator().manual_seed(9)
-    b, lmax, hkv, dh, cols = 2, 64, 2, 16, 5
+    b, lmax, hkv, cols = 2, 64, 2, 5
     kc = torch.randn(b, lmax, hkv, dh, generator=gen).to(cache_dtype)
     table = None
     if is_paged:
@@ -259,7 +261,7 @@ def test_commit_kv(dev, cache_dtype, is_paged):
     prefix = torch.tensor([3, 20], dtype=torch.int32)
     path = torch.tensor([[0, 2, 3, 7, -1], [0, 1, 5, 6, 9]], dtype=torch.int32)
     accept = torch.tensor([3, 4], dtype=torch.int32)
-    hidden = torch.randn(b, 12, 24, generator=gen).to(torch.bfloat16)
+    hidden = torch.randn(b, 12, hdim, generator=gen).to(torch.bfloat16)
     kr, vr = kc.clone(), vc.clone()
     want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
     kd, vd = kc.to(dev), vc.to(dev)

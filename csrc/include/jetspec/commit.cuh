@@ -3,62 +3,96 @@
 // walks i in increasing order, so the overlap is safe: a later source path[j] >= j > i is never
 // a slot already written, and no other thread touches the same elements.
 #pragma once
+#include <initializer_list>
+
 #include "jetspec/common.cuh"
 
 namespace jetspec {
 
 
-// Raw element copies: E is an unsigned integer of the element's size (2 or 4 bytes).
-template <typename E>
-__global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p) {
+// Copies in units U (uint4 when every row is 16-byte aligned, else the raw element type) of
+// elements of elem_bytes bytes.
+template <typename U>
+__global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem_bytes) {
   const int b = blockIdx.x;
   const int pre = p.prefix_lens[b];
   const int acc = p.accept_len[b];
   const int32_t* path = p.path + static_cast<int64_t>(b) * p.cols;
   if (blockIdx.y == 0 && threadIdx.x == 0) p.new_prefix_lens[b] = pre + acc + 1;
-  E* kc = static_cast<E*>(p.k_cache);
-  E* vc = static_cast<E*>(p.v_cache);
-  const int row = p.hkv * p.dh;
+  char* kc = static_cast<char*>(p.k_cache);
+  char* vc = static_cast<char*>(p.v_cache);
+  const int per_head = p.dh * elem_bytes / static_cast<int>(sizeof(U));
+  const int row = p.hkv * per_head;
+  auto unit = [&](char* base, const Strides4& st, int pos, int h, int d) {
+    return reinterpret_cast<U*>(
+               base + cache_offset(st, p.block_table, p.bt_stride, p.page_size, b, pos, h) *
+                          elem_bytes) + d;
+  };
   for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < row; e += gridDim.y * blockDim.x) {
-    const int h = e / p.dh, d = e % p.dh;
+    const int h = e / per_head, d = e % per_head;
     for (int i = 0; i <= acc; ++i) {
       const int src = pre + path[i], dst = pre + i;
       if (src == dst) continue;
-      kc[cache_offset(p.sk, p.block_table, p.bt_stride, p.page_size, b, dst, h) + d] =
-          kc[cache_offset(p.sk, p.block_table, p.bt_stride, p.page_size, b, src, h) + d];
-      vc[cache_offset(p.sv, p.block_table, p.bt_stride, p.page_size, b, dst, h) + d] =
-          vc[cache_offset(p.sv, p.block_table, p.bt_stride, p.page_size, b, src, h) + d];
+      *unit(kc, p.sk, dst, h, d) = *unit(kc, p.sk, src, h, d);
+      *unit(vc, p.sv, dst, h, d) = *unit(vc, p.sv, src, h, d);
     }
   }
 }
 
-// One CTA per (b, i): hidden_rows[b, i] = hidden[b, path[b, i]] for i <= accept_len, else 0.
-template <typename E>
-__global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p) {
+// One CTA per (b, i): hidden_rows[b, i] = hidden[b, path[b, i]] for i <= accept_len, else 0;
+// units U of elem_bytes-byte elements as above.
+template <typename U>
+__global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p, int elem_bytes) {
   const int b = blockIdx.x, i = blockIdx.y;
-  E* dst = static_cast<E*>(p.hidden_rows) + (static_cast<int64_t>(b) * p.cols + i) * p.hidden_dim;
+  const int units = p.hidden_dim * elem_bytes / static_cast<int>(sizeof(U));
+  U* dst = reinterpret_cast<U*>(static_cast<char*>(p.hidden_rows) +
+                                (static_cast<int64_t>(b) * p.cols + i) * p.hidden_dim * elem_bytes);
   const bool on_path = i <= p.accept_len[b];
-  const E* src = nullptr;
-  if (on_path) src = static_cast<const E*>(p.hidden) + b * p.sh0 + p.path[b * p.cols + i] * p.sh1;
-  for (int e = threadIdx.x; e < p.hidden_dim; e += blockDim.x) dst[e] = on_path ? src[e] : E(0);
+  const U* src = nullptr;
+  if (on_path) {
+    const int64_t off = b * p.sh0 + p.path[b * p.cols + i] * p.sh1;
+    src = reinterpret_cast<const U*>(static_cast<const char*>(p.hidden) + off * elem_bytes);
+  }
+  for (int e = threadIdx.x; e < units; e += blockDim.x) dst[e] = on_path ? src[e] : U{};
+}
+
+// Whether rows of `elems` elements at ptr + k * stride (elements) all start 16-byte aligned and
+// are whole 16-byte units.
+inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
+                           std::initializer_list<int64_t> strides) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (static_cast<int64_t>(elems) * elem_bytes) % 16)
+    return false;
+  for (int64_t s : strides)
+    if ((s * elem_bytes) % 16 != 0) return false;
+  return true;
 }
 
 template <typename E>
 cudaError_t commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
-  const int row = p.hkv * p.dh;
-  const int chunks = row > 0 ? min(ceil_div(row, 256), 64) : 1;
-  JETSPEC_LAUNCH(commit_kv_kernel<E>, dim3(p.batch, chunks), 256, 0, stream, p);
+  const int eb = static_cast<int>(sizeof(E));
+  const bool vec = rows_aligned16(p.k_cache, eb, p.dh, {p.sk.s0, p.sk.s1, p.sk.s2}) &&
+                   rows_aligned16(p.v_cache, eb, p.dh, {p.sv.s0, p.sv.s1, p.sv.s2});
+  const int units = p.hkv * p.dh * eb / (vec ? 16 : eb);
+  const int chunks = units > 0 ? min(ceil_div(units, 256), 64) : 1;
+  if (vec) {
+    JETSPEC_LAUNCH(commit_kv_kernel<uint4>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
+  } else {
+    JETSPEC_LAUNCH(commit_kv_kernel<E>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
+  }
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (p.hidden_rows == nullptr || p.hidden_dim == 0 || p.cols == 0) return cudaSuccess;
   if (p.cols > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(p.batch, p.cols);
-  if (hidden_elem_bytes == 2) {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, 256, 0, stream, p);
-  } else if (hidden_elem_bytes == 4) {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, 256, 0, stream, p);
+  const int hb = hidden_elem_bytes;
+  if (hb != 2 && hb != 4) return cudaErrorInvalidValue;
+  if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.sh0, p.sh1}) &&
+      rows_aligned16(p.hidden_rows, hb, p.hidden_dim, {})) {
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, 256, 0, stream, p, hb);
+  } else if (hb == 2) {
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, 256, 0, stream, p, hb);
   } else {
-    return cudaErrorInvalidValue;
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, 256, 0, stream, p, hb);
   }
   return cudaGetLastError();
 }
