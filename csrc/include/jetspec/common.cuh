@@ -68,6 +68,21 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Warp-wide best of each lane's (v, i) by the strict order better(av, ai, bv, bi); every lane
+// gets the winner.
+template <typename Better>
+__device__ __forceinline__ void warp_best(float& v, int& i, Better better) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -29,15 +29,7 @@ inline size_t log_softmax_topk_workspace_bytes(long long rows, int vocab, int k)
 // `buf` holds 2 x 8 slots; `parity` alternates so that one barrier per call suffices.
 __device__ __forceinline__ void topk_block_best(float& v, int& i, float* buf_v, int* buf_i,
                                                 int parity) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (topk_before(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
+  warp_best(v, i, topk_before);
   const int warps = kTopkThreads / 32;
   if ((threadIdx.x & 31) == 0) {
     buf_v[parity * warps + (threadIdx.x >> 5)] = v;

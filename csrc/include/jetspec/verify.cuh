@@ -22,19 +22,6 @@ __device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi
 }
 
 
-// Warp argmax of (v, i) by argmax_better; every lane gets the winner.
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (argmax_better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
 constexpr int kTargetThreads = 256;
 
 // One CTA per (node, vocab split): the split's best value with 16-byte loads (when aligned),
@@ -87,7 +74,7 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
   }
   for (int v = scalar_from + threadIdx.x; v < v1; v += kTargetThreads) consider(to_float(x[v]), v);
 
-  warp_argmax(best_v, best_i);
+  warp_best(best_v, best_i, argmax_better);
   __shared__ float sv[kTargetThreads / 32];
   __shared__ int si[kTargetThreads / 32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
