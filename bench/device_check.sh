@@ -114,7 +114,7 @@ fi
 
 # 4. The quick sweep of every bench (CPU in a dry run).
 step bench_tree_attention 75 140 "'$PY' bench/bench_tree_attention.py $BENCH_FLAGS --out '$RES'"
-step bench_draft_tree 40 100 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --out '$RES'"
+step bench_draft_tree 50 100 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --out '$RES'"
 step bench_verify 40 60 "'$PY' bench/bench_verify.py $BENCH_FLAGS --out '$RES'"
 step bench_draft_head 40 30 "'$PY' bench/bench_draft_head.py $BENCH_FLAGS --out '$RES'"
 step bench_decode 60 0 "'$PY' bench/bench_decode.py $BENCH_FLAGS --out '$RES'"
