@@ -417,25 +417,40 @@ def test_opcheck_and_graph_replay():
     acc = torch.tensor([2], dtype=torch.int32, device=DEV)
     opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))
 
-    # CUDA graph: capture draft tree + verification attention, replay on new inputs.
+    # CUDA graph: capture draft tree (from logits and from hidden states), verification
+    # attention and verify_tree; replay on new inputs.
+    w_head = torch.randn(700, 64, generator=gen).half().to(DEV)
+    tlog1 = torch.randn(2, 20, 9000, generator=gen).to(DEV)  # B*N = 40 rows: vocab splits
+
+    def round_():
+        cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, num_splits=2)
+        t = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
+        th = cu().build_tree(*cu().hidden_topk(hid, w_head, 4), root, 20, "topn")
+        return t, th, cu().verify_tree(t[0], t[1], t[4], 3, tlog1, None, 0.0, None, None)
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, num_splits=2)
-        t1 = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
+        round_()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, num_splits=2)
-        t_graph = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
+        t_graph, th_graph, verdict = round_()
     q.copy_(torch.randn(q.shape, generator=gen).half())
     logits.copy_(torch.randn(logits.shape, generator=gen))
+    hid.copy_(torch.randn(hid.shape, generator=gen).half())
+    tlog1.copy_(torch.randn(tlog1.shape, generator=gen))
     g.replay()
     torch.cuda.synchronize()
+    want_h = ref.draft_tree((hid.double() @ w_head.double().T).cpu(), root.cpu(), 20, 4, "topn")
+    assert torch.equal(th_graph[0].cpu(), want_h["tokens"].cpu())
+    want_v = ref.verify_tree(t_graph[0].cpu(), t_graph[1].cpu(), t_graph[4].cpu(), 3,
+                             target_logits=tlog1.cpu())
+    for key, got_v in zip(("accept_len", "path", "bonus", "emitted"), verdict):
+        assert torch.equal(got_v.cpu(), want_v[key].cpu()), key
     o_ref, _ = ref.tree_attention(q.double().cpu(), kc.double().cpu(), vc.double().cpu(),
                                   prefix.cpu(), None, "causal", None, 0.125)
     assert rel_l2(out, o_ref) < TOL[torch.float16]
     want = ref.draft_tree(logits.cpu(), root.cpu(), 20, 4, "topn")
     assert torch.equal(t_graph[0].cpu(), want["tokens"].cpu())
     assert torch.equal(t_graph[1].cpu(), want["parents"].cpu())
-    del t1
