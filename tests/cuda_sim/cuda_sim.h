@@ -10,8 +10,10 @@
 // Float math is plain IEEE float (build with -ffp-contract=off): __fadd_rn and friends are exact
 // counterparts; expf/logf come from glibc, which may differ from CUDA's by an ulp.
 // Inline PTX is not simulated: jetspec/mma.cuh takes its wrappers from mma_sim.h instead.
-// What the simulator cannot show: timing, races that a barrier-per-step model hides, the
-// asynchrony of cp.async (copies are synchronous here), and hardware-specific rounding.
+// cp.async copies land as late as allowed (at the wait that retires their group; the
+// destination holds NaN bytes until then), so a missing wait or an early refill shows.
+// What the simulator cannot show: timing, races that a barrier-per-step model hides, and
+// hardware-specific rounding.
 #pragma once
 #include <algorithm>
 #include <barrier>

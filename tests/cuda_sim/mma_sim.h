@@ -1,25 +1,56 @@
-// The warp-level PTX wrappers of jetspec/mma.cuh, emulated for cuda_sim.h: cp.async becomes a
-// synchronous 16-byte copy; ldmatrix and mma.sync gather every lane's operands through the warp
+// The warp-level PTX wrappers of jetspec/mma.cuh, emulated for cuda_sim.h: cp.async is a
+// deferred 16-byte copy (below); ldmatrix and mma.sync gather every lane's operands through the warp
 // exchange buffer and give each lane its part of the result, with the fragment layouts of the
 // PTX ISA (m8n8 ldmatrix; mma.m16n8k16 .row.col with f32 accumulators).
 // groupID = lane / 4, tig = lane % 4 below, as in the ISA's figures.
 #pragma once
 #include <array>
+#include <vector>
 
 namespace jetspec {
 
+// cp.async as late as the hardware may complete it: at issue the destination is poisoned with
+// 0xFF bytes (NaN in fp16/bf16/fp32), and the copy lands only when cp_async_wait retires its
+// group. A kernel that reads a stage before waiting for it, or refills a stage that another
+// thread is still reading, sees NaN instead of data.
+namespace sim_detail {
+struct CpAsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+struct CpAsyncQueue {
+  std::vector<CpAsyncCopy> open;                 // issued, not yet committed
+  std::vector<std::vector<CpAsyncCopy>> groups;  // committed, oldest first
+};
+inline thread_local CpAsyncQueue cp_async_queue;  // per simulated thread (a fresh std::thread)
+}  // namespace sim_detail
+
 inline void cp_async_16(void* dst, const void* src, bool valid) {
-  if (valid) {
-    std::memcpy(dst, src, 16);
-  } else {
-    std::memset(dst, 0, 16);
-  }
+  std::memset(dst, 0xFF, 16);
+  sim_detail::cp_async_queue.open.push_back({dst, src, valid});
 }
 
-inline void cp_async_commit() {}
+inline void cp_async_commit() {
+  auto& q = sim_detail::cp_async_queue;
+  q.groups.push_back(std::move(q.open));
+  q.open.clear();
+}
 
 template <int N>
-inline void cp_async_wait() {}
+inline void cp_async_wait() {
+  auto& q = sim_detail::cp_async_queue;
+  while (q.groups.size() > static_cast<size_t>(N)) {
+    for (const auto& c : q.groups.front()) {
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, 16);
+      } else {
+        std::memset(c.dst, 0, 16);
+      }
+    }
+    q.groups.erase(q.groups.begin());
+  }
+}
 
 namespace sim_detail {
 
