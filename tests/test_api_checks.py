@@ -246,6 +246,9 @@ CASES = [
     (jk.verify_tree, verify_args, _tree_with("mask", lambda t: t.mask[..., :0]), ValueError, "tree.mask"),
     (jk.verify_tree, verify_args, _tree_with("num_nodes", lambda t: t.num_nodes + N), ValueError, "tree.num_nodes"),
     (jk.verify_tree, verify_args, _tree_with("max_depth", N), ValueError, "tree.max_depth"),
+    (jk.verify_tree, verify_args, lambda a: {**a, "target_logits": torch.randn(B, 0, V), "tree": jk.Tree(
+        **{k: (v[:, :0, :0] if k == "mask" else v[:, :0]) if k not in ("num_nodes", "max_depth") else
+           (v * 0 if k == "num_nodes" else 0) for k, v in a["tree"].__dict__.items()})}, ValueError, "root"),
     (jk.verify_tree, verify_args, _with("target_logits", lambda a: a["target_logits"][:, :-1]), ValueError, "target_logits"),
     (jk.verify_tree, verify_args, _with("target_logits", lambda a: a["target_logits"].int()), TypeError, "target_logits"),
     (jk.verify_tree, verify_args, _with("target_logits", None), ValueError, "target_tokens"),

@@ -246,6 +246,37 @@ def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
+def test_verify_tree_target_tokens_empty_rows(dev):
+    # num_nodes 0 (value checks off): no child is accepted and the bonus is the root's target.
+    gen = torch.Generator().manual_seed(6)
+    b, n = 4, 33
+    parents, num_nodes = random_tree(b, n, gen)
+    num_nodes[1] = 0
+    num_nodes[2] = 1
+    tokens = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
+    target = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
+    want = ref.verify_tree(tokens, parents, num_nodes, 6, target_tokens=target)
+    got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 6, None,
+                           target.to(dev), 0.0, None, None)
+    for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
+        assert torch.equal(g.cpu(), want[key].cpu()), key
+
+
+def test_verify_tree_walk_limit(dev):
+    # The walk stages at most MAX_NODES["cuda"] nodes; a larger tree is an error from the launcher
+    # (and `auto` never sends one there).
+    from jetspec_kernels.ops.verify_tree import MAX_NODES
+    n = MAX_NODES["cuda"]
+    tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
+    parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
+    num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
+    with pytest.raises(RuntimeError):
+        cu().verify_tree(tokens, parents, num_nodes, 1, None, tokens, 0.0, None, None)
+    got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None, tokens[:, :n],
+                           0.0, None, None)
+    assert got[0].cpu().tolist() == [0] and got[2].cpu().tolist() == [0]
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("is_paged", [False, True])
 # Rows of whole 16-byte units (16-byte copies) or not (element copies).

@@ -8,6 +8,16 @@ from ..tree import Tree, Verdict, mask_words
 from . import _checks as C
 
 SEED_DTYPES = (torch.int64, torch.int32)
+# Trees larger than this go to another backend (csrc verify.cuh: kWalkMaxNodes, staged in 48 KB).
+MAX_NODES = {"cuda": 4096}
+
+
+def _unsupported(name: str, n: int) -> str | None:
+    """Why backend ``name``'s verify_tree cannot take a tree of capacity ``n`` (None if it can)."""
+    limit = MAX_NODES.get(name)
+    if limit is not None and n > limit:
+        return f"verify_tree takes trees of at most {limit} nodes, got N={n}"
+    return None
 
 
 def check_tree(tree) -> None:
@@ -45,6 +55,8 @@ def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, off
     check_tree(tree)
     b, n = tree.tokens.shape
     dev = tree.tokens.device
+    if n == 0:
+        raise ValueError("tree must hold at least its root: tree.tokens has N=0 columns")
     if (target_logits is None) == (target_tokens is None):
         raise ValueError("pass exactly one of target_logits [B, N, V] and target_tokens [B, N]")
     temperature = C.number("temperature", temperature, lo=0.0)
@@ -89,7 +101,8 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     """
     temperature, seed, offset = check_verify_tree(tree, target_logits, target_tokens, temperature,
                                                   seed, offset)
-    parts = _backend.select(tree.tokens.device, "verify_tree", backend)(
+    parts = _backend.select(tree.tokens.device, "verify_tree", backend,
+                            lambda name: _unsupported(name, tree.tokens.shape[1]))(
         tree.tokens, tree.parents, tree.num_nodes, tree.max_depth, target_logits, target_tokens,
         temperature, seed, offset)
     return Verdict(*parts)

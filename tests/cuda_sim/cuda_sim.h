@@ -212,11 +212,12 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
   }
   grid_dim = grid;
   block_dim = threads;
-  smem_buffer().assign(smem + 16, 0xA5);  // poisoned, like uninitialised shared memory
   Watchdog watchdog;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
+        // Poisoned for every block, like uninitialised shared memory (nothing carries over).
+        smem_buffer().assign(smem + 16, 0xA5);
         Block blk(threads.x);
         std::vector<std::thread> pool;
         pool.reserve(threads.x);

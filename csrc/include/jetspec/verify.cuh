@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
 }
 
 constexpr int kWalkThreads = 256;
+constexpr int kWalkMaxNodes = 4096;  // tokens, parents and targets staged in 48 KB
 
 // One CTA per sequence. All threads stage the valid nodes' tokens, parents and targets (the best
 // of each node's splits, or the given target tokens) in shared memory; then warp 0 walks: at node
@@ -108,7 +109,8 @@ __global__ void __launch_bounds__(kWalkThreads) verify_walk_kernel(VerifyWalkPar
   int32_t* s_tgt = s_par + p.n;                            // [n]
   const int b = blockIdx.x;
   const int nn = min(p.num_nodes[b], p.n);
-  for (int c = threadIdx.x; c < nn; c += kWalkThreads) {
+  // The root is staged even when num_nodes is 0: the bonus is then the target's token at node 0.
+  for (int c = threadIdx.x; c < max(nn, 1); c += kWalkThreads) {
     s_tok[c] = p.tokens[static_cast<int64_t>(b) * p.n + c];
     s_par[c] = p.parents[static_cast<int64_t>(b) * p.n + c];
     if (p.target != nullptr) {
@@ -182,10 +184,12 @@ cudaError_t target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
 
 inline cudaError_t verify_walk(const VerifyWalkParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
+  if (p.n < 1) return cudaErrorInvalidValue;  // a tree holds at least its root
   if (p.target == nullptr && (p.part_v == nullptr || p.part_i == nullptr || p.splits < 1))
     return cudaErrorInvalidValue;
-  const size_t smem = 3 * sizeof(int32_t) * static_cast<size_t>(p.n);  // n <= 4096: 48 KB
-  if (smem > 48 * 1024) return cudaErrorInvalidConfiguration;
+  // n <= kWalkMaxNodes: 48 KB (the Python layer sends larger trees to another backend).
+  const size_t smem = 3 * sizeof(int32_t) * static_cast<size_t>(p.n);
+  if (p.n > kWalkMaxNodes) return cudaErrorInvalidConfiguration;
   JETSPEC_LAUNCH(verify_walk_kernel, p.batch, kWalkThreads, smem, stream, p);
   return cudaGetLastError();
 }
