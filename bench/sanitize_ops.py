@@ -9,6 +9,7 @@ caches with a shuffled block table). Ops the backend does not implement are repo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -84,6 +85,14 @@ def cases(dev, dtype, backend):
             return None if err < tol else f"rel err {err:.2e} >= {tol}"
         return run
 
+    def c_attention_mma():
+        # The cuda backend's other attention kernel (auto takes wgmma on sm_90a).
+        os.environ["JETSPEC_ATTN_KERNEL"] = "mma"
+        try:
+            return c_attention(True, True)()
+        finally:
+            del os.environ["JETSPEC_ATTN_KERNEL"]
+
     def c_rope(paged):
         def run():
             kk, vv, bt = (kp.clone(), vp.clone(), table) if paged else (kc.clone(), vc.clone(), None)
@@ -133,6 +142,8 @@ def cases(dev, dtype, backend):
         ("draft_tree_from_hidden", c_from_hidden),
         ("tree_attention/contiguous", c_attention(False, False)),
         ("tree_attention/paged+lse", c_attention(True, True)),
+        *([("tree_attention/paged+lse, mma.sync kernel", c_attention_mma)]
+          if backend == "cuda" else []),
         ("qk_norm_rope_append/contiguous", c_rope(False)),
         ("qk_norm_rope_append/paged", c_rope(True)),
         ("verify_tree/greedy", c_verify(0.0)),

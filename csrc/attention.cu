@@ -1,16 +1,38 @@
-// tree_attention: mma.sync kernels for fp16 / bf16 and head dims 64, 128, 256.
+// tree_attention: the wgmma kernel (sm_90a; fp16 / bf16, head dims 64, 128) and the mma.sync
+// kernel (fp16 / bf16, head dims 64, 128, 256; every arch, and the fallback).
 #include "jetspec/api.h"
 #include "jetspec/attention.cuh"
+#include "jetspec/attention_wgmma.cuh"
 
 namespace jetspec {
 
 namespace {
+template <typename T, int HD>
+cudaError_t attention_pick(const AttnParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
+  if constexpr (HD <= 128) {
+    if (p.kernel != kAttnMma) {
+      bool usable = false;
+      const cudaError_t err = wgmma_attention_usable<T, HD>(&usable);
+      if (err != cudaSuccess) return err;
+      if (usable) {
+        return attention_launch<T>(p, tree_attention_wgmma_kernel<T, HD>,
+                                   attention_wgmma_smem_bytes<HD>(), HD, stream);
+      }
+      if (p.kernel == kAttnWgmma) return cudaErrorNotSupported;
+    }
+  } else {
+    if (p.kernel == kAttnWgmma) return cudaErrorInvalidValue;
+  }
+  return tree_attention<T, HD>(p, stream);
+}
+
 template <typename T>
 cudaError_t attention_for_dim(const AttnParams& p, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return tree_attention<T, 64>(p, stream);
-    case 128: return tree_attention<T, 128>(p, stream);
-    case 256: return tree_attention<T, 256>(p, stream);
+    case 64: return attention_pick<T, 64>(p, stream);
+    case 128: return attention_pick<T, 128>(p, stream);
+    case 256: return attention_pick<T, 256>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

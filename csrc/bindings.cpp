@@ -287,7 +287,7 @@ PYBIND11_MODULE(_C, m) {
       [](U q, const I64s& sq, U k_cache, U v_cache, const I64s& sk, const I64s& sv, U block_table,
          int64_t bt_stride, int page_size, U prefix_lens, U tree_mask, int64_t sm0, int64_t sm1,
          int tail, U out, const I64s& so, U lse, U part_o, U part_lse, int batch, int n, int hq,
-         int hkv, int splits, float scale, int dtype, int head_dim, U stream) {
+         int hkv, int splits, float scale, int dtype, int head_dim, int kernel, U stream) {
         jetspec::AttnParams p{};
         p.q = ptr<const void>(q);
         p.sq = strides4(sq, "q");
@@ -315,8 +315,10 @@ PYBIND11_MODULE(_C, m) {
         p.group = hkv > 0 ? hq / hkv : 0;
         p.splits = splits;
         p.scale_log2 = scale * 1.4426950408889634f;
+        p.kernel = kernel;
         check(jetspec::launch_tree_attention(p, dtype, head_dim, stream_of(stream)),
               "tree_attention");
       },
-      "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits.");
+      "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits; "
+      "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a).");
 }

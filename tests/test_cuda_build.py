@@ -15,7 +15,7 @@ _C = pytest.importorskip("jetspec_kernels._C", reason="the CUDA extension is not
 
 # Kernels whose ptxas report must show no spills and no stack frame.
 MAIN_KERNELS = (
-    "tree_attention_kernel", "attention_combine_kernel", "topk_partial_kernel",
+    "tree_attention_kernel", "tree_attention_wgmma_kernel", "attention_combine_kernel", "topk_partial_kernel",
     "topk_merge_kernel", "hidden_topk_partial_kernel", "build_tree_topn_kernel",
     "build_tree_accum_kernel",
     "target_partial_kernel", "verify_walk_kernel",
@@ -119,5 +119,5 @@ def test_ptxas_no_spills(tmp_path):
                 if kernel not in STACK_ALLOWED:
                     assert s["stack"] == 0, (name, arch, s)
     report = sorted((k[1], k[0], v.get("registers")) for k, v in stats.items()
-                    if "tree_attention_kernel" in k[0])
+                    if "tree_attention" in k[0] and "_kernel" in k[0])
     print("\n".join(f"{a} {n} {r} registers" for a, n, r in report))

@@ -85,8 +85,11 @@ ATTN_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
-def test_tree_attention(dev, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
+def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
+    if kernel == "wgmma" and dh not in cu().attention.WGMMA_HEAD_DIMS:
+        pytest.skip("the wgmma kernel takes head dims 64 and 128")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
     prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
@@ -106,13 +109,43 @@ def test_tree_attention(dev, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
     lse = torch.full((b, hq, n), float("nan"), device=dev)
     scale = 1.0 / math.sqrt(dh)
     cu().tree_attention(args[0], args[1], args[2], args[3], args[4], tail, args[5], scale, out, lse,
-                        num_splits=splits)
+                        num_splits=splits, kernel=kernel)
     sync(dev)
     o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, tail,
                                       table, scale)
     assert not out.isnan().any() and not lse.isnan().any()
     assert rel_l2(out, o_ref) < TOL[dtype]
     assert rel_l2(lse, l_ref) < TOL[dtype]
+
+
+def test_tree_attention_kernel_choice(dev, monkeypatch):
+    """Where the runtime picked no sm_90a code (the simulator told binaryVersion 80), auto falls
+    back to mma.sync and an explicit wgmma is an error; bad kernel names are ValueErrors."""
+    if dev == "cuda":
+        pytest.skip("the simulator's binaryVersion is what this test changes")
+    gen = torch.Generator().manual_seed(4)
+    b, n, hq, hkv, dh = 1, 9, 2, 1, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, 40, hkv, dh, generator=gen).half()
+    v = torch.randn(b, 40, hkv, dh, generator=gen).half()
+    prefix = torch.tensor([31], dtype=torch.int32)
+    o_ref, _ = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal", None,
+                                  0.125)
+    monkeypatch.setenv("JETSPEC_SIM_BINARY_VERSION", "80")
+    out = torch.full_like(q, float("nan"))
+    cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)
+    assert rel_l2(out, o_ref) < TOL[torch.float16]
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
+    with pytest.raises(ValueError, match="kernel"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
+    monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)
+    q256 = torch.zeros(b, n, hq, 256, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dims"):
+        cu().tree_attention(q256, q256, q256, prefix, None, "causal", None, 0.125, q256.clone(),
+                            None, kernel="wgmma")
 
 
 def test_tree_attention_strided_outputs_and_empty(dev):
@@ -427,7 +460,7 @@ def test_opcheck_and_graph_replay():
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, n, device=DEV)
     opcheck(torch.ops.jetspec.tree_attention.default,
-            (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2))
+            (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, 0))
     logits = torch.randn(2, 3, 5000, generator=gen).to(DEV)
     opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
     hid = torch.randn(2, 3, 64, generator=gen).half().to(DEV)

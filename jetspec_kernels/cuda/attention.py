@@ -1,6 +1,8 @@
-"""cuda backend: tree_attention (mma.sync kernel; fp16/bf16, head dims 64/128/256)."""
+"""cuda backend: tree_attention (fp16/bf16): a wgmma kernel on sm_90a for head dims 64/128, the
+mma.sync kernel for head dim 256 and on other GPUs."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -10,6 +12,8 @@ from . import _util as U
 _TAILS = {"mask": 0, "causal": 1, "full": 2}
 _ROWS_PER_CTA = 64  # kAttnRows in csrc/include/jetspec/attention.cuh
 MAX_SPLITS = 32
+KERNELS = {"auto": 0, "mma": 1, "wgmma": 2}  # AttnKernel in csrc/include/jetspec/params.h
+WGMMA_HEAD_DIMS = (64, 128)
 
 
 def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) -> int:
@@ -33,7 +37,7 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) 
 def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     prefix_lens: torch.Tensor, tree_mask: Optional[torch.Tensor], tail: str,
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
-                    lse: Optional[torch.Tensor], num_splits: int) -> None:
+                    lse: Optional[torch.Tensor], num_splits: int, kernel: int) -> None:
     from .. import _C
 
     # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
@@ -67,7 +71,8 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache.shape[1], U.ptr(prefix_lens), U.ptr(tree_mask),
         0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
         _TAILS[mode], U.ptr(out_buf), U.strides3(out_buf), U.ptr(lse_buf), U.ptr(part_o),
-        U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, U.stream())
+        U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, kernel,
+        U.stream())
     if out_buf is not out:
         out.copy_(out_buf)
     if lse_buf is not lse:
@@ -75,23 +80,33 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 @_tree_attention.register_fake
-def _(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse, num_splits):
+def _(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse, num_splits,
+      kernel):
     return None
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse,
-                   num_splits: int | None = None):
+                   num_splits: int | None = None, kernel: str | None = None):
     """Fill ``out`` [B, N, Hq, Dh] (q.dtype) and ``lse`` float32 [B, Hq, N] (if given).
 
     Parameters are those of the backend interface (CONTRIBUTING.md), already validated;
-    ``num_splits`` overrides the split-KV heuristic (tests use it to exercise the combine).
+    ``num_splits`` overrides the split-KV heuristic (tests use it to exercise the combine);
+    ``kernel`` is "auto" (wgmma where the GPU runs sm_90a code and Dh is 64 or 128, else
+    mma.sync), "mma" or "wgmma" (a RuntimeError from _C where sm_90a code cannot run); None
+    reads ``JETSPEC_ATTN_KERNEL`` (default "auto").
     """
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise U.unavailable(f"tree_attention needs float16/bfloat16 inputs (mma.sync), got "
                             f"{str(q.dtype).replace('torch.', '')}; use backend='triton'")
+    if kernel is None:
+        kernel = os.environ.get("JETSPEC_ATTN_KERNEL", "auto")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
+    if kernel == "wgmma" and q.shape[3] not in WGMMA_HEAD_DIMS:
+        raise ValueError(f"kernel='wgmma' takes head dims {WGMMA_HEAD_DIMS}, got {q.shape[3]}")
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
                                    q.device)
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
-                    out, lse, int(num_splits))
+                    out, lse, int(num_splits), KERNELS[kernel])

@@ -9,7 +9,8 @@
 // `__shared__` locals become `static`: one block at a time, so all of its threads share them.
 // Float math is plain IEEE float (build with -ffp-contract=off): __fadd_rn and friends are exact
 // counterparts; expf/logf come from glibc, which may differ from CUDA's by an ulp.
-// Inline PTX is not simulated: jetspec/mma.cuh takes its wrappers from mma_sim.h instead.
+// Inline PTX is not simulated: jetspec/mma.cuh and wgmma.cuh take their wrappers from mma_sim.h
+// and wgmma_sim.h instead.
 // cp.async copies land as late as allowed (at the wait that retires their group; the
 // destination holds NaN bytes until then), so a missing wait or an early refill shows.
 // What the simulator cannot show: timing, races that a barrier-per-step model hides, and
@@ -45,6 +46,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
+  cudaErrorNotSupported = 801,
 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -81,6 +83,17 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
 }
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+// binaryVersion: the arch of the code the runtime picked for a kernel, 90 (an H200 running the
+// sm_90a build) unless JETSPEC_SIM_BINARY_VERSION says otherwise.
+struct cudaFuncAttributes {
+  int binaryVersion;
+};
+template <typename F>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F) {
+  const char* env = std::getenv("JETSPEC_SIM_BINARY_VERSION");
+  attr->binaryVersion = env != nullptr ? std::atoi(env) : 90;
+  return cudaSuccess;
+}
 
 struct dim3 {
   unsigned x, y, z;
@@ -163,7 +176,11 @@ inline std::vector<unsigned char>& smem_buffer() {
   static std::vector<unsigned char> buf;
   return buf;
 }
-inline unsigned char* dynamic_smem() { return smem_buffer().data(); }
+// 1024-byte aligned, as the wgmma kernel's swizzled tiles need (the buffer has the slack).
+inline unsigned char* dynamic_smem() {
+  const auto base = reinterpret_cast<uintptr_t>(smem_buffer().data());
+  return reinterpret_cast<unsigned char*>((base + 1023) & ~static_cast<uintptr_t>(1023));
+}
 
 inline std::barrier<>& my_warp() { return *block->warps[thread_idx.x >> 5]; }
 
@@ -217,7 +234,7 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         // Poisoned for every block, like uninitialised shared memory (nothing carries over).
-        smem_buffer().assign(smem + 16, 0xA5);
+        smem_buffer().assign(smem + 1024 + 16, 0xA5);
         Block blk(threads.x);
         std::vector<std::thread> pool;
         pool.reserve(threads.x);

@@ -119,6 +119,10 @@ struct BuildTreeParams {
 };
 
 // tree_attention (attention.cuh); tail: 0 packed mask, 1 causal, 2 full.
+// Which attention kernel: auto (wgmma where the device and head dim allow, else mma.sync), or
+// one of them (wgmma where it cannot run is an error).
+enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2 };
+
 struct AttnParams {
   const void* q;             // [B, N, Hq, D]
   Strides4 sq;
@@ -139,6 +143,7 @@ struct AttnParams {
   float* part_lse;             // [splits, B, Hq, N]
   int batch, n, hq, hkv, group, splits;
   float scale_log2;            // softmax scale * log2(e)
+  int kernel;                  // AttnKernel
 };
 
 }  // namespace jetspec

@@ -1,0 +1,140 @@
+// Tree-masked / block-causal attention with Hopper warpgroup MMA (sm_90a; head dims 64, 128).
+//
+// The CTA shape, GQA packing, masking, online softmax, split-KV and epilogue are those of the
+// mma.sync kernel (attention.cuh): one warpgroup of 128 threads per 64 packed rows, whose m64
+// is exactly one wgmma M. Q and double-buffered K/V tiles of 64 keys are copied with cp.async
+// into 128B-swizzled shared memory (wgmma.cuh). S = Q K^T is wgmma m64n64k16 with both operands
+// in shared memory (K-major); O += P V takes P from registers (the S accumulators packed to
+// 16 bits, the same fragments as the mma.sync kernel) and V as an MN-major operand, one n64
+// wgmma per 64 output columns.
+//
+// Not yet done (each needs GPU measurements to be worth it): TMA loads (paged caches need one
+// copy per page), a producer warp with mbarriers, and two consumer warpgroups that overlap one
+// tile's softmax with the other's MMA.
+#pragma once
+#include "jetspec/attention.cuh"
+#include "jetspec/wgmma.cuh"
+
+namespace jetspec {
+
+constexpr int kWgmmaBlockN = 64;
+
+template <int HD>
+constexpr size_t attention_wgmma_smem_bytes() {
+  // Q + 2 stages of K and V, 2-byte elements, plus slack to align the tiles to 1024 bytes.
+  return static_cast<size_t>(kAttnRows + 4 * kWgmmaBlockN) * HD * 2 + kSw128Bytes;
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kAttnThreads) tree_attention_wgmma_kernel(AttnParams p) {
+#ifdef JETSPEC_WGMMA
+  static_assert(HD == 64 || HD == 128, "the wgmma kernel takes head dims 64 and 128");
+  constexpr int BN = kWgmmaBlockN;
+  constexpr int KB = HD / 64;                      // 64-column blocks per row
+  constexpr int kQBytes = kAttnRows * HD * 2;      // [KB][64 rows][128 B]
+  constexpr int kTileBytes = BN * HD * 2;          // [KB][BN rows][128 B]
+  JETSPEC_DYNAMIC_SMEM(smem_raw);
+  unsigned char* sQ = align_smem_1024(smem_raw);
+  unsigned char* sK = sQ + kQBytes;         // [2 stages]
+  unsigned char* sV = sK + 2 * kTileBytes;  // [2 stages]
+  // Where 8 elements of row r, from column col (a multiple of 8), go in a tile of `rows` rows.
+  auto at = [](unsigned char* tile, int rows, int r, int col) {
+    return reinterpret_cast<T*>(tile + (col / 64) * rows * 128 + sw128_offset(r, (col % 64) / 8));
+  };
+
+  const AttnTile t = attn_tile<BN>(p);
+  attn_load_q<T, HD>(p, t.b, t.kvh, t.row0,
+                     [&](int r, int col) { return at(sQ, kAttnRows, r, col); });
+  auto load_kv = [&](int blk, int stage) {
+    unsigned char* dk = sK + stage * kTileBytes;
+    unsigned char* dv = sV + stage * kTileBytes;
+    attn_load_kv<T, HD, BN>(p, t.b, t.kvh, t.len, blk,
+                            [&](int r, int col) { return at(dk, BN, r, col); },
+                            [&](int r, int col) { return at(dv, BN, r, col); });
+  };
+  if (t.blk_begin < t.blk_end) load_kv(t.blk_begin, 0);
+  cp_async_commit();
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < HD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  auto o_cols = [&](int db) -> float(&)[8][4] {  // output columns 64 db .. 64 db + 63
+    return *reinterpret_cast<float(*)[8][4]>(&o[db * 8]);
+  };
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
+    const int stage = attn_wait_block(t, blk, load_kv);
+    fence_proxy_async();  // this thread's cp.async data, before the async proxy reads it
+    __syncthreads();
+    const unsigned char* tK = sK + stage * kTileBytes;
+    const unsigned char* tV = sV + stage * kTileBytes;
+
+    // S = Q K^T: HD / 16 k-steps; step kk is in column block kk / 4, 32 (kk % 4) bytes into
+    // its 128-byte rows.
+    float s[BN / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int koff = (kk % 4) * 32;
+      wgmma_ss<T>(s, sw128_desc(sQ + (kk / 4) * kAttnRows * 128 + koff, 16, kSw128Bytes),
+                  sw128_desc(tK + (kk / 4) * BN * 128 + koff, 16, kSw128Bytes), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(s);
+
+    attn_scale_mask<BN>(s, p, t.b, t.prefix, t.tree_row, blk * BN);
+    attn_online_softmax<BN, HD>(s, o, m_run, l_run);
+
+    // O += P V: per 16 keys, one n64 wgmma per 64 output columns. All P fragments are packed
+    // before the fence (registers an in-flight wgmma reads must not change).
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) attn_p_fragment<T, BN>(s, kk, pa[kk]);
+#pragma unroll
+    for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+      for (int db = 0; db < KB; ++db) {
+        wgmma_rs<T>(o_cols(db), pa[kk],
+                    sw128_desc(tV + db * BN * 128 + kk * 16 * 128, kSw128Bytes, kSw128Bytes));
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+    __syncthreads();  // the next prefetch overwrites this stage
+  }
+  cp_async_wait<0>();
+  attn_store<T, HD>(p, o, m_run, l_run, t.b, t.kvh, t.split, t.row0);
+#endif  // JETSPEC_WGMMA (other device passes: never launched, see wgmma_attention_usable)
+}
+
+// Can tree_attention_wgmma_kernel<T, HD> run on the current device? True when the binary the
+// runtime picked for it is sm_90a code (built with 90a, running on sm_90); cached per device
+// (not in the simulator, whose tests change the answer).
+template <typename T, int HD>
+cudaError_t wgmma_attention_usable(bool* usable) {
+  static signed char cached[64] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  JETSPEC_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const bool cache = dev >= 0 && dev < 64;
+#ifndef JETSPEC_CPU_SIM
+  if (cache && cached[dev] != 0) {
+    *usable = cached[dev] == 2;
+    return cudaSuccess;
+  }
+#endif
+  cudaFuncAttributes attr{};
+  JETSPEC_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, tree_attention_wgmma_kernel<T, HD>));
+  *usable = attr.binaryVersion == 90;
+  if (cache) cached[dev] = *usable ? 2 : 1;
+  return cudaSuccess;
+}
+
+}  // namespace jetspec

@@ -1,0 +1,179 @@
+// The wgmma wrappers of jetspec/wgmma.cuh, emulated for cuda_sim.h.
+//
+// Descriptors hold offsets into the simulated dynamic shared memory (1024-byte aligned, so the
+// 128B swizzle is the XOR of address bits 4-6 with bits 7-9, as on the GPU). An operand element
+// is found from the descriptor with the PTX ISA's canonical layouts:
+//   K-major,  128B swizzle: ((8,m),(T,2k)) : ((8T,SBO),(1,T))   element (mn, k)
+//   MN-major, 128B swizzle: ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))
+// (T = 8 16-bit elements per 16 bytes). This encodes our reading of the ISA, the same reading
+// the kernel was written from; the GPU tests are what check it against the hardware.
+//
+// Asynchrony: wgmma_ss / wgmma_rs only queue the operation (A registers are captured at issue)
+// and poison the accumulators with NaN; the queued groups run, reading shared memory then, at the
+// wgmma_wait that retires them, and only then are the accumulators written back. So reading the
+// accumulators before the wait, writing them in between, or refilling an operand's shared memory
+// before the wait all show up as wrong results.
+#pragma once
+#include <array>
+#include <map>
+#include <vector>
+
+namespace jetspec {
+
+#define JETSPEC_WGMMA 1
+
+namespace sim_detail {
+
+struct WgmmaOp;
+using WgmmaRun = void (*)(const WgmmaOp&);
+struct WgmmaOp {
+  WgmmaRun run;             // run<T> for the operand type
+  float (*d)[4];            // the thread's accumulators (float[8][4])
+  uint64_t desc_a, desc_b;  // desc_a unused when A comes from registers
+  bool a_in_regs, accumulate;
+  float a[2][16];           // A rows 16w + g and 16w + g + 8 (register A only)
+};
+struct WgmmaQueue {
+  std::vector<WgmmaOp> open;
+  std::vector<std::vector<WgmmaOp>> groups;
+  std::map<float (*)[4], std::array<float, 32>> shadow;  // true accumulators while in flight
+};
+inline thread_local WgmmaQueue wgmma_queue;
+
+[[noreturn]] inline void wgmma_fail(const char* what) {
+  std::fprintf(stderr, "cuda_sim: %s\n", what);
+  std::abort();
+}
+
+// Address of element (mn, k) of a 16-bit operand described by desc.
+inline const unsigned char* sw128_element(uint64_t desc, bool mn_major, int mn, int k) {
+  if ((desc >> 62) != 1) wgmma_fail("wgmma descriptor: only the 128B swizzle is simulated");
+  if (((desc >> 49) & 7) != 0) wgmma_fail("wgmma descriptor: base offset must be 0");
+  const size_t start = (desc & 0x3FFFu) << 4;
+  const size_t lbo = ((desc >> 16) & 0x3FFFu) << 4;
+  const size_t sbo = ((desc >> 32) & 0x3FFFu) << 4;
+  const size_t off = mn_major ? (mn / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (mn % 64) * 2
+                              : (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
+  size_t addr = start + off;
+  addr ^= ((addr >> 7) & 7u) << 4;
+  return ::jetspec_sim::dynamic_smem() + addr;
+}
+
+template <typename T>
+inline float element(uint64_t desc, bool mn_major, int mn, int k) {
+  T v;
+  std::memcpy(&v.bits, sw128_element(desc, mn_major, mn, k), 2);
+  return to_float(v);
+}
+
+inline std::array<float, 32>& true_accumulators(float (*d)[4]) {
+  auto& q = wgmma_queue;
+  auto it = q.shadow.find(d);
+  if (it == q.shadow.end()) {
+    std::array<float, 32> cur;
+    std::memcpy(cur.data(), d, sizeof(cur));
+    it = q.shadow.emplace(d, cur).first;
+    for (int i = 0; i < 32; ++i) d[i / 4][i % 4] = NAN;
+  }
+  return it->second;
+}
+
+template <typename T>
+inline void run(const WgmmaOp& op) {
+  auto& acc = wgmma_queue.shadow.at(op.d);
+  const int tid = static_cast<int>(::jetspec_sim::thread_idx.x & 127u);
+  const int w = tid >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+  for (int j = 0; j < 8; ++j) {
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
+      double sum = 0.0;
+      for (int k = 0; k < 16; ++k) {
+        const float a = op.a_in_regs ? op.a[e >> 1][k] : element<T>(op.desc_a, false, row, k);
+        const float b = element<T>(op.desc_b, op.a_in_regs, col, k);
+        sum += static_cast<double>(a) * b;
+      }
+      float& dst = acc[4 * j + e];
+      dst = static_cast<float>((op.accumulate ? dst : 0.f) + sum);
+    }
+  }
+}
+
+}  // namespace sim_detail
+
+// The simulated dynamic shared memory is already 1024-byte aligned.
+inline unsigned char* align_smem_1024(unsigned char* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 1024 != 0) sim_detail::wgmma_fail("unaligned shared memory");
+  return p;
+}
+
+inline uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const auto off = static_cast<uint64_t>(static_cast<const unsigned char*>(smem) -
+                                         ::jetspec_sim::dynamic_smem());
+  if (off >= (1u << 18)) sim_detail::wgmma_fail("wgmma descriptor: not in shared memory");
+  return (off >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+inline void wgmma_fence() {}
+inline void fence_proxy_async() {}
+inline void wgmma_fence_operand(float (&)[8][4]) {}
+
+inline void wgmma_commit() {
+  auto& q = sim_detail::wgmma_queue;
+  q.groups.push_back(std::move(q.open));
+  q.open.clear();
+}
+
+template <typename T>
+inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  sim_detail::true_accumulators(d);
+  sim_detail::WgmmaOp op{&sim_detail::run<T>, d, desc_a, desc_b, false, accumulate, {}};
+  sim_detail::wgmma_queue.open.push_back(op);
+}
+
+template <typename T>
+inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  // The warp's m16k16 A fragment (the mma.m16n8k16 layout): rows g, g + 8 of this thread.
+  const auto a01 = sim_detail::gather(a[0] | (static_cast<uint64_t>(a[1]) << 32));
+  const auto a23 = sim_detail::gather(a[2] | (static_cast<uint64_t>(a[3]) << 32));
+  sim_detail::true_accumulators(d);
+  sim_detail::WgmmaOp op{&sim_detail::run<T>, d, 0, desc_b, true, true, {}};
+  const int g = static_cast<int>(sim_detail::lane() >> 2);
+  auto half = [](uint64_t word, int which) {
+    return to_float(T{static_cast<uint16_t>(word >> (16 * which))});
+  };
+  for (int t = 0; t < 4; ++t) {
+    const int L = 4 * g + t;
+    for (int h = 0; h < 2; ++h) {
+      op.a[0][2 * t + h] = half(a01[L], h);          // a0: row g, k 2t..
+      op.a[1][2 * t + h] = half(a01[L], 2 + h);      // a1: row g + 8
+      op.a[0][2 * t + 8 + h] = half(a23[L], h);      // a2: row g, k 8 + 2t..
+      op.a[1][2 * t + 8 + h] = half(a23[L], 2 + h);  // a3: row g + 8, k 8 + 2t..
+    }
+  }
+  sim_detail::wgmma_queue.open.push_back(op);
+}
+
+// Runs the groups past the newest N, then writes back accumulators with nothing in flight.
+template <int N>
+inline void wgmma_wait() {
+  auto& q = sim_detail::wgmma_queue;
+  while (q.groups.size() > static_cast<size_t>(N)) {
+    for (const auto& op : q.groups.front()) op.run(op);
+    q.groups.erase(q.groups.begin());
+  }
+  for (auto it = q.shadow.begin(); it != q.shadow.end();) {
+    bool busy = false;
+    for (const auto& grp : q.groups)
+      for (const auto& op : grp) busy = busy || op.d == it->first;
+    for (const auto& op : q.open) busy = busy || op.d == it->first;
+    if (busy) {
+      ++it;
+      continue;
+    }
+    std::memcpy(it->first, it->second.data(), sizeof(float) * 32);
+    it = q.shadow.erase(it);
+  }
+}
+
+}  // namespace jetspec
