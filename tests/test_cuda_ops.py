@@ -118,6 +118,37 @@ def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, s
     assert rel_l2(lse, l_ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+@pytest.mark.parametrize("dh", [64, 128])
+def test_tree_attention_one_hot_probe(dev, kernel, dh):
+    """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
+    On failure the message lists, for the first wrong rows, which key's V each row got: a
+    layout bug in one operand shows up as a recognisable permutation."""
+    gen = torch.Generator().manual_seed(dh)
+    n = 64
+    perm = torch.randperm(n, generator=gen)
+    q = torch.zeros(1, n, 1, dh)
+    q[0, torch.arange(n), 0, perm] = 8.0
+    k = torch.zeros(1, n, 1, dh)
+    k[0, torch.arange(n), 0, torch.arange(n)] = 8.0
+    v = torch.randn(1, n, 1, dh, generator=gen)
+    q, k, v = q.half(), k.half(), v.half()
+    prefix = torch.zeros(1, dtype=torch.int32)
+    out = torch.full((1, n, 1, dh), float("nan"), dtype=torch.float16, device=dev)
+    cu().tree_attention(q.to(dev), k.to(dev), v.to(dev), prefix.to(dev), None, "full", None, 1.0,
+                        out, None, kernel=kernel)
+    sync(dev)
+    got = out.cpu().float()[0, :, 0]
+    want = v.float()[0, perm, 0]
+    err = (got - want).abs().max(dim=1).values
+    bad = (err > 1e-2).nonzero().flatten().tolist()
+    if bad:
+        dist = torch.cdist(got.nan_to_num(1e4), v.float()[0, :, 0])
+        seen = {i: (int(perm[i]), int(dist[i].argmin()), float(dist[i].min())) for i in bad[:12]}
+        pytest.fail(f"{len(bad)}/{n} rows wrong; row: (wanted key, nearest V row, distance) "
+                    f"{seen}")
+
+
 def test_tree_attention_kernel_choice(dev, monkeypatch):
     """Where the runtime picked no sm_90a code (the simulator told binaryVersion 80), auto falls
     back to mma.sync and an explicit wgmma is an error; bad kernel names are ValueErrors."""
