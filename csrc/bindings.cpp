@@ -3,7 +3,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cctype>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "jetspec/api.h"
+#include "jetspec/arch_list.h"
 
 namespace py = pybind11;
 
@@ -39,22 +39,6 @@ jetspec::Strides4 strides4(const I64s& s, const char* what) {
   return jetspec::Strides4{s[0], s[1], s[2]};
 }
 
-// "90a,80" -> does a binary for one of these run on sm_<major><minor>?
-bool supports_arch(int sm) {
-  std::string archs = JETSPEC_CUDA_ARCHS;
-  std::stringstream ss(archs);
-  std::string a;
-  while (std::getline(ss, a, ',')) {
-    bool arch_specific = !a.empty() && (a.back() == 'a' || a.back() == 'f');
-    std::string digits = a;
-    while (!digits.empty() && !std::isdigit(static_cast<unsigned char>(digits.back()))) digits.pop_back();
-    if (digits.empty()) continue;
-    int built = std::stoi(digits);
-    if (arch_specific ? built == sm : (built / 10 == sm / 10 && built % 10 <= sm % 10)) return true;
-  }
-  return false;
-}
-
 int device_count() {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
@@ -72,8 +56,16 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "jetspec_kernels CUDA kernels (torch-free: raw pointers, sizes, strides, stream)";
   m.def("built_archs", [] { return std::string(JETSPEC_CUDA_ARCHS); },
         "CUDA architectures this module was compiled for, comma-separated (e.g. '90a,80').");
-  m.def("supports_arch", &supports_arch, py::arg("sm"),
-        "Whether the module has code for compute capability sm (e.g. 90).");
+  m.def(
+      "supports_arch",
+      [](int sm, const std::string& archs) { return jetspec::arch_list_supports(archs, sm); },
+      py::arg("sm"), py::arg("archs") = std::string(JETSPEC_CUDA_ARCHS),
+        "Whether code built for `archs` (default: this module's) runs on compute capability sm "
+        "(e.g. 90).");
+  m.def("wgmma_built", &jetspec::arch_list_sm90_is_90a,
+        py::arg("archs") = std::string(JETSPEC_CUDA_ARCHS),
+        "Whether code built for `archs` (default: this module's) holds the sm_90a wgmma kernels "
+        "wherever it runs on sm_90: '90a' is its only sm_90 entry.");
   m.def("device_count", &device_count,
         "Number of visible CUDA devices; 0 (not an error) when there is no device or driver.");
   m.def(

@@ -22,6 +22,7 @@ struct CpAsyncCopy {
 struct CpAsyncQueue {
   std::vector<CpAsyncCopy> open;                 // issued, not yet committed
   std::vector<std::vector<CpAsyncCopy>> groups;  // committed, oldest first
+  bool unfenced = false;  // copies landed since the last fence.proxy.async (wgmma_sim.h checks)
 };
 inline thread_local CpAsyncQueue cp_async_queue;  // per simulated thread (a fresh std::thread)
 }  // namespace sim_detail
@@ -48,6 +49,7 @@ inline void cp_async_wait() {
         std::memset(c.dst, 0, 16);
       }
     }
+    q.unfenced = q.unfenced || !q.groups.front().empty();
     q.groups.erase(q.groups.begin());
   }
 }

@@ -37,6 +37,7 @@ struct WgmmaQueue {
   std::vector<WgmmaOp> open;
   std::vector<std::vector<WgmmaOp>> groups;
   std::map<float (*)[4], std::array<float, 32>> shadow;  // true accumulators while in flight
+  bool fenced = false;  // wgmma.fence since the last wait (after which registers are touched)
 };
 inline thread_local WgmmaQueue wgmma_queue;
 
@@ -114,8 +115,21 @@ inline uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_by
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
-inline void wgmma_fence() {}
-inline void fence_proxy_async() {}
+// Ordering rules, checked per thread (stricter than the ISA, which needs wgmma.fence only where
+// registers an MMA uses were touched since the last one; our kernels touch them after every wait):
+// a wgmma needs a wgmma.fence since the thread's last wgmma_wait, and no cp.async data may have
+// landed since the thread's last fence.proxy.async (wgmma reads shared memory through the async
+// proxy, which does not see generic-proxy writes until that fence).
+inline void wgmma_fence() { sim_detail::wgmma_queue.fenced = true; }
+inline void fence_proxy_async() { sim_detail::cp_async_queue.unfenced = false; }
+
+namespace sim_detail {
+inline void check_issue_order() {
+  if (!wgmma_queue.fenced) wgmma_fail("wgmma issued without a wgmma.fence since the last wait");
+  if (cp_async_queue.unfenced)
+    wgmma_fail("wgmma issued after cp.async data landed but before fence.proxy.async");
+}
+}  // namespace sim_detail
 inline void wgmma_fence_operand(float (&)[8][4]) {}
 
 inline void wgmma_commit() {
@@ -126,6 +140,7 @@ inline void wgmma_commit() {
 
 template <typename T>
 inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  sim_detail::check_issue_order();
   sim_detail::true_accumulators(d);
   sim_detail::WgmmaOp op{&sim_detail::run<T>, d, desc_a, desc_b, false, accumulate, {}};
   sim_detail::wgmma_queue.open.push_back(op);
@@ -133,6 +148,7 @@ inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool ac
 
 template <typename T>
 inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  sim_detail::check_issue_order();
   // The warp's m16k16 A fragment (the mma.m16n8k16 layout): rows g, g + 8 of this thread.
   const auto a01 = sim_detail::gather(a[0] | (static_cast<uint64_t>(a[1]) << 32));
   const auto a23 = sim_detail::gather(a[2] | (static_cast<uint64_t>(a[3]) << 32));
@@ -158,6 +174,7 @@ inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) 
 template <int N>
 inline void wgmma_wait() {
   auto& q = sim_detail::wgmma_queue;
+  q.fenced = false;
   while (q.groups.size() > static_cast<size_t>(N)) {
     for (const auto& op : q.groups.front()) op.run(op);
     q.groups.erase(q.groups.begin());

@@ -12,6 +12,7 @@
 // copy per page), a producer warp with mbarriers, and two consumer warpgroups that overlap one
 // tile's softmax with the other's MMA.
 #pragma once
+#include "jetspec/arch_list.h"
 #include "jetspec/attention.cuh"
 #include "jetspec/wgmma.cuh"
 
@@ -112,12 +113,17 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_wgmma_kernel(Attn
   }
   cp_async_wait<0>();
   attn_store<T, HD>(p, o, m_run, l_run, t.b, t.kvh, t.split, t.row0);
-#endif  // JETSPEC_WGMMA (other device passes: never launched, see wgmma_attention_usable)
+#else
+  // Code for other archs has no wgmma; wgmma_attention_usable keeps it from being launched, and
+  // a launch that slipped through fails loudly instead of leaving the output unwritten.
+  __trap();
+#endif
 }
 
-// Can tree_attention_wgmma_kernel<T, HD> run on the current device? True when the binary the
-// runtime picked for it is sm_90a code (built with 90a, running on sm_90); cached per device
-// (not in the simulator, whose tests change the answer).
+// Can tree_attention_wgmma_kernel<T, HD> run on the current device? True when the runtime picked
+// sm_90 code for it and the build's only sm_90 code is 90a (a plain "90" build has the same
+// binaryVersion but an empty kernel); cached per device (not in the simulator, whose tests change
+// the answer).
 template <typename T, int HD>
 cudaError_t wgmma_attention_usable(bool* usable) {
   static signed char cached[64] = {};  // 0 unknown, 1 no, 2 yes
@@ -132,7 +138,7 @@ cudaError_t wgmma_attention_usable(bool* usable) {
 #endif
   cudaFuncAttributes attr{};
   JETSPEC_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, tree_attention_wgmma_kernel<T, HD>));
-  *usable = attr.binaryVersion == 90;
+  *usable = attr.binaryVersion == 90 && arch_list_sm90_is_90a(JETSPEC_CUDA_ARCHS);
   if (cache) cached[dev] = *usable ? 2 : 1;
   return cudaSuccess;
 }
