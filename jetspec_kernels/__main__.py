@@ -24,6 +24,12 @@ def main(argv=None) -> int:
     for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for name, reason in jk.available_backends(dev).items():
             print(f"  {dev:5s} {name:10s} {'ok' if reason is None else reason}")
+    try:
+        from . import _C
+    except ImportError:
+        return 0
+    wgmma = "has" if _C.wgmma_built() else "lacks"
+    print(f"  _C built for {_C.built_archs()}: {wgmma} the sm_90a wgmma attention kernel")
     return 0
 
 

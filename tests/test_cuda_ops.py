@@ -401,12 +401,14 @@ def test_log_softmax_topk(dev, dtype):
 
 # (dtype, B, D, H, V, k, simulated SMs): one m16 tile with a hidden-size tail (72 = 64 + 8) and
 # a partial vocab tile; 21 rows (one 64-row tile); 65 rows (two) and a 4-entry last tile; k = 33
-# (two list slots per lane); a 1-SM plan, so that each CTA folds several vocab tiles.
+# (two list slots per lane); a 1-SM plan, so that each CTA folds several vocab tiles; and H = 200
+# (4 pipeline steps a tile, with no barrier between them) so that stages are refilled mid-tile.
 F16, BF16 = torch.float16, torch.bfloat16
 HIDDEN_CASES = [(F16, 1, 5, 72, 1000, 8, 132), (BF16, 1, 5, 72, 1000, 8, 132),
                 (BF16, 3, 7, 64, 2000, 5, 132), (F16, 5, 13, 128, 260, 4, 132),
                 (BF16, 1, 3, 64, 700, 33, 132),
-                (F16, 2, 3, 64, 1500, 6, 1), (BF16, 2, 3, 64, 1500, 6, 1)]
+                (F16, 2, 3, 64, 1500, 6, 1), (BF16, 2, 3, 64, 1500, 6, 1),
+                (F16, 1, 4, 200, 700, 5, 1)]
 
 
 @pytest.mark.parametrize("dtype,b,d,h,v,k,sms", HIDDEN_CASES)

@@ -1,8 +1,9 @@
 // A CPU stand-in for the CUDA features the csrc kernels use, so that CI (no GPU) can run the
 // real kernel source against python_ref. Included by jetspec/common.cuh and jetspec/api.h when
-// JETSPEC_CPU_SIM is defined; tests/cuda_sim.py builds csrc with it (g++, C++20).
+// JETSPEC_CPU_SIM is defined; tests/cuda_sim/build.py builds csrc with it (g++, C++20).
 //
-// Model: the blocks of a launch run one after another; the threads of a block are std::threads.
+// Model: the blocks of a launch run one after another; the threads of a block are fibers on the
+// launching thread that take turns in a fixed order (Block below), switching only at barriers.
 // __syncthreads / __syncwarp are barriers; a shuffle or ballot is a store to a per-warp exchange
 // buffer between two warp barriers (every lane of the warp must take part, as the kernels do).
 // A thread that returns leaves its barriers (arrive_and_drop), like an exited GPU thread.
@@ -13,11 +14,11 @@
 // and wgmma_sim.h instead.
 // cp.async copies land as late as allowed (at the wait that retires their group; the
 // destination holds NaN bytes until then), so a missing wait or an early refill shows.
-// What the simulator cannot show: timing, races that a barrier-per-step model hides, and
-// hardware-specific rounding.
+// What the simulator cannot show: timing, races between orders other than the two it runs (a
+// warp's lanes interleaving instruction by instruction), and hardware-specific rounding.
 #pragma once
 #include <algorithm>
-#include <barrier>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -30,6 +31,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <ucontext.h>
 
 #define __global__
 #define __device__
@@ -158,18 +161,54 @@ inline int __float_as_int(float f) {
 // ---- threads, barriers, warp exchange -------------------------------------------------------
 namespace jetspec_sim {
 
-struct Block {
-  explicit Block(unsigned n) : all(n), xchg(n) {
-    for (unsigned w = 0; w * 32 < n; ++w)
-      warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
-  }
-  std::barrier<> all;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<uint64_t> xchg;
+// The threads of a block are fibers (ucontext) on the launching thread and take turns: exactly
+// one runs at a time, until it waits at a barrier or exits; then the runnable thread first in the
+// block's order runs. So each stretch between two barriers runs whole, in a fixed order: lowest
+// thread first, or highest first (alternating between blocks and launches;
+// JETSPEC_SIM_ORDER=forward or reverse fixes it). A shared-memory race (a write and a read of one
+// address by two threads with no barrier between them) then gives the same wrong answer on every
+// run in one of the two orders, instead of depending on how the OS interleaves threads. Every live
+// thread waiting with none runnable is a deadlock, reported at once.
+struct Block;
+struct Barrier {
+  Block* blk;
+  unsigned expected;
+  unsigned arrived = 0;
+  std::vector<unsigned> waiters;
+  void arrive_and_wait();
+  void arrive_and_drop();  // an exiting thread: the barrier stops waiting for it
 };
 
-inline thread_local dim3 thread_idx, block_idx;
-inline thread_local Block* block;
+struct Block {
+  Block(unsigned n, bool reverse_order)
+      : all{this, n}, xchg(n), runnable(n, true), fibers(n), reverse(reverse_order) {
+    for (unsigned w = 0; w * 32 < n; ++w) warps.push_back({this, std::min(32u, n - 32 * w)});
+  }
+  Barrier all;
+  std::vector<Barrier> warps;
+  std::vector<uint64_t> xchg;
+  std::vector<bool> runnable;
+  std::vector<ucontext_t> fibers;
+  ucontext_t launcher;
+  unsigned done = 0;
+  bool reverse;
+
+  // The runnable thread first in this block's order, or -1.
+  int next() const {
+    const int n = static_cast<int>(runnable.size());
+    for (int i = 0; i < n; ++i) {
+      const int t = reverse ? n - 1 - i : i;
+      if (runnable[t]) return t;
+    }
+    return -1;
+  }
+  // Thread `self` stops running (it waits, or has exited) and the next one runs; a live thread
+  // comes back here when its turn comes again.
+  void yield(unsigned self, bool exited);
+};
+
+inline dim3 thread_idx, block_idx;  // of the running thread
+inline Block* block;
 inline dim3 grid_dim, block_dim;
 
 inline std::vector<unsigned char>& smem_buffer() {
@@ -182,7 +221,68 @@ inline unsigned char* dynamic_smem() {
   return reinterpret_cast<unsigned char*>((base + 1023) & ~static_cast<uintptr_t>(1023));
 }
 
-inline std::barrier<>& my_warp() { return *block->warps[thread_idx.x >> 5]; }
+inline Barrier& my_warp() { return block->warps[thread_idx.x >> 5]; }
+
+inline void Block::yield(unsigned self, bool exited) {
+  const int t = next();
+  if (t == static_cast<int>(self)) return;
+  if (t < 0) {
+    if (done < runnable.size()) {
+      std::fprintf(stderr, "cuda_sim: deadlock: every live thread of a block waits at a barrier\n");
+      std::abort();
+    }
+    setcontext(&launcher);  // the last thread has exited
+  }
+  thread_idx = dim3(static_cast<unsigned>(t));
+  if (exited) {
+    setcontext(&fibers[t]);
+  } else {
+    swapcontext(&fibers[self], &fibers[t]);
+  }
+}
+
+// Per simulated thread state of the PTX emulations (cp.async and wgmma queues), fresh for each
+// block, like registers.
+inline unsigned long long block_serial = 0;
+template <typename T>
+T& thread_state() {
+  static std::vector<T> states;
+  static unsigned long long serial = ~0ull;
+  if (serial != block_serial) {
+    states.assign(block_dim.x, T{});
+    serial = block_serial;
+  }
+  return states[thread_idx.x];
+}
+
+inline void Barrier::arrive_and_wait() {
+  const unsigned self = thread_idx.x;
+  if (++arrived == expected) {
+    for (unsigned w : waiters) blk->runnable[w] = true;
+    waiters.clear();
+    arrived = 0;
+  } else {
+    waiters.push_back(self);
+    blk->runnable[self] = false;
+  }
+  blk->yield(self, false);
+}
+
+inline void Barrier::arrive_and_drop() {
+  if (--expected == arrived && arrived > 0) {
+    for (unsigned w : waiters) blk->runnable[w] = true;
+    waiters.clear();
+    arrived = 0;
+  }
+}
+
+// JETSPEC_SIM_ORDER: "forward", "reverse", or unset to alternate.
+inline bool reverse_order(unsigned long long launch, unsigned long long block_linear) {
+  const char* env = std::getenv("JETSPEC_SIM_ORDER");
+  if (env != nullptr && std::strcmp(env, "forward") == 0) return false;
+  if (env != nullptr && std::strcmp(env, "reverse") == 0) return true;
+  return ((launch + block_linear) & 1ull) != 0;
+}
 
 // Every lane publishes `bits`; returns the exchange buffer of this warp after all have.
 template <typename F>
@@ -221,6 +321,28 @@ struct Watchdog {
   std::thread thread;
 };
 
+constexpr size_t kFiberStack = 256 * 1024;
+inline std::function<void()>* fiber_body;
+inline unsigned long long launch_count = 0;
+
+// Stack of thread slot t, allocated once and reused by every block.
+inline char* fiber_stack(unsigned t) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() <= t) stacks.push_back(std::make_unique<char[]>(kFiberStack));
+  return stacks[t].get();
+}
+
+// A simulated thread: the kernel, then it leaves its barriers and hands the turn on.
+inline void run_fiber() {
+  (*fiber_body)();
+  const unsigned self = thread_idx.x;
+  block->runnable[self] = false;
+  ++block->done;
+  my_warp().arrive_and_drop();
+  block->all.arrive_and_drop();
+  block->yield(self, true);
+}
+
 // Runs `kernel(args...)` on grid x block threads, one block at a time.
 template <typename... KArgs, typename... Args>
 cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...), Args... args) {
@@ -229,26 +351,29 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
   }
   grid_dim = grid;
   block_dim = threads;
+  ++launch_count;
   Watchdog watchdog;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         // Poisoned for every block, like uninitialised shared memory (nothing carries over).
         smem_buffer().assign(smem + 1024 + 16, 0xA5);
-        Block blk(threads.x);
-        std::vector<std::thread> pool;
-        pool.reserve(threads.x);
+        Block blk(threads.x, reverse_order(launch_count, (z * grid.y + y) * grid.x + x));
+        block = &blk;
+        block_idx = dim3(x, y, z);
+        ++block_serial;
+        std::function<void()> body = [&] { kernel(args...); };
         for (unsigned t = 0; t < threads.x; ++t) {
-          pool.emplace_back([&, t] {
-            thread_idx = dim3(t);
-            block_idx = dim3(x, y, z);
-            block = &blk;
-            kernel(args...);
-            my_warp().arrive_and_drop();
-            blk.all.arrive_and_drop();
-          });
+          getcontext(&blk.fibers[t]);
+          blk.fibers[t].uc_stack.ss_sp = fiber_stack(t);
+          blk.fibers[t].uc_stack.ss_size = kFiberStack;
+          blk.fibers[t].uc_link = nullptr;
+          makecontext(&blk.fibers[t], &run_fiber, 0);
         }
-        for (auto& th : pool) th.join();
+        fiber_body = &body;
+        const int first = blk.next();
+        thread_idx = dim3(static_cast<unsigned>(first));
+        swapcontext(&blk.launcher, &blk.fibers[first]);
       }
   return cudaSuccess;
 }

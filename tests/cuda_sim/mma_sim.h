@@ -24,23 +24,23 @@ struct CpAsyncQueue {
   std::vector<std::vector<CpAsyncCopy>> groups;  // committed, oldest first
   bool unfenced = false;  // copies landed since the last fence.proxy.async (wgmma_sim.h checks)
 };
-inline thread_local CpAsyncQueue cp_async_queue;  // per simulated thread (a fresh std::thread)
+inline CpAsyncQueue& cp_async_queue() { return ::jetspec_sim::thread_state<CpAsyncQueue>(); }
 }  // namespace sim_detail
 
 inline void cp_async_16(void* dst, const void* src, bool valid) {
   std::memset(dst, 0xFF, 16);
-  sim_detail::cp_async_queue.open.push_back({dst, src, valid});
+  sim_detail::cp_async_queue().open.push_back({dst, src, valid});
 }
 
 inline void cp_async_commit() {
-  auto& q = sim_detail::cp_async_queue;
+  auto& q = sim_detail::cp_async_queue();
   q.groups.push_back(std::move(q.open));
   q.open.clear();
 }
 
 template <int N>
 inline void cp_async_wait() {
-  auto& q = sim_detail::cp_async_queue;
+  auto& q = sim_detail::cp_async_queue();
   while (q.groups.size() > static_cast<size_t>(N)) {
     for (const auto& c : q.groups.front()) {
       if (c.valid) {

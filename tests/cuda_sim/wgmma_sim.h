@@ -39,7 +39,7 @@ struct WgmmaQueue {
   std::map<float (*)[4], std::array<float, 32>> shadow;  // true accumulators while in flight
   bool fenced = false;  // wgmma.fence since the last wait (after which registers are touched)
 };
-inline thread_local WgmmaQueue wgmma_queue;
+inline WgmmaQueue& wgmma_queue() { return ::jetspec_sim::thread_state<WgmmaQueue>(); }
 
 [[noreturn]] inline void wgmma_fail(const char* what) {
   std::fprintf(stderr, "cuda_sim: %s\n", what);
@@ -68,7 +68,7 @@ inline float element(uint64_t desc, bool mn_major, int mn, int k) {
 }
 
 inline std::array<float, 32>& true_accumulators(float (*d)[4]) {
-  auto& q = wgmma_queue;
+  auto& q = wgmma_queue();
   auto it = q.shadow.find(d);
   if (it == q.shadow.end()) {
     std::array<float, 32> cur;
@@ -81,7 +81,7 @@ inline std::array<float, 32>& true_accumulators(float (*d)[4]) {
 
 template <typename T>
 inline void run(const WgmmaOp& op) {
-  auto& acc = wgmma_queue.shadow.at(op.d);
+  auto& acc = wgmma_queue().shadow.at(op.d);
   const int tid = static_cast<int>(::jetspec_sim::thread_idx.x & 127u);
   const int w = tid >> 5, g = (tid & 31) >> 2, tq = tid & 3;
   for (int j = 0; j < 8; ++j) {
@@ -120,20 +120,20 @@ inline uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_by
 // a wgmma needs a wgmma.fence since the thread's last wgmma_wait, and no cp.async data may have
 // landed since the thread's last fence.proxy.async (wgmma reads shared memory through the async
 // proxy, which does not see generic-proxy writes until that fence).
-inline void wgmma_fence() { sim_detail::wgmma_queue.fenced = true; }
-inline void fence_proxy_async() { sim_detail::cp_async_queue.unfenced = false; }
+inline void wgmma_fence() { sim_detail::wgmma_queue().fenced = true; }
+inline void fence_proxy_async() { sim_detail::cp_async_queue().unfenced = false; }
 
 namespace sim_detail {
 inline void check_issue_order() {
-  if (!wgmma_queue.fenced) wgmma_fail("wgmma issued without a wgmma.fence since the last wait");
-  if (cp_async_queue.unfenced)
+  if (!wgmma_queue().fenced) wgmma_fail("wgmma issued without a wgmma.fence since the last wait");
+  if (cp_async_queue().unfenced)
     wgmma_fail("wgmma issued after cp.async data landed but before fence.proxy.async");
 }
 }  // namespace sim_detail
 inline void wgmma_fence_operand(float (&)[8][4]) {}
 
 inline void wgmma_commit() {
-  auto& q = sim_detail::wgmma_queue;
+  auto& q = sim_detail::wgmma_queue();
   q.groups.push_back(std::move(q.open));
   q.open.clear();
 }
@@ -143,7 +143,7 @@ inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool ac
   sim_detail::check_issue_order();
   sim_detail::true_accumulators(d);
   sim_detail::WgmmaOp op{&sim_detail::run<T>, d, desc_a, desc_b, false, accumulate, {}};
-  sim_detail::wgmma_queue.open.push_back(op);
+  sim_detail::wgmma_queue().open.push_back(op);
 }
 
 template <typename T>
@@ -167,13 +167,13 @@ inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) 
       op.a[1][2 * t + 8 + h] = half(a23[L], 2 + h);  // a3: row g + 8, k 8 + 2t..
     }
   }
-  sim_detail::wgmma_queue.open.push_back(op);
+  sim_detail::wgmma_queue().open.push_back(op);
 }
 
 // Runs the groups past the newest N, then writes back accumulators with nothing in flight.
 template <int N>
 inline void wgmma_wait() {
-  auto& q = sim_detail::wgmma_queue;
+  auto& q = sim_detail::wgmma_queue();
   q.fenced = false;
   while (q.groups.size() > static_cast<size_t>(N)) {
     for (const auto& op : q.groups.front()) op.run(op);
