@@ -8,7 +8,9 @@
 #   nvidia-smi; a venv with --system-site-packages (the machine's CUDA torch and triton); _C built
 #   for sm_90a only; `python -m jetspec_kernels info`; pytest -m gpu; compute-sanitizer memcheck
 #   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
-#   allows); the quick GPU sweep of every bench. A step that would not fit is skipped and says so.
+#   allows); the quick GPU sweep of every bench; ncu (SpeedOfLight, Occupancy, LaunchStats) on one
+#   launch of each kernel at the headline shapes (bench/profile_kernels.py). A step that would not
+#   fit is skipped and says so.
 # Output ($OUT, default bench/results/device_check): summary.txt (the table printed last),
 # device_check.tar.gz (every log, CSV and PNG, steps.tsv), nvidia-smi.txt. No network is needed:
 # pip runs with PIP_NO_INDEX=1 against what the machine has installed.
@@ -119,7 +121,19 @@ step bench_verify 40 60 "'$PY' bench/bench_verify.py $BENCH_FLAGS --out '$RES'"
 step bench_draft_head 40 30 "'$PY' bench/bench_draft_head.py $BENCH_FLAGS --out '$RES'"
 step bench_decode 60 0 "'$PY' bench/bench_decode.py $BENCH_FLAGS --out '$RES'"
 
-# 5. Summary (printed last) and the results, packed into few files for the trip back.
+# 5. Nsight Compute on one launch of each kernel at the headline shapes (whatever time is left;
+#    the KINDS.md note says ncu reads counters on Firecracker machines only).
+NCU="ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+  --section LaunchStats"
+if command -v ncu >/dev/null 2>&1 || ((DRY)); then
+  step ncu_profile 120 0 "$NCU -f -o '$RES/ncu_profile' '$PY' bench/profile_kernels.py &&
+    ncu --import '$RES/ncu_profile.ncu-rep' --csv --page details >'$RES/ncu_profile.csv' &&
+    '$PY' bench/profile_kernels.py --summarize '$RES/ncu_profile.csv' | tee '$RES/ncu_summary.txt'" gpu
+else
+  printf 'ncu_profile\tSKIP\t0\tncu is not on PATH\n' >>"$STEPS"
+fi
+
+# 6. Summary (printed last) and the results, packed into few files for the trip back.
 SUMPY=$PY
 "$SUMPY" -c 'import sys' 2>/dev/null || SUMPY=$SYS_PY
 "$SUMPY" bench/summarize.py --steps "$STEPS" --results "$RES" >"$WORK/summary.txt" 2>&1 ||

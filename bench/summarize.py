@@ -1,5 +1,6 @@
 """Print the short summary of a device-check run: step status, then one compact line per measured
-jetspec row of every bench CSV (time, time/floor, speed-up against each baseline).
+jetspec row of every bench CSV (time, time/floor, speed-up against each baseline), then the
+Nsight Compute lines (ncu_summary.txt) when the run has them.
 
     python bench/summarize.py --steps steps.tsv --results DIR
 
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--results", type=Path, required=True)
     a = p.parse_args(argv)
     lines = ["== device check: steps ==", *steps_table(a.steps), "", "== benchmarks (quick sweep) =="]
-    csvs = sorted(a.results.rglob("*.csv"), key=lambda c: (BENCH_ORDER.index(c.stem)
+    csvs = sorted((c for c in a.results.rglob("*.csv") if not c.name.startswith("ncu_")), key=lambda c: (BENCH_ORDER.index(c.stem)
                                                            if c.stem in BENCH_ORDER else 99, c.name))
     if not csvs:
         lines.append(f"(no bench CSV under {a.results})")
@@ -82,6 +83,10 @@ def main(argv=None) -> int:
             lines += bench_lines(c)
         except Exception as e:  # one broken CSV must not hide the others
             lines.append(f"-- {c.name}: unreadable ({type(e).__name__}: {e})")
+    ncu = a.results / "ncu_summary.txt"
+    if ncu.exists():
+        lines += ["", "== Nsight Compute: one launch of each kernel (bench/profile_kernels.py) ==",
+                  *ncu.read_text().splitlines()]
     print("\n".join(lines))
     return 0
 

@@ -154,3 +154,29 @@ def test_verify_stage_baselines_match_reference():
     q_eager = eager_rope_append(q, k, v, qw, kw, pos, kc2, vc2, 1e4, 1e-6, prefix)
     assert float((q_eager - q_ref).norm() / q_ref.norm()) < 1e-5
     assert float((kc2 - kc).norm() / kc.norm()) < 1e-5 and torch.equal(vc2, vc)
+
+
+def test_profile_kernels_smoke_and_ncu_summary(tmp_path, capsys):
+    """The ncu driver runs every op (small, reference backend on the CPU), and its summariser
+    reads ncu's CSV layout; summarize.py appends the ncu lines and skips ncu's CSV as a bench."""
+    from bench import profile_kernels, summarize
+
+    assert profile_kernels.main(["--device", "cpu", "--small"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("profile: ") == 8 and "FAILED" not in out
+    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+            '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+            '"Metric Value"\n')
+    name = '"void jetspec::tree_attention_wgmma_kernel<__nv_bfloat16, 128>(jetspec::AttnParams)"'
+    row = '"0","1","py","h",{},"1","7","(128, 1, 1)","(4, 8, 1)","0","9.0","SOL","{}","{}","{}"\n'
+    (tmp_path / "ncu_profile.csv").write_text(
+        "==PROF== Connected\n" + head + row.format(name, "Duration", "us", "9.41")
+        + row.format(name, "Compute (SM) Throughput", "%", "51.2"))
+    profile_kernels.main(["--summarize", str(tmp_path / "ncu_profile.csv")])
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("0 | jetspec::tree_attention_wgmma_kernel | 9.41 us | 51.2 % | -")
+    (tmp_path / "ncu_summary.txt").write_text(line + "\n")
+    (tmp_path / "steps.tsv").write_text("ncu_profile\tPASS\t40\t\n")
+    summarize.main(["--steps", str(tmp_path / "steps.tsv"), "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "Nsight Compute" in out and line in out and "ncu_profile.csv" not in out

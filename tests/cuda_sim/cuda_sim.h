@@ -32,7 +32,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #define __global__
 #define __device__
@@ -294,16 +296,21 @@ auto exchange(uint64_t bits, F&& read) {
   return r;
 }
 
-// A kernel that never finishes (a deadlock, or a loop that does not end) aborts the process
+// A kernel that never finishes (a loop that does not end) aborts the process
 // with a message after this long, instead of hanging the test run.
-constexpr auto kWatchdog = std::chrono::seconds(300);
+// JETSPEC_SIM_WATCHDOG_S overrides the limit (e.g. shorter for a sweep of mutations).
+inline std::chrono::seconds watchdog_limit() {
+  const char* env = std::getenv("JETSPEC_SIM_WATCHDOG_S");
+  return std::chrono::seconds(env != nullptr ? std::atoi(env) : 300);
+}
 
 struct Watchdog {
   Watchdog() : thread([this] {
     std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, kWatchdog, [this] { return done; })) {
+    const auto limit = watchdog_limit();
+    if (!cv.wait_for(lock, limit, [this] { return done; })) {
       std::fprintf(stderr, "cuda_sim: a kernel launch did not finish within %lld s (hang)\n",
-                   static_cast<long long>(kWatchdog.count()));
+                   static_cast<long long>(limit.count()));
       std::abort();
     }
   }) {}
@@ -325,11 +332,21 @@ constexpr size_t kFiberStack = 256 * 1024;
 inline std::function<void()>* fiber_body;
 inline unsigned long long launch_count = 0;
 
-// Stack of thread slot t, allocated once and reused by every block.
+// Stack of thread slot t, allocated once and reused by every block. A guard page below it turns
+// an overflow into a segfault instead of silent corruption of another thread's stack.
 inline char* fiber_stack(unsigned t) {
-  static std::vector<std::unique_ptr<char[]>> stacks;
-  while (stacks.size() <= t) stacks.push_back(std::make_unique<char[]>(kFiberStack));
-  return stacks[t].get();
+  static std::vector<char*> stacks;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  while (stacks.size() <= t) {
+    void* m = mmap(nullptr, kFiberStack + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0) {
+      std::fprintf(stderr, "cuda_sim: cannot map a fiber stack\n");
+      std::abort();
+    }
+    stacks.push_back(static_cast<char*>(m) + page);
+  }
+  return stacks[t];
 }
 
 // A simulated thread: the kernel, then it leaves its barriers and hands the turn on.
