@@ -1,10 +1,10 @@
 """The cuda backend against python_ref (float64): parity for every op and dtype, opcheck, and
 CUDA-graph replay.
 
-Ops other than tree_attention also run on the CPU in CI. They use the ``sim`` device: the same
-csrc kernels, built with g++ against tests/cuda_sim/cuda_sim.h, run on CPU threads behind the
-same bindings and Python wrappers. Tests with the ``cuda`` device, attention, opcheck of the
-attention op and graph replay are gpu-marked.
+Every op also runs on the CPU in CI, opcheck included. It uses the ``sim`` device: the same
+csrc kernels, built with g++ against tests/cuda_sim/cuda_sim.h, run as simulated threads behind
+the same bindings and Python wrappers. Tests with the ``cuda`` device and graph replay are
+gpu-marked.
 """
 import math
 import shutil
@@ -499,10 +499,45 @@ def test_build_tree_random_configs(dev):
                 assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), (trial, algorithm, key)
 
 
-@pytest.mark.gpu
-def test_opcheck_and_graph_replay():
+def test_opcheck(dev):
+    """torch.library.opcheck of every op: schema (declared mutations), fake implementations
+    against the real outputs, autograd registration and AOT dispatch."""
     from torch.library import opcheck
 
+    gen = torch.Generator().manual_seed(1)
+    b, n, hq, hkv, dh = 1, 16, 4, 2, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).half().to(dev)
+    kc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(dev)
+    vc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(dev)
+    prefix = torch.tensor([20], dtype=torch.int32, device=dev)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, n, device=dev)
+    opcheck(torch.ops.jetspec.tree_attention.default,
+            (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, 0))
+    logits = torch.randn(2, 3, 5000, generator=gen).to(dev)
+    opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
+    hid = torch.randn(2, 3, 64, generator=gen).half().to(dev)
+    opcheck(torch.ops.jetspec.hidden_topk.default, (hid, torch.randn(700, 64).half().to(dev), 4))
+    tt, tl = cu().log_softmax_topk(logits, 4)
+    root = torch.tensor([1, 2], dtype=torch.int32, device=dev)
+    opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))
+    tree = cu().build_tree(tt, tl, root, 20, "topn")
+    tlog = torch.randn(2, 20, 300, generator=gen).to(dev)
+    opcheck(torch.ops.jetspec.verify_tree.default,
+            (tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None))
+    kn = torch.randn(b, n, hkv, dh, generator=gen).half().to(dev)
+    kv_ = torch.randn(b, n, hkv, dh, generator=gen).half().to(dev)
+    w = torch.ones(dh, device=dev)
+    pos = torch.arange(n, dtype=torch.int32, device=dev)[None]
+    opcheck(torch.ops.jetspec.qk_norm_rope_append.default,
+            (q, kn, kv_, w, w, pos, kc, vc, 1e6, 1e-6, None, None))
+    path = torch.tensor([[0, 2, 3]], dtype=torch.int32, device=dev)
+    acc = torch.tensor([2], dtype=torch.int32, device=dev)
+    opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))
+
+
+@pytest.mark.gpu
+def test_graph_replay():
     gen = torch.Generator().manual_seed(1)
     b, n, hq, hkv, dh = 1, 16, 4, 2, 64
     q = torch.randn(b, n, hq, dh, generator=gen).half().to(DEV)
@@ -511,27 +546,9 @@ def test_opcheck_and_graph_replay():
     prefix = torch.tensor([20], dtype=torch.int32, device=DEV)
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, n, device=DEV)
-    opcheck(torch.ops.jetspec.tree_attention.default,
-            (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, 0))
     logits = torch.randn(2, 3, 5000, generator=gen).to(DEV)
-    opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
     hid = torch.randn(2, 3, 64, generator=gen).half().to(DEV)
-    opcheck(torch.ops.jetspec.hidden_topk.default, (hid, torch.randn(700, 64).half().to(DEV), 4))
-    tt, tl = cu().log_softmax_topk(logits, 4)
     root = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
-    opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))
-    tree = cu().build_tree(tt, tl, root, 20, "topn")
-    tlog = torch.randn(2, 20, 300, generator=gen).to(DEV)
-    opcheck(torch.ops.jetspec.verify_tree.default,
-            (tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None))
-    kn, kv_ = torch.randn(b, n, hkv, dh, generator=gen).half().to(DEV), torch.randn(b, n, hkv, dh).half().to(DEV)
-    w = torch.ones(dh, device=DEV)
-    pos = torch.arange(n, dtype=torch.int32, device=DEV)[None]
-    opcheck(torch.ops.jetspec.qk_norm_rope_append.default,
-            (q, kn, kv_, w, w, pos, kc, vc, 1e6, 1e-6, None, None))
-    path = torch.tensor([[0, 2, 3]], dtype=torch.int32, device=DEV)
-    acc = torch.tensor([2], dtype=torch.int32, device=DEV)
-    opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))
 
     # CUDA graph: capture draft tree (from logits and from hidden states), verification
     # attention and verify_tree; replay on new inputs.
