@@ -29,6 +29,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -167,7 +168,8 @@ namespace jetspec_sim {
 // one runs at a time, until it waits at a barrier or exits; then the runnable thread first in the
 // block's order runs. So each stretch between two barriers runs whole, in a fixed order: lowest
 // thread first, or highest first (alternating between blocks and launches;
-// JETSPEC_SIM_ORDER=forward or reverse fixes it). A shared-memory race (a write and a read of one
+// JETSPEC_SIM_ORDER=forward or reverse fixes it; =random:SEED picks a random runnable thread at
+// every switch, for stress runs). A shared-memory race (a write and a read of one
 // address by two threads with no barrier between them) then gives the same wrong answer on every
 // run in one of the two orders, instead of depending on how the OS interleaves threads. Every live
 // thread waiting with none runnable is a deadlock, reported at once.
@@ -182,8 +184,9 @@ struct Barrier {
 };
 
 struct Block {
-  Block(unsigned n, bool reverse_order)
-      : all{this, n}, xchg(n), runnable(n, true), fibers(n), reverse(reverse_order) {
+  Block(unsigned n, bool reverse_order, std::mt19937_64* random_order)
+      : all{this, n}, xchg(n), runnable(n, true), fibers(n), reverse(reverse_order),
+        rng(random_order) {
     for (unsigned w = 0; w * 32 < n; ++w) warps.push_back({this, std::min(32u, n - 32 * w)});
   }
   Barrier all;
@@ -194,10 +197,19 @@ struct Block {
   ucontext_t launcher;
   unsigned done = 0;
   bool reverse;
+  std::mt19937_64* rng;  // non-null: random order
 
   // The runnable thread first in this block's order, or -1.
   int next() const {
     const int n = static_cast<int>(runnable.size());
+    if (rng != nullptr) {
+      int count = 0;
+      for (int t = 0; t < n; ++t) count += runnable[t] ? 1 : 0;
+      if (count == 0) return -1;
+      int pick = static_cast<int>((*rng)() % static_cast<uint64_t>(count));
+      for (int t = 0; t < n; ++t)
+        if (runnable[t] && pick-- == 0) return t;
+    }
     for (int i = 0; i < n; ++i) {
       const int t = reverse ? n - 1 - i : i;
       if (runnable[t]) return t;
@@ -276,6 +288,16 @@ inline void Barrier::arrive_and_drop() {
     waiters.clear();
     arrived = 0;
   }
+}
+
+// JETSPEC_SIM_ORDER "random:SEED": one generator for the process, seeded once.
+inline std::mt19937_64* random_order() {
+  static std::mt19937_64* rng = [] () -> std::mt19937_64* {
+    const char* env = std::getenv("JETSPEC_SIM_ORDER");
+    if (env == nullptr || std::strncmp(env, "random", 6) != 0) return nullptr;
+    return new std::mt19937_64(env[6] == ':' ? std::strtoull(env + 7, nullptr, 10) : 0);
+  }();
+  return rng;
 }
 
 // JETSPEC_SIM_ORDER: "forward", "reverse", or unset to alternate.
@@ -375,7 +397,8 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
       for (unsigned x = 0; x < grid.x; ++x) {
         // Poisoned for every block, like uninitialised shared memory (nothing carries over).
         smem_buffer().assign(smem + 1024 + 16, 0xA5);
-        Block blk(threads.x, reverse_order(launch_count, (z * grid.y + y) * grid.x + x));
+        Block blk(threads.x, reverse_order(launch_count, (z * grid.y + y) * grid.x + x),
+                  random_order());
         block = &blk;
         block_idx = dim3(x, y, z);
         ++block_serial;
