@@ -399,6 +399,17 @@ def test_log_softmax_topk(dev, dtype):
     assert (tl.cpu().double() - want_l).abs().max() < 1e-4
 
 
+def test_log_softmax_topk_many_chunks(dev):
+    """34 vocabulary chunks: the merge's sum of exp then has partials from two warps, which a
+    missing barrier before the cross-warp sum gets wrong."""
+    gen = torch.Generator().manual_seed(12)
+    logits = torch.randn(1, 2, 33 * 4096 + 5, generator=gen) * 3
+    tt, tl = cu().log_softmax_topk(logits.to(dev), 5)
+    want_t, want_l = ref.log_softmax_topk(logits.double(), 5)
+    assert torch.equal(tt.cpu(), want_t)
+    assert (tl.cpu().double() - want_l).abs().max() < 1e-4
+
+
 # (dtype, B, D, H, V, k, simulated SMs): one m16 tile with a hidden-size tail (72 = 64 + 8) and
 # a partial vocab tile; 21 rows (one 64-row tile); 65 rows (two) and a 4-entry last tile; k = 33
 # (two list slots per lane); a 1-SM plan, so that each CTA folds several vocab tiles; and H = 200

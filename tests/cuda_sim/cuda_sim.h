@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -58,8 +59,24 @@ struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char* cudaGetErrorName(cudaError_t) { return "cudaSimError"; }
+// A failed launch is reported by the next cudaGetLastError, as on the GPU.
+inline cudaError_t sim_launch_error = cudaSuccess;
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t err = sim_launch_error;
+  sim_launch_error = cudaSuccess;
+  return err;
+}
+inline const char* cudaGetErrorName(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+  }
+  return "cudaSimError";
+}
 inline const char* cudaGetErrorString(cudaError_t) { return "error in the CPU simulator"; }
 inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 0;
@@ -87,8 +104,21 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
   }
   return cudaErrorInvalidValue;
 }
+// Dynamic shared memory over 48 KB needs the kernel's opt-in first, up to the device's limit;
+// launch() checks it as the GPU does.
+constexpr size_t kSimSmemDefault = 48 * 1024, kSimSmemOptin = 232448;
+inline std::map<const void*, size_t>& smem_optin() {
+  static std::map<const void*, size_t> m;
+  return m;
+}
 template <typename F>
-cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(F kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      static_cast<size_t>(value) > kSimSmemOptin)
+    return cudaErrorInvalidValue;
+  smem_optin()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
 // binaryVersion: the arch of the code the runtime picked for a kernel, 90 (an H200 running the
 // sm_90a build) unless JETSPEC_SIM_BINARY_VERSION says otherwise.
 struct cudaFuncAttributes {
@@ -386,7 +416,11 @@ inline void run_fiber() {
 template <typename... KArgs, typename... Args>
 cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...), Args... args) {
   if (threads.y != 1 || threads.z != 1 || threads.x == 0 || threads.x > 1024) {
-    return cudaErrorInvalidConfiguration;
+    return sim_launch_error = cudaErrorInvalidConfiguration;
+  }
+  if (smem > kSimSmemDefault) {
+    const auto it = smem_optin().find(reinterpret_cast<const void*>(kernel));
+    if (it == smem_optin().end() || smem > it->second) return sim_launch_error = cudaErrorInvalidValue;
   }
   grid_dim = grid;
   block_dim = threads;
