@@ -510,12 +510,9 @@ def test_build_tree_random_configs(dev):
                 assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), (trial, algorithm, key)
 
 
-def test_opcheck(dev):
-    """torch.library.opcheck of every op: schema (declared mutations), fake implementations
-    against the real outputs, autograd registration and AOT dispatch."""
-    from torch.library import opcheck
-
-    gen = torch.Generator().manual_seed(1)
+def _round_inputs(dev, gen):
+    """Small inputs of every op of a round: q [1, 16, 4, 64] and a 64-row K/V cache (fp16),
+    prefix, out, lse, logits [2, 3, 5000], hidden [2, 3, 64], root tokens [2]."""
     b, n, hq, hkv, dh = 1, 16, 4, 2, 64
     q = torch.randn(b, n, hq, dh, generator=gen).half().to(dev)
     kc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(dev)
@@ -523,14 +520,26 @@ def test_opcheck(dev):
     prefix = torch.tensor([20], dtype=torch.int32, device=dev)
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, n, device=dev)
+    logits = torch.randn(2, 3, 5000, generator=gen).to(dev)
+    hid = torch.randn(2, 3, 64, generator=gen).half().to(dev)
+    root = torch.tensor([1, 2], dtype=torch.int32, device=dev)
+    return q, kc, vc, prefix, out, lse, logits, hid, root
+
+
+def test_opcheck(dev):
+    """torch.library.opcheck of every op: schema (declared mutations), fake implementations
+    against the real outputs, autograd registration and AOT dispatch."""
+    from torch.library import opcheck
+
+    gen = torch.Generator().manual_seed(1)
+    q, kc, vc, prefix, out, lse, logits, hid, root = _round_inputs(dev, gen)
+    b, n, _, dh = q.shape
+    hkv = kc.shape[2]
     opcheck(torch.ops.jetspec.tree_attention.default,
             (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, 0))
-    logits = torch.randn(2, 3, 5000, generator=gen).to(dev)
     opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
-    hid = torch.randn(2, 3, 64, generator=gen).half().to(dev)
     opcheck(torch.ops.jetspec.hidden_topk.default, (hid, torch.randn(700, 64).half().to(dev), 4))
     tt, tl = cu().log_softmax_topk(logits, 4)
-    root = torch.tensor([1, 2], dtype=torch.int32, device=dev)
     opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))
     tree = cu().build_tree(tt, tl, root, 20, "topn")
     tlog = torch.randn(2, 20, 300, generator=gen).to(dev)
@@ -550,16 +559,7 @@ def test_opcheck(dev):
 @pytest.mark.gpu
 def test_graph_replay():
     gen = torch.Generator().manual_seed(1)
-    b, n, hq, hkv, dh = 1, 16, 4, 2, 64
-    q = torch.randn(b, n, hq, dh, generator=gen).half().to(DEV)
-    kc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(DEV)
-    vc = torch.randn(b, 64, hkv, dh, generator=gen).half().to(DEV)
-    prefix = torch.tensor([20], dtype=torch.int32, device=DEV)
-    out = torch.empty_like(q)
-    lse = torch.empty(b, hq, n, device=DEV)
-    logits = torch.randn(2, 3, 5000, generator=gen).to(DEV)
-    hid = torch.randn(2, 3, 64, generator=gen).half().to(DEV)
-    root = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    q, kc, vc, prefix, out, lse, logits, hid, root = _round_inputs(DEV, gen)
 
     # CUDA graph: capture draft tree (from logits and from hidden states), verification
     # attention and verify_tree; replay on new inputs.
