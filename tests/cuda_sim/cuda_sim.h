@@ -18,7 +18,6 @@
 // warp's lanes interleaving instruction by instruction), and hardware-specific rounding.
 #pragma once
 #include <algorithm>
-#include <functional>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -27,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
