@@ -23,7 +23,7 @@ SOURCES = [ROOT / "csrc" / f for f in ("bindings.cpp", "attention.cu", "draft_tr
 
 def _fingerprint() -> str:
     h = hashlib.sha256()
-    files = [Path(__file__)] + SOURCES + sorted((ROOT / "csrc" / "include").rglob("*")) + sorted(SIM_DIR.glob("*.[ch]*"))
+    files = [Path(__file__), SIM_DIR / "sim_shared.ld"] + SOURCES + sorted((ROOT / "csrc" / "include").rglob("*")) + sorted(SIM_DIR.glob("*.[ch]*"))
     for f in files:
         if f.is_file():
             h.update(f.name.encode())
@@ -47,7 +47,8 @@ def load():
         tmp = so.with_suffix(".tmp")
         # It stands in for the default build ("90a,80"): auto picks the wgmma kernel, as on an H200.
         cmd = [compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
-               "-Wno-unknown-pragmas", "-DJETSPEC_CPU_SIM", '-DJETSPEC_CUDA_ARCHS="90a,80"',
+               "-Wno-unknown-pragmas", "-fdata-sections", f"-Wl,-T,{SIM_DIR / 'sim_shared.ld'}",
+               "-DJETSPEC_CPU_SIM", '-DJETSPEC_CUDA_ARCHS="90a,80"',
                f"-I{ROOT / 'csrc' / 'include'}", f"-I{SIM_DIR}", f"-I{pybind11.get_include()}",
                f"-I{sysconfig.get_paths()['include']}", "-x", "c++", *map(str, SOURCES),
                "-o", str(tmp)]

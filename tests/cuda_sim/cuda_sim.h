@@ -45,6 +45,9 @@
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __shared__ static
+// Bounds of the static locals of namespace jetspec (sim_shared.ld gathers them), which launch()
+// poisons for every block.
+extern "C" unsigned char __start_jetspec_sim_shared[], __stop_jetspec_sim_shared[];
 
 // ---- runtime API surface --------------------------------------------------------------------
 enum cudaError_t {
@@ -429,8 +432,11 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
-        // Poisoned for every block, like uninitialised shared memory (nothing carries over).
+        // Poisoned for every block, like uninitialised shared memory (nothing carries over):
+        // dynamic with 0xA5 bytes, static with 0x7F (a huge float, NaN in fp16).
         smem_buffer().assign(smem + 1024 + 16, 0xA5);
+        std::memset(__start_jetspec_sim_shared, 0x7F,
+                    static_cast<size_t>(__stop_jetspec_sim_shared - __start_jetspec_sim_shared));
         Block blk(threads.x, reverse_order(launch_count, (z * grid.y + y) * grid.x + x),
                   random_order());
         block = &blk;
