@@ -429,32 +429,42 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
   block_dim = threads;
   ++launch_count;
   Watchdog watchdog;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        // Poisoned for every block, like uninitialised shared memory (nothing carries over):
-        // dynamic with 0xA5 bytes, static with 0x7F (a huge float, NaN in fp16).
-        smem_buffer().assign(smem + 1024 + 16, 0xA5);
-        std::memset(__start_jetspec_sim_shared, 0x7F,
-                    static_cast<size_t>(__stop_jetspec_sim_shared - __start_jetspec_sim_shared));
-        Block blk(threads.x, reverse_order(launch_count, (z * grid.y + y) * grid.x + x),
-                  random_order());
-        block = &blk;
-        block_idx = dim3(x, y, z);
-        ++block_serial;
-        std::function<void()> body = [&] { kernel(args...); };
-        for (unsigned t = 0; t < threads.x; ++t) {
-          getcontext(&blk.fibers[t]);
-          blk.fibers[t].uc_stack.ss_sp = fiber_stack(t);
-          blk.fibers[t].uc_stack.ss_size = kFiberStack;
-          blk.fibers[t].uc_link = nullptr;
-          makecontext(&blk.fibers[t], &run_fiber, 0);
-        }
-        fiber_body = &body;
-        const int first = blk.next();
-        thread_idx = dim3(static_cast<unsigned>(first));
-        swapcontext(&blk.launcher, &blk.fibers[first]);
-      }
+  // Blocks run one at a time in the launch's order (reverse_order(launch, 0) reverses it, random
+  // shuffles it), so a block that depends on another block of the same launch fails in one order.
+  const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+  std::vector<unsigned long long> order(blocks);
+  for (unsigned long long i = 0; i < blocks; ++i) order[i] = i;
+  if (random_order() != nullptr) {
+    std::shuffle(order.begin(), order.end(), *random_order());
+  } else if (reverse_order(launch_count, 0)) {
+    std::reverse(order.begin(), order.end());
+  }
+  for (const unsigned long long linear : order) {
+    const unsigned x = static_cast<unsigned>(linear % grid.x);
+    const unsigned y = static_cast<unsigned>(linear / grid.x % grid.y);
+    const unsigned z = static_cast<unsigned>(linear / grid.x / grid.y);
+    // Poisoned for every block, like uninitialised shared memory (nothing carries over):
+    // dynamic with 0xA5 bytes, static with 0x7F (a huge float, NaN in fp16).
+    smem_buffer().assign(smem + 1024 + 16, 0xA5);
+    std::memset(__start_jetspec_sim_shared, 0x7F,
+                static_cast<size_t>(__stop_jetspec_sim_shared - __start_jetspec_sim_shared));
+    Block blk(threads.x, reverse_order(launch_count, linear), random_order());
+    block = &blk;
+    block_idx = dim3(x, y, z);
+    ++block_serial;
+    std::function<void()> body = [&] { kernel(args...); };
+    for (unsigned t = 0; t < threads.x; ++t) {
+      getcontext(&blk.fibers[t]);
+      blk.fibers[t].uc_stack.ss_sp = fiber_stack(t);
+      blk.fibers[t].uc_stack.ss_size = kFiberStack;
+      blk.fibers[t].uc_link = nullptr;
+      makecontext(&blk.fibers[t], &run_fiber, 0);
+    }
+    fiber_body = &body;
+    const int first = blk.next();
+    thread_idx = dim3(static_cast<unsigned>(first));
+    swapcontext(&blk.launcher, &blk.fibers[first]);
+  }
   return cudaSuccess;
 }
 
