@@ -481,3 +481,23 @@ def using_backend(name: str):
         yield
     finally:
         jk.set_backend(old)
+
+
+@contextmanager
+def using_attention_kernel(name: str | None):
+    """Inside the block, the cuda backend's tree_attention uses kernel ``name`` ("mma", "wgmma",
+    "auto"; None leaves the choice as it is), through ``JETSPEC_ATTN_KERNEL``."""
+    import os
+
+    if name is None:
+        yield
+        return
+    old = os.environ.get("JETSPEC_ATTN_KERNEL")
+    os.environ["JETSPEC_ATTN_KERNEL"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["JETSPEC_ATTN_KERNEL"]
+        else:
+            os.environ["JETSPEC_ATTN_KERNEL"] = old

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
 import jetspec_kernels as jk
+from bench import common as bc
 
 # Qwen3-8B: Hq 32, Hkv 8, Dh 128, V 151936, H 4096 (bf16). --small shrinks every size.
 FULL = dict(hq=32, hkv=8, dh=128, v=151936, h=4096, d=15, k=8)
@@ -50,12 +54,8 @@ def ops(dev, dtype, backend, s, small):
         prefix = torch.full((b,), l, dtype=torch.int32, device=dev)
 
         def run():
-            if kernel is not None:
-                os.environ["JETSPEC_ATTN_KERNEL"] = kernel
-            try:
+            with bc.using_attention_kernel(kernel):
                 jk.tree_attention(q, kc, vc, prefix, tree.mask, backend=backend)
-            finally:
-                os.environ.pop("JETSPEC_ATTN_KERNEL", None)
         return run
 
     def draft(b, budget):

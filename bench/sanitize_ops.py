@@ -9,14 +9,18 @@ caches with a shuffled block table). Ops the backend does not implement are repo
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
 import jetspec_kernels as jk
 import python_ref as ref
+from bench import common as bc
 
 B, N, HQ, HKV, DH, L, V, D, K, PAGE = 2, 40, 8, 2, 128, 100, 1000, 6, 4, 16
 
@@ -87,11 +91,8 @@ def cases(dev, dtype, backend):
 
     def c_attention_mma():
         # The cuda backend's other attention kernel (auto takes wgmma on sm_90a).
-        os.environ["JETSPEC_ATTN_KERNEL"] = "mma"
-        try:
+        with bc.using_attention_kernel("mma"):
             return c_attention(True, True)()
-        finally:
-            del os.environ["JETSPEC_ATTN_KERNEL"]
 
     def c_rope(paged):
         def run():

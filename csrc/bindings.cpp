@@ -60,8 +60,8 @@ PYBIND11_MODULE(_C, m) {
       "supports_arch",
       [](int sm, const std::string& archs) { return jetspec::arch_list_supports(archs, sm); },
       py::arg("sm"), py::arg("archs") = std::string(JETSPEC_CUDA_ARCHS),
-        "Whether code built for `archs` (default: this module's) runs on compute capability sm "
-        "(e.g. 90).");
+      "Whether code built for `archs` (default: this module's) runs on compute capability sm "
+      "(e.g. 90).");
   m.def("wgmma_built", &jetspec::arch_list_sm90_is_90a,
         py::arg("archs") = std::string(JETSPEC_CUDA_ARCHS),
         "Whether code built for `archs` (default: this module's) holds the sm_90a wgmma kernels "

@@ -197,6 +197,12 @@ inline int __float_as_int(float f) {
 // ---- threads, barriers, warp exchange -------------------------------------------------------
 namespace jetspec_sim {
 
+// A simulated program error (a deadlock, a broken PTX rule): message, then abort.
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda_sim: %s\n", what);
+  std::abort();
+}
+
 // The threads of a block are fibers (ucontext) on the launching thread and take turns: exactly
 // one runs at a time, until it waits at a barrier or exits; then the runnable thread first in the
 // block's order runs. So each stretch between two barriers runs whole, in a fixed order: lowest
@@ -274,10 +280,7 @@ inline void Block::yield(unsigned self, bool exited) {
   const int t = next();
   if (t == static_cast<int>(self)) return;
   if (t < 0) {
-    if (done < runnable.size()) {
-      std::fprintf(stderr, "cuda_sim: deadlock: every live thread of a block waits at a barrier\n");
-      std::abort();
-    }
+    if (done < runnable.size()) fail("deadlock: every live thread of a block waits at a barrier");
     setcontext(&launcher);  // the last thread has exited
   }
   thread_idx = dim3(static_cast<unsigned>(t));
@@ -395,10 +398,7 @@ inline char* fiber_stack(unsigned t) {
   while (stacks.size() <= t) {
     void* m = mmap(nullptr, kFiberStack + page, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0) {
-      std::fprintf(stderr, "cuda_sim: cannot map a fiber stack\n");
-      std::abort();
-    }
+    if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0) fail("cannot map a fiber stack");
     stacks.push_back(static_cast<char*>(m) + page);
   }
   return stacks[t];

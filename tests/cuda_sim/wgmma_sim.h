@@ -41,15 +41,10 @@ struct WgmmaQueue {
 };
 inline WgmmaQueue& wgmma_queue() { return ::jetspec_sim::thread_state<WgmmaQueue>(); }
 
-[[noreturn]] inline void wgmma_fail(const char* what) {
-  std::fprintf(stderr, "cuda_sim: %s\n", what);
-  std::abort();
-}
-
 // Address of element (mn, k) of a 16-bit operand described by desc.
 inline const unsigned char* sw128_element(uint64_t desc, bool mn_major, int mn, int k) {
-  if ((desc >> 62) != 1) wgmma_fail("wgmma descriptor: only the 128B swizzle is simulated");
-  if (((desc >> 49) & 7) != 0) wgmma_fail("wgmma descriptor: base offset must be 0");
+  if ((desc >> 62) != 1) ::jetspec_sim::fail("wgmma descriptor: only 128B swizzle is simulated");
+  if (((desc >> 49) & 7) != 0) ::jetspec_sim::fail("wgmma descriptor: base offset must be 0");
   const size_t start = (desc & 0x3FFFu) << 4;
   const size_t lbo = ((desc >> 16) & 0x3FFFu) << 4;
   const size_t sbo = ((desc >> 32) & 0x3FFFu) << 4;
@@ -103,14 +98,14 @@ inline void run(const WgmmaOp& op) {
 
 // The simulated dynamic shared memory is already 1024-byte aligned.
 inline unsigned char* align_smem_1024(unsigned char* p) {
-  if (reinterpret_cast<uintptr_t>(p) % 1024 != 0) sim_detail::wgmma_fail("unaligned shared memory");
+  if (reinterpret_cast<uintptr_t>(p) % 1024 != 0) ::jetspec_sim::fail("unaligned shared memory");
   return p;
 }
 
 inline uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const auto off = static_cast<uint64_t>(static_cast<const unsigned char*>(smem) -
                                          ::jetspec_sim::dynamic_smem());
-  if (off >= (1u << 18)) sim_detail::wgmma_fail("wgmma descriptor: not in shared memory");
+  if (off >= (1u << 18)) ::jetspec_sim::fail("wgmma descriptor: not in shared memory");
   return (off >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
@@ -125,9 +120,10 @@ inline void fence_proxy_async() { sim_detail::cp_async_queue().unfenced = false;
 
 namespace sim_detail {
 inline void check_issue_order() {
-  if (!wgmma_queue().fenced) wgmma_fail("wgmma issued without a wgmma.fence since the last wait");
+  if (!wgmma_queue().fenced)
+    ::jetspec_sim::fail("wgmma issued without a wgmma.fence since the last wait");
   if (cp_async_queue().unfenced)
-    wgmma_fail("wgmma issued after cp.async data landed but before fence.proxy.async");
+    ::jetspec_sim::fail("wgmma issued after cp.async data landed but before fence.proxy.async");
 }
 }  // namespace sim_detail
 inline void wgmma_fence_operand(float (&)[8][4]) {}
