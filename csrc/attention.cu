@@ -1,7 +1,9 @@
-// tree_attention: the wgmma kernel (sm_90a; fp16 / bf16, head dims 64, 128) and the mma.sync
-// kernel (fp16 / bf16, head dims 64, 128, 256; every arch, and the fallback).
+// tree_attention: the wgmma kernels (sm_90a; fp16 / bf16, head dims 64, 128: cp.async loads, or
+// warp-specialised with TMA loads) and the mma.sync kernel (fp16 / bf16, head dims 64, 128, 256;
+// every arch, and the fallback).
 #include "jetspec/api.h"
 #include "jetspec/attention.cuh"
+#include "jetspec/attention_tma.cuh"
 #include "jetspec/attention_wgmma.cuh"
 
 namespace jetspec {
@@ -15,14 +17,16 @@ cudaError_t attention_pick(const AttnParams& p, cudaStream_t stream) {
       bool usable = false;
       const cudaError_t err = wgmma_attention_usable<T, HD>(&usable);
       if (err != cudaSuccess) return err;
+      if (usable && p.kernel == kAttnTma) return tree_attention_tma<T, HD>(p, stream);
+      if (p.kernel == kAttnTma) return cudaErrorNotSupported;
       if (usable) {
         return attention_launch<T>(p, tree_attention_wgmma_kernel<T, HD>,
-                                   attention_wgmma_smem_bytes<HD>(), HD, stream);
+                                   attention_wgmma_smem_bytes<HD>(), HD, kAttnThreads, stream);
       }
       if (p.kernel == kAttnWgmma) return cudaErrorNotSupported;
     }
   } else {
-    if (p.kernel == kAttnWgmma) return cudaErrorInvalidValue;
+    if (p.kernel == kAttnWgmma || p.kernel == kAttnTma) return cudaErrorInvalidValue;
   }
   return tree_attention<T, HD>(p, stream);
 }

@@ -277,7 +277,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "tree_attention",
       [](U q, const I64s& sq, U k_cache, U v_cache, const I64s& sk, const I64s& sv, U block_table,
-         int64_t bt_stride, int page_size, U prefix_lens, U tree_mask, int64_t sm0, int64_t sm1,
+         int64_t bt_stride, int page_size, int cache_outer, U prefix_lens, U tree_mask, int64_t sm0, int64_t sm1,
          int tail, U out, const I64s& so, U lse, U part_o, U part_lse, int batch, int n, int hq,
          int hkv, int splits, float scale, int dtype, int head_dim, int kernel, U stream) {
         jetspec::AttnParams p{};
@@ -290,6 +290,7 @@ PYBIND11_MODULE(_C, m) {
         p.block_table = ptr<const int32_t>(block_table);
         p.bt_stride = bt_stride;
         p.page_size = page_size;
+        p.cache_outer = cache_outer;
         p.prefix_lens = ptr<const int32_t>(prefix_lens);
         p.tree_mask = ptr<const int32_t>(tree_mask);
         p.sm0 = sm0;
@@ -312,5 +313,6 @@ PYBIND11_MODULE(_C, m) {
               "tree_attention");
       },
       "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits; "
-      "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a).");
+      "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a), 3 warp-specialised wgmma with TMA loads "
+      "(sm_90a; page sizes multiple of 8).");
 }

@@ -85,11 +85,11 @@ ATTN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel == "wgmma" and dh not in cu().attention.WGMMA_HEAD_DIMS:
-        pytest.skip("the wgmma kernel takes head dims 64 and 128")
+    if kernel != "mma" and dh not in cu().attention.WGMMA_HEAD_DIMS:
+        pytest.skip("the sm_90a kernels take head dims 64 and 128")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
     prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
@@ -118,7 +118,7 @@ def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, s
     assert rel_l2(lse, l_ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
 @pytest.mark.parametrize("dh", [64, 128])
 def test_tree_attention_one_hot_probe(dev, kernel, dh):
     """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
@@ -149,6 +149,53 @@ def test_tree_attention_one_hot_probe(dev, kernel, dh):
                     f"{seen}")
 
 
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("page_size", [None, 16, 24, 128])
+def test_tree_attention_nan_past_end(dev, kernel, page_size):
+    """Cache rows past each sequence's end (and pages no sequence owns) hold NaN, as a cache from
+    torch.empty may: keys there are masked, and their V rows must not reach the output through
+    0 * NaN. Lengths end mid-block; page 24 makes the TMA kernel copy 8-row chunks and 128 copies
+    blocks from inside a page."""
+    gen = torch.Generator().manual_seed(11)
+    b, n, hq, hkv, dh, lmax = 3, 21, 8, 2, 128, 384
+    prefix = torch.tensor([0, 130, 301], dtype=torch.int32)
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    parents, num_nodes = random_tree(b, n, gen)
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, "mask",
+                                      None, 0.1)
+    for bb in range(b):
+        k[bb, prefix[bb] + n:] = float("nan")
+        v[bb, prefix[bb] + n:] = float("nan")
+    table = None
+    if page_size is not None:
+        k, table = paged(k, page_size, gen)
+        v, _ = paged(v, page_size, gen, table)
+        spare = torch.full((2,) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype)
+        k, v = torch.cat([k, spare]), torch.cat([v, spare])  # pages no sequence owns
+    args = [x.to(dev) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full((b, hq, n), float("nan"), device=dev)
+    cu().tree_attention(args[0], args[1], args[2], args[3], args[4], "mask", args[5], 0.1, out,
+                        lse, num_splits=2, kernel=kernel)
+    sync(dev)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
+
+
+def test_tree_attention_tma_page_size(dev):
+    """The TMA kernel copies whole 8-row swizzle atoms, so it refuses other page sizes by name."""
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.float16, device=dev)
+    k = torch.zeros(4, 12, 1, 64, dtype=torch.float16, device=dev)
+    table = torch.arange(4, dtype=torch.int32, device=dev).view(1, 4)
+    prefix = torch.tensor([20], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="page size"):
+        cu().tree_attention(q, k, k, prefix, None, "causal", table, 0.125, q.clone(), None,
+                            kernel="tma")
+
+
 def test_tree_attention_kernel_choice(dev, monkeypatch):
     """Where the runtime picked no sm_90a code (the simulator told binaryVersion 80), auto falls
     back to mma.sync and an explicit wgmma is an error; bad kernel names are ValueErrors."""
@@ -168,8 +215,10 @@ def test_tree_attention_kernel_choice(dev, monkeypatch):
     assert rel_l2(out, o_ref) < TOL[torch.float16]
     with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
-    with pytest.raises(ValueError, match="kernel"):
+    with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
+    with pytest.raises(ValueError, match="kernel"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="fast")
     monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
     with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)

@@ -1,5 +1,6 @@
 """cuda backend: tree_attention (fp16/bf16): a wgmma kernel on sm_90a for head dims 64/128, the
-mma.sync kernel for head dim 256 and on other GPUs."""
+mma.sync kernel for head dim 256 and on other GPUs; kernel="tma" picks the warp-specialised sm_90a
+kernel (TMA loads, mbarrier ring), not yet the default until measured on a GPU."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from . import _util as U
 _TAILS = {"mask": 0, "causal": 1, "full": 2}
 _ROWS_PER_CTA = 64  # kAttnRows in csrc/include/jetspec/attention.cuh
 MAX_SPLITS = 32
-KERNELS = {"auto": 0, "mma": 1, "wgmma": 2}  # AttnKernel in csrc/include/jetspec/params.h
+KERNELS = {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}  # AttnKernel in csrc/include/jetspec/params.h
 WGMMA_HEAD_DIMS = (64, 128)
 
 
@@ -68,7 +69,7 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _C.tree_attention(
         U.ptr(q), U.strides3(q), U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache),
         U.strides3(v_cache), U.ptr(block_table), 0 if block_table is None else block_table.stride(0),
-        k_cache.shape[1], U.ptr(prefix_lens), U.ptr(tree_mask),
+        k_cache.shape[1], k_cache.shape[0], U.ptr(prefix_lens), U.ptr(tree_mask),
         0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
         _TAILS[mode], U.ptr(out_buf), U.strides3(out_buf), U.ptr(lse_buf), U.ptr(part_o),
         U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, kernel,
@@ -92,8 +93,9 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     Parameters are those of the backend interface (CONTRIBUTING.md), already validated;
     ``num_splits`` overrides the split-KV heuristic (tests use it to exercise the combine);
     ``kernel`` is "auto" (wgmma where the GPU runs sm_90a code and Dh is 64 or 128, else
-    mma.sync), "mma" or "wgmma" (a RuntimeError from _C where sm_90a code cannot run); None
-    reads ``JETSPEC_ATTN_KERNEL`` (default "auto").
+    mma.sync), "mma", "wgmma" or "tma" (the warp-specialised TMA kernel; paged caches need a page
+    size that is a multiple of 8); an sm_90a kernel where it cannot run is a RuntimeError from _C.
+    None reads ``JETSPEC_ATTN_KERNEL`` (default "auto").
     """
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise U.unavailable(f"tree_attention needs float16/bfloat16 inputs (mma.sync), got "
@@ -102,8 +104,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
         kernel = os.environ.get("JETSPEC_ATTN_KERNEL", "auto")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-    if kernel == "wgmma" and q.shape[3] not in WGMMA_HEAD_DIMS:
-        raise ValueError(f"kernel='wgmma' takes head dims {WGMMA_HEAD_DIMS}, got {q.shape[3]}")
+    if kernel in ("wgmma", "tma") and q.shape[3] not in WGMMA_HEAD_DIMS:
+        raise ValueError(f"kernel={kernel!r} takes head dims {WGMMA_HEAD_DIMS}, got {q.shape[3]}")
+    if kernel == "tma" and block_table is not None and k_cache.shape[1] % 8:
+        raise ValueError(f"kernel='tma' needs a page size (k_cache.shape[1]) that is a multiple of "
+                         f"8, got {k_cache.shape[1]}")
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,

@@ -45,6 +45,7 @@
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __shared__ static
+#define __grid_constant__
 // Bounds of the static locals of namespace jetspec (sim_shared.ld gathers them), which launch()
 // poisons for every block.
 extern "C" unsigned char __start_jetspec_sim_shared[], __stop_jetspec_sim_shared[];
@@ -230,6 +231,7 @@ struct Block {
   }
   Barrier all;
   std::vector<Barrier> warps;
+  std::map<int, Barrier> named;  // bar.sync id, count (ids 1..15)
   std::vector<uint64_t> xchg;
   std::vector<bool> runnable;
   std::vector<ucontext_t> fibers;
@@ -258,6 +260,14 @@ struct Block {
   // Thread `self` stops running (it waits, or has exited) and the next one runs; a live thread
   // comes back here when its turn comes again.
   void yield(unsigned self, bool exited);
+};
+
+// Threads blocked until some shared state changes (an mbarrier phase); wake() makes them
+// runnable, and each re-checks what it waits for.
+struct WaitList {
+  std::vector<unsigned> waiters;
+  void wait();
+  void wake();
 };
 
 inline dim3 thread_idx, block_idx;  // of the running thread
@@ -316,6 +326,30 @@ inline void Barrier::arrive_and_wait() {
     blk->runnable[self] = false;
   }
   blk->yield(self, false);
+}
+
+inline void WaitList::wait() {
+  const unsigned self = thread_idx.x;
+  waiters.push_back(self);
+  block->runnable[self] = false;
+  block->yield(self, false);
+}
+
+inline void WaitList::wake() {
+  for (unsigned w : waiters) block->runnable[w] = true;
+  waiters.clear();
+}
+
+// Block-wide state of a PTX emulation (mbarriers), fresh for each block, like shared memory.
+template <typename T>
+T& block_state() {
+  static T state;
+  static unsigned long long serial = ~0ull;
+  if (serial != block_serial) {
+    state = T{};
+    serial = block_serial;
+  }
+  return state;
 }
 
 inline void Barrier::arrive_and_drop() {
@@ -477,6 +511,20 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
 
 inline void __syncthreads() { ::jetspec_sim::block->all.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::jetspec_sim::my_warp().arrive_and_wait(); }
+
+namespace jetspec_sim {
+// bar.sync id, count: the first use of an id in a block fixes its count.
+inline void named_barrier_sync(int id, int count) {
+  if (id <= 0 || id > 15 || count <= 0 || count % 32 != 0)
+    fail("bar.sync: id must be 1..15 and the count a positive multiple of 32");
+  auto it = block->named.find(id);
+  if (it == block->named.end())
+    it = block->named.emplace(id, Barrier{block, static_cast<unsigned>(count)}).first;
+  if (it->second.expected != static_cast<unsigned>(count))
+    fail("bar.sync: one named barrier used with two thread counts");
+  it->second.arrive_and_wait();
+}
+}  // namespace jetspec_sim
 
 namespace jetspec_sim {
 // Every lane publishes v and reads lane src_of(its own lane) of the warp (a 32-lane shuffle).

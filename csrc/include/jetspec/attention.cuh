@@ -345,11 +345,12 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, in
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
 }
 
-// Launches `kernel` (one of the attention kernels, with `smem` bytes of dynamic shared memory)
-// over (packed-row tiles, B * Hkv, splits), then the combine when there are several splits.
-template <typename T, typename Kernel>
-cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd,
-                             cudaStream_t stream) {
+// Launches `kernel(p, extra...)` (one of the attention kernels, with `threads` threads and `smem`
+// bytes of dynamic shared memory) over (packed-row tiles, B * Hkv, splits), then the combine when
+// there are several splits.
+template <typename T, typename Kernel, typename... Extra>
+cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd, int threads,
+                             cudaStream_t stream, const Extra&... extra) {
   if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
   if (p.splits < 1 || p.hkv < 1 || p.group < 1 || p.hq != p.hkv * p.group)
     return cudaErrorInvalidValue;
@@ -362,7 +363,7 @@ cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, in
                                                  static_cast<int>(smem)));
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(bh), p.splits);
-  JETSPEC_LAUNCH(kernel, grid, kAttnThreads, smem, stream, p);
+  JETSPEC_LAUNCH(kernel, grid, threads, smem, stream, p, extra...);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (p.splits == 1) return cudaSuccess;
   const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
@@ -375,7 +376,7 @@ cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, in
 template <typename T, int HD>
 cudaError_t tree_attention(const AttnParams& p, cudaStream_t stream) {
   return attention_launch<T>(p, tree_attention_kernel<T, HD>, attention_smem_bytes<T, HD>(), HD,
-                             stream);
+                             kAttnThreads, stream);
 }
 
 }  // namespace jetspec

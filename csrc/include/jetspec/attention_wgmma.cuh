@@ -26,32 +26,91 @@ constexpr size_t attention_wgmma_smem_bytes() {
   return static_cast<size_t>(kAttnRows + 4 * kWgmmaBlockN) * HD * 2 + kSw128Bytes;
 }
 
+// Where 8 elements of row r, from column col (a multiple of 8), go in a 128B-swizzled tile of
+// `rows` rows: [HD / 64 column blocks][rows][128 bytes].
+template <typename T>
+__device__ __forceinline__ T* sw128_tile_at(unsigned char* tile, int rows, int r, int col) {
+  return reinterpret_cast<T*>(tile + (col / 64) * rows * 128 + sw128_offset(r, (col % 64) / 8));
+}
+
+#ifdef JETSPEC_WGMMA
+// One key block of the online-softmax loop, shared by the wgmma kernels: S = Q K^T (wgmma, both
+// operands in shared memory), mask + softmax, O += P V (P from registers, V MN-major). sQ, tK, tV
+// are swizzled tiles of kAttnRows / kWgmmaBlockN rows; returns after every MMA has completed, so
+// the caller may then release tK and tV.
+template <typename T, int HD>
+__device__ __forceinline__ void wgmma_attend_block(const unsigned char* sQ,
+                                                   const unsigned char* tK,
+                                                   const unsigned char* tV, const AttnParams& p,
+                                                   const AttnTile& t, int blk,
+                                                   float (&o)[HD / 8][4], float (&m_run)[2],
+                                                   float (&l_run)[2]) {
+  constexpr int BN = kWgmmaBlockN;
+  constexpr int KB = HD / 64;
+  auto o_cols = [&](int db) -> float(&)[8][4] {  // output columns 64 db .. 64 db + 63
+    return *reinterpret_cast<float(*)[8][4]>(&o[db * 8]);
+  };
+  // S = Q K^T: HD / 16 k-steps; step kk is in column block kk / 4, 32 (kk % 4) bytes into
+  // its 128-byte rows.
+  float s[BN / 8][4];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const int koff = (kk % 4) * 32;
+    wgmma_ss<T>(s, sw128_desc(sQ + (kk / 4) * kAttnRows * 128 + koff, 16, kSw128Bytes),
+                sw128_desc(tK + (kk / 4) * BN * 128 + koff, 16, kSw128Bytes), kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operand(s);
+
+  attn_scale_mask<BN>(s, p, t.b, t.prefix, t.tree_row, blk * BN);
+  attn_online_softmax<BN, HD>(s, o, m_run, l_run);
+
+  // O += P V: per 16 keys, one n64 wgmma per 64 output columns. All P fragments are packed
+  // before the fence (registers an in-flight wgmma reads must not change).
+  uint32_t pa[BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) attn_p_fragment<T, BN>(s, kk, pa[kk]);
+#pragma unroll
+  for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+    for (int db = 0; db < KB; ++db) {
+      wgmma_rs<T>(o_cols(db), pa[kk],
+                  sw128_desc(tV + db * BN * 128 + kk * 16 * 128, kSw128Bytes, kSw128Bytes));
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+}
+#endif
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(kAttnThreads) tree_attention_wgmma_kernel(AttnParams p) {
 #ifdef JETSPEC_WGMMA
   static_assert(HD == 64 || HD == 128, "the wgmma kernel takes head dims 64 and 128");
   constexpr int BN = kWgmmaBlockN;
-  constexpr int KB = HD / 64;                      // 64-column blocks per row
   constexpr int kQBytes = kAttnRows * HD * 2;      // [KB][64 rows][128 B]
   constexpr int kTileBytes = BN * HD * 2;          // [KB][BN rows][128 B]
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   unsigned char* sQ = align_smem_1024(smem_raw);
   unsigned char* sK = sQ + kQBytes;         // [2 stages]
   unsigned char* sV = sK + 2 * kTileBytes;  // [2 stages]
-  // Where 8 elements of row r, from column col (a multiple of 8), go in a tile of `rows` rows.
-  auto at = [](unsigned char* tile, int rows, int r, int col) {
-    return reinterpret_cast<T*>(tile + (col / 64) * rows * 128 + sw128_offset(r, (col % 64) / 8));
-  };
 
   const AttnTile t = attn_tile<BN>(p);
   attn_load_q<T, HD>(p, t.b, t.kvh, t.row0,
-                     [&](int r, int col) { return at(sQ, kAttnRows, r, col); });
+                     [&](int r, int col) { return sw128_tile_at<T>(sQ, kAttnRows, r, col); });
   auto load_kv = [&](int blk, int stage) {
     unsigned char* dk = sK + stage * kTileBytes;
     unsigned char* dv = sV + stage * kTileBytes;
     attn_load_kv<T, HD, BN>(p, t.b, t.kvh, t.len, blk,
-                            [&](int r, int col) { return at(dk, BN, r, col); },
-                            [&](int r, int col) { return at(dv, BN, r, col); });
+                            [&](int r, int col) { return sw128_tile_at<T>(dk, BN, r, col); },
+                            [&](int r, int col) { return sw128_tile_at<T>(dv, BN, r, col); });
   };
   if (t.blk_begin < t.blk_end) load_kv(t.blk_begin, 0);
   cp_async_commit();
@@ -59,9 +118,6 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_wgmma_kernel(Attn
   float o[HD / 8][4];
 #pragma unroll
   for (int dt = 0; dt < HD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-  auto o_cols = [&](int db) -> float(&)[8][4] {  // output columns 64 db .. 64 db + 63
-    return *reinterpret_cast<float(*)[8][4]>(&o[db * 8]);
-  };
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
@@ -72,43 +128,7 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_wgmma_kernel(Attn
     const unsigned char* tK = sK + stage * kTileBytes;
     const unsigned char* tV = sV + stage * kTileBytes;
 
-    // S = Q K^T: HD / 16 k-steps; step kk is in column block kk / 4, 32 (kk % 4) bytes into
-    // its 128-byte rows.
-    float s[BN / 8][4];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const int koff = (kk % 4) * 32;
-      wgmma_ss<T>(s, sw128_desc(sQ + (kk / 4) * kAttnRows * 128 + koff, 16, kSw128Bytes),
-                  sw128_desc(tK + (kk / 4) * BN * 128 + koff, 16, kSw128Bytes), kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(s);
-
-    attn_scale_mask<BN>(s, p, t.b, t.prefix, t.tree_row, blk * BN);
-    attn_online_softmax<BN, HD>(s, o, m_run, l_run);
-
-    // O += P V: per 16 keys, one n64 wgmma per 64 output columns. All P fragments are packed
-    // before the fence (registers an in-flight wgmma reads must not change).
-    uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) attn_p_fragment<T, BN>(s, kk, pa[kk]);
-#pragma unroll
-    for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-      for (int db = 0; db < KB; ++db) {
-        wgmma_rs<T>(o_cols(db), pa[kk],
-                    sw128_desc(tV + db * BN * 128 + kk * 16 * 128, kSw128Bytes, kSw128Bytes));
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+    wgmma_attend_block<T, HD>(sQ, tK, tV, p, t, blk, o, m_run, l_run);
     __syncthreads();  // the next prefetch overwrites this stage
   }
   cp_async_wait<0>();

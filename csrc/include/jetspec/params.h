@@ -120,8 +120,9 @@ struct BuildTreeParams {
 
 // tree_attention (attention.cuh); tail: 0 packed mask, 1 causal, 2 full.
 // Which attention kernel: auto (wgmma where the device and head dim allow, else mma.sync), or
-// one of them (wgmma where it cannot run is an error).
-enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2 };
+// one of them: mma.sync, wgmma with cp.async loads, or the warp-specialised wgmma kernel with TMA
+// loads (either sm_90a kernel where it cannot run is an error).
+enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnTma = 3 };
 
 struct AttnParams {
   const void* q;             // [B, N, Hq, D]
@@ -131,7 +132,8 @@ struct AttnParams {
   Strides4 sk, sv;
   const int32_t* block_table;  // [B, max_pages] or null
   int64_t bt_stride;
-  int page_size;
+  int page_size;               // paged: rows per page; contiguous: L
+  int cache_outer;             // extent of the cache's dim 0 (B, or the number of pages)
   const int32_t* prefix_lens;  // [B]
   const int32_t* tree_mask;    // [B, N, W] or null
   int64_t sm0, sm1;            // mask strides of dims 0, 1 (dim 2 contiguous)
