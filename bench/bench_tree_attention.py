@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     grid, (hq, hkv, dh) = shapes(opts)
     table.header_lines.append(f"Hq {hq}, Hkv {hkv}, Dh {dh}, {str(dtype)[6:]}; shape = B x L(prefix) x N(tree)")
     table.header_lines.append("cuda: the kernel auto picks (wgmma on sm_90a at Dh 64/128); "
-                              "cuda_mma: the mma.sync kernel")
+                              "cuda_mma: the mma.sync kernel; cuda_tma: the warp-specialised "
+                              "TMA kernel (sm_90a)")
     status = bc.backend_status(opts)
     flash, flash_why = _optional_import("flash_attn")
     finfer, finfer_why = _optional_import("flashinfer")
@@ -138,18 +139,19 @@ def main(argv=None) -> int:
                                  nbytes=nbytes)
             if row["status"] == "ok" and ref_out is not None:
                 row["rel_err"] = rel_err(out, ref_out)
-        if "cuda" in status:  # the mma.sync kernel next to `cuda` (auto: wgmma on sm_90a)
-            out_mma = torch.full_like(q, float("nan"))
+        # The cuda backend's other kernels next to `cuda` (auto: wgmma on sm_90a).
+        for kernel in ("mma", "tma") if "cuda" in status else ():
+            out_k = torch.full_like(q, float("nan"))
 
-            def cuda_mma(out=out_mma):
+            def cuda_kernel(out=out_k, kernel=kernel):
                 from jetspec_kernels import cuda as jc
                 jc.tree_attention(q, k_cache, v_cache, prefix, tree.mask, "mask", None,
-                                  dh ** -0.5, out, None, kernel="mma")
+                                  dh ** -0.5, out, None, kernel=kernel)
                 return out
-            row = table.run_ours(shape, "cuda", status["cuda"], cuda_mma, first_shape=si == 0,
-                                 flops=flops, nbytes=nbytes, label="cuda_mma")
+            row = table.run_ours(shape, "cuda", status["cuda"], cuda_kernel, first_shape=si == 0,
+                                 flops=flops, nbytes=nbytes, label=f"cuda_{kernel}")
             if row["status"] == "ok" and ref_out is not None:
-                row["rel_err"] = rel_err(out_mma, ref_out)
+                row["rel_err"] = rel_err(out_k, ref_out)
 
         if "flex" in wanted:
             if not opts.cuda:

@@ -486,7 +486,7 @@ def using_backend(name: str):
 @contextmanager
 def using_attention_kernel(name: str | None):
     """Inside the block, the cuda backend's tree_attention uses kernel ``name`` ("mma", "wgmma",
-    "auto"; None leaves the choice as it is), through ``JETSPEC_ATTN_KERNEL``."""
+    "tma", "auto"; None leaves the choice as it is), through ``JETSPEC_ATTN_KERNEL``."""
     import os
 
     if name is None:

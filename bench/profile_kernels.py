@@ -94,6 +94,7 @@ def ops(dev, dtype, backend, s, small):
     return [
         ("attention B1 L4K N64 (auto: wgmma on sm_90a)", attention(1, l4k, n64, None)),
         ("attention B1 L4K N64 (mma.sync)", attention(1, l4k, n64, "mma")),
+        ("attention B1 L4K N64 (tma)", attention(1, l4k, n64, "tma")),
         ("attention B1 L32K N16 (auto)", attention(1, l32k, 16, None)),
         ("draft_tree B1 D15 K8 n256 topn (top-K + tree)", draft(1, n256)),
         ("draft_tree_from_hidden B1 D15 n64", from_hidden(1, n64)),

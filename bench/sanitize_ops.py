@@ -89,10 +89,12 @@ def cases(dev, dtype, backend):
             return None if err < tol else f"rel err {err:.2e} >= {tol}"
         return run
 
-    def c_attention_mma():
-        # The cuda backend's other attention kernel (auto takes wgmma on sm_90a).
-        with bc.using_attention_kernel("mma"):
-            return c_attention(True, True)()
+    def c_attention_kernel(kernel):
+        # The cuda backend's other attention kernels (auto takes wgmma on sm_90a).
+        def run():
+            with bc.using_attention_kernel(kernel):
+                return c_attention(True, True)()
+        return run
 
     def c_rope(paged):
         def run():
@@ -143,7 +145,8 @@ def cases(dev, dtype, backend):
         ("draft_tree_from_hidden", c_from_hidden),
         ("tree_attention/contiguous", c_attention(False, False)),
         ("tree_attention/paged+lse", c_attention(True, True)),
-        *([("tree_attention/paged+lse, mma.sync kernel", c_attention_mma)]
+        *([("tree_attention/paged+lse, mma.sync kernel", c_attention_kernel("mma")),
+           ("tree_attention/paged+lse, TMA kernel", c_attention_kernel("tma"))]
           if backend == "cuda" else []),
         ("qk_norm_rope_append/contiguous", c_rope(False)),
         ("qk_norm_rope_append/paged", c_rope(True)),

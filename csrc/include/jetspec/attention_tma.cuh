@@ -1,5 +1,5 @@
 // Tree-masked / block-causal attention, warp-specialised (sm_90a; head dims 64, 128): a producer
-// warp streams K/V tiles with TMA into a ring of kTmaStages shared-memory stages, and the
+// warp streams K/V tiles with TMA into a ring of kTmaStages<HD> shared-memory stages, and the
 // consumer warpgroup runs the wgmma kernel's per-block step (attention_wgmma.cuh) on them.
 //
 // Pipeline: stage s has two mbarriers. full[s] (count 1): the producer's arrive.expect_tx plus
@@ -16,25 +16,31 @@
 // cache); the consumers zero those V rows before P V reads them (P is 0 there, but 0 * NaN is
 // NaN), and the mask hides those keys from S.
 //
-// Compared with tree_attention_wgmma_kernel: loads run up to S - 1 blocks ahead instead of one,
-// no consumer thread issues copies, and no __syncthreads sits in the loop. Not yet done: a second
-// consumer warpgroup (ping-pong softmax / MMA) and issuing the next block's S MMA before this
-// block's softmax; both wait for GPU measurements of this version.
+// Compared with tree_attention_wgmma_kernel: one thread issues a block's copies (1-8 KB
+// each, addresses from the block table once per page chunk) instead of 128 threads issuing
+// 16-byte cp.async with an address computation each; the consumers never wait on a CTA-wide
+// barrier; at Dh 64 the loads run up to 3 blocks ahead. Not done: a second consumer warpgroup
+// (ping-pong softmax against MMA) and issuing block j + 1's S MMA before block j's softmax.
+// Both need a third stage, which at Dh 128 costs the second CTA per SM (bench/NOTES.md); the
+// GPU measurements of this version decide.
 #pragma once
 #include "jetspec/attention_wgmma.cuh"
 #include "jetspec/tma.cuh"
 
 namespace jetspec {
 
-constexpr int kTmaStages = 4;
+// Ring depth: 2 stages at Dh 128 (80 KB, so 2 CTAs/SM, as the cp.async kernel; 3 stages would be
+// 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB, 3 CTAs/SM).
+template <int HD>
+constexpr int kTmaStages = HD >= 128 ? 2 : 4;
 constexpr int kTmaThreads = kAttnThreads + 32;  // the consumer warpgroup + the producer warp
 constexpr int kConsumerBarrier = 1;             // named barrier of the consumer warpgroup
 
 template <int HD>
 constexpr size_t attention_tma_smem_bytes() {
   // Q + S stages of K and V (2-byte elements), the 2 S mbarriers, slack for 1024-byte alignment.
-  return static_cast<size_t>(kAttnRows + 2 * kTmaStages * kWgmmaBlockN) * HD * 2 +
-         2 * kTmaStages * sizeof(uint64_t) + kSw128Bytes;
+  return static_cast<size_t>(kAttnRows + 2 * kTmaStages<HD> * kWgmmaBlockN) * HD * 2 +
+         2 * kTmaStages<HD> * sizeof(uint64_t) + kSw128Bytes;
 }
 
 #ifdef JETSPEC_WGMMA
@@ -49,8 +55,8 @@ __device__ __forceinline__ void attn_tma_produce(const AttnParams& p, const Attn
   constexpr int KB = HD / 64;
   constexpr int kTileBytes = BN * HD * 2;
   for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
-    const int i = blk - t.blk_begin, stage = i % kTmaStages;
-    mbar_wait(&empty[stage], ((i / kTmaStages) & 1) ^ 1);
+    const int i = blk - t.blk_begin, stage = i % kTmaStages<HD>;
+    mbar_wait(&empty[stage], ((i / kTmaStages<HD>) & 1) ^ 1);
     const int key0 = blk * BN;
     const int chunks = (min(BN, t.len - key0) + chunk - 1) / chunk;
     mbar_arrive_expect_tx(&full[stage], static_cast<unsigned>(chunks * chunk * 128 * KB * 2));
@@ -98,13 +104,13 @@ __global__ void __launch_bounds__(kTmaThreads)
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   unsigned char* sQ = align_smem_1024(smem_raw);
   unsigned char* sK = sQ + kQBytes;                   // [S stages]
-  unsigned char* sV = sK + kTmaStages * kTileBytes;   // [S stages]
-  uint64_t* full = reinterpret_cast<uint64_t*>(sV + kTmaStages * kTileBytes);
-  uint64_t* empty = full + kTmaStages;
+  unsigned char* sV = sK + kTmaStages<HD> * kTileBytes;   // [S stages]
+  uint64_t* full = reinterpret_cast<uint64_t*>(sV + kTmaStages<HD> * kTileBytes);
+  uint64_t* empty = full + kTmaStages<HD>;
 
   const AttnTile t = attn_tile<BN>(p);
   if (threadIdx.x == kAttnThreads) {
-    for (int s = 0; s < kTmaStages; ++s) {
+    for (int s = 0; s < kTmaStages<HD>; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kAttnThreads);
     }
@@ -130,8 +136,8 @@ __global__ void __launch_bounds__(kTmaThreads)
   float l_run[2] = {0.f, 0.f};
 
   for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
-    const int i = blk - t.blk_begin, stage = i % kTmaStages;
-    mbar_wait(&full[stage], (i / kTmaStages) & 1);
+    const int i = blk - t.blk_begin, stage = i % kTmaStages<HD>;
+    mbar_wait(&full[stage], (i / kTmaStages<HD>) & 1);
     unsigned char* tV = sV + stage * kTileBytes;
     if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);
     wgmma_attend_block<T, HD>(sQ, sK + stage * kTileBytes, tV, p, t, blk, o, m_run, l_run);
