@@ -163,7 +163,7 @@ def test_profile_kernels_smoke_and_ncu_summary(tmp_path, capsys):
 
     assert profile_kernels.main(["--device", "cpu", "--small"]) == 0
     out = capsys.readouterr().out
-    assert out.count("profile: ") == 8 and "FAILED" not in out
+    assert out.count("profile: ") == 9 and "FAILED" not in out
     head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
             '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
             '"Metric Value"\n')

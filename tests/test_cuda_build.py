@@ -52,6 +52,23 @@ def test_split_heuristic_with_empty_shapes():
     assert choose_splits(0, 16, 32, 8, 4096, "cpu") == 1
 
 
+def test_split_heuristic_one_wave(monkeypatch):
+    """Splits fill at most one wave of two CTAs per SM (132 SMs here), never round up into a
+    second one, and respect the capacity floor of 256 keys per split."""
+    from jetspec_kernels.cuda import _util as U
+    from jetspec_kernels.cuda.attention import choose_splits
+    monkeypatch.setattr(U, "sm_count", lambda index: 132)
+    assert choose_splits(1, 64, 32, 8, 4160, "cpu") == 8      # 32 base CTAs: 256 <= 264
+    assert choose_splits(1, 16, 32, 8, 32784, "cpu") == 32    # 8 base CTAs: capped at MAX_SPLITS
+    assert choose_splits(1, 16, 32, 8, 1040, "cpu") == 4      # short cache: 4 x 256 keys
+    assert choose_splits(3, 37, 32, 8, 4096, "cpu") == 3      # 72 base CTAs: 216 <= 264
+    assert choose_splits(16, 64, 32, 8, 4096, "cpu") == 1     # 512 base CTAs fill the GPU
+    for b, n in ((1, 1), (1, 40), (2, 100), (5, 13)):
+        tiles = -(-n * 4 // 64)
+        s = choose_splits(b, n, 32, 8, 1 << 20, "cpu")
+        assert s == 1 or tiles * b * 8 * s <= 2 * 132
+
+
 def parse_ptxas(log: str):
     """ptxas -v output -> {(mangled name, arch): dict(registers, stack, spill_stores, spill_loads)}."""
     out = {}

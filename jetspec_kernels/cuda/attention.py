@@ -21,7 +21,10 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) 
     """Split-KV factor from static shapes only (no host sync, fixed under graph capture).
 
     Splits only when the (tile, sequence, kv head) CTAs cannot fill the GPU, and never below about
-    four 64-key blocks per split at the cache's full capacity.
+    four 64-key blocks per split at the cache's full capacity. The grid stays within one wave of
+    two CTAs per SM (every attention kernel fits two per SM at Dh 128 and 256): rounding the
+    split count up instead would start a second, nearly empty wave that costs as much as the
+    first (B1, 32 base CTAs, 132 SMs: 8 splits = 256 CTAs, not 9 = 288).
     """
     tiles = -(-n * (hq // hkv) // _ROWS_PER_CTA)
     base = tiles * batch * hkv
@@ -30,7 +33,7 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) 
     sms = U.sm_count(torch.device(device).index or 0)
     if base >= sms:
         return 1
-    want = -(-2 * sms // base)
+    want = 2 * sms // base
     return max(1, min(want, capacity // 256, MAX_SPLITS))
 
 

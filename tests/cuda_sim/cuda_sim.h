@@ -14,6 +14,8 @@
 // and wgmma_sim.h instead.
 // cp.async copies land as late as allowed (at the wait that retires their group; the
 // destination holds NaN bytes until then), so a missing wait or an early refill shows.
+// Named barriers (bar.sync id, count) and mbarrier waits (tma_sim.h, through WaitList) block a
+// fiber like __syncthreads does, so the deadlock check covers them too.
 // What the simulator cannot show: timing, races between orders other than the two it runs (a
 // warp's lanes interleaving instruction by instruction), and hardware-specific rounding.
 #pragma once
