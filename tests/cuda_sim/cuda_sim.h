@@ -15,7 +15,8 @@
 // cp.async copies land as late as allowed (at the wait that retires their group; the
 // destination holds NaN bytes until then), so a missing wait or an early refill shows.
 // Named barriers (bar.sync id, count) and mbarrier waits (tma_sim.h, through WaitList) block a
-// fiber like __syncthreads does, so the deadlock check covers them too.
+// fiber like __syncthreads does, so the deadlock check covers them too; a thread that completes
+// an mbarrier phase hands the turn to the threads it wakes.
 // What the simulator cannot show: timing, races between orders other than the two it runs (a
 // warp's lanes interleaving instruction by instruction), and hardware-specific rounding.
 #pragma once
@@ -227,8 +228,8 @@ struct Barrier {
 
 struct Block {
   Block(unsigned n, bool reverse_order, std::mt19937_64* random_order)
-      : all{this, n}, xchg(n), runnable(n, true), fibers(n), reverse(reverse_order),
-        rng(random_order) {
+      : all{this, n}, xchg(n), runnable(n, true), urgent(n, false), fibers(n),
+        reverse(reverse_order), rng(random_order) {
     for (unsigned w = 0; w * 32 < n; ++w) warps.push_back({this, std::min(32u, n - 32 * w)});
   }
   Barrier all;
@@ -236,15 +237,18 @@ struct Block {
   std::map<int, Barrier> named;  // bar.sync id, count (ids 1..15)
   std::vector<uint64_t> xchg;
   std::vector<bool> runnable;
+  std::vector<bool> urgent;  // woken by an mbarrier phase: runs before everyone else
   std::vector<ucontext_t> fibers;
   ucontext_t launcher;
   unsigned done = 0;
   bool reverse;
   std::mt19937_64* rng;  // non-null: random order
 
-  // The runnable thread first in this block's order, or -1.
+  // The runnable thread first in this block's order (urgent ones first), or -1.
   int next() const {
     const int n = static_cast<int>(runnable.size());
+    for (int t = 0; t < n; ++t)
+      if (runnable[t] && urgent[t]) return t;
     if (rng != nullptr) {
       int count = 0;
       for (int t = 0; t < n; ++t) count += runnable[t] ? 1 : 0;
@@ -265,11 +269,14 @@ struct Block {
 };
 
 // Threads blocked until some shared state changes (an mbarrier phase); wake() makes them
-// runnable, and each re-checks what it waits for.
+// runnable, and each re-checks what it waits for. wake_first() also lets them run before the
+// waking thread goes on: a producer freed by a consumer's release then refills the stage at
+// once, so a consumer that still reads it after releasing it sees the refill.
 struct WaitList {
   std::vector<unsigned> waiters;
   void wait();
   void wake();
+  void wake_first();
 };
 
 inline dim3 thread_idx, block_idx;  // of the running thread
@@ -296,6 +303,7 @@ inline void Block::yield(unsigned self, bool exited) {
     setcontext(&launcher);  // the last thread has exited
   }
   thread_idx = dim3(static_cast<unsigned>(t));
+  urgent[t] = false;
   if (exited) {
     setcontext(&fibers[t]);
   } else {
@@ -340,6 +348,13 @@ inline void WaitList::wait() {
 inline void WaitList::wake() {
   for (unsigned w : waiters) block->runnable[w] = true;
   waiters.clear();
+}
+
+inline void WaitList::wake_first() {
+  if (waiters.empty()) return;
+  for (unsigned w : waiters) block->urgent[w] = true;
+  wake();
+  block->yield(thread_idx.x, false);  // this thread stays runnable and resumes in its turn
 }
 
 // Block-wide state of a PTX emulation (mbarriers), fresh for each block, like shared memory.

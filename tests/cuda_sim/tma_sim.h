@@ -121,14 +121,18 @@ inline Mbarrier& mbarrier(const void* bar, const char* op) {
   return it->second;
 }
 
-// Completes the phase once every arrival and every expected byte is in; wakes the waiters.
+// Completes the phase once every arrival and every expected byte is in; wakes the waiters. A
+// completed phase hands them the turn at once (WaitList::wake_first), so what the completing
+// thread does next happens after them.
 inline void settle(Mbarrier& b) {
   if (b.tx < 0) ::jetspec_sim::fail("mbarrier: more TMA bytes landed than the phase expected");
   if (b.pending == 0 && b.tx == 0) {
     ++b.phase;
     b.pending = b.count;
+    b.waiting.wake_first();
+  } else {
+    b.waiting.wake();
   }
-  b.waiting.wake();
 }
 
 inline void land(const TmaCopy& c) {

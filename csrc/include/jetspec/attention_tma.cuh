@@ -1,12 +1,20 @@
 // Tree-masked / block-causal attention, warp-specialised (sm_90a; head dims 64, 128): a producer
-// warp streams K/V tiles with TMA into a ring of kTmaStages<HD> shared-memory stages, and the
-// consumer warpgroup runs the wgmma kernel's per-block step (attention_wgmma.cuh) on them.
+// warp streams K and V tiles with TMA into two rings of shared-memory stages, and the consumer
+// warpgroup runs the wgmma block step (attention_wgmma.cuh) with block j + 1's S = Q K^T MMA in
+// flight while it computes block j's softmax (the tensor cores and the softmax overlap inside
+// the warpgroup, FlashAttention-3's intra-warpgroup pipelining).
 //
-// Pipeline: stage s has two mbarriers. full[s] (count 1): the producer's arrive.expect_tx plus
-// the TMA bytes; empty[s] (count 128): every consumer thread arrives once its MMAs on the stage
-// have completed. Block i of the CTA uses stage i % S in round i / S, so the consumer waits on
-// full with parity (i / S) & 1 and the producer on empty with the opposite parity (a fresh
-// barrier's "previous phase" counts as complete: the ring starts empty).
+// Rings: K and V have kTmaStages<HD> stages each, every stage two mbarriers. full (count 1): the
+// producer's arrive.expect_tx plus the TMA bytes; empty (count 128): every consumer thread
+// arrives once the MMAs reading the stage have completed. Block i of the CTA uses stage i % S in
+// round i / S, so the consumer waits on full with parity (i / S) & 1 and the producer on empty
+// with the opposite parity (a fresh barrier's "previous phase" counts as complete: the rings
+// start empty). Separate rings let K run ahead of V: K_j is released as soon as S_j is done,
+// while V_j is held until P_j V_j is, so two stages each suffice for the overlap.
+//
+// Consumer step for block j (S_j already issued): wait K_{j+1}, issue S_{j+1}; wait for S_j
+// (wgmma_wait<1>), release K_j; softmax(S_j) while S_{j+1} runs; wait V_j, issue P_j V_j, wait
+// for it (the next softmax rescales O), release V_j.
 //
 // TMA tensor maps view a cache as 4-d (Dh, Hkv, rows, outer): contiguous caches as
 // (Dh, Hkv, L, B), paged ones as (Dh, Hkv, page_size, pages). A copy is one 64-column block of
@@ -16,20 +24,16 @@
 // cache); the consumers zero those V rows before P V reads them (P is 0 there, but 0 * NaN is
 // NaN), and the mask hides those keys from S.
 //
-// Compared with tree_attention_wgmma_kernel: one thread issues a block's copies (1-8 KB
-// each, addresses from the block table once per page chunk) instead of 128 threads issuing
-// 16-byte cp.async with an address computation each; the consumers never wait on a CTA-wide
-// barrier; at Dh 64 the loads run up to 3 blocks ahead. Not done: a second consumer warpgroup
-// (ping-pong softmax against MMA) and issuing block j + 1's S MMA before block j's softmax.
-// Both need a third stage, which at Dh 128 costs the second CTA per SM (bench/NOTES.md); the
-// GPU measurements of this version decide.
+// Not done: a second consumer warpgroup (ping-pong softmax against MMA). It needs twice the Q
+// and more stages; at Dh 128 that costs the second CTA per SM (bench/NOTES.md). The GPU
+// measurements of this version decide.
 #pragma once
 #include "jetspec/attention_wgmma.cuh"
 #include "jetspec/tma.cuh"
 
 namespace jetspec {
 
-// Ring depth: 2 stages at Dh 128 (80 KB, so 2 CTAs/SM, as the cp.async kernel; 3 stages would be
+// Stages per ring: 2 at Dh 128 (81 KB in all, so 2 CTAs/SM, as the cp.async kernel; 3 would be
 // 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB, 3 CTAs/SM).
 template <int HD>
 constexpr int kTmaStages = HD >= 128 ? 2 : 4;
@@ -38,43 +42,56 @@ constexpr int kConsumerBarrier = 1;             // named barrier of the consumer
 
 template <int HD>
 constexpr size_t attention_tma_smem_bytes() {
-  // Q + S stages of K and V (2-byte elements), the 2 S mbarriers, slack for 1024-byte alignment.
+  // Q + S stages of K and of V (2-byte elements), 4 S mbarriers, slack for 1024-byte alignment.
   return static_cast<size_t>(kAttnRows + 2 * kTmaStages<HD> * kWgmmaBlockN) * HD * 2 +
-         2 * kTmaStages<HD> * sizeof(uint64_t) + kSw128Bytes;
+         4 * kTmaStages<HD> * sizeof(uint64_t) + kSw128Bytes;
 }
 
 #ifdef JETSPEC_WGMMA
-// The producer (one thread): for every key block of the CTA, waits for its stage to be free,
-// announces the bytes and issues the K and V copies.
+// A ring of S shared-memory tiles of one tensor (K or V) with their full / empty mbarriers.
+struct TmaRing {
+  unsigned char* tiles;  // [S][HD / 64 column blocks][kWgmmaBlockN rows][128 B], swizzled
+  uint64_t* full;        // [S]
+  uint64_t* empty;       // [S]
+};
+
+// Producer side: waits until block i's stage is free, then copies key block blk of `map` into it
+// (the chunks up to the sequence's end) and announces the bytes on its full barrier.
 template <int HD>
-__device__ __forceinline__ void attn_tma_produce(const AttnParams& p, const AttnTile& t,
-                                                 const CUtensorMap* tk, const CUtensorMap* tv,
-                                                 int chunk, unsigned char* sK, unsigned char* sV,
-                                                 uint64_t* full, uint64_t* empty) {
-  constexpr int BN = kWgmmaBlockN;
-  constexpr int KB = HD / 64;
-  constexpr int kTileBytes = BN * HD * 2;
-  for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
-    const int i = blk - t.blk_begin, stage = i % kTmaStages<HD>;
-    mbar_wait(&empty[stage], ((i / kTmaStages<HD>) & 1) ^ 1);
-    const int key0 = blk * BN;
-    const int chunks = (min(BN, t.len - key0) + chunk - 1) / chunk;
-    mbar_arrive_expect_tx(&full[stage], static_cast<unsigned>(chunks * chunk * 128 * KB * 2));
-    for (int c = 0; c < chunks; ++c) {
-      const int pos = key0 + c * chunk;
-      int row = pos, outer = t.b;
-      if (p.block_table != nullptr) {
-        outer = p.block_table[t.b * p.bt_stride + pos / p.page_size];
-        row = pos % p.page_size;
-      }
-      const int dst = stage * kTileBytes + c * chunk * 128;
-#pragma unroll
-      for (int kb = 0; kb < KB; ++kb) {
-        tma_load_4d(sK + dst + kb * BN * 128, tk, kb * 64, t.kvh, row, outer, &full[stage]);
-        tma_load_4d(sV + dst + kb * BN * 128, tv, kb * 64, t.kvh, row, outer, &full[stage]);
-      }
+__device__ __forceinline__ void tma_fill_stage(const TmaRing& r, int i, const CUtensorMap* map,
+                                               const AttnParams& p, const AttnTile& t, int blk,
+                                               int chunk) {
+  constexpr int BN = kWgmmaBlockN, KB = HD / 64, S = kTmaStages<HD>;
+  const int stage = i % S;
+  mbar_wait(&r.empty[stage], ((i / S) & 1) ^ 1);
+  const int key0 = blk * BN;
+  const int chunks = (min(BN, t.len - key0) + chunk - 1) / chunk;
+  mbar_arrive_expect_tx(&r.full[stage], static_cast<unsigned>(chunks * chunk * 128 * KB));
+  unsigned char* tile = r.tiles + stage * BN * HD * 2;
+  for (int c = 0; c < chunks; ++c) {
+    const int pos = key0 + c * chunk;
+    int row = pos, outer = t.b;
+    if (p.block_table != nullptr) {
+      outer = p.block_table[t.b * p.bt_stride + pos / p.page_size];
+      row = pos % p.page_size;
     }
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+      tma_load_4d(tile + kb * BN * 128 + c * chunk * 128, map, kb * 64, t.kvh, row, outer,
+                  &r.full[stage]);
   }
+}
+
+// Consumer side: block i's tile once its copies have landed / the stage handed back.
+template <int HD>
+__device__ __forceinline__ unsigned char* tma_wait_stage(const TmaRing& r, int i) {
+  constexpr int S = kTmaStages<HD>;
+  mbar_wait(&r.full[i % S], (i / S) & 1);
+  return r.tiles + (i % S) * kWgmmaBlockN * HD * 2;
+}
+template <int HD>
+__device__ __forceinline__ void tma_release_stage(const TmaRing& r, int i) {
+  mbar_arrive(&r.empty[i % kTmaStages<HD>]);
 }
 
 // Zeroes V rows from..BN - 1 of a swizzled tile (HD / 64 column blocks of BN rows) and makes the
@@ -90,6 +107,40 @@ __device__ __forceinline__ void attn_zero_v_tail(unsigned char* tV, int from) {
   fence_proxy_async();
   named_barrier_sync(kConsumerBarrier, kAttnThreads);
 }
+
+// One consumer step for key block blk (the CTA's i-th): S_blk is in flight in s_cur. Issues
+// S_{blk+1} into s_next (if any), waits for S_blk and releases K_blk, runs the softmax while
+// S_{blk+1} computes, then O += P V and releases V_blk. Called with the two S buffers swapped on
+// alternate blocks (no register copies).
+template <typename T, int HD>
+__device__ __forceinline__ void tma_consume_block(const AttnParams& p, const AttnTile& t, int blk,
+                                                  int i, const unsigned char* sQ,
+                                                  const TmaRing& kr, const TmaRing& vr,
+                                                  float (&s_cur)[kWgmmaBlockN / 8][4],
+                                                  float (&s_next)[kWgmmaBlockN / 8][4],
+                                                  float (&o)[HD / 8][4], float (&m_run)[2],
+                                                  float (&l_run)[2]) {
+  constexpr int BN = kWgmmaBlockN;
+  const bool more = blk + 1 < t.blk_end;
+  if (more) {
+    wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD>(kr, i + 1));
+    wgmma_wait<1>();  // S_blk done; S_{blk+1} stays in flight
+  } else {
+    wgmma_wait<0>();
+  }
+  tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only
+  wgmma_fence_operand(s_cur);
+  wgmma_fence_output<HD>(o);
+  attn_scale_mask<BN>(s_cur, p, t.b, t.prefix, t.tree_row, blk * BN);
+  attn_online_softmax<BN, HD>(s_cur, o, m_run, l_run);
+  unsigned char* tV = tma_wait_stage<HD>(vr, i);
+  if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);
+  wgmma_issue_pv<T, HD>(o, s_cur, tV);
+  wgmma_wait<0>();
+  wgmma_fence_output<HD>(o);
+  tma_release_stage<HD>(vr, i);
+  if (more) wgmma_fence_operand(s_next);
+}
 #endif
 
 template <typename T, int HD>
@@ -98,27 +149,34 @@ __global__ void __launch_bounds__(kTmaThreads)
                               const __grid_constant__ CUtensorMap tv, int chunk) {
 #ifdef JETSPEC_WGMMA
   static_assert(HD == 64 || HD == 128, "the TMA kernel takes head dims 64 and 128");
-  constexpr int BN = kWgmmaBlockN;
-  constexpr int kQBytes = kAttnRows * HD * 2;
+  constexpr int BN = kWgmmaBlockN, S = kTmaStages<HD>;
   constexpr int kTileBytes = BN * HD * 2;
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   unsigned char* sQ = align_smem_1024(smem_raw);
-  unsigned char* sK = sQ + kQBytes;                   // [S stages]
-  unsigned char* sV = sK + kTmaStages<HD> * kTileBytes;   // [S stages]
-  uint64_t* full = reinterpret_cast<uint64_t*>(sV + kTmaStages<HD> * kTileBytes);
-  uint64_t* empty = full + kTmaStages<HD>;
+  unsigned char* tiles = sQ + kAttnRows * HD * 2;  // [S] K tiles, then [S] V tiles
+  uint64_t* bars = reinterpret_cast<uint64_t*>(tiles + 2 * S * kTileBytes);
+  const TmaRing kr{tiles, bars, bars + S};
+  const TmaRing vr{tiles + S * kTileBytes, bars + 2 * S, bars + 3 * S};
 
   const AttnTile t = attn_tile<BN>(p);
   if (threadIdx.x == kAttnThreads) {
-    for (int s = 0; s < kTmaStages<HD>; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kAttnThreads);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&kr.full[s], 1);
+      mbar_init(&kr.empty[s], kAttnThreads);
+      mbar_init(&vr.full[s], 1);
+      mbar_init(&vr.empty[s], kAttnThreads);
     }
     mbar_init_fence();
   }
   __syncthreads();
-  if (threadIdx.x >= kAttnThreads) {
-    if (threadIdx.x == kAttnThreads) attn_tma_produce<HD>(p, t, &tk, &tv, chunk, sK, sV, full, empty);
+  if (threadIdx.x >= kAttnThreads) {  // the producer warp: lane 0 issues every copy
+    if (threadIdx.x == kAttnThreads) {
+      for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
+        const int i = blk - t.blk_begin;
+        tma_fill_stage<HD>(kr, i, &tk, p, t, blk, chunk);
+        tma_fill_stage<HD>(vr, i, &tv, p, t, blk, chunk);
+      }
+    }
     return;
   }
 
@@ -134,14 +192,13 @@ __global__ void __launch_bounds__(kTmaThreads)
   for (int dt = 0; dt < HD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
-
-  for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
-    const int i = blk - t.blk_begin, stage = i % kTmaStages<HD>;
-    mbar_wait(&full[stage], (i / kTmaStages<HD>) & 1);
-    unsigned char* tV = sV + stage * kTileBytes;
-    if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);
-    wgmma_attend_block<T, HD>(sQ, sK + stage * kTileBytes, tV, p, t, blk, o, m_run, l_run);
-    mbar_arrive(&empty[stage]);
+  float sa[BN / 8][4], sb[BN / 8][4];
+  if (t.blk_begin < t.blk_end) wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD>(kr, 0));
+  for (int blk = t.blk_begin; blk < t.blk_end; blk += 2) {
+    const int i = blk - t.blk_begin;
+    tma_consume_block<T, HD>(p, t, blk, i, sQ, kr, vr, sa, sb, o, m_run, l_run);
+    if (blk + 1 < t.blk_end)
+      tma_consume_block<T, HD>(p, t, blk + 1, i + 1, sQ, kr, vr, sb, sa, o, m_run, l_run);
   }
   attn_store<T, HD>(p, o, m_run, l_run, t.b, t.kvh, t.split, t.row0);
 #else

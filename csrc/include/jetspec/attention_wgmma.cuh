@@ -34,25 +34,14 @@ __device__ __forceinline__ T* sw128_tile_at(unsigned char* tile, int rows, int r
 }
 
 #ifdef JETSPEC_WGMMA
-// One key block of the online-softmax loop, shared by the wgmma kernels: S = Q K^T (wgmma, both
-// operands in shared memory), mask + softmax, O += P V (P from registers, V MN-major). sQ, tK, tV
-// are swizzled tiles of kAttnRows / kWgmmaBlockN rows; returns after every MMA has completed, so
-// the caller may then release tK and tV.
+// Issues S = Q K^T for one key block as one wgmma group (HD / 16 k-steps of m64n64k16, both
+// operands in shared memory, K-major; step kk is in column block kk / 4, 32 (kk % 4) bytes into
+// its 128-byte rows). sQ / tK: swizzled tiles of kAttnRows / kWgmmaBlockN rows. s holds NaN
+// until a wgmma_wait retires the group.
 template <typename T, int HD>
-__device__ __forceinline__ void wgmma_attend_block(const unsigned char* sQ,
-                                                   const unsigned char* tK,
-                                                   const unsigned char* tV, const AttnParams& p,
-                                                   const AttnTile& t, int blk,
-                                                   float (&o)[HD / 8][4], float (&m_run)[2],
-                                                   float (&l_run)[2]) {
+__device__ __forceinline__ void wgmma_issue_qk(float (&s)[kWgmmaBlockN / 8][4],
+                                               const unsigned char* sQ, const unsigned char* tK) {
   constexpr int BN = kWgmmaBlockN;
-  constexpr int KB = HD / 64;
-  auto o_cols = [&](int db) -> float(&)[8][4] {  // output columns 64 db .. 64 db + 63
-    return *reinterpret_cast<float(*)[8][4]>(&o[db * 8]);
-  };
-  // S = Q K^T: HD / 16 k-steps; step kk is in column block kk / 4, 32 (kk % 4) bytes into
-  // its 128-byte rows.
-  float s[BN / 8][4];
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
@@ -61,14 +50,21 @@ __device__ __forceinline__ void wgmma_attend_block(const unsigned char* sQ,
                 sw128_desc(tK + (kk / 4) * BN * 128 + koff, 16, kSw128Bytes), kk > 0);
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operand(s);
+}
 
-  attn_scale_mask<BN>(s, p, t.b, t.prefix, t.tree_row, blk * BN);
-  attn_online_softmax<BN, HD>(s, o, m_run, l_run);
-
-  // O += P V: per 16 keys, one n64 wgmma per 64 output columns. All P fragments are packed
-  // before the fence (registers an in-flight wgmma reads must not change).
+// Issues O += P V for one key block as one wgmma group: P (the softmaxed S, packed to 16 bits,
+// from registers) times V (tV, MN-major), one n64 wgmma per 64 output columns per 16 keys.
+template <typename T, int HD>
+__device__ __forceinline__ void wgmma_issue_pv(float (&o)[HD / 8][4],
+                                               const float (&s)[kWgmmaBlockN / 8][4],
+                                               const unsigned char* tV) {
+  constexpr int BN = kWgmmaBlockN;
+  constexpr int KB = HD / 64;
+  auto o_cols = [&](int db) -> float(&)[8][4] {  // output columns 64 db .. 64 db + 63
+    return *reinterpret_cast<float(*)[8][4]>(&o[db * 8]);
+  };
+  // All P fragments are packed before the fence (registers an in-flight wgmma reads must not
+  // change).
   uint32_t pa[BN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) attn_p_fragment<T, BN>(s, kk, pa[kk]);
@@ -84,9 +80,35 @@ __device__ __forceinline__ void wgmma_attend_block(const unsigned char* sQ,
     }
   }
   wgmma_commit();
-  wgmma_wait<0>();
+}
+
+// Keeps the compiler from moving accesses to all of O across a wgmma wait.
+template <int HD>
+__device__ __forceinline__ void wgmma_fence_output(float (&o)[HD / 8][4]) {
 #pragma unroll
-  for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+  for (int db = 0; db < HD / 64; ++db)
+    wgmma_fence_operand(*reinterpret_cast<float(*)[8][4]>(&o[db * 8]));
+}
+
+// One key block of the online-softmax loop, every MMA waited for: S = Q K^T, mask + softmax,
+// O += P V. Returns after every MMA has completed, so the caller may then release tK and tV.
+template <typename T, int HD>
+__device__ __forceinline__ void wgmma_attend_block(const unsigned char* sQ,
+                                                   const unsigned char* tK,
+                                                   const unsigned char* tV, const AttnParams& p,
+                                                   const AttnTile& t, int blk,
+                                                   float (&o)[HD / 8][4], float (&m_run)[2],
+                                                   float (&l_run)[2]) {
+  constexpr int BN = kWgmmaBlockN;
+  float s[BN / 8][4];
+  wgmma_issue_qk<T, HD>(s, sQ, tK);
+  wgmma_wait<0>();
+  wgmma_fence_operand(s);
+  attn_scale_mask<BN>(s, p, t.b, t.prefix, t.tree_row, blk * BN);
+  attn_online_softmax<BN, HD>(s, o, m_run, l_run);
+  wgmma_issue_pv<T, HD>(o, s, tV);
+  wgmma_wait<0>();
+  wgmma_fence_output<HD>(o);
 }
 #endif
 
