@@ -140,7 +140,8 @@ def main(argv=None) -> int:
             if row["status"] == "ok" and ref_out is not None:
                 row["rel_err"] = rel_err(out, ref_out)
         # The cuda backend's other kernels next to `cuda` (auto: wgmma on sm_90a).
-        for kernel in ("mma", "tma") if "cuda" in status else ():
+        kernels = ("mma", "tma") if bc.tma_kernel_enabled() else ("mma",)
+        for kernel in kernels if "cuda" in status else ():
             out_k = torch.full_like(q, float("nan"))
 
             def cuda_kernel(out=out_k, kernel=kernel):

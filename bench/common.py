@@ -483,6 +483,15 @@ def using_backend(name: str):
         jk.set_backend(old)
 
 
+def tma_kernel_enabled() -> bool:
+    """Whether benches and checks should run the cuda backend's TMA attention kernel: not when
+    ``JETSPEC_SKIP_TMA`` is set (device_check.sh sets it unless the kernel's GPU tests passed, so
+    a faulting kernel cannot break the CUDA context of every measurement after it)."""
+    import os
+
+    return not os.environ.get("JETSPEC_SKIP_TMA")
+
+
 @contextmanager
 def using_attention_kernel(name: str | None):
     """Inside the block, the cuda backend's tree_attention uses kernel ``name`` ("mma", "wgmma",

@@ -41,16 +41,32 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned by
       "r"(bytes)
       : "memory");
 }
+// A wait that has not completed after this long traps: a pipeline deadlock (a byte count or
+// parity bug) then fails the launch with an error instead of hanging the GPU. Legitimate waits
+// are microseconds, milliseconds under compute-sanitizer.
+constexpr unsigned long long kMbarTimeoutNs = 4000000000ull;
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
   uint32_t done = 0;
-  do {
+  unsigned long long start = 0;
+  for (uint32_t tries = 0;; ++tries) {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(smem_u32(bar)), "r"(parity)
         : "memory");
-  } while (!done);
+    if (done) return;
+    if ((tries & 1023u) == 0) {
+      unsigned long long now;
+      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+      if (tries == 0) {
+        start = now;
+      } else if (now - start > kMbarTimeoutNs) {
+        __trap();
+      }
+    }
+  }
 }
 
 // Copies the box of `map` at coordinates (c0 innermost .. c3) into shared memory at dst (laid out
