@@ -618,6 +618,20 @@ def test_opcheck_tma(dev):
              cu().attention.KERNELS["tma"]))
 
 
+def _capture(fn):
+    """Runs fn once on a side stream (warm-up, as CUDA-graph capture needs), then captures it:
+    returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        result = fn()
+    return g, result
+
+
 @pytest.mark.gpu
 def test_graph_replay_tma():
     """The TMA kernel under CUDA-graph capture: its tensor maps are kernel parameters, captured
@@ -629,14 +643,7 @@ def test_graph_replay_tma():
         cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse,
                             num_splits=2, kernel="tma")
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
+    g, _ = _capture(run)
     for t in (q, kc, vc):
         t.copy_(torch.randn(t.shape, generator=gen).half())
     out.fill_(float("nan"))
@@ -663,14 +670,7 @@ def test_graph_replay():
         th = cu().build_tree(*cu().hidden_topk(hid, w_head, 4), root, 20, "topn")
         return t, th, cu().verify_tree(t[0], t[1], t[4], 3, tlog1, None, 0.0, None, None)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        round_()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        t_graph, th_graph, verdict = round_()
+    g, (t_graph, th_graph, verdict) = _capture(round_)
     q.copy_(torch.randn(q.shape, generator=gen).half())
     logits.copy_(torch.randn(logits.shape, generator=gen))
     hid.copy_(torch.randn(hid.shape, generator=gen).half())
