@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     except ImportError:
         return 0
     wgmma = "has" if _C.wgmma_built() else "lacks"
-    print(f"  _C built for {_C.built_archs()}: {wgmma} the sm_90a wgmma attention kernel")
+    print(f"  _C built for {_C.built_archs()}: {wgmma} the sm_90a wgmma attention kernels "
+          f"(auto; kernel='tma' for the warp-specialised TMA one)")
     return 0
 
 
