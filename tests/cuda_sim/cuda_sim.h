@@ -89,8 +89,10 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 0;
   return cudaErrorNoDevice;
 }
-// An H200's attributes; JETSPEC_SIM_SM_COUNT overrides the SM count (tests of launch plans).
+// An H200's attributes; JETSPEC_SIM_SM_COUNT overrides the SM count and
+// JETSPEC_SIM_SMEM_PER_BLOCK the default shared memory per block (tests of launch plans).
 enum cudaDeviceAttr {
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
   cudaDevAttrMultiProcessorCount = 16,
   cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
@@ -104,6 +106,11 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
     case cudaDevAttrMultiProcessorCount: {
       const char* env = std::getenv("JETSPEC_SIM_SM_COUNT");
       *value = env != nullptr ? std::atoi(env) : 132;
+      return cudaSuccess;
+    }
+    case cudaDevAttrMaxSharedMemoryPerBlock: {
+      const char* env = std::getenv("JETSPEC_SIM_SMEM_PER_BLOCK");
+      *value = env != nullptr ? std::atoi(env) : 49152;
       return cudaSuccess;
     }
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; return cudaSuccess;

@@ -313,9 +313,7 @@ cudaError_t hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
   merge.depth = p.depth;
   merge.vocab = p.vocab;
   merge.k = p.k;
-  JETSPEC_LAUNCH(topk_merge_kernel, static_cast<unsigned>(rows), kTopkThreads, 0, stream, merge,
-                 plan.chunks);
-  return cudaGetLastError();
+  return topk_merge(merge, plan.chunks, stream);
 }
 
 }  // namespace jetspec

@@ -127,10 +127,15 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
   }
 }
 
-__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, int chunks) {
+// staged: the row's candidates (chunks * k, 8 bytes each) are copied to dynamic shared memory
+// first, so that the K selection rounds, each waiting for one thread's rescan, rescan shared
+// memory instead of L2 (topk_merge decides).
+__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, int chunks,
+                                                                  bool staged) {
   __shared__ float buf_v[2 * kTopkThreads / 32];
   __shared__ int buf_i[2 * kTopkThreads / 32];
   __shared__ float red[kTopkThreads / 32];
+  JETSPEC_DYNAMIC_SMEM(smem_raw);
   const int row = blockIdx.x;
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   const float* stats = static_cast<const float*>(p.workspace) + 2LL * row * chunks;
@@ -139,6 +144,17 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
   const int* cand_i = reinterpret_cast<const int*>(static_cast<const float*>(p.workspace) +
                                                    2 * rows * chunks + rows * chunks * p.k) +
                       static_cast<long long>(row) * chunks * p.k;
+  const int ncand = chunks * p.k;
+  if (staged) {
+    float* sv = reinterpret_cast<float*>(smem_raw);
+    int* si = reinterpret_cast<int*>(sv + ncand);
+    for (int c = threadIdx.x; c < ncand; c += kTopkThreads) {
+      sv[c] = cand_v[c];
+      si[c] = cand_i[c];
+    }
+    cand_v = sv;
+    cand_i = si;  // visible to every thread after the barrier in the first topk_block_best
+  }
 
   // Global max and sum of exp: combine the chunk partials.
   float m = -INFINITY;
@@ -159,7 +175,6 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
   for (int w = 0; w < kTopkThreads / 32; ++w) total += red[w];
   const float log_sum = logf(total);
 
-  const int ncand = chunks * p.k;
   float last_v = INFINITY;
   int last_i = -1;
   auto local_best = [&](float& bv, int& bi) {
@@ -196,6 +211,25 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
   }
 }
 
+// Launches the merge of `chunks` partials per row (p.batch * p.depth rows, validated by the
+// caller).
+// The candidates are staged when they fit the default shared memory per block (48 KB on
+// sm_80 / sm_90, no opt-in) next to the kernel's static arrays.
+inline cudaError_t topk_merge(const TopkParams& p, int chunks, cudaStream_t stream) {
+  const long long rows = static_cast<long long>(p.batch) * p.depth;
+  const long long ncand = static_cast<long long>(chunks) * p.k;
+  int dev = 0, per_block = 0;
+  JETSPEC_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  JETSPEC_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlock, dev));
+  constexpr long long kStaticBytes = 256;  // buf_v, buf_i, red (160 B), rounded up
+  const bool staged = ncand * 8 + kStaticBytes <= per_block;
+  const size_t smem = staged ? static_cast<size_t>(ncand) * 8 : 0;
+  JETSPEC_LAUNCH(topk_merge_kernel, static_cast<unsigned>(rows), kTopkThreads, smem, stream, p,
+                 chunks, staged);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.depth;
@@ -206,8 +240,7 @@ cudaError_t log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
   JETSPEC_LAUNCH(topk_partial_kernel<T>, dim3(static_cast<unsigned>(rows), chunks), kTopkThreads, 0,
                  stream, p);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
-  JETSPEC_LAUNCH(topk_merge_kernel, static_cast<unsigned>(rows), kTopkThreads, 0, stream, p, chunks);
-  return cudaGetLastError();
+  return topk_merge(p, chunks, stream);
 }
 
 }  // namespace jetspec
