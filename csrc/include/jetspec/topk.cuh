@@ -212,9 +212,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
 }
 
 // Launches the merge of `chunks` partials per row (p.batch * p.depth rows, validated by the
-// caller).
-// The candidates are staged when they fit the default shared memory per block (48 KB on
-// sm_80 / sm_90, no opt-in) next to the kernel's static arrays.
+// caller). The candidates are staged when they fit the default shared memory per block (48 KB
+// on sm_80 / sm_90, no opt-in) next to the kernel's static arrays.
 inline cudaError_t topk_merge(const TopkParams& p, int chunks, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   const long long ncand = static_cast<long long>(chunks) * p.k;
