@@ -127,6 +127,10 @@ def test_ptxas_no_spills(tmp_path):
                          capture_output=True, text=True, timeout=1500)
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-4000:]
+    # C7515 / C7517: ptxas serialised a kernel's wgmma (e.g. a group in flight across a branch);
+    # the results stay right but every overlap the wgmma kernels are built for is lost.
+    serialised = [line for line in log.splitlines() if "C7515" in line or "C7517" in line]
+    assert not serialised, "\n".join(serialised[:4])
     stats = parse_ptxas(log)
     for kernel in MAIN_KERNELS:
         for arch in ("sm_90a", "sm_80"):

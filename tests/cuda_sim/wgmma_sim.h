@@ -113,17 +113,23 @@ inline uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_by
 // Ordering rules, checked per thread (stricter than the ISA, which needs wgmma.fence only where
 // registers an MMA uses were touched since the last one; our kernels touch them after every wait):
 // a wgmma needs a wgmma.fence since the thread's last wgmma_wait, and no cp.async data may have
-// landed since the thread's last fence.proxy.async (wgmma reads shared memory through the async
-// proxy, which does not see generic-proxy writes until that fence).
+// landed (nor st_shared_zero16 stored) since the thread's last fence.proxy.async (wgmma reads
+// shared memory through the async proxy, which does not see generic-proxy writes until that
+// fence).
 inline void wgmma_fence() { sim_detail::wgmma_queue().fenced = true; }
 inline void fence_proxy_async() { sim_detail::cp_async_queue().unfenced = false; }
+inline void st_shared_zero16(void* dst) {
+  std::memset(dst, 0, 16);
+  sim_detail::cp_async_queue().unfenced = true;  // a generic-proxy write, as landed cp.async data
+}
 
 namespace sim_detail {
 inline void check_issue_order() {
   if (!wgmma_queue().fenced)
     ::jetspec_sim::fail("wgmma issued without a wgmma.fence since the last wait");
   if (cp_async_queue().unfenced)
-    ::jetspec_sim::fail("wgmma issued after cp.async data landed but before fence.proxy.async");
+    ::jetspec_sim::fail("wgmma issued after a generic-proxy shared-memory write (cp.async data or "
+                        "st.shared) but before fence.proxy.async");
 }
 }  // namespace sim_detail
 inline void wgmma_fence_operand(float (&)[8][4]) {}

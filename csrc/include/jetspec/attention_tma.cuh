@@ -37,6 +37,8 @@ namespace jetspec {
 // 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB, 3 CTAs/SM).
 template <int HD>
 constexpr int kTmaStages = HD >= 128 ? 2 : 4;
+static_assert(kTmaStages<64> >= 2 && kTmaStages<128> >= 2,
+              "S_{j+1} needs K_{j+1} while K_j is held");
 constexpr int kTmaThreads = kAttnThreads + 32;  // the consumer warpgroup + the producer warp
 constexpr int kConsumerBarrier = 1;             // named barrier of the consumer warpgroup
 
@@ -102,7 +104,7 @@ __device__ __forceinline__ void attn_zero_v_tail(unsigned char* tV, int from) {
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   for (int c = threadIdx.x; c < (BN - from) * CH; c += kAttnThreads) {
     const int r = from + c / CH, col = (c % CH) * 8;
-    *reinterpret_cast<uint4*>(sw128_tile_at<uint16_t>(tV, BN, r, col)) = uint4{0u, 0u, 0u, 0u};
+    st_shared_zero16(sw128_tile_at<uint16_t>(tV, BN, r, col));
   }
   fence_proxy_async();
   named_barrier_sync(kConsumerBarrier, kAttnThreads);
@@ -122,24 +124,31 @@ __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const Att
                                                   float (&l_run)[2]) {
   constexpr int BN = kWgmmaBlockN;
   const bool more = blk + 1 < t.blk_end;
+  // Everything after S_blk's wait. It is called inside both branches: ptxas serialises every
+  // wgmma of the kernel (warning C7515) when a group issued in one branch is retired after the
+  // branches rejoin.
+  auto finish = [&]() {
+    tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only
+    wgmma_fence_operand(s_cur);
+    wgmma_fence_output<HD>(o);
+    attn_scale_mask<BN>(s_cur, p, t.b, t.prefix, t.tree_row, blk * BN);
+    attn_online_softmax<BN, HD>(s_cur, o, m_run, l_run);
+    unsigned char* tV = tma_wait_stage<HD>(vr, i);
+    if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);
+    wgmma_issue_pv<T, HD>(o, s_cur, tV);
+    wgmma_wait<0>();
+    wgmma_fence_output<HD>(o);
+    tma_release_stage<HD>(vr, i);
+  };
   if (more) {
     wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD>(kr, i + 1));
-    wgmma_wait<1>();  // S_blk done; S_{blk+1} stays in flight
+    wgmma_wait<1>();  // S_blk done; S_{blk+1} stays in flight through the softmax
+    finish();
+    wgmma_fence_operand(s_next);
   } else {
     wgmma_wait<0>();
+    finish();
   }
-  tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only
-  wgmma_fence_operand(s_cur);
-  wgmma_fence_output<HD>(o);
-  attn_scale_mask<BN>(s_cur, p, t.b, t.prefix, t.tree_row, blk * BN);
-  attn_online_softmax<BN, HD>(s_cur, o, m_run, l_run);
-  unsigned char* tV = tma_wait_stage<HD>(vr, i);
-  if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);
-  wgmma_issue_pv<T, HD>(o, s_cur, tV);
-  wgmma_wait<0>();
-  wgmma_fence_output<HD>(o);
-  tma_release_stage<HD>(vr, i);
-  if (more) wgmma_fence_operand(s_next);
 }
 #endif
 
@@ -193,7 +202,10 @@ __global__ void __launch_bounds__(kTmaThreads)
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
   float sa[BN / 8][4], sb[BN / 8][4];
-  if (t.blk_begin < t.blk_end) wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD>(kr, 0));
+  if (t.blk_begin < t.blk_end) {  // S_0, waited for here (see finish() on serialisation)
+    wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD>(kr, 0));
+    wgmma_wait<0>();
+  }
   for (int blk = t.blk_begin; blk < t.blk_end; blk += 2) {
     const int i = blk - t.blk_begin;
     tma_consume_block<T, HD>(p, t, blk, i, sQ, kr, vr, sa, sb, o, m_run, l_run);

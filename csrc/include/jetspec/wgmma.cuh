@@ -60,6 +60,11 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// 16 zero bytes stored to shared memory that a wgmma will read (a generic-proxy write: it needs
+// fence_proxy_async before the wgmma; the simulator checks that).
+__device__ __forceinline__ void st_shared_zero16(void* dst) {
+  *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+}
 // Keeps the compiler from moving accesses to the accumulators across wgmma issue / wait.
 __device__ __forceinline__ void wgmma_fence_operand(float (&d)[8][4]) {
 #pragma unroll
