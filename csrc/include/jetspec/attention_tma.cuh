@@ -12,9 +12,9 @@
 // start empty). Separate rings let K run ahead of V: K_j is released as soon as S_j is done,
 // while V_j is held until P_j V_j is, so two stages each suffice for the overlap.
 //
-// Consumer step for block j (S_j already issued): wait K_{j+1}, issue S_{j+1}; wait for S_j
-// (wgmma_wait<1>), release K_j; softmax(S_j) while S_{j+1} runs; wait V_j, issue P_j V_j, wait
-// for it (the next softmax rescales O), release V_j.
+// Consumer step for block j (S_j complete): wait K_{j+1}, issue S_{j+1}; release K_j;
+// softmax(S_j) while S_{j+1} runs; wait V_j, issue P_j V_j, wait for both groups (the next
+// softmax rescales O and reads S_{j+1}), release V_j.
 //
 // TMA tensor maps view a cache as 4-d (Dh, Hkv, rows, outer): contiguous caches as
 // (Dh, Hkv, L, B), paged ones as (Dh, Hkv, page_size, pages). A copy is one 64-column block of
@@ -110,10 +110,10 @@ __device__ __forceinline__ void attn_zero_v_tail(unsigned char* tV, int from) {
   named_barrier_sync(kConsumerBarrier, kAttnThreads);
 }
 
-// One consumer step for key block blk (the CTA's i-th): S_blk is in flight in s_cur. Issues
-// S_{blk+1} into s_next (if any), waits for S_blk and releases K_blk, runs the softmax while
-// S_{blk+1} computes, then O += P V and releases V_blk. Called with the two S buffers swapped on
-// alternate blocks (no register copies).
+// One consumer step for key block blk (the CTA's i-th): S_blk is complete in s_cur. Issues
+// S_{blk+1} into s_next (if any), releases K_blk, runs the softmax while S_{blk+1} computes,
+// then O += P V, waits for both groups and releases V_blk. Called with the two S buffers swapped
+// on alternate blocks (no register copies).
 template <typename T, int HD>
 __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const AttnTile& t, int blk,
                                                   int i, const unsigned char* sQ,
@@ -124,9 +124,10 @@ __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const Att
                                                   float (&l_run)[2]) {
   constexpr int BN = kWgmmaBlockN;
   const bool more = blk + 1 < t.blk_end;
-  // Everything after S_blk's wait. It is called inside both branches: ptxas serialises every
-  // wgmma of the kernel (warning C7515) when a group issued in one branch is retired after the
-  // branches rejoin.
+  // Block blk's softmax and P V (S_blk was retired by the previous step's final wait, or after
+  // its issue for the first block). Called inside both branches: ptxas serialises every wgmma of
+  // the kernel (warning C7515) when a group issued in one branch is retired after the branches
+  // rejoin.
   auto finish = [&]() {
     tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only
     wgmma_fence_operand(s_cur);
@@ -141,12 +142,10 @@ __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const Att
     tma_release_stage<HD>(vr, i);
   };
   if (more) {
-    wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD>(kr, i + 1));
-    wgmma_wait<1>();  // S_blk done; S_{blk+1} stays in flight through the softmax
-    finish();
+    wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD>(kr, i + 1));  // runs during the softmax
+    finish();  // its final wait retires S_{blk+1} too
     wgmma_fence_operand(s_next);
   } else {
-    wgmma_wait<0>();
     finish();
   }
 }
