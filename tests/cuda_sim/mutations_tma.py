@@ -1,0 +1,73 @@
+"""Mutation check of the TMA attention kernel, run by hand (not by pytest; about 10 minutes):
+
+    python tests/cuda_sim/mutations_tma.py [NAME ...]
+
+Each mutation edits csrc/include/jetspec/attention_tma.cuh (restored afterwards), rebuilds the
+simulated _C and runs the kernel's simulator tests; every one must fail them (a wrong result, a
+simulator rule, or a deadlock), and the line printed per mutation says how. bench/NOTES.md lists
+the outcome. A mutation whose text no longer occurs in the kernel is reported as stale.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+F = ROOT / "csrc" / "include" / "jetspec" / "attention_tma.cuh"
+# The K stage of block i + 1, computed without waiting for its copies.
+STAGE = "kr.tiles + ((i + 1) % kTmaStages<HD>) * kWgmmaBlockN * HD * 2"
+# name: (text in the kernel, what replaces its first occurrence)
+MUTS = {
+ "no_v_full_wait": ("    unsigned char* tV = tma_wait_stage<HD>(vr, i);", "    unsigned char* tV = vr.tiles + (i % kTmaStages<HD>) * kWgmmaBlockN * HD * 2;"),
+ "no_k_full_wait": ("wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD>(kr, i + 1));", f"wgmma_issue_qk<T, HD>(s_next, sQ, {STAGE});"),
+ "no_empty_wait": ("  mbar_wait(&r.empty[stage], ((i / S) & 1) ^ 1);\n", ""),
+ "parity_swapped": ("  mbar_wait(&r.full[i % S], (i / S) & 1);", "  mbar_wait(&r.full[i % S], ((i / S) & 1) ^ 1);"),
+ "no_v_release": ("    wgmma_fence_output<HD>(o);\n    tma_release_stage<HD>(vr, i);\n", "    wgmma_fence_output<HD>(o);\n"),
+ "no_k_release": ("    tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only\n", ""),
+ "release_k_of_next": ("    tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only", "    tma_release_stage<HD>(kr, i + 1);"),
+ "v_release_before_pv_wait": ("    wgmma_issue_pv<T, HD>(o, s_cur, tV);\n    wgmma_wait<0>();\n    wgmma_fence_output<HD>(o);\n    tma_release_stage<HD>(vr, i);\n", "    wgmma_issue_pv<T, HD>(o, s_cur, tV);\n    tma_release_stage<HD>(vr, i);\n    wgmma_wait<0>();\n    wgmma_fence_output<HD>(o);\n"),
+ "pv_wait_1": ("    wgmma_issue_pv<T, HD>(o, s_cur, tV);\n    wgmma_wait<0>();", "    wgmma_issue_pv<T, HD>(o, s_cur, tV);\n    wgmma_wait<1>();"),
+ "no_prologue_wait": ("    wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD>(kr, 0));\n    wgmma_wait<0>();", "    wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD>(kr, 0));"),
+ "no_pv_wait": ("    wgmma_issue_pv<T, HD>(o, s_cur, tV);\n    wgmma_wait<0>();\n", "    wgmma_issue_pv<T, HD>(o, s_cur, tV);\n"),
+ "buffers_not_swapped": ("tma_consume_block<T, HD>(p, t, blk + 1, i + 1, sQ, kr, vr, sb, sa,", "tma_consume_block<T, HD>(p, t, blk + 1, i + 1, sQ, kr, vr, sa, sb,"),
+ "half_tx": ("static_cast<unsigned>(chunks * chunk * 128 * KB)", "static_cast<unsigned>(chunks * chunk * 64 * KB)"),
+ "double_tx": ("static_cast<unsigned>(chunks * chunk * 128 * KB)", "static_cast<unsigned>(chunks * chunk * 256 * KB)"),
+ "no_v_tail_zero": ("    if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);\n", ""),
+ "no_tail_barrier": ("  fence_proxy_async();\n  named_barrier_sync(kConsumerBarrier, kAttnThreads);\n}\n\n// One consumer", "  fence_proxy_async();\n}\n\n// One consumer"),
+ "no_tail_fence": ("  fence_proxy_async();\n  named_barrier_sync(kConsumerBarrier, kAttnThreads);\n}\n\n// One consumer", "  named_barrier_sync(kConsumerBarrier, kAttnThreads);\n}\n\n// One consumer"),
+ "no_q_fence": ("  fence_proxy_async();  // this thread's cp.async data, before the async proxy reads it\n  named_barrier_sync", "  named_barrier_sync"),
+ "no_q_barrier": ("  fence_proxy_async();  // this thread's cp.async data, before the async proxy reads it\n  named_barrier_sync(kConsumerBarrier, kAttnThreads);\n", "  fence_proxy_async();\n"),
+ "chunk_64_paged": ("  if (p.block_table == nullptr) return kWgmmaBlockN;", "  return kWgmmaBlockN;"),
+ "no_init_sync": ("    mbar_init_fence();\n  }\n  __syncthreads();\n", "    mbar_init_fence();\n  }\n"),
+}
+
+
+def main(names) -> int:
+    orig = F.read_text()
+    escaped = 0
+    for name in names or list(MUTS):
+        a, b = MUTS[name]
+        if a not in orig:
+            print(f"{name}: stale (its text is not in the kernel)")
+            escaped += 1
+            continue
+        F.write_text(orig.replace(a, b, 1))
+        try:
+            env = dict(os.environ, JETSPEC_SIM_WATCHDOG_S="60")
+            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p",
+                                "no:cacheprovider", "tests/test_cuda_ops.py", "-k",
+                                "tree_attention and sim and tma"],
+                               cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+        finally:
+            F.write_text(orig)
+        out = (r.stdout + r.stderr).splitlines()
+        why = [line for line in out if "cuda_sim:" in line or " passed" in line or " failed" in line]
+        caught = r.returncode != 0
+        escaped += not caught
+        print(f"{name}: {'caught' if caught else 'ESCAPED'} ({' | '.join(why[-2:])[:160]})",
+              flush=True)
+    return 1 if escaped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
