@@ -28,6 +28,8 @@
 // and more stages; at Dh 128 that costs the second CTA per SM (bench/NOTES.md). The GPU
 // measurements of this version decide.
 #pragma once
+#include <numeric>
+
 #include "jetspec/attention_wgmma.cuh"
 #include "jetspec/tma.cuh"
 
@@ -221,13 +223,8 @@ __global__ void __launch_bounds__(kTmaThreads)
 // is not a multiple of 8).
 inline int attention_tma_chunk(const AttnParams& p) {
   if (p.block_table == nullptr) return kWgmmaBlockN;
-  int a = p.page_size, b = kWgmmaBlockN;
-  while (b != 0) {
-    const int r = a % b;
-    a = b;
-    b = r;
-  }
-  return a % 8 == 0 ? a : 0;
+  const int chunk = std::gcd(p.page_size, kWgmmaBlockN);
+  return chunk % 8 == 0 ? chunk : 0;
 }
 
 // Launches the TMA kernel, or returns cudaErrorNotSupported when the cache layout cannot be

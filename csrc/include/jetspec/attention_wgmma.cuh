@@ -52,6 +52,20 @@ __device__ __forceinline__ void wgmma_issue_qk(float (&s)[kWgmmaBlockN / 8][4],
   wgmma_commit();
 }
 
+// Output columns 64 db .. 64 db + 63 of O: one m64n64 accumulator block.
+using WgmmaAcc = float[8][4];
+template <int HD>
+__device__ __forceinline__ WgmmaAcc& o_block(float (&o)[HD / 8][4], int db) {
+  return *reinterpret_cast<WgmmaAcc*>(&o[db * 8]);
+}
+
+// Keeps the compiler from moving accesses to all of O across a wgmma issue or wait.
+template <int HD>
+__device__ __forceinline__ void wgmma_fence_output(float (&o)[HD / 8][4]) {
+#pragma unroll
+  for (int db = 0; db < HD / 64; ++db) wgmma_fence_operand(o_block<HD>(o, db));
+}
+
 // Issues O += P V for one key block as one wgmma group: P (the softmaxed S, packed to 16 bits,
 // from registers) times V (tV, MN-major), one n64 wgmma per 64 output columns per 16 keys.
 template <typename T, int HD>
@@ -60,34 +74,22 @@ __device__ __forceinline__ void wgmma_issue_pv(float (&o)[HD / 8][4],
                                                const unsigned char* tV) {
   constexpr int BN = kWgmmaBlockN;
   constexpr int KB = HD / 64;
-  auto o_cols = [&](int db) -> float(&)[8][4] {  // output columns 64 db .. 64 db + 63
-    return *reinterpret_cast<float(*)[8][4]>(&o[db * 8]);
-  };
   // All P fragments are packed before the fence (registers an in-flight wgmma reads must not
   // change).
   uint32_t pa[BN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) attn_p_fragment<T, BN>(s, kk, pa[kk]);
-#pragma unroll
-  for (int db = 0; db < KB; ++db) wgmma_fence_operand(o_cols(db));
+  wgmma_fence_output<HD>(o);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
     for (int db = 0; db < KB; ++db) {
-      wgmma_rs<T>(o_cols(db), pa[kk],
+      wgmma_rs<T>(o_block<HD>(o, db), pa[kk],
                   sw128_desc(tV + db * BN * 128 + kk * 16 * 128, kSw128Bytes, kSw128Bytes));
     }
   }
   wgmma_commit();
-}
-
-// Keeps the compiler from moving accesses to all of O across a wgmma wait.
-template <int HD>
-__device__ __forceinline__ void wgmma_fence_output(float (&o)[HD / 8][4]) {
-#pragma unroll
-  for (int db = 0; db < HD / 64; ++db)
-    wgmma_fence_operand(*reinterpret_cast<float(*)[8][4]>(&o[db * 8]));
 }
 
 // One key block of the online-softmax loop, every MMA waited for: S = Q K^T, mask + softmax,

@@ -92,12 +92,13 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
 
 namespace jetspec {
 
-// A 4-d tensor map of 16-bit elements with 128-byte swizzled boxes: dims innermost first,
-// strides (bytes) of dims 1..3, box extents. cudaErrorNotSupported when the runtime has no
-// cuTensorMapEncodeTiled or the driver refuses the layout (the caller then uses another kernel).
 // cuTensorMapEncodeTiled, looked up once. A namespace-scope variable, not a function-local
 // static: the simulator build poisons those in namespace jetspec as if they were __shared__.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder = nullptr;
+
+// A 4-d tensor map of 16-bit elements with 128-byte swizzled boxes: dims innermost first,
+// strides (bytes) of dims 1..3, box extents. cudaErrorNotSupported when the runtime has no
+// cuTensorMapEncodeTiled or the driver refuses the layout (the caller then uses another kernel).
 
 inline cudaError_t encode_tensor_map_4d(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
                                         const uint64_t (&strides)[3], const uint32_t (&box)[4]) {
