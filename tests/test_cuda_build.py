@@ -69,6 +69,41 @@ def test_split_heuristic_one_wave(monkeypatch):
         assert s == 1 or tiles * b * 8 * s <= 2 * 132
 
 
+CU_FILES = ("attention", "draft_tree", "verify", "commit", "pack_mask", "rope")
+
+
+def kernel_ptx(cu: str, arch: str, tmp_path) -> dict:
+    """PTX of csrc/<cu>.cu for `arch` -> {entry name: body}."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    out = tmp_path / f"{cu}_{arch}.ptx"
+    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-arch={arch}", "-ptx",
+                    f"-I{ROOT / 'csrc' / 'include'}", '-DJETSPEC_CUDA_ARCHS="90a,80"',
+                    str(ROOT / "csrc" / f"{cu}.cu"), "-o", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    parts = re.split(r"(?:\.visible\s+)?\.entry\s+", out.read_text())[1:]
+    return {part.split("(", 1)[0]: part for part in parts}
+
+
+def test_every_kernel_waits_for_its_predecessor(tmp_path):
+    """Every kernel is launched with programmatic dependent launch on sm_90+ (pdl.cuh), so on
+    sm_90a each entry must run griddepcontrol.wait before its first global-memory access, and
+    then release the next grid; the sm_80 code has neither instruction."""
+    first_access = re.compile(r"\b(ld|st|atom|red|cp\.async)\.[\w.]*global|cp\.async\.bulk|"
+                              r"ld\.global|cvta\.to\.global[^\n]*\n[^\n]*\bld\b")
+    seen = 0
+    for cu in CU_FILES:
+        for name, body in kernel_ptx(cu, "sm_90a", tmp_path).items():
+            seen += 1
+            wait = body.find("griddepcontrol.wait")
+            assert wait >= 0, f"{name} ({cu}.cu) does not start with pdl_begin()"
+            assert "griddepcontrol.launch_dependents" in body, name
+            access = first_access.search(body)
+            assert access is None or access.start() > wait, (name, access.group(0))
+    assert seen >= len(MAIN_KERNELS)
+    for name, body in kernel_ptx("pack_mask", "sm_80", tmp_path).items():
+        assert "griddepcontrol" not in body, name
+
+
 def parse_ptxas(log: str):
     """ptxas -v output -> {(mangled name, arch): dict(registers, stack, spill_stores, spill_loads)}."""
     out = {}

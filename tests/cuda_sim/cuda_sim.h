@@ -340,7 +340,22 @@ T& thread_state() {
   return states[thread_idx.x];
 }
 
+// griddepcontrol.wait (jetspec/pdl.cuh's pdl_begin). On the GPU every kernel is launched with
+// programmatic dependent launch, so it may run before the previous kernel in the stream has
+// finished until it waits. The simulator cannot see global-memory reads, so it checks where the
+// wait is: every thread must have waited before its first barrier or shuffle, and before it exits.
+struct PdlState {
+  bool waited = false;
+};
+inline void griddepcontrol_wait() { thread_state<PdlState>().waited = true; }
+inline void require_pdl_wait() {
+  if (!thread_state<PdlState>().waited)
+    fail("PDL: a thread reached a barrier, a shuffle or its exit before pdl_begin() "
+         "(griddepcontrol.wait); a kernel must start with it");
+}
+
 inline void Barrier::arrive_and_wait() {
+  require_pdl_wait();
   const unsigned self = thread_idx.x;
   if (++arrived == expected) {
     for (unsigned w : waiters) blk->runnable[w] = true;
@@ -473,6 +488,7 @@ inline char* fiber_stack(unsigned t) {
 // A simulated thread: the kernel, then it leaves its barriers and hands the turn on.
 inline void run_fiber() {
   (*fiber_body)();
+  require_pdl_wait();
   const unsigned self = thread_idx.x;
   block->runnable[self] = false;
   ++block->done;

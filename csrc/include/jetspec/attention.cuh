@@ -237,6 +237,7 @@ __device__ __forceinline__ int attn_wait_block(const AttnTile& t, int blk, LoadK
 // ---- the mma.sync kernel ---------------------------------------------------------------------
 template <typename T, int HD>
 __global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams p) {
+  pdl_begin();
   constexpr int BN = AttnBlockN<HD>::value;
   constexpr int LD = HD + 8;  // padded row: 8 ldmatrix rows hit distinct bank groups
   JETSPEC_DYNAMIC_SMEM(smem_raw);
@@ -316,6 +317,7 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams
 // w_s = exp(lse_s - max lse); lse = max + log(sum w). Empty splits have lse -inf (w = 0).
 template <typename T>
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, int hd) {
+  pdl_begin();
   const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
   const long long row = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;

@@ -157,6 +157,7 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(kTmaThreads)
     tree_attention_tma_kernel(AttnParams p, const __grid_constant__ CUtensorMap tk,
                               const __grid_constant__ CUtensorMap tv, int chunk) {
+  pdl_begin();
 #ifdef JETSPEC_WGMMA
   static_assert(HD == 64 || HD == 128, "the TMA kernel takes head dims 64 and 128");
   constexpr int BN = kWgmmaBlockN, S = kTmaStages<HD>;

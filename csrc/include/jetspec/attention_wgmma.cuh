@@ -116,6 +116,7 @@ __device__ __forceinline__ void wgmma_attend_block(const unsigned char* sQ,
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(kAttnThreads) tree_attention_wgmma_kernel(AttnParams p) {
+  pdl_begin();
 #ifdef JETSPEC_WGMMA
   static_assert(HD == 64 || HD == 128, "the wgmma kernel takes head dims 64 and 128");
   constexpr int BN = kWgmmaBlockN;

@@ -237,6 +237,7 @@ __device__ __forceinline__ long long kth_key(KeyAt key_at, const uint8_t* cnt, i
 }
 
 __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTreeParams p) {
+  pdl_begin();
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   __shared__ long long red[kTopnThreads / 32];
   __shared__ long long red3[3 * kTopnThreads / 32];
@@ -389,6 +390,7 @@ __device__ __forceinline__ bool heap_before(const HeapEntry& x, const HeapEntry&
 }
 
 __global__ void __launch_bounds__(32) build_tree_accum_kernel(BuildTreeParams p) {
+  pdl_begin();
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   const int cap = p.budget, D = p.depth, K = p.k, b = blockIdx.x, lane = threadIdx.x;
   float* score = reinterpret_cast<float*>(smem_raw);

@@ -14,6 +14,7 @@ namespace jetspec {
 // elements of elem_bytes bytes.
 template <typename U>
 __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem_bytes) {
+  pdl_begin();
   const int b = blockIdx.x;
   const int pre = p.prefix_lens[b];
   const int acc = p.accept_len[b];
@@ -43,6 +44,7 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
 // units U of elem_bytes-byte elements as above.
 template <typename U>
 __global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p, int elem_bytes) {
+  pdl_begin();
   const int b = blockIdx.x, i = blockIdx.y;
   const int units = p.hidden_dim * elem_bytes / static_cast<int>(sizeof(U));
   U* dst = reinterpret_cast<U*>(static_cast<char*>(p.hidden_rows) +

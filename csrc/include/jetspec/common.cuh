@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "jetspec/params.h"
+#include "jetspec/pdl.cuh"
 
 namespace jetspec {
 
@@ -20,15 +21,16 @@ namespace jetspec {
     if (jetspec_err_ != cudaSuccess) return jetspec_err_; \
   } while (0)
 
-// kernel<<<grid, block, smem, stream>>>(args...), or a run on CPU threads in the simulator.
-// A templated kernel with several parameters goes through a local pointer (commas).
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch where the
+// device has it (pdl.cuh: the kernel must start with pdl_begin()), or a run on CPU threads in the
+// simulator. A templated kernel with several parameters goes through a local pointer (commas).
 #ifdef JETSPEC_CPU_SIM
 #define JETSPEC_LAUNCH(kernel, grid, block, smem, stream, ...) \
   ::jetspec_sim::launch(grid, block, smem, kernel, __VA_ARGS__)
 #define JETSPEC_DYNAMIC_SMEM(name) unsigned char* name = ::jetspec_sim::dynamic_smem()
 #else
 #define JETSPEC_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+  ::jetspec::launch_kernel(kernel, grid, block, smem, stream, __VA_ARGS__)
 #define JETSPEC_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 

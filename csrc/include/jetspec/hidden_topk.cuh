@@ -135,6 +135,7 @@ __device__ __forceinline__ void hidden_topk_fold_row(const float* x, int v0, int
 template <typename T, int MT>
 __global__ void __launch_bounds__(kHtThreads) hidden_topk_partial_kernel(HiddenTopkParams p,
                                                                          int tiles_per_cta) {
+  pdl_begin();
   constexpr int BM = 16 * MT;
   constexpr int CH = kHtTileH / 8;  // 16-byte chunks per smem row
   JETSPEC_DYNAMIC_SMEM(smem_raw);

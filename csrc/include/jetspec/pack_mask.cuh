@@ -9,6 +9,7 @@ namespace jetspec {
 __global__ void pack_mask_kernel(const int32_t* __restrict__ parents,
                                  const int32_t* __restrict__ num_nodes,
                                  int32_t* __restrict__ mask, int batch, int n, int words) {
+  pdl_begin();
   const long long total = static_cast<long long>(batch) * n * words;
   for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<long long>(gridDim.x) * blockDim.x) {

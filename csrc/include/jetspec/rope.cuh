@@ -84,6 +84,7 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
 // Hq'..Hq'+Hkv-1 are k heads (+ their v), with Hq' = rope_q_heads(p).
 template <typename T, typename TC>
 __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
   const int hq = rope_q_heads(p);

@@ -52,6 +52,7 @@ __device__ __forceinline__ void topk_block_best(float& v, int& i, float* buf_v, 
 
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p) {
+  pdl_begin();
   __shared__ float buf_v[2 * kTopkThreads / 32];
   __shared__ int buf_i[2 * kTopkThreads / 32];
   const int chunk = blockIdx.y, chunks = gridDim.y;
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
 // memory instead of L2 (topk_merge decides).
 __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, int chunks,
                                                                   bool staged) {
+  pdl_begin();
   __shared__ float buf_v[2 * kTopkThreads / 32];
   __shared__ int buf_i[2 * kTopkThreads / 32];
   __shared__ float red[kTopkThreads / 32];

@@ -29,6 +29,7 @@ constexpr int kTargetThreads = 256;
 // order. Splits give a B = 1 verify enough CTAs to fill the GPU; padding nodes are skipped.
 template <typename T>
 __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTokenParams p) {
+  pdl_begin();
   const int row = blockIdx.x, split = blockIdx.y;
   const int b = row / p.n, i = row % p.n;
   if (i >= p.num_nodes[b]) return;  // never read by the walk
@@ -103,6 +104,7 @@ constexpr int kWalkMaxNodes = 4096;  // tokens, parents and targets staged in 48
 // cur, the accepted child is the lowest-index valid node whose parent is cur and whose token is
 // the target's token at cur (a ballot over 32 nodes at a time).
 __global__ void __launch_bounds__(kWalkThreads) verify_walk_kernel(VerifyWalkParams p) {
+  pdl_begin();
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   int32_t* s_tok = reinterpret_cast<int32_t*>(smem_raw);  // [n]
   int32_t* s_par = s_tok + p.n;                            // [n]
