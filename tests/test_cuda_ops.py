@@ -6,6 +6,7 @@ csrc kernels, built with g++ against tests/cuda_sim/cuda_sim.h, run as simulated
 the same bindings and Python wrappers. Tests with the ``cuda`` device and graph replay are
 gpu-marked.
 """
+import contextlib
 import math
 import shutil
 from functools import lru_cache
@@ -35,10 +36,46 @@ def dev(request, monkeypatch):
         return "cuda"
     if shutil.which("g++") is None:
         pytest.skip("the CUDA simulator needs g++")
-    monkeypatch.setattr(jetspec_kernels, "_C", _sim_module(), raising=False)
-    monkeypatch.setattr(U, "stream", lambda: 0)
+    guard = DeviceGuardCheck()
+    monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(_sim_module()), raising=False)
+    monkeypatch.setattr(U, "on_device", guard.on_device)
+    monkeypatch.setattr(U, "stream", guard.stream)
     monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices
     return "cpu"
+
+
+class DeviceGuardCheck:
+    """Fails a simulated test whose op calls _C, or takes the stream, outside ``U.on_device``: on a
+    GPU that call would launch on (and plan for) whatever device is current, not the tensors'."""
+
+    def __init__(self):
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def on_device(self, t):
+        assert isinstance(t, torch.Tensor)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def stream(self):
+        assert self.depth > 0, "U.stream() outside U.on_device"
+        return 0
+
+    def wrap(self, module):
+        check = self
+
+        class Guarded:
+            def __getattr__(self, name):
+                fn = getattr(module, name)
+
+                def call(*args, **kwargs):
+                    assert check.depth > 0, f"_C.{name} called outside U.on_device"
+                    return fn(*args, **kwargs)
+                return call
+        return Guarded()
 
 
 def sync(dev):
@@ -545,6 +582,19 @@ def test_build_tree(dev, algorithm, budget, k, d):
         assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
 
 
+@pytest.mark.parametrize("b,n", [(1, 1), (3, 31), (2, 32), (3, 33), (2, 100)])
+def test_pack_mask(dev, b, n):
+    """Random trees, ragged node counts (padding rows keep only their own bit), a full chain
+    (bit 31 and every word of a row set), several mask words."""
+    gen = torch.Generator().manual_seed(b * 1000 + n)
+    parents, num_nodes = random_tree(b, n, gen)
+    parents[0, 1:] = torch.arange(n - 1, dtype=torch.int32)  # a chain: every bit of a row set
+    num_nodes[0] = n
+    want = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    got = cu().pack_mask(parents.to(dev), num_nodes.to(dev))
+    assert torch.equal(got.cpu(), want)
+
+
 def test_build_tree_random_configs(dev):
     """Many small trees with heavy score ties (log-probs on a 0.25 grid) and -inf log-probs."""
     gen = torch.Generator().manual_seed(123)
@@ -611,6 +661,35 @@ def test_opcheck(dev):
     path = torch.tensor([[0, 2, 3]], dtype=torch.int32, device=dev)
     acc = torch.tensor([2], dtype=torch.int32, device=dev)
     opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_ops_on_a_device_that_is_not_current():
+    """Tensors on cuda:1 while cuda:0 is current: every op launches on its tensors' device (the
+    CPU tests check that every _C call sits inside U.on_device; this checks it on hardware)."""
+    gen = torch.Generator().manual_seed(3)
+    q, kc, vc, prefix, out, lse, logits, hid, root = _round_inputs("cuda:1", gen)
+    lm_head = torch.randn(700, 64, generator=gen).half().to("cuda:1")
+    tlog = torch.randn(2, 20, 300, generator=gen).to("cuda:1")
+
+    def round_outputs():
+        o = torch.empty_like(out)
+        cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, o, None, 2, None)
+        tt, tl = cu().log_softmax_topk(logits, 4)
+        ht, hl = cu().hidden_topk(hid, lm_head, 4)
+        tree = cu().build_tree(tt, tl, root, 20, "topn")
+        acc = cu().verify_tree(tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None)
+        mask = cu().pack_mask(tree[1], tree[4])
+        return [o, tt, tl, ht, hl, *tree, *acc, mask]
+
+    with torch.cuda.device(1):
+        want = round_outputs()
+    with torch.cuda.device(0):
+        got = round_outputs()
+    torch.cuda.synchronize(1)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.device == torch.device("cuda:1") and torch.equal(g, w), i
 
 
 def test_opcheck_tma(dev):

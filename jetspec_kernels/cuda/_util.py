@@ -1,6 +1,7 @@
 """Helpers shared by the cuda backend wrappers: stream handle, dtype codes, strides, alignment."""
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 import torch
@@ -11,8 +12,15 @@ from ..backend import BackendUnavailableError
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+def on_device(t: torch.Tensor):
+    """Context that makes ``t``'s CUDA device current: _C launches on the current device's stream
+    and sizes its launch plans for the current device, which need not be the tensors' one (a
+    process driving several GPUs). Every op wraps its _C calls in it."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def stream() -> int:
-    """Raw handle of the current CUDA stream (what _C launches on)."""
+    """Raw handle of the current CUDA stream (what _C launches on; inside ``on_device``)."""
     return torch.cuda.current_stream().cuda_stream
 
 

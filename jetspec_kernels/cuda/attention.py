@@ -43,44 +43,44 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
                     lse: Optional[torch.Tensor], num_splits: int, kernel: int) -> None:
     from .. import _C
+    with U.on_device(q):
+        # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not U.aligned16(t):
+                raise ValueError(f"{name} rows must start on 16-byte boundaries for the cuda backend "
+                                 f"(strides {t.stride()}, data_ptr % 16 = {t.data_ptr() % 16})")
+        if not U.aligned16(q):
+            q = q.clone(memory_format=torch.contiguous_format)
+        # The epilogue stores pairs of elements (4 bytes); lse is written as a contiguous [B, Hq, N].
+        direct = out.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in out.stride()[:3])
+        out_buf = out if direct else torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse_buf = lse if lse is None or lse.is_contiguous() else torch.empty_like(
+            lse, memory_format=torch.contiguous_format)
 
-    # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not U.aligned16(t):
-            raise ValueError(f"{name} rows must start on 16-byte boundaries for the cuda backend "
-                             f"(strides {t.stride()}, data_ptr % 16 = {t.data_ptr() % 16})")
-    if not U.aligned16(q):
-        q = q.clone(memory_format=torch.contiguous_format)
-    # The epilogue stores pairs of elements (4 bytes); lse is written as a contiguous [B, Hq, N].
-    direct = out.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in out.stride()[:3])
-    out_buf = out if direct else torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse_buf = lse if lse is None or lse.is_contiguous() else torch.empty_like(
-        lse, memory_format=torch.contiguous_format)
-
-    b, n, hq, dh = q.shape
-    hkv = k_cache.shape[2]
-    prefix_lens = prefix_lens.contiguous()
-    mode = "mask" if tree_mask is not None else tail
-    if tree_mask is not None:
-        tree_mask = tree_mask.contiguous()
-    if block_table is not None:
-        block_table = block_table.contiguous()
-    part_o = part_lse = None
-    if num_splits > 1:
-        part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
-        part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
-    _C.tree_attention(
-        U.ptr(q), U.strides3(q), U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache),
-        U.strides3(v_cache), U.ptr(block_table), 0 if block_table is None else block_table.stride(0),
-        k_cache.shape[1], k_cache.shape[0], U.ptr(prefix_lens), U.ptr(tree_mask),
-        0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
-        _TAILS[mode], U.ptr(out_buf), U.strides3(out_buf), U.ptr(lse_buf), U.ptr(part_o),
-        U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, kernel,
-        U.stream())
-    if out_buf is not out:
-        out.copy_(out_buf)
-    if lse_buf is not lse:
-        lse.copy_(lse_buf)
+        b, n, hq, dh = q.shape
+        hkv = k_cache.shape[2]
+        prefix_lens = prefix_lens.contiguous()
+        mode = "mask" if tree_mask is not None else tail
+        if tree_mask is not None:
+            tree_mask = tree_mask.contiguous()
+        if block_table is not None:
+            block_table = block_table.contiguous()
+        part_o = part_lse = None
+        if num_splits > 1:
+            part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
+            part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
+        _C.tree_attention(
+            U.ptr(q), U.strides3(q), U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache),
+            U.strides3(v_cache), U.ptr(block_table), 0 if block_table is None else block_table.stride(0),
+            k_cache.shape[1], k_cache.shape[0], U.ptr(prefix_lens), U.ptr(tree_mask),
+            0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
+            _TAILS[mode], U.ptr(out_buf), U.strides3(out_buf), U.ptr(lse_buf), U.ptr(part_o),
+            U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, kernel,
+            U.stream())
+        if out_buf is not out:
+            out.copy_(out_buf)
+        if lse_buf is not lse:
+            lse.copy_(lse_buf)
 
 
 @_tree_attention.register_fake

@@ -13,27 +13,27 @@ def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.
                path: torch.Tensor, accept_len: torch.Tensor, block_table: Optional[torch.Tensor],
                hidden: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     from .. import _C
-
-    b, cols = path.shape
-    dev = path.device
-    prefix_lens = prefix_lens.contiguous()
-    path = path.contiguous()
-    accept_len = accept_len.contiguous()
-    table = None if block_table is None else block_table.contiguous()
-    new_lens = torch.empty(b, device=dev, dtype=torch.int32)
-    if hidden is None:
-        rows = torch.empty(0, device=dev, dtype=k_cache.dtype)
-        hidden_dim, sh0, sh1, helem = 0, 0, 0, 4
-    else:
-        hidden_dim = hidden.shape[2]
-        rows = torch.empty(b, cols, hidden_dim, device=dev, dtype=hidden.dtype)
-        sh0, sh1, helem = hidden.stride(0), hidden.stride(1), hidden.element_size()
-    _C.commit_kv(U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache), U.strides3(v_cache),
-                 U.ptr(table), 0 if table is None else table.stride(0), U.ptr(prefix_lens),
-                 U.ptr(path), U.ptr(accept_len), U.ptr(new_lens), U.ptr(hidden), sh0, sh1,
-                 0 if hidden is None else U.ptr(rows), b, cols, k_cache.shape[2], k_cache.shape[3],
-                 k_cache.shape[1], hidden_dim, k_cache.element_size(), helem, U.stream())
-    return new_lens, rows
+    with U.on_device(k_cache):
+        b, cols = path.shape
+        dev = path.device
+        prefix_lens = prefix_lens.contiguous()
+        path = path.contiguous()
+        accept_len = accept_len.contiguous()
+        table = None if block_table is None else block_table.contiguous()
+        new_lens = torch.empty(b, device=dev, dtype=torch.int32)
+        if hidden is None:
+            rows = torch.empty(0, device=dev, dtype=k_cache.dtype)
+            hidden_dim, sh0, sh1, helem = 0, 0, 0, 4
+        else:
+            hidden_dim = hidden.shape[2]
+            rows = torch.empty(b, cols, hidden_dim, device=dev, dtype=hidden.dtype)
+            sh0, sh1, helem = hidden.stride(0), hidden.stride(1), hidden.element_size()
+        _C.commit_kv(U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache), U.strides3(v_cache),
+                     U.ptr(table), 0 if table is None else table.stride(0), U.ptr(prefix_lens),
+                     U.ptr(path), U.ptr(accept_len), U.ptr(new_lens), U.ptr(hidden), sh0, sh1,
+                     0 if hidden is None else U.ptr(rows), b, cols, k_cache.shape[2], k_cache.shape[3],
+                     k_cache.shape[1], hidden_dim, k_cache.element_size(), helem, U.stream())
+        return new_lens, rows
 
 
 @_commit_kv.register_fake

@@ -13,14 +13,14 @@ _ALGORITHMS = {"topn": 0, "accum_logp": 1}
 @torch.library.custom_op("jetspec::log_softmax_topk", mutates_args=())
 def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     from .. import _C
-
-    b, d, v = logits.shape
-    tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
-    logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)
-    ws = torch.empty(_C.topk_workspace_bytes(b * d, v, k), device=logits.device, dtype=torch.uint8)
-    _C.log_softmax_topk(U.ptr(logits), logits.stride(0), logits.stride(1), U.ptr(tokens),
-                        U.ptr(logprobs), U.ptr(ws), b, d, v, k, U.dtype_code(logits), U.stream())
-    return tokens, logprobs
+    with U.on_device(logits):
+        b, d, v = logits.shape
+        tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
+        logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)
+        ws = torch.empty(_C.topk_workspace_bytes(b * d, v, k), device=logits.device, dtype=torch.uint8)
+        _C.log_softmax_topk(U.ptr(logits), logits.stride(0), logits.stride(1), U.ptr(tokens),
+                            U.ptr(logprobs), U.ptr(ws), b, d, v, k, U.dtype_code(logits), U.stream())
+        return tokens, logprobs
 
 
 @_log_softmax_topk.register_fake
@@ -39,24 +39,24 @@ def log_softmax_topk(logits, k):
 def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
     from .. import _C
-
-    b, d, h = hidden.shape
-    v = lm_head_weight.shape[0]
-    # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
-    if not U.aligned16(lm_head_weight):
-        raise ValueError("lm_head_weight rows must start on 16-byte boundaries for the cuda backend "
-                         f"(strides {lm_head_weight.stride()}, data_ptr % 16 = "
-                         f"{lm_head_weight.data_ptr() % 16})")
-    if not U.aligned16(hidden):
-        hidden = hidden.clone(memory_format=torch.contiguous_format)
-    tokens = torch.empty(b, d, k, device=hidden.device, dtype=torch.int32)
-    logprobs = torch.empty(b, d, k, device=hidden.device, dtype=torch.float32)
-    ws = torch.empty(_C.hidden_topk_workspace_bytes(b * d, v, k), device=hidden.device,
-                     dtype=torch.uint8)
-    _C.hidden_topk(U.ptr(hidden), hidden.stride(0), hidden.stride(1), U.ptr(lm_head_weight),
-                   lm_head_weight.stride(0), U.ptr(tokens), U.ptr(logprobs), U.ptr(ws), b, d, h, v,
-                   k, U.dtype_code(hidden), U.stream())
-    return tokens, logprobs
+    with U.on_device(hidden):
+        b, d, h = hidden.shape
+        v = lm_head_weight.shape[0]
+        # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
+        if not U.aligned16(lm_head_weight):
+            raise ValueError("lm_head_weight rows must start on 16-byte boundaries for the cuda backend "
+                             f"(strides {lm_head_weight.stride()}, data_ptr % 16 = "
+                             f"{lm_head_weight.data_ptr() % 16})")
+        if not U.aligned16(hidden):
+            hidden = hidden.clone(memory_format=torch.contiguous_format)
+        tokens = torch.empty(b, d, k, device=hidden.device, dtype=torch.int32)
+        logprobs = torch.empty(b, d, k, device=hidden.device, dtype=torch.float32)
+        ws = torch.empty(_C.hidden_topk_workspace_bytes(b * d, v, k), device=hidden.device,
+                         dtype=torch.uint8)
+        _C.hidden_topk(U.ptr(hidden), hidden.stride(0), hidden.stride(1), U.ptr(lm_head_weight),
+                       lm_head_weight.stride(0), U.ptr(tokens), U.ptr(logprobs), U.ptr(ws), b, d, h, v,
+                       k, U.dtype_code(hidden), U.stream())
+        return tokens, logprobs
 
 
 @_hidden_topk.register_fake
@@ -82,23 +82,23 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
                 budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
     from .. import _C
-
-    b, d, k = topk_tokens.shape
-    dev = topk_tokens.device
-    n, w = budget, mask_words(budget)
-    tt = topk_tokens.to(torch.int32).contiguous()
-    tl = topk_logprobs.to(torch.float32).contiguous()
-    root = root_tokens.to(torch.int32).contiguous()
-    tokens = torch.empty(b, n, device=dev, dtype=torch.int32)
-    parents = torch.empty(b, n, device=dev, dtype=torch.int32)
-    depths = torch.empty(b, n, device=dev, dtype=torch.int32)
-    scores = torch.empty(b, n, device=dev, dtype=torch.float32)
-    num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
-    mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
-    _C.build_tree(U.ptr(tt), U.ptr(tl), U.ptr(root), U.ptr(tokens), U.ptr(parents), U.ptr(depths),
-                  U.ptr(scores), U.ptr(num_nodes), U.ptr(mask), b, d, k, n, w,
-                  _ALGORITHMS[algorithm], U.stream())
-    return tokens, parents, depths, scores, num_nodes, mask
+    with U.on_device(topk_tokens):
+        b, d, k = topk_tokens.shape
+        dev = topk_tokens.device
+        n, w = budget, mask_words(budget)
+        tt = topk_tokens.to(torch.int32).contiguous()
+        tl = topk_logprobs.to(torch.float32).contiguous()
+        root = root_tokens.to(torch.int32).contiguous()
+        tokens = torch.empty(b, n, device=dev, dtype=torch.int32)
+        parents = torch.empty(b, n, device=dev, dtype=torch.int32)
+        depths = torch.empty(b, n, device=dev, dtype=torch.int32)
+        scores = torch.empty(b, n, device=dev, dtype=torch.float32)
+        num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
+        mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
+        _C.build_tree(U.ptr(tt), U.ptr(tl), U.ptr(root), U.ptr(tokens), U.ptr(parents), U.ptr(depths),
+                      U.ptr(scores), U.ptr(num_nodes), U.ptr(mask), b, d, k, n, w,
+                      _ALGORITHMS[algorithm], U.stream())
+        return tokens, parents, depths, scores, num_nodes, mask
 
 
 @_build_tree.register_fake

@@ -4,23 +4,20 @@ from __future__ import annotations
 import torch
 
 from ..tree import mask_words
-
-
-def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
+from . import _util as U
 
 
 @torch.library.custom_op("jetspec::pack_mask", mutates_args=())
 def _pack_mask(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
     from .. import _C
-
-    b, n = parents.shape
-    w = mask_words(n)
-    parents = parents.contiguous()
-    num_nodes = num_nodes.contiguous()
-    mask = torch.empty(b, n, w, dtype=torch.int32, device=parents.device)
-    _C.pack_mask(parents.data_ptr(), num_nodes.data_ptr(), mask.data_ptr(), b, n, w, _stream())
-    return mask
+    with U.on_device(parents):
+        b, n = parents.shape
+        w = mask_words(n)
+        parents = parents.contiguous()
+        num_nodes = num_nodes.contiguous()
+        mask = torch.empty(b, n, w, dtype=torch.int32, device=parents.device)
+        _C.pack_mask(parents.data_ptr(), num_nodes.data_ptr(), mask.data_ptr(), b, n, w, U.stream())
+        return mask
 
 
 @_pack_mask.register_fake

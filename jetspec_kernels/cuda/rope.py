@@ -14,20 +14,20 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
             cache_start, q_out):
     """Call _C; ``q``, ``q_norm_w`` and ``q_out`` are None for a K/V-only append."""
     from .. import _C
-
-    b, n, hkv, dh = k.shape
-    hq = 0 if q is None else q.shape[2]
-    qw = None if q is None else q_norm_w.to(torch.float32).contiguous()
-    kw = k_norm_w.to(torch.float32).contiguous()
-    pos = positions.to(torch.int32).contiguous()
-    start = None if cache_start is None else cache_start.contiguous()
-    table = None if block_table is None else block_table.contiguous()
-    _C.qk_norm_rope_append(
-        U.ptr(q), U.ptr(k), U.ptr(v), U.ptr(qw), U.ptr(kw), U.ptr(pos), U.ptr(start), U.ptr(q_out),
-        U.ptr(k_cache), U.ptr(v_cache), U.ptr(table), [0, 0, 0] if q is None else U.strides3(q),
-        U.strides3(k), U.strides3(v), U.strides3(k_cache), U.strides3(v_cache),
-        0 if table is None else table.stride(0), b, n, hq, hkv, dh, k_cache.shape[1],
-        float(rope_theta), float(eps), U.dtype_code(k), U.dtype_code(k_cache), U.stream())
+    with U.on_device(k):
+        b, n, hkv, dh = k.shape
+        hq = 0 if q is None else q.shape[2]
+        qw = None if q is None else q_norm_w.to(torch.float32).contiguous()
+        kw = k_norm_w.to(torch.float32).contiguous()
+        pos = positions.to(torch.int32).contiguous()
+        start = None if cache_start is None else cache_start.contiguous()
+        table = None if block_table is None else block_table.contiguous()
+        _C.qk_norm_rope_append(
+            U.ptr(q), U.ptr(k), U.ptr(v), U.ptr(qw), U.ptr(kw), U.ptr(pos), U.ptr(start), U.ptr(q_out),
+            U.ptr(k_cache), U.ptr(v_cache), U.ptr(table), [0, 0, 0] if q is None else U.strides3(q),
+            U.strides3(k), U.strides3(v), U.strides3(k_cache), U.strides3(v_cache),
+            0 if table is None else table.stride(0), b, n, hq, hkv, dh, k_cache.shape[1],
+            float(rope_theta), float(eps), U.dtype_code(k), U.dtype_code(k_cache), U.stream())
 
 
 @torch.library.custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))

@@ -30,41 +30,41 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
                  seed: Optional[torch.Tensor], offset: Optional[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .. import _C
-
-    b, n = tokens.shape
-    dev = tokens.device
-    cols = max_depth + 1
-    tokens = tokens.contiguous()
-    parents = parents.contiguous()
-    num_nodes = num_nodes.contiguous()
-    part_v = part_i = target = None
-    splits = 1
-    if target_tokens is None:
-        v = target_logits.shape[2]
-        splits, split_len = target_splits(b * n, v, U.sm_count(dev.index or 0))
-        part_v = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
-        part_i = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
-        sample = temperature > 0
-        seed_t = seed.to(torch.int64).contiguous() if sample else None
-        offset_t = offset.to(torch.int64).contiguous() if sample else None
-        # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
-        vec = U.aligned16(target_logits)
-        _C.verify_target_tokens(U.ptr(target_logits), target_logits.stride(0),
-                                target_logits.stride(1), U.ptr(num_nodes), U.ptr(seed_t),
-                                U.ptr(offset_t), U.ptr(part_v), U.ptr(part_i), b, n, v, splits,
-                                split_len, vec, float(temperature) if sample else 0.0,
-                                U.dtype_code(target_logits), U.stream())
-    else:
-        target = target_tokens.contiguous()
-    accept_len = torch.empty(b, device=dev, dtype=torch.int32)
-    path = torch.empty(b, cols, device=dev, dtype=torch.int32)
-    bonus = torch.empty(b, device=dev, dtype=torch.int32)
-    emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
-    _C.verify_walk(U.ptr(tokens), U.ptr(parents), U.ptr(num_nodes), U.ptr(target),
-                   0 if target is None else target.stride(0), U.ptr(part_v), U.ptr(part_i), splits,
-                   U.ptr(accept_len), U.ptr(path), U.ptr(bonus), U.ptr(emitted), b, n, cols,
-                   U.stream())
-    return accept_len, path, bonus, emitted
+    with U.on_device(tokens):
+        b, n = tokens.shape
+        dev = tokens.device
+        cols = max_depth + 1
+        tokens = tokens.contiguous()
+        parents = parents.contiguous()
+        num_nodes = num_nodes.contiguous()
+        part_v = part_i = target = None
+        splits = 1
+        if target_tokens is None:
+            v = target_logits.shape[2]
+            splits, split_len = target_splits(b * n, v, U.sm_count(dev.index or 0))
+            part_v = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
+            part_i = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
+            sample = temperature > 0
+            seed_t = seed.to(torch.int64).contiguous() if sample else None
+            offset_t = offset.to(torch.int64).contiguous() if sample else None
+            # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
+            vec = U.aligned16(target_logits)
+            _C.verify_target_tokens(U.ptr(target_logits), target_logits.stride(0),
+                                    target_logits.stride(1), U.ptr(num_nodes), U.ptr(seed_t),
+                                    U.ptr(offset_t), U.ptr(part_v), U.ptr(part_i), b, n, v, splits,
+                                    split_len, vec, float(temperature) if sample else 0.0,
+                                    U.dtype_code(target_logits), U.stream())
+        else:
+            target = target_tokens.contiguous()
+        accept_len = torch.empty(b, device=dev, dtype=torch.int32)
+        path = torch.empty(b, cols, device=dev, dtype=torch.int32)
+        bonus = torch.empty(b, device=dev, dtype=torch.int32)
+        emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
+        _C.verify_walk(U.ptr(tokens), U.ptr(parents), U.ptr(num_nodes), U.ptr(target),
+                       0 if target is None else target.stride(0), U.ptr(part_v), U.ptr(part_i), splits,
+                       U.ptr(accept_len), U.ptr(path), U.ptr(bonus), U.ptr(emitted), b, n, cols,
+                       U.stream())
+        return accept_len, path, bonus, emitted
 
 
 @_verify_tree.register_fake
