@@ -10,6 +10,7 @@ dtype, a head dim, a kernel not written yet) goes to the next of ``cuda``, ``tri
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from functools import lru_cache
@@ -156,12 +157,24 @@ def select(device: torch.device, fn: str, backend: str | None = None,
             reason = unsupported(cand)
         if reason is None:
             try:
-                return kernel(cand, fn)
+                impl = kernel(cand, fn)
             except BackendUnavailableError as e:
                 reasons.append(str(e))
                 continue
+            return _on_device(impl, device) if cand == "triton" and device.type == "cuda" else impl
         reasons.append(f"backend {cand!r} is not available: {reason}")
     raise BackendUnavailableError("; ".join(reasons))
+
+
+def _on_device(impl: Callable, device: torch.device) -> Callable:
+    """``impl`` run with ``device`` current: Triton launches on the current CUDA device, not the
+    tensors' one. (The cuda backend's ops set the device themselves, also when called as
+    ``torch.ops.jetspec.*``.)"""
+    @functools.wraps(impl)
+    def run(*args, **kwargs):
+        with torch.cuda.device(device):
+            return impl(*args, **kwargs)
+    return run
 
 
 def available_backends(device: str | torch.device = "cpu") -> dict[str, str | None]:

@@ -109,6 +109,48 @@ def test_select_reports_every_reason(monkeypatch):
     assert "backend 'reference' is not available: no reference" in str(info.value)
 
 
+def test_triton_runs_on_its_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device, so select() wraps a triton kernel for CUDA
+    tensors in that device's context (here with the CUDA parts stubbed: no GPU)."""
+    import sys
+    import types
+    entered = []
+
+    class FakeDevice:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            entered.append(None)
+
+    fake = types.ModuleType("fake_triton_backend")
+    fake.pack_mask = lambda parents, num_nodes: (list(entered), parents + num_nodes)
+    monkeypatch.setitem(bk._BACKEND_MODULES, "triton", "fake_triton_backend")
+    monkeypatch.setitem(sys.modules, "fake_triton_backend", fake)
+    monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
+    monkeypatch.setattr(torch.cuda, "device", FakeDevice)
+    dev = torch.device("cuda", 1)
+    inside, total = bk.select(dev, "pack_mask", "triton")(2, 3)
+    assert inside == [dev] and entered == [dev, None] and total == 5
+    assert bk.select(torch.device("cpu"), "pack_mask", "triton") is fake.pack_mask
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_ops_on_a_device_that_is_not_current(backend):
+    n = 70
+    parents = torch.arange(-1, n - 1, dtype=torch.int32)[None].repeat(2, 1)
+    num_nodes = torch.tensor([n, 33], dtype=torch.int32)
+    want = jk.pack_mask(parents, num_nodes, backend="reference")
+    with torch.cuda.device(0):
+        got = jk.pack_mask(parents.to("cuda:1"), num_nodes.to("cuda:1"), backend=backend)
+    assert got.device == torch.device("cuda:1") and torch.equal(got.cpu(), want.to(torch.int32))
+
+
 def test_hidden_topk_input_limits_per_backend():
     """The cuda hidden_topk takes fp16/bf16 with H % 8 == 0; auto sends the rest to triton."""
     from jetspec_kernels.ops.draft_tree import _hidden_unsupported
