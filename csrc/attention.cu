@@ -21,7 +21,8 @@ cudaError_t attention_pick(const AttnParams& p, cudaStream_t stream) {
       if (p.kernel == kAttnTma) return cudaErrorNotSupported;
       if (usable) {
         return attention_launch<T>(p, tree_attention_wgmma_kernel<T, HD>,
-                                   attention_wgmma_smem_bytes<HD>(), HD, kAttnThreads, stream);
+                                   attention_wgmma_smem_bytes<HD>(), HD, kAttnThreads, kAttnRows,
+                                   stream);
       }
       if (p.kernel == kAttnWgmma) return cudaErrorNotSupported;
     }

@@ -67,6 +67,14 @@ def test_split_heuristic_one_wave(monkeypatch):
         tiles = -(-n * 4 // 64)
         s = choose_splits(b, n, 32, 8, 1 << 20, "cpu")
         assert s == 1 or tiles * b * 8 * s <= 2 * 132
+    # The TMA kernel: two warpgroups (128 rows) and one CTA per SM once a kv head has > 64 rows.
+    assert choose_splits(1, 64, 32, 8, 4160, "cpu", "tma") == 8  # 16 base CTAs: 128 <= 132
+    assert choose_splits(3, 37, 32, 8, 4096, "cpu", "tma") == 2  # 48 base CTAs: 96 <= 132
+    assert choose_splits(1, 16, 32, 8, 32784, "cpu", "tma") == 32  # 64 rows: one warpgroup
+    for b, n in ((1, 17), (1, 40), (2, 100), (5, 13), (1, 300)):
+        rows, per_sm = (128, 1) if n * 4 > 64 else (64, 2)
+        s = choose_splits(b, n, 32, 8, 1 << 20, "cpu", "tma")
+        assert s == 1 or -(-n * 4 // rows) * b * 8 * s <= per_sm * 132
 
 
 CU_FILES = ("attention", "draft_tree", "verify", "commit", "pack_mask", "rope")

@@ -17,23 +17,35 @@ KERNELS = {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}  # AttnKernel in csrc/incl
 WGMMA_HEAD_DIMS = (64, 128)
 
 
-def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) -> int:
+def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
+    """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
+    warpgroups (128 rows, one CTA per SM by registers) when a (sequence, kv head) has more than
+    64 packed rows (tree_attention_tma in attention_tma.cuh); every other launch is 64 rows, two
+    CTAs per SM (all the kernels fit two at Dh 128 and 256)."""
+    if kernel == "tma" and n * group > _ROWS_PER_CTA:
+        return 2 * _ROWS_PER_CTA, 1
+    return _ROWS_PER_CTA, 2
+
+
+def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
+                  kernel: str = "auto") -> int:
     """Split-KV factor from static shapes only (no host sync, fixed under graph capture).
 
     Splits only when the (tile, sequence, kv head) CTAs cannot fill the GPU, and never below about
     four 64-key blocks per split at the cache's full capacity. The grid stays within one wave of
-    two CTAs per SM (every attention kernel fits two per SM at Dh 128 and 256): rounding the
-    split count up instead would start a second, nearly empty wave that costs as much as the
-    first (B1, 32 base CTAs, 132 SMs: 8 splits = 256 CTAs, not 9 = 288).
+    the kernel's CTAs per SM (:func:`cta_shape`): rounding the split count up instead would
+    start a second, nearly empty wave that costs as much as the first (B1, 32 base CTAs, 132
+    SMs, two per SM: 8 splits = 256 CTAs, not 9 = 288).
     """
-    tiles = -(-n * (hq // hkv) // _ROWS_PER_CTA)
+    rows, per_sm = cta_shape(n, hq // hkv, kernel)
+    tiles = -(-n * (hq // hkv) // rows)
     base = tiles * batch * hkv
     if base == 0:  # nothing to compute (the launcher returns early)
         return 1
     sms = U.sm_count(torch.device(device).index or 0)
-    if base >= sms:
+    if base >= per_sm * sms // 2:
         return 1
-    want = 2 * sms // base
+    want = per_sm * sms // base
     return max(1, min(want, capacity // 256, MAX_SPLITS))
 
 
@@ -115,6 +127,6 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
-                                   q.device)
+                                   q.device, kernel)
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
                     out, lse, int(num_splits), KERNELS[kernel])

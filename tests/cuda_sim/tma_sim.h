@@ -235,5 +235,14 @@ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c
 }
 
 inline void named_barrier_sync(int id, int count) { ::jetspec_sim::named_barrier_sync(id, count); }
+// setmaxnreg: registers are not modelled; the operand rules are checked at compile time.
+template <int N>
+inline void warpgroup_reg_dealloc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+}
+template <int N>
+inline void warpgroup_reg_alloc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+}
 
 }  // namespace jetspec

@@ -15,8 +15,12 @@ namespace jetspec {
 enum AttnTail : int { kTailMask = 0, kTailCausal = 1, kTailFull = 2 };
 
 
-constexpr int kAttnRows = 64;     // packed rows per CTA
+constexpr int kAttnRows = 64;     // packed rows per warpgroup (per CTA, except the TMA kernel's)
 constexpr int kAttnThreads = 128;
+
+// This thread's index in its consumer warpgroup (the TMA kernel runs one or two of them; the
+// other kernels are one warpgroup, so this is threadIdx.x there).
+__device__ __forceinline__ int attn_tid() { return static_cast<int>(threadIdx.x) % kAttnThreads; }
 
 template <int HD> struct AttnBlockN { static constexpr int value = HD >= 256 ? 32 : 64; };
 
@@ -49,7 +53,7 @@ __device__ __forceinline__ void attn_load_q(const AttnParams& p, int b, int kvh,
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
   const int rows_total = p.n * p.group;
-  for (int c = threadIdx.x; c < kAttnRows * CH; c += kAttnThreads) {
+  for (int c = attn_tid(); c < kAttnRows * CH; c += kAttnThreads) {
     const int r = c / CH, col = (c % CH) * 8;
     const int pr = row0 + r;
     const bool ok = pr < rows_total;
@@ -153,7 +157,7 @@ template <typename T, int HD>
 __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)[HD / 8][4],
                                            const float (&m_run)[2], const float (&l_run)[2], int b,
                                            int kvh, int split, int row0) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = attn_tid() >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int rows_total = p.n * p.group;
 #pragma unroll
@@ -190,27 +194,27 @@ __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)
   }
 }
 
-// The CTA's coordinates and key-block range (blockIdx: x = packed-row tile, y = (b, kv head),
-// z = split).
+// A warpgroup's coordinates and key-block range (blockIdx: x = packed-row tile of `wgs`
+// warpgroups' 64 rows, y = (b, kv head), z = split).
 struct AttnTile {
   int b, kvh, split, row0, prefix, len, blk_begin, blk_end;
   int tree_row[2];  // tree rows of this thread's two packed rows (clamped past the end)
 };
 
 template <int BN>
-__device__ __forceinline__ AttnTile attn_tile(const AttnParams& p) {
+__device__ __forceinline__ AttnTile attn_tile(const AttnParams& p, int wgs = 1) {
   AttnTile t;
   t.b = blockIdx.y / p.hkv;
   t.kvh = blockIdx.y % p.hkv;
   t.split = blockIdx.z;
-  t.row0 = blockIdx.x * kAttnRows;
+  t.row0 = (blockIdx.x * wgs + static_cast<int>(threadIdx.x) / kAttnThreads) * kAttnRows;
   t.prefix = p.prefix_lens[t.b];
   t.len = t.prefix + p.n;
   const int nblocks = (t.len + BN - 1) / BN;
   t.blk_begin = static_cast<int>(static_cast<long long>(t.split) * nblocks / p.splits);
   t.blk_end = static_cast<int>(static_cast<long long>(t.split + 1) * nblocks / p.splits);
   const int rows_total = p.n * p.group;
-  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+  const int warp = attn_tid() >> 5, g = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     const int pr = t.row0 + warp * 16 + g + 8 * h2;
@@ -348,16 +352,16 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, in
 }
 
 // Launches `kernel(p, extra...)` (one of the attention kernels, with `threads` threads and `smem`
-// bytes of dynamic shared memory) over (packed-row tiles, B * Hkv, splits), then the combine when
-// there are several splits.
+// bytes of dynamic shared memory) over (tiles of `cta_rows` packed rows, B * Hkv, splits), then
+// the combine when there are several splits.
 template <typename T, typename Kernel, typename... Extra>
 cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd, int threads,
-                             cudaStream_t stream, const Extra&... extra) {
+                             int cta_rows, cudaStream_t stream, const Extra&... extra) {
   if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
   if (p.splits < 1 || p.hkv < 1 || p.group < 1 || p.hq != p.hkv * p.group)
     return cudaErrorInvalidValue;
   if (p.splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
-  const long long tiles = (static_cast<long long>(p.n) * p.group + kAttnRows - 1) / kAttnRows;
+  const long long tiles = (static_cast<long long>(p.n) * p.group + cta_rows - 1) / cta_rows;
   const long long bh = static_cast<long long>(p.batch) * p.hkv;
   if (tiles > 0x7fffffffLL || bh > 65535 || p.splits > 65535) return cudaErrorInvalidConfiguration;
   if (smem > 48 * 1024) {
@@ -378,7 +382,7 @@ cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, in
 template <typename T, int HD>
 cudaError_t tree_attention(const AttnParams& p, cudaStream_t stream) {
   return attention_launch<T>(p, tree_attention_kernel<T, HD>, attention_smem_bytes<T, HD>(), HD,
-                             kAttnThreads, stream);
+                             kAttnThreads, kAttnRows, stream);
 }
 
 }  // namespace jetspec

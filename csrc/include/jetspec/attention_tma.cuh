@@ -1,12 +1,20 @@
 // Tree-masked / block-causal attention, warp-specialised (sm_90a; head dims 64, 128): a producer
-// warp streams K and V tiles with TMA into two rings of shared-memory stages, and the consumer
-// warpgroup runs the wgmma block step (attention_wgmma.cuh) with block j + 1's S = Q K^T MMA in
-// flight while it computes block j's softmax (the tensor cores and the softmax overlap inside
-// the warpgroup, FlashAttention-3's intra-warpgroup pipelining).
+// warp streams K and V tiles with TMA into two rings of shared-memory stages, and each of the
+// WGS consumer warpgroups (64 packed rows each) runs the wgmma block step (attention_wgmma.cuh)
+// with block j + 1's S = Q K^T MMA in flight while it computes block j's softmax (the tensor
+// cores and the softmax overlap inside the warpgroup, FlashAttention-3's intra-warpgroup
+// pipelining).
 //
-// Rings: K and V have kTmaStages<HD> stages each, every stage two mbarriers. full (count 1): the
-// producer's arrive.expect_tx plus the TMA bytes; empty (count 128): every consumer thread
-// arrives once the MMAs reading the stage have completed. Block i of the CTA uses stage i % S in
+// Two consumer warpgroups (WGS = 2, used when a (sequence, kv head) has more than 64 packed rows)
+// share every K/V tile between 128 rows: half the shared-memory fills and half the L2 -> SM
+// traffic per FLOP of one warpgroup per CTA. At B1 L4K N64 (GQA 4: 256 rows per kv head) one
+// warpgroup per CTA reads each K/V byte from L2 four times (67 MB per call); two read it twice.
+// Their 288 threads' registers allow one CTA per SM, the same 8 consumer warps per SM as two
+// one-warpgroup CTAs.
+//
+// Rings: K and V have kTmaStages<HD, WGS> stages each, every stage two mbarriers. full (count 1):
+// the producer's arrive.expect_tx plus the TMA bytes; empty (count 128 WGS): every consumer
+// thread arrives once the MMAs reading the stage have completed. Block i of the CTA uses stage i % S in
 // round i / S, so the consumer waits on full with parity (i / S) & 1 and the producer on empty
 // with the opposite parity (a fresh barrier's "previous phase" counts as complete: the rings
 // start empty). Separate rings let K run ahead of V: K_j is released as soon as S_j is done,
@@ -24,9 +32,9 @@
 // cache); the consumers zero those V rows before P V reads them (P is 0 there, but 0 * NaN is
 // NaN), and the mask hides those keys from S.
 //
-// Not done: a second consumer warpgroup (ping-pong softmax against MMA). It needs twice the Q
-// and more stages; at Dh 128 that costs the second CTA per SM (bench/NOTES.md). The GPU
-// measurements of this version decide.
+// Not done: ping-pong scheduling of the two warpgroups (named barriers ordering one's softmax
+// against the other's MMAs, as FlashAttention-3); here they run free. The GPU measurements
+// decide whether it is worth it.
 #pragma once
 #include <numeric>
 
@@ -35,20 +43,33 @@
 
 namespace jetspec {
 
-// Stages per ring: 2 at Dh 128 (81 KB in all, so 2 CTAs/SM, as the cp.async kernel; 3 would be
-// 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB, 3 CTAs/SM).
-template <int HD>
-constexpr int kTmaStages = HD >= 128 ? 2 : 4;
-static_assert(kTmaStages<64> >= 2 && kTmaStages<128> >= 2,
+// Stages per ring. One consumer warpgroup: 2 at Dh 128 (81 KB in all, so 2 CTAs/SM, as the
+// cp.async kernel; 3 would be 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB, 3 CTAs/SM). Two: one CTA
+// per SM by registers anyway, so 4 (161 KB at Dh 128, 81 KB at Dh 64).
+template <int HD, int WGS>
+constexpr int kTmaStages = WGS == 1 && HD >= 128 ? 2 : 4;
+static_assert(kTmaStages<64, 1> >= 2 && kTmaStages<128, 1> >= 2,
               "S_{j+1} needs K_{j+1} while K_j is held");
-constexpr int kTmaThreads = kAttnThreads + 32;  // the consumer warpgroup + the producer warp
-constexpr int kConsumerBarrier = 1;             // named barrier of the consumer warpgroup
+// The consumer warpgroups + the producer: one warp, or with two consumer warpgroups a whole
+// warpgroup, so that setmaxnreg can move its registers to the consumers (at 288 threads ptxas
+// caps every thread at 168 registers and the Dh 128 consumers spill; 384 threads with the
+// producer at 40 and the consumers at 232 fit the 64 K register file: 128 x 40 + 256 x 232).
+template <int WGS>
+constexpr int kTmaThreads = WGS * kAttnThreads + (WGS == 1 ? 32 : kAttnThreads);
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(kAttnThreads * (kProducerRegs + 2 * kConsumerRegs) <= 64 * 1024,
+              "the register split must fit the register file");
+// Named barriers: 1 + w is consumer warpgroup w's own; the V-tail one is all consumers' (with
+// one warpgroup, its own).
+template <int WGS>
+constexpr int kTailBarrier = WGS == 1 ? 1 : 3;
 
-template <int HD>
+template <int HD, int WGS>
 constexpr size_t attention_tma_smem_bytes() {
   // Q + S stages of K and of V (2-byte elements), 4 S mbarriers, slack for 1024-byte alignment.
-  return static_cast<size_t>(kAttnRows + 2 * kTmaStages<HD> * kWgmmaBlockN) * HD * 2 +
-         4 * kTmaStages<HD> * sizeof(uint64_t) + kSw128Bytes;
+  constexpr int S = kTmaStages<HD, WGS>;
+  return static_cast<size_t>(WGS * kAttnRows + 2 * S * kWgmmaBlockN) * HD * 2 +
+         4 * S * sizeof(uint64_t) + kSw128Bytes;
 }
 
 #ifdef JETSPEC_WGMMA
@@ -61,11 +82,11 @@ struct TmaRing {
 
 // Producer side: waits until block i's stage is free, then copies key block blk of `map` into it
 // (the chunks up to the sequence's end) and announces the bytes on its full barrier.
-template <int HD>
+template <int HD, int S>
 __device__ __forceinline__ void tma_fill_stage(const TmaRing& r, int i, const CUtensorMap* map,
                                                const AttnParams& p, const AttnTile& t, int blk,
                                                int chunk) {
-  constexpr int BN = kWgmmaBlockN, KB = HD / 64, S = kTmaStages<HD>;
+  constexpr int BN = kWgmmaBlockN, KB = HD / 64;
   const int stage = i % S;
   mbar_wait(&r.empty[stage], ((i / S) & 1) ^ 1);
   const int key0 = blk * BN;
@@ -87,36 +108,36 @@ __device__ __forceinline__ void tma_fill_stage(const TmaRing& r, int i, const CU
 }
 
 // Consumer side: block i's tile once its copies have landed / the stage handed back.
-template <int HD>
+template <int HD, int S>
 __device__ __forceinline__ unsigned char* tma_wait_stage(const TmaRing& r, int i) {
-  constexpr int S = kTmaStages<HD>;
   mbar_wait(&r.full[i % S], (i / S) & 1);
   return r.tiles + (i % S) * kWgmmaBlockN * HD * 2;
 }
-template <int HD>
+template <int S>
 __device__ __forceinline__ void tma_release_stage(const TmaRing& r, int i) {
-  mbar_arrive(&r.empty[i % kTmaStages<HD>]);
+  mbar_arrive(&r.empty[i % S]);
 }
 
-// Zeroes V rows from..BN - 1 of a swizzled tile (HD / 64 column blocks of BN rows) and makes the
-// zeros visible to the consumers' wgmma (async proxy).
-template <int HD>
+// Zeroes V rows from..BN - 1 of a swizzled tile (HD / 64 column blocks of BN rows), shared by all
+// WGS consumer warpgroups (every consumer thread calls it), and makes the zeros visible to their
+// wgmma (async proxy).
+template <int HD, int WGS>
 __device__ __forceinline__ void attn_zero_v_tail(unsigned char* tV, int from) {
   constexpr int BN = kWgmmaBlockN;
   constexpr int CH = HD / 8;  // 16-byte chunks per row
-  for (int c = threadIdx.x; c < (BN - from) * CH; c += kAttnThreads) {
+  for (int c = threadIdx.x; c < (BN - from) * CH; c += WGS * kAttnThreads) {
     const int r = from + c / CH, col = (c % CH) * 8;
     st_shared_zero16(sw128_tile_at<uint16_t>(tV, BN, r, col));
   }
   fence_proxy_async();
-  named_barrier_sync(kConsumerBarrier, kAttnThreads);
+  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);
 }
 
 // One consumer step for key block blk (the CTA's i-th): S_blk is complete in s_cur. Issues
 // S_{blk+1} into s_next (if any), releases K_blk, runs the softmax while S_{blk+1} computes,
 // then O += P V, waits for both groups and releases V_blk. Called with the two S buffers swapped
 // on alternate blocks (no register copies).
-template <typename T, int HD>
+template <typename T, int HD, int WGS>
 __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const AttnTile& t, int blk,
                                                   int i, const unsigned char* sQ,
                                                   const TmaRing& kr, const TmaRing& vr,
@@ -124,27 +145,27 @@ __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const Att
                                                   float (&s_next)[kWgmmaBlockN / 8][4],
                                                   float (&o)[HD / 8][4], float (&m_run)[2],
                                                   float (&l_run)[2]) {
-  constexpr int BN = kWgmmaBlockN;
+  constexpr int BN = kWgmmaBlockN, S = kTmaStages<HD, WGS>;
   const bool more = blk + 1 < t.blk_end;
   // Block blk's softmax and P V (S_blk was retired by the previous step's final wait, or after
   // its issue for the first block). Called inside both branches: ptxas serialises every wgmma of
   // the kernel (warning C7515) when a group issued in one branch is retired after the branches
   // rejoin.
   auto finish = [&]() {
-    tma_release_stage<HD>(kr, i);  // K_blk is read by S_blk only
+    tma_release_stage<S>(kr, i);  // K_blk is read by S_blk only
     wgmma_fence_operand(s_cur);
     wgmma_fence_output<HD>(o);
     attn_scale_mask<BN>(s_cur, p, t.b, t.prefix, t.tree_row, blk * BN);
     attn_online_softmax<BN, HD>(s_cur, o, m_run, l_run);
-    unsigned char* tV = tma_wait_stage<HD>(vr, i);
-    if (t.len - blk * BN < BN) attn_zero_v_tail<HD>(tV, t.len - blk * BN);
+    unsigned char* tV = tma_wait_stage<HD, S>(vr, i);
+    if (t.len - blk * BN < BN) attn_zero_v_tail<HD, WGS>(tV, t.len - blk * BN);
     wgmma_issue_pv<T, HD>(o, s_cur, tV);
     wgmma_wait<0>();
     wgmma_fence_output<HD>(o);
-    tma_release_stage<HD>(vr, i);
+    tma_release_stage<S>(vr, i);
   };
   if (more) {
-    wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD>(kr, i + 1));  // runs during the softmax
+    wgmma_issue_qk<T, HD>(s_next, sQ, tma_wait_stage<HD, S>(kr, i + 1));  // runs during the softmax
     finish();  // its final wait retires S_{blk+1} too
     wgmma_fence_operand(s_next);
   } else {
@@ -153,50 +174,61 @@ __device__ __forceinline__ void tma_consume_block(const AttnParams& p, const Att
 }
 #endif
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(kTmaThreads)
+template <typename T, int HD, int WGS>
+__global__ void __launch_bounds__(kTmaThreads<WGS>, 1)
     tree_attention_tma_kernel(AttnParams p, const __grid_constant__ CUtensorMap tk,
                               const __grid_constant__ CUtensorMap tv, int chunk) {
   pdl_begin();
 #ifdef JETSPEC_WGMMA
   static_assert(HD == 64 || HD == 128, "the TMA kernel takes head dims 64 and 128");
-  constexpr int BN = kWgmmaBlockN, S = kTmaStages<HD>;
-  constexpr int kTileBytes = BN * HD * 2;
+  static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
+  constexpr int BN = kWgmmaBlockN, S = kTmaStages<HD, WGS>;
+  constexpr int kTileBytes = BN * HD * 2, kQBytes = kAttnRows * HD * 2;
+  constexpr int kConsumers = WGS * kAttnThreads;
   JETSPEC_DYNAMIC_SMEM(smem_raw);
-  unsigned char* sQ = align_smem_1024(smem_raw);
-  unsigned char* tiles = sQ + kAttnRows * HD * 2;  // [S] K tiles, then [S] V tiles
+  unsigned char* sQs = align_smem_1024(smem_raw);   // [WGS] Q tiles of 64 rows
+  unsigned char* tiles = sQs + WGS * kQBytes;        // [S] K tiles, then [S] V tiles
   uint64_t* bars = reinterpret_cast<uint64_t*>(tiles + 2 * S * kTileBytes);
   const TmaRing kr{tiles, bars, bars + S};
   const TmaRing vr{tiles + S * kTileBytes, bars + 2 * S, bars + 3 * S};
 
-  const AttnTile t = attn_tile<BN>(p);
-  if (threadIdx.x == kAttnThreads) {
+  const AttnTile t = attn_tile<BN>(p, WGS);
+  if (threadIdx.x == kConsumers) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&kr.full[s], 1);
-      mbar_init(&kr.empty[s], kAttnThreads);
+      mbar_init(&kr.empty[s], kConsumers);
       mbar_init(&vr.full[s], 1);
-      mbar_init(&vr.empty[s], kAttnThreads);
+      mbar_init(&vr.empty[s], kConsumers);
     }
     mbar_init_fence();
   }
   __syncthreads();
-  if (threadIdx.x >= kAttnThreads) {  // the producer warp: lane 0 issues every copy
-    if (threadIdx.x == kAttnThreads) {
+  if (threadIdx.x >= kConsumers) {  // the producer: one thread issues every copy
+    if constexpr (WGS > 1) warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == kConsumers) {
       for (int blk = t.blk_begin; blk < t.blk_end; ++blk) {
         const int i = blk - t.blk_begin;
-        tma_fill_stage<HD>(kr, i, &tk, p, t, blk, chunk);
-        tma_fill_stage<HD>(vr, i, &tv, p, t, blk, chunk);
+        tma_fill_stage<HD, S>(kr, i, &tk, p, t, blk, chunk);
+        tma_fill_stage<HD, S>(vr, i, &tv, p, t, blk, chunk);
       }
     }
     return;
   }
 
+  if constexpr (WGS > 1) warpgroup_reg_alloc<kConsumerRegs>();
+  // Each warpgroup its own 64 Q rows (t.row0 is its own).
+  const int wg = WGS == 1 ? 0 : static_cast<int>(threadIdx.x) / kAttnThreads;
+  unsigned char* sQ = sQs + wg * kQBytes;
   attn_load_q<T, HD>(p, t.b, t.kvh, t.row0,
                      [&](int r, int col) { return sw128_tile_at<T>(sQ, kAttnRows, r, col); });
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async();  // this thread's cp.async data, before the async proxy reads it
-  named_barrier_sync(kConsumerBarrier, kAttnThreads);
+  if (wg == 0) {  // constant barrier ids: with a computed one ptxas reserves all 16
+    named_barrier_sync(1, kAttnThreads);
+  } else {
+    named_barrier_sync(2, kAttnThreads);
+  }
 
   float o[HD / 8][4];
 #pragma unroll
@@ -205,14 +237,14 @@ __global__ void __launch_bounds__(kTmaThreads)
   float l_run[2] = {0.f, 0.f};
   float sa[BN / 8][4], sb[BN / 8][4];
   if (t.blk_begin < t.blk_end) {  // S_0, waited for here (see finish() on serialisation)
-    wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD>(kr, 0));
+    wgmma_issue_qk<T, HD>(sa, sQ, tma_wait_stage<HD, S>(kr, 0));
     wgmma_wait<0>();
   }
   for (int blk = t.blk_begin; blk < t.blk_end; blk += 2) {
     const int i = blk - t.blk_begin;
-    tma_consume_block<T, HD>(p, t, blk, i, sQ, kr, vr, sa, sb, o, m_run, l_run);
+    tma_consume_block<T, HD, WGS>(p, t, blk, i, sQ, kr, vr, sa, sb, o, m_run, l_run);
     if (blk + 1 < t.blk_end)
-      tma_consume_block<T, HD>(p, t, blk + 1, i + 1, sQ, kr, vr, sb, sa, o, m_run, l_run);
+      tma_consume_block<T, HD, WGS>(p, t, blk + 1, i + 1, sQ, kr, vr, sb, sa, o, m_run, l_run);
   }
   attn_store<T, HD>(p, o, m_run, l_run, t.b, t.kvh, t.split, t.row0);
 #else
@@ -228,7 +260,8 @@ inline int attention_tma_chunk(const AttnParams& p) {
   return chunk % 8 == 0 ? chunk : 0;
 }
 
-// Launches the TMA kernel, or returns cudaErrorNotSupported when the cache layout cannot be
+// Launches the TMA kernel (two consumer warpgroups when a (sequence, kv head) has more than 64
+// packed rows, else one), or returns cudaErrorNotSupported when the cache layout cannot be
 // described by tensor maps (strides not multiples of 16 bytes, pages not multiples of 8 rows).
 template <typename T, int HD>
 cudaError_t tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
@@ -248,8 +281,14 @@ cudaError_t tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
     const uint32_t box[4] = {64, 1, static_cast<uint32_t>(chunk), 1};
     JETSPEC_RETURN_IF_ERROR(encode_tensor_map_4d(&maps[m], bases[m], dims, bytes, box));
   }
-  return attention_launch<T>(p, tree_attention_tma_kernel<T, HD>, attention_tma_smem_bytes<HD>(),
-                             HD, kTmaThreads, stream, maps[0], maps[1], chunk);
+  if (static_cast<long long>(p.n) * p.group > kAttnRows) {
+    return attention_launch<T>(p, tree_attention_tma_kernel<T, HD, 2>,
+                               attention_tma_smem_bytes<HD, 2>(), HD, kTmaThreads<2>,
+                               2 * kAttnRows, stream, maps[0], maps[1], chunk);
+  }
+  return attention_launch<T>(p, tree_attention_tma_kernel<T, HD, 1>,
+                             attention_tma_smem_bytes<HD, 1>(), HD, kTmaThreads<1>, kAttnRows,
+                             stream, maps[0], maps[1], chunk);
 }
 
 }  // namespace jetspec

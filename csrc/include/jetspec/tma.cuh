@@ -41,9 +41,12 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned by
       "r"(bytes)
       : "memory");
 }
-// A wait that has not completed after this long traps: a pipeline deadlock (a byte count or
-// parity bug) then fails the launch with an error instead of hanging the GPU. Legitimate waits
-// are microseconds, milliseconds under compute-sanitizer.
+// A wait that has not completed after this long faults: a pipeline deadlock (a byte count or
+// parity bug) then fails the launch with an error (an illegal address: a store to address 0,
+// which compute-sanitizer names) instead of hanging the GPU. Not __trap(): a trap reachable from
+// a warpgroup's code makes ptxas ignore that warpgroup's setmaxnreg, and the two-warpgroup TMA
+// kernel's consumers then spill at the 168 registers of 384 threads (checked with ptxas 13.0).
+// Legitimate waits are microseconds, milliseconds under compute-sanitizer.
 constexpr unsigned long long kMbarTimeoutNs = 4000000000ull;
 
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
@@ -63,7 +66,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
       if (tries == 0) {
         start = now;
       } else if (now - start > kMbarTimeoutNs) {
-        __trap();
+        asm volatile("st.global.u32 [%0], 0;\n" ::"l"(0ull) : "memory");
       }
     }
   }
@@ -79,6 +82,20 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(smem_u32(bar))
       : "memory");
+}
+
+// Warp specialisation's register split (setmaxnreg): the calling warpgroup's per-thread register
+// limit drops to (dealloc) or rises to (alloc) N, a multiple of 8 in 24..256. Every thread of the
+// warpgroup must execute it; alloc waits until the registers are free.
+template <int N>
+__device__ __forceinline__ void warpgroup_reg_dealloc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void warpgroup_reg_alloc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // bar.sync on named barrier `id` (1..15; 0 is __syncthreads) for `count` threads (whole warps).
