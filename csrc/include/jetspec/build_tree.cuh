@@ -370,9 +370,10 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
     cur ^= 1;
     n += static_cast<int>(m);
   }
+  // Before write_tree: a count kept live across it made sm_80 ptxas spill (32 registers).
+  if (tid == 0 && p.steps != nullptr) p.steps[b] = steps;
   const TopnNodes t = cur ? nb : na;
   write_tree(p, b, n, t.score, t.parent, t.depth, t.rank, kTopnThreads);
-  if (tid == 0 && p.steps != nullptr) p.steps[b] = steps;
 }
 
 // ---- accum_logp -------------------------------------------------------------------------------
