@@ -52,11 +52,14 @@ def run_build_tree(backend, lp, budget, algorithm=0):
 
 
 def log_probs(gen, d, k, kind):
-    """float32 [D, K], sorted descending: random logits, a 0.25 grid (ties), or a grid whose
-    upper half of ranks is -inf."""
+    """float32 [D, K], sorted descending: random logits, a near-uniform top-K (flat: children
+    behind the window beat every grandchild, so the hidden-child bound decides), a 0.25 grid
+    (ties), or a grid whose upper half of ranks is -inf."""
     if kind == "logits":
         scale = torch.linspace(6, 2, d)[:, None]
         lp = torch.log_softmax(torch.randn(d, max(k, 64), generator=gen) * scale, -1)
+    elif kind == "flat":
+        lp = torch.log_softmax(torch.randn(d, k, generator=gen) * 0.3, -1)
     else:
         lp = -(torch.rand(d, k, generator=gen) * 12).round() * 0.25
         if kind == "inf":
@@ -64,7 +67,7 @@ def log_probs(gen, d, k, kind):
     return lp.sort(-1, descending=True).values[:, :k].contiguous()
 
 
-KINDS = ("logits", "ties", "inf")
+KINDS = ("logits", "flat", "ties", "inf")
 
 
 def configs():

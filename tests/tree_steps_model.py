@@ -11,6 +11,10 @@ rank`` with ``q`` the 31-bit magnitude of the float32 score; a node's window is 
 plus always the heap minimum; when that passes the node count it keeps the smallest keys. Each
 bound is taken here over every entry it names (the whole heap, every window entry, every hidden
 child), not just the first entry of each window as the kernel does.
+
+The heap minimum always passes both bounds (it precedes every hidden child, and a window
+entry's child can tie its ``(q, depth)`` only from a lower depth at the same ``q``, i.e. from an
+entry with a smaller key), so "always the heap minimum" never adds an entry; the model asserts it.
 """
 import numpy as np
 
@@ -57,9 +61,12 @@ def topn_steps(lp, budget):
         heap_min = min(heap)
         bound2 = min(hidden, default=None)
         bound1 = min(best_child, default=None)
-        take = sorted(e for e in win if e[0] == heap_min or (
-            (bound2 is None or e[0] < bound2)
-            and (bound1 is None or (e[0] >> 30, (e[0] >> 18) & 0xFFF) < bound1)))
+        def passes(key):
+            return ((bound2 is None or key < bound2)
+                    and (bound1 is None or (key >> 30, (key >> 18) & 0xFFF) < bound1))
+
+        assert passes(heap_min)
+        take = sorted(e for e in win if e[0] == heap_min or passes(e[0]))
         for _, seq, cs in take[:target - len(tree)]:
             tree[seq] = cs
     return steps
