@@ -254,7 +254,7 @@ PYBIND11_MODULE(_C, m) {
       "build_tree",
       [](U topk_tokens, U topk_logprobs, U root_tokens, U tokens, U parents, U depths, U scores,
          U num_nodes, U mask, int batch, int depth, int k, int budget, int words, int algorithm,
-         U stream) {
+         U stream, U steps) {
         jetspec::BuildTreeParams p{};
         p.topk_tokens = ptr<const int32_t>(topk_tokens);
         p.topk_logprobs = ptr<const float>(topk_logprobs);
@@ -265,6 +265,7 @@ PYBIND11_MODULE(_C, m) {
         p.scores = ptr<float>(scores);
         p.num_nodes = ptr<int32_t>(num_nodes);
         p.mask = ptr<int32_t>(mask);
+        p.steps = ptr<int32_t>(steps);
         p.batch = batch;
         p.depth = depth;
         p.k = k;
@@ -273,7 +274,12 @@ PYBIND11_MODULE(_C, m) {
         p.algorithm = algorithm;
         check(jetspec::launch_build_tree(p, stream_of(stream)), "build_tree");
       },
-      "Draft tree (algorithm 0 topn, 1 accum_logp) from per-depth top-k, one CTA per sequence.");
+      py::arg("topk_tokens"), py::arg("topk_logprobs"), py::arg("root_tokens"), py::arg("tokens"),
+      py::arg("parents"), py::arg("depths"), py::arg("scores"), py::arg("num_nodes"),
+      py::arg("mask"), py::arg("batch"), py::arg("depth"), py::arg("k"), py::arg("budget"),
+      py::arg("words"), py::arg("algorithm"), py::arg("stream"), py::arg("steps") = U{0},
+      "Draft tree (algorithm 0 topn, 1 accum_logp) from per-depth top-k, one CTA per sequence. "
+      "steps: int32 [B] or 0 (absent): topn's selection steps per sequence (tests).");
   m.def(
       "tree_attention",
       [](U q, const I64s& sq, U k_cache, U v_cache, const I64s& sk, const I64s& sv, U block_table,

@@ -9,11 +9,14 @@
 // tie rule. A step looks at a window of the next kTopnWindow children of every node and takes
 // every entry that provably precedes anything not yet seen (the heap minimum always), then
 // re-lays the tree out in shared memory (one block scan). About 4-19 steps at budget 256
-// instead of 255.
+// instead of 255. A step is one iteration of the `while (n < target)` loop, the last (partial)
+// one included; when p.steps is not null, thread 0 writes the count to p.steps[b] (0 when the
+// root alone fills the tree). A bound made stricter only costs steps, never parity, so
+// tests/test_cuda_build_tree_steps.py checks the count against a model of the rule.
 //
 // accum_logp (one warp): JetSpec's heap, simulated. Slots are insertion order (= output order);
 // each lane caches the best of its own slots (slot s belongs to lane s % 32) and rescans only
-// when one of them is popped.
+// when one of them is popped. It leaves p.steps unwritten.
 #pragma once
 #include "jetspec/common.cuh"
 
@@ -276,8 +279,9 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
   }
   __syncthreads();
 
-  int cur = 0, n = 1;
+  int cur = 0, n = 1, steps = 0;
   while (n < target) {
+    ++steps;
     const TopnNodes t = cur ? nb : na, u = cur ? na : nb;
     // The window of slot s: children taken[s] .. taken[s] + window - 1 (ranks < K). Its keys
     // increase with the rank, so its first entry is its minimum.
@@ -367,6 +371,8 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
     cur ^= 1;
     n += static_cast<int>(m);
   }
+  // Before write_tree: a count kept live across it made sm_80 ptxas spill (32 registers).
+  if (tid == 0 && p.steps != nullptr) p.steps[b] = steps;
   const TopnNodes t = cur ? nb : na;
   write_tree(p, b, n, t.score, t.parent, t.depth, t.rank, kTopnThreads);
 }

@@ -115,6 +115,7 @@ struct BuildTreeParams {
   float* scores;                 // [B, N]
   int32_t* num_nodes;            // [B]
   int32_t* mask;                 // [B, N, W]
+  int32_t* steps;                // [B] or null: selection steps taken (topn; tests)
   int batch, depth, k, budget, words, algorithm;
 };
 
