@@ -217,7 +217,9 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             c0 = sc + tl.load(lp_row + dep * stride_ld + nc, mask=first, other=0.0)
             has_bc = first & (dep + 1 < D)
             bc = c0 + tl.load(lp_row + (dep + 1) * stride_ld, mask=has_bc, other=0.0)
-            bc_key = tl.where(has_bc, (_q(bc) << 12) | (dep + 2).to(tl.int64), _INF_KEY)
+            # depth in 12 bits: clamped for a 4095-deep chain (still a lower bound)
+            bc_key = tl.where(has_bc, (_q(bc) << 12) | tl.minimum(dep + 2, 4095).to(tl.int64),
+                              _INF_KEY)
             bc_min = tl.min(bc_key, axis=0)
             # bound 2: the first child hidden behind the window (full key)
             hr = nc + KB
