@@ -105,11 +105,17 @@ step build 180 0 "make install VENV='$VENV' PYTHON=$SYS_PY VENV_FLAGS=--system-s
 step info 30 0 "'$PY' -m jetspec_kernels info" gpu
 
 # 3. Correctness on the GPU; then the sanitizers (the benches keep at least 210 s). The TMA
-#    attention kernel is tested in its own process: a fault in it (a trapped mbarrier wait) breaks
-#    the CUDA context, and must not fail every other test. Unless its tests pass, the sanitizer,
-#    bench and ncu steps leave it out (JETSPEC_SKIP_TMA, read by bench/common.py).
+#    attention kernel is tested in its own process: a fault in it (an mbarrier wait past its
+#    timeout) breaks the CUDA context, and must not fail every other test. Unless its tests pass,
+#    the sanitizer, bench and ncu steps leave it out (JETSPEC_SKIP_TMA, read by bench/common.py).
+#    A failing cuda-op run is repeated without programmatic dependent launch (JETSPEC_PDL=0): if
+#    that passes, PDL (pdl.cuh) is the suspect.
 step gpu_tests 100 280 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k 'not tma' \
   --junitxml='$RES/gpu_tests.xml'" gpu
+if ((DRY)) || ! grep -q "^gpu_tests$(printf '\t')PASS" "$STEPS"; then
+  step gpu_tests_nopdl 60 270 "JETSPEC_PDL=0 '$PY' -m pytest -m gpu -q -p no:cacheprovider -rs \
+    tests/test_cuda_ops.py -k 'not tma' --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
+fi
 step gpu_tests_tma 40 250 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k tma \
   --junitxml='$RES/gpu_tests_tma.xml'" gpu
 grep -q "^gpu_tests_tma$(printf '\t')PASS" "$STEPS" || export JETSPEC_SKIP_TMA=1
