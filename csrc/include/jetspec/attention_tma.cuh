@@ -9,8 +9,8 @@
 // share every K/V tile between 128 rows: half the shared-memory fills and half the L2 -> SM
 // traffic per FLOP of one warpgroup per CTA. At B1 L4K N64 (GQA 4: 256 rows per kv head) one
 // warpgroup per CTA reads each K/V byte from L2 four times (67 MB per call); two read it twice.
-// Their 288 threads' registers allow one CTA per SM, the same 8 consumer warps per SM as two
-// one-warpgroup CTAs.
+// With the producer warpgroup that is 384 threads and one CTA per SM (by registers): 8 consumer
+// warps per SM.
 //
 // Rings: K and V have kTmaStages<HD, WGS> stages each, every stage two mbarriers. full (count 1):
 // the producer's arrive.expect_tx plus the TMA bytes; empty (count 128 WGS): every consumer
@@ -43,9 +43,11 @@
 
 namespace jetspec {
 
-// Stages per ring. One consumer warpgroup: 2 at Dh 128 (81 KB in all, so 2 CTAs/SM, as the
-// cp.async kernel; 3 would be 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB, 3 CTAs/SM). Two: one CTA
-// per SM by registers anyway, so 4 (161 KB at Dh 128, 81 KB at Dh 64).
+// Stages per ring. One consumer warpgroup: 2 at Dh 128 (81 KB in all, so that shared memory
+// allows 2 CTAs/SM; 3 would be 113 KB and 1 CTA/SM), 4 at Dh 64 (73 KB; registers, 142 x 160
+// threads, allow 2 CTAs/SM). Whether the Dh 128 kernel's 181 registers let two CTAs share an SM is
+// for the GPU to show (bench/NOTES.md). Two: one CTA per SM by registers, so 4 (161 KB at Dh 128,
+// 81 KB at Dh 64).
 template <int HD, int WGS>
 constexpr int kTmaStages = WGS == 1 && HD >= 128 ? 2 : 4;
 static_assert(kTmaStages<64, 1> >= 2 && kTmaStages<128, 1> >= 2,

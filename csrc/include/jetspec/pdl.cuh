@@ -10,18 +10,20 @@
 // (top-K partial -> merge -> tree build, attention -> split combine, target tokens -> walk).
 //
 // A kernel launched this way that skipped pdl_begin() could read its predecessor's output early;
-// the simulator (cuda_sim.h) fails any such thread. PDL is used where the device's compute
-// capability is 9 or more, unless JETSPEC_PDL=0 (read once): then launches are plain, and
-// griddepcontrol.wait in a grid launched without the attribute returns at once.
+// the simulator (cuda_sim.h) fails any such thread. PDL is used for kernels whose code on the
+// device was compiled for sm_90 or later (pdl_enabled), unless JETSPEC_PDL=0 (read once): then
+// launches are plain, and griddepcontrol.wait in a grid launched without the attribute returns
+// at once.
 #pragma once
 #ifdef JETSPEC_CPU_SIM
 #include "cuda_sim.h"
 #else
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 #endif
 
@@ -37,27 +39,34 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// True when launches on the current device may use PDL (compute capability >= 9, JETSPEC_PDL not
-// "0"). The capability is cached per device.
-inline bool pdl_enabled() {
+// Whether `kernel` may be launched with PDL on the current device: JETSPEC_PDL is not "0" (read
+// once) and the code the device runs was compiled for sm_90 or later (cudaFuncAttributes::
+// ptxVersion >= 90), so it has griddepcontrol.wait. Gating on the device alone would be wrong: a
+// newer GPU JIT-compiles the build's compute_80 PTX, whose pdl_begin() is empty, and a kernel
+// that does not wait may run before its predecessor's last writes are visible. Cached per
+// (kernel, device).
+inline std::mutex pdl_mutex;
+inline std::map<std::pair<const void*, int>, bool> pdl_known;
+
+inline bool pdl_enabled(const void* kernel) {
   static const bool allowed = [] {
     const char* env = std::getenv("JETSPEC_PDL");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   if (!allowed) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> major[kMaxDevices];  // 0: not looked up yet
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  int m = major[dev].load(std::memory_order_relaxed);
-  if (m == 0) {
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    major[dev].store(m, std::memory_order_relaxed);
-  }
-  return m >= 9;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(pdl_mutex);
+  const auto key = std::make_pair(kernel, dev);
+  const auto it = pdl_known.find(key);
+  if (it != pdl_known.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const bool ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
+  pdl_known.emplace(key, ok);
+  return ok;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_enabled(). Returns the
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_enabled(kernel). Returns the
 // launch's error (also left for cudaGetLastError, as a <<<>>> launch leaves it).
 template <typename... KArgs, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
@@ -71,7 +80,7 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 #endif
