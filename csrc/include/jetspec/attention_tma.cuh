@@ -1,5 +1,5 @@
-// Tree-masked / block-causal attention, warp-specialised (sm_90a; head dims 64, 128): a producer
-// warp streams K and V tiles with TMA into two rings of shared-memory stages, and each of the
+// Tree-masked / block-causal attention, warp-specialised (sm_90a; head dims 64, 128): one producer
+// thread streams K and V tiles with TMA into two rings of shared-memory stages, and each of the
 // WGS consumer warpgroups (64 packed rows each) runs the wgmma block step (attention_wgmma.cuh)
 // with block j + 1's S = Q K^T MMA in flight while it computes block j's softmax (the tensor
 // cores and the softmax overlap inside the warpgroup, FlashAttention-3's intra-warpgroup
@@ -14,10 +14,10 @@
 //
 // Rings: K and V have kTmaStages<HD, WGS> stages each, every stage two mbarriers. full (count 1):
 // the producer's arrive.expect_tx plus the TMA bytes; empty (count 128 WGS): every consumer
-// thread arrives once the MMAs reading the stage have completed. Block i of the CTA uses stage i % S in
-// round i / S, so the consumer waits on full with parity (i / S) & 1 and the producer on empty
-// with the opposite parity (a fresh barrier's "previous phase" counts as complete: the rings
-// start empty). Separate rings let K run ahead of V: K_j is released as soon as S_j is done,
+// thread arrives once the MMAs reading the stage have completed. Block i of the CTA uses stage
+// i % S in round i / S, so the consumer waits on full with parity (i / S) & 1 and the producer
+// on empty with the opposite parity (a fresh barrier's "previous phase" counts as complete: the
+// rings start empty). Separate rings let K run ahead of V: K_j is released as soon as S_j is done,
 // while V_j is held until P_j V_j is, so two stages each suffice for the overlap.
 //
 // Consumer step for block j (S_j complete): wait K_{j+1}, issue S_{j+1}; release K_j;

@@ -22,8 +22,8 @@ namespace jetspec {
   } while (0)
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch where the
-// device has it (pdl.cuh: the kernel must start with pdl_begin()), or a run on CPU threads in the
-// simulator. A templated kernel with several parameters goes through a local pointer (commas).
+// kernel's code has it (pdl.cuh: every kernel must start with pdl_begin()), or a run on CPU
+// threads in the simulator. A templated kernel with several parameters goes through a local pointer (commas).
 #ifdef JETSPEC_CPU_SIM
 #define JETSPEC_LAUNCH(kernel, grid, block, smem, stream, ...) \
   ::jetspec_sim::launch(grid, block, smem, kernel, __VA_ARGS__)
