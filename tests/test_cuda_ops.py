@@ -692,12 +692,21 @@ def test_ops_on_a_device_that_is_not_current():
         assert g.device == torch.device("cuda:1") and torch.equal(g, w), i
 
 
-def test_opcheck_tma(dev):
-    """opcheck of tree_attention with the TMA kernel (its own test, so that on a GPU a trap in it
-    cannot break the CUDA context of the other ops' checks; device_check.sh runs it apart)."""
+def _tma_inputs(dev, gen, n):
+    """_round_inputs' attention tensors with n tree rows: 2n packed rows per kv head, so n = 40
+    runs the TMA kernel with two consumer warpgroups and n = 16 with one."""
+    _, kc, vc, prefix, _, _ = _round_inputs(dev, gen)[:6]
+    q = torch.randn(1, n, 4, 64, generator=gen).half().to(dev)
+    return q, kc, vc, prefix, torch.empty_like(q), torch.empty(1, 4, n, device=dev)
+
+
+@pytest.mark.parametrize("n", [16, 40])
+def test_opcheck_tma(dev, n):
+    """opcheck of tree_attention with the TMA kernel (its own test, so that on a GPU a fault in
+    it cannot break the CUDA context of the other ops' checks; device_check.sh runs it apart)."""
     from torch.library import opcheck
 
-    q, kc, vc, prefix, out, lse = _round_inputs(dev, torch.Generator().manual_seed(1))[:6]
+    q, kc, vc, prefix, out, lse = _tma_inputs(dev, torch.Generator().manual_seed(1), n)
     opcheck(torch.ops.jetspec.tree_attention.default,
             (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2,
              cu().attention.KERNELS["tma"]))
@@ -718,11 +727,12 @@ def _capture(fn):
 
 
 @pytest.mark.gpu
-def test_graph_replay_tma():
+@pytest.mark.parametrize("n", [16, 40])
+def test_graph_replay_tma(n):
     """The TMA kernel under CUDA-graph capture: its tensor maps are kernel parameters, captured
     by value; replay on new q and cache contents (same buffers)."""
     gen = torch.Generator().manual_seed(2)
-    q, kc, vc, prefix, out, lse = _round_inputs(DEV, gen)[:6]
+    q, kc, vc, prefix, out, lse = _tma_inputs(DEV, gen, n)
 
     def run():
         cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse,
