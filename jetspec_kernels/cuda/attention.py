@@ -21,7 +21,9 @@ def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
     """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
     warpgroups (128 rows, one CTA per SM by registers) when a (sequence, kv head) has more than
     64 packed rows (tree_attention_tma in attention_tma.cuh); every other launch is 64 rows, two
-    CTAs per SM (all the kernels fit two at Dh 128 and 256)."""
+    CTAs per SM (the mma.sync and cp.async wgmma kernels fit two at Dh 128 and 256; whether the
+    one-warpgroup TMA kernel's 181 registers at Dh 128 do is for a GPU run to show,
+    bench/NOTES.md)."""
     if kernel == "tma" and n * group > _ROWS_PER_CTA:
         return 2 * _ROWS_PER_CTA, 1
     return _ROWS_PER_CTA, 2
