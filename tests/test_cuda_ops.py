@@ -70,6 +70,8 @@ class DeviceGuardCheck:
         class Guarded:
             def __getattr__(self, name):
                 fn = getattr(module, name)
+                if not callable(fn):
+                    return fn
 
                 def call(*args, **kwargs):
                     assert check.depth > 0, f"_C.{name} called outside U.on_device"
