@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import platform
 import re
 import statistics
@@ -487,8 +488,6 @@ def tma_kernel_enabled() -> bool:
     """Whether benches and checks should run the cuda backend's TMA attention kernel: not when
     ``JETSPEC_SKIP_TMA`` is set (device_check.sh sets it unless the kernel's GPU tests passed, so
     a faulting kernel cannot break the CUDA context of every measurement after it)."""
-    import os
-
     return not os.environ.get("JETSPEC_SKIP_TMA")
 
 
@@ -496,8 +495,6 @@ def tma_kernel_enabled() -> bool:
 def using_attention_kernel(name: str | None):
     """Inside the block, the cuda backend's tree_attention uses kernel ``name`` ("mma", "wgmma",
     "tma", "auto"; None leaves the choice as it is), through ``JETSPEC_ATTN_KERNEL``."""
-    import os
-
     if name is None:
         yield
         return

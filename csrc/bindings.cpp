@@ -283,9 +283,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "tree_attention",
       [](U q, const I64s& sq, U k_cache, U v_cache, const I64s& sk, const I64s& sv, U block_table,
-         int64_t bt_stride, int page_size, int cache_outer, U prefix_lens, U tree_mask, int64_t sm0, int64_t sm1,
-         int tail, U out, const I64s& so, U lse, U part_o, U part_lse, int batch, int n, int hq,
-         int hkv, int splits, float scale, int dtype, int head_dim, int kernel, U stream) {
+         int64_t bt_stride, int page_size, int cache_outer, U prefix_lens, U tree_mask,
+         int64_t sm0, int64_t sm1, int tail, U out, const I64s& so, U lse, U part_o, U part_lse,
+         int batch, int n, int hq, int hkv, int splits, float scale, int dtype, int head_dim,
+         int kernel, U stream) {
         jetspec::AttnParams p{};
         p.q = ptr<const void>(q);
         p.sq = strides4(sq, "q");

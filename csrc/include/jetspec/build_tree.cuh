@@ -10,8 +10,9 @@
 // every entry that provably precedes anything not yet seen (the heap minimum always), then
 // re-lays the tree out in shared memory (one block scan). At budget 256 (D 15, K 8, random
 // logits) 4-38 steps, median 9.5 over 40 draws, instead of 255; many steps when a deeper level
-// costs almost nothing (a top log-prob near 0), since a step then takes about one generation. A step is one iteration of the `while (n < target)` loop, the last (partial)
-// one included; when p.steps is not null, thread 0 writes the count to p.steps[b] (0 when the
+// costs almost nothing (a top log-prob near 0), since a step then takes about one generation.
+// A step is one iteration of the `while (n < target)` loop, the last (partial) one included;
+// when p.steps is not null, thread 0 writes the count to p.steps[b] (0 when the
 // root alone fills the tree). A bound made stricter only costs steps, never parity, so
 // tests/test_cuda_build_tree_steps.py checks the count against a model of the rule.
 //
@@ -310,7 +311,9 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
     }
     block_min3(heap_min, best_child, hidden, red3);
 
-    // Taken entries form a prefix of every window (the test is monotone in the key).
+    // Taken entries form a prefix of every window (the test is monotone in the key). The heap
+    // minimum passes both bounds anyway (tests/tree_steps_model.py asserts it); naming it keeps
+    // every step's progress independent of that argument.
     long long m = 0;
     for (int s = tid; s < n; s += kTopnThreads) {
       const int d = t.depth[s], c = t.taken[s];
