@@ -50,6 +50,23 @@ int device_count() {
   return n;
 }
 
+// The CUDA version the driver supports / this module's (static) runtime is, as 1000 * major +
+// 10 * minor; 0 when there is no driver.
+int driver_version() {
+  int v = 0;
+  if (cudaDriverGetVersion(&v) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
+
+int runtime_version() {
+  int v = 0;
+  check(cudaRuntimeGetVersion(&v), "runtime_version");
+  return v;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -66,6 +83,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("archs") = std::string(JETSPEC_CUDA_ARCHS),
         "Whether code built for `archs` (default: this module's) holds the sm_90a wgmma kernels "
         "wherever it runs on sm_90: '90a' is its only sm_90 entry.");
+  m.def("driver_version", &driver_version,
+        "CUDA version the installed driver supports (1000 * major + 10 * minor); 0 without one.");
+  m.def("runtime_version", &runtime_version,
+        "CUDA runtime version this module links (1000 * major + 10 * minor).");
   m.def("device_count", &device_count,
         "Number of visible CUDA devices; 0 (not an error) when there is no device or driver.");
   m.def(

@@ -1,12 +1,13 @@
 """Backend selection: ``auto``, ``cuda``, ``triton``, ``reference``.
 
 Order of precedence: the ``backend=`` argument of an op, then :func:`set_backend`, then the
-``JETSPEC_BACKEND`` environment variable, then ``auto``. ``auto`` picks ``cuda`` for CUDA tensors
-when ``_C`` is built for the device, else ``triton``; for CPU tensors it picks ``reference``, or
-``triton`` when ``TRITON_INTERPRET=1``; an op whose inputs the first choice cannot take (a
-dtype, a head dim, a kernel not written yet) goes to the next of ``cuda``, ``triton``,
-``reference``. An explicitly requested backend that cannot run raises
-:class:`BackendUnavailableError` with the reason; an explicit choice never falls back.
+``JETSPEC_BACKEND`` environment variable, then ``auto``. For CUDA tensors ``auto`` tries ``cuda``
+(only for the ops in :data:`HARDWARE_VERIFIED`, and only when ``_C`` is built for the device and
+the driver can run its CUDA runtime), then ``triton``, then ``reference``; for CPU tensors
+``reference``, or ``triton`` first when ``TRITON_INTERPRET=1``. An op whose inputs a candidate
+cannot take (a dtype, a head dim, a kernel not written yet) goes to the next one. An explicitly
+requested backend that cannot run raises :class:`BackendUnavailableError` with the reason; an
+explicit choice never falls back.
 """
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ _BACKEND_MODULES = {
     "triton": "jetspec_kernels.triton",
     "cuda": "jetspec_kernels.cuda",
 }
+
+
+# Interface functions (CONTRIBUTING.md, backend interface) whose ``cuda`` kernels have passed their
+# parity tests on real hardware (bench/device_check.sh; the record is in bench/NOTES.md). Until an
+# op is listed, ``auto`` does not send CUDA tensors to the cuda backend: a path that has never run
+# on a GPU is nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the
+# commit that records its passing run.
+HARDWARE_VERIFIED: dict[str, frozenset[str]] = {"cuda": frozenset()}
+
+INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
+                       "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -90,11 +102,35 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "cuda":
         if device.type != "cuda":
             return f"tensors are on {device.type}, the cuda backend needs CUDA tensors"
-        err = _cuda_module_error()
+        err = _cuda_module_error() or _cuda_driver_reason()
         if err:
             return err
         return _cuda_arch_reason(device.index if device.index is not None else torch.cuda.current_device())
     raise ValueError(f"unknown backend {name!r}")
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def driver_runtime_reason(driver: int, runtime: int) -> str | None:
+    """Why a CUDA runtime of version ``runtime`` cannot run under a driver that supports CUDA
+    ``driver`` (both 1000 * major + 10 * minor, as cudaDriverGetVersion gives them), or None.
+    A runtime runs on any driver of its major version or newer (minor version compatibility)."""
+    if driver <= 0:
+        return "no CUDA driver was found"
+    if driver // 1000 < runtime // 1000:
+        return (f"the CUDA driver supports CUDA {_cuda_version(driver)} but _C links the CUDA "
+                f"{_cuda_version(runtime)} runtime, which needs a driver for CUDA "
+                f"{runtime // 1000}.0 or newer (cudaErrorInsufficientDriver); update the driver, "
+                f"or rebuild _C with a CUDA {driver // 1000}.x toolkit")
+    return None
+
+
+@lru_cache(maxsize=None)
+def _cuda_driver_reason() -> str | None:
+    from . import _C
+    return driver_runtime_reason(_C.driver_version(), _C.runtime_version())
 
 
 @lru_cache(maxsize=None)
@@ -107,20 +143,30 @@ def _cuda_arch_reason(index: int) -> str | None:
     return None
 
 
-def _auto_candidates(device: torch.device) -> tuple[str, ...]:
+def hardware_verified(name: str, fn: str | None) -> bool:
+    """Whether ``auto`` may pick backend ``name`` for interface function ``fn`` on a CUDA device
+    (``fn`` None: for every interface function). Only the cuda backend is gated."""
+    if name != "cuda":
+        return True
+    verified = HARDWARE_VERIFIED["cuda"]
+    return fn in verified if fn is not None else verified >= set(INTERFACE_FUNCTIONS)
+
+
+def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, ...]:
     if device.type == "cuda":
-        return ("cuda", "triton", "reference")
+        return tuple(c for c in ("cuda", "triton", "reference") if hardware_verified(c, fn))
     if triton_interpret():
         return ("triton", "reference")
     return ("reference",)
 
 
-def resolve(device: torch.device, backend: str | None = None) -> str:
-    """The backend that ops on ``device`` use first (``auto`` may still pass an op it cannot
-    take to the next backend; see :func:`select`)."""
+def resolve(device: torch.device, backend: str | None = None, fn: str | None = None) -> str:
+    """The backend that ops on ``device`` use first: for interface function ``fn``, or for every
+    op when ``fn`` is None (``auto`` may still pass an op it cannot take to the next backend; see
+    :func:`select`)."""
     name = _current if backend is None else _check_name(backend)
     if name == "auto":
-        for cand in _auto_candidates(device):
+        for cand in _auto_candidates(device, fn):
             if unavailable_reason(cand, device) is None:
                 return cand
         return "reference"
@@ -149,7 +195,7 @@ def select(device: torch.device, fn: str, backend: str | None = None,
     cannot raises :class:`BackendUnavailableError` with the reason.
     """
     name = _current if backend is None else _check_name(backend)
-    candidates = _auto_candidates(device) if name == "auto" else (name,)
+    candidates = _auto_candidates(device, fn) if name == "auto" else (name,)
     reasons = []
     for cand in candidates:
         reason = unavailable_reason(cand, device)

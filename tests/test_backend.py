@@ -158,3 +158,62 @@ def test_hidden_topk_input_limits_per_backend():
     assert "float16/bfloat16" in _hidden_unsupported("cuda", torch.empty(1, 2, 64))
     assert "multiple of 8" in _hidden_unsupported("cuda", torch.empty(1, 2, 60, dtype=torch.half))
     assert _hidden_unsupported("triton", torch.empty(1, 2, 60)) is None
+
+
+@pytest.fixture
+def fake_gpu_backends(monkeypatch):
+    """Stub cuda and triton backends on a pretend CUDA device (no GPU needed): each interface
+    function returns the name of the backend that ran it."""
+    import sys
+    import types
+    for name in ("cuda", "triton"):
+        mod = types.ModuleType(f"fake_{name}_backend")
+        for fn in bk.INTERFACE_FUNCTIONS:
+            setattr(mod, fn, lambda *a, _name=name: _name)
+        monkeypatch.setitem(bk._BACKEND_MODULES, name, mod.__name__)
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    return torch.device("cuda", 0)
+
+
+def test_auto_keeps_cuda_tensors_off_unverified_cuda_kernels(fake_gpu_backends, monkeypatch):
+    """Until an op's cuda kernels have passed on a GPU, auto runs it with triton; an explicit
+    backend="cuda" still runs the cuda kernels."""
+    dev = fake_gpu_backends
+    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset())
+    for fn in bk.INTERFACE_FUNCTIONS:
+        assert bk.select(dev, fn, "auto")() == "triton"
+        assert bk.select(dev, fn, "cuda")() == "cuda"
+    assert bk.resolve(dev) == "triton"
+
+    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset({"pack_mask", "verify_tree"}))
+    picks = {fn: bk.select(dev, fn, "auto")() for fn in bk.INTERFACE_FUNCTIONS}
+    assert picks == {fn: "cuda" if fn in ("pack_mask", "verify_tree") else "triton"
+                     for fn in bk.INTERFACE_FUNCTIONS}
+    assert bk.resolve(dev, fn="pack_mask") == "cuda" and bk.resolve(dev) == "triton"
+
+    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset(bk.INTERFACE_FUNCTIONS))
+    assert bk.resolve(dev) == "cuda"
+    # an op the verified cuda backend cannot take still goes on to triton
+    assert bk.select(dev, "tree_attention", "auto", lambda n: "fp32" if n == "cuda" else None)() == "triton"
+
+
+def test_hardware_verified_ops_are_recorded_in_notes():
+    """An op joins HARDWARE_VERIFIED only with its passing GPU run recorded in bench/NOTES.md (the
+    hardware record table: a row `| <op> | cuda | <device> | passed | ...`)."""
+    import re
+    from pathlib import Path
+    notes = (Path(__file__).resolve().parents[1] / "bench" / "NOTES.md").read_text()
+    assert "## Hardware record" in notes
+    assert set(bk.HARDWARE_VERIFIED) == {"cuda"}
+    assert set(bk.HARDWARE_VERIFIED["cuda"]) <= set(bk.INTERFACE_FUNCTIONS)
+    for fn in bk.HARDWARE_VERIFIED["cuda"]:
+        assert re.search(rf"^\| {fn} \| cuda \| [^|]*H[12]00[^|]* \| passed \|", notes, re.M), fn
+
+
+def test_interface_functions_match_the_backends():
+    """INTERFACE_FUNCTIONS names what every backend implements (CONTRIBUTING.md)."""
+    from jetspec_kernels.ops import _reference
+    for fn in bk.INTERFACE_FUNCTIONS:
+        assert callable(getattr(_reference, fn)), fn

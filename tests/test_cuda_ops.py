@@ -267,25 +267,6 @@ def test_tree_attention_kernel_choice(dev, monkeypatch):
                             None, kernel="wgmma")
 
 
-@pytest.mark.parametrize("archs,wgmma,sm90", [
-    ("90a,80", True, True), ("90a", True, True), ("80,90a", True, True),
-    ("90,80", False, True),    # plain sm_90 code: binaryVersion 90 with an empty wgmma kernel
-    ("90a,90", False, True),   # the runtime may pick either sm_90 binary
-    ("90f,80", False, True), ("80", False, False), ("100a,80", False, False), ("", False, False),
-])
-def test_arch_lists(archs, wgmma, sm90):
-    """Which builds run on sm_90 and which hold the wgmma kernels there (a "90" build reports the
-    same binaryVersion as "90a" but compiled the wgmma kernel empty, so auto must not pick it)."""
-    if shutil.which("g++") is None:
-        pytest.skip("the CUDA simulator needs g++")
-    sim = _sim_module()
-    assert sim.wgmma_built(archs) is wgmma
-    assert sim.supports_arch(90, archs) is sm90
-    assert sim.wgmma_built() and sim.supports_arch(90) and sim.supports_arch(86)
-    assert sim.supports_arch(86, "80") and not sim.supports_arch(80, "86")
-    assert not sim.supports_arch(91, "90a") and not sim.supports_arch(75, "90a,80")
-
-
 def test_tree_attention_strided_outputs_and_empty(dev):
     """out and lse as views into larger buffers (written through their strides), and N = 0."""
     gen = torch.Generator().manual_seed(5)

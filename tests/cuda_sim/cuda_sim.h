@@ -89,6 +89,17 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 0;
   return cudaErrorNoDevice;
 }
+// The runtime is CUDA 13.0's; the driver's CUDA version is JETSPEC_SIM_DRIVER_VERSION (default
+// 13000), so a test can play a driver too old for the runtime.
+inline cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDriverGetVersion(int* v) {
+  const char* env = std::getenv("JETSPEC_SIM_DRIVER_VERSION");
+  *v = env != nullptr ? std::atoi(env) : 13000;
+  return cudaSuccess;
+}
 // An H200's attributes; JETSPEC_SIM_SM_COUNT overrides the SM count and
 // JETSPEC_SIM_SMEM_PER_BLOCK the default shared memory per block (tests of launch plans).
 enum cudaDeviceAttr {
