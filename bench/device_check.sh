@@ -110,15 +110,17 @@ step info 30 0 "'$PY' -m jetspec_kernels info" gpu
 #    the sanitizer, bench and ncu steps leave it out (JETSPEC_SKIP_TMA, read by bench/common.py).
 #    A failing cuda-op run is repeated without programmatic dependent launch (JETSPEC_PDL=0): if
 #    that passes, PDL (pdl.cuh) is the suspect.
+export JETSPEC_HW_RECORD=$RES/hw_record.jsonl   # per-test outcomes: the hardware record
 step gpu_tests 100 280 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k 'not tma' \
   --junitxml='$RES/gpu_tests.xml'" gpu
 if ((DRY)) || ! grep -q "^gpu_tests$(printf '\t')PASS" "$STEPS"; then
-  step gpu_tests_nopdl 60 270 "JETSPEC_PDL=0 '$PY' -m pytest -m gpu -q -p no:cacheprovider -rs \
+  step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest -m gpu -q -p no:cacheprovider -rs \
     tests/test_cuda_ops.py -k 'not tma' --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
 fi
 step gpu_tests_tma 40 250 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k tma \
   --junitxml='$RES/gpu_tests_tma.xml'" gpu
 grep -q "^gpu_tests_tma$(printf '\t')PASS" "$STEPS" || export JETSPEC_SKIP_TMA=1
+unset JETSPEC_HW_RECORD
 if command -v compute-sanitizer >/dev/null 2>&1 || ((DRY)); then
   step memcheck_cuda 60 210 "$SAN_ENV $SAN --tool memcheck '$PY' bench/sanitize_ops.py --backend cuda" gpu
   step racecheck_cuda 40 210 "$SAN --tool racecheck '$PY' bench/sanitize_ops.py --backend cuda" gpu

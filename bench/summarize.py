@@ -14,6 +14,11 @@ import math
 import sys
 from pathlib import Path
 
+try:  # imported as bench.summarize (tests) or run as a script (bench/ on sys.path)
+    from bench import hardware_record
+except ImportError:
+    import hardware_record
+
 BENCH_ORDER = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
 
 
@@ -83,6 +88,13 @@ def main(argv=None) -> int:
             lines += bench_lines(c)
         except Exception as e:  # one broken CSV must not hide the others
             lines.append(f"-- {c.name}: unreadable ({type(e).__name__}: {e})")
+    record = a.results / "hw_record.jsonl"
+    if record.exists():
+        lines += ["", "== hardware record (paste into bench/NOTES.md; bench/hardware_record.py) =="]
+        rows = hardware_record.aggregate(hardware_record.read([record]))
+        lines += hardware_record.table(rows, "this GPU", "this run")
+        lines.append("cuda ops whose every GPU test passed: "
+                     + (", ".join(hardware_record.verified_ops(rows)) or "none"))
     ncu = a.results / "ncu_summary.txt"
     if ncu.exists():
         lines += ["", "== Nsight Compute: one launch of each kernel (bench/profile_kernels.py) ==",

@@ -25,6 +25,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With JETSPEC_HW_RECORD set, append each test's outcome and parameters to that file (one
+    JSON line; bench/hardware_record.py turns a GPU run's lines into the hardware record)."""
+    report = (yield).get_result()
+    path = os.environ.get("JETSPEC_HW_RECORD")
+    if not path or not (report.when == "call" or report.outcome != "passed"):
+        return
+    if report.when == "teardown" and report.outcome == "skipped":
+        return
+    import json
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    entry = {"nodeid": item.nodeid, "file": str(item.path), "test": item.originalname,
+             "params": {k: str(v) for k, v in params.items()}, "outcome": report.outcome}
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
 @pytest.fixture
 def reference_backend():
     """Pin the default backend to `reference` (under TRITON_INTERPRET=1, `auto` picks triton)."""

@@ -201,7 +201,7 @@ def test_auto_keeps_cuda_tensors_off_unverified_cuda_kernels(fake_gpu_backends, 
 
 def test_hardware_verified_ops_are_recorded_in_notes():
     """An op joins HARDWARE_VERIFIED only with its passing GPU run recorded in bench/NOTES.md (the
-    hardware record table: a row `| <op> | cuda | <device> | passed | ...`)."""
+    hardware record table: a row `| <op> | cuda | <dtypes> | <device> | passed | ...`)."""
     import re
     from pathlib import Path
     notes = (Path(__file__).resolve().parents[1] / "bench" / "NOTES.md").read_text()
@@ -209,7 +209,7 @@ def test_hardware_verified_ops_are_recorded_in_notes():
     assert set(bk.HARDWARE_VERIFIED) == {"cuda"}
     assert set(bk.HARDWARE_VERIFIED["cuda"]) <= set(bk.INTERFACE_FUNCTIONS)
     for fn in bk.HARDWARE_VERIFIED["cuda"]:
-        assert re.search(rf"^\| {fn} \| cuda \| [^|]*H[12]00[^|]* \| passed \|", notes, re.M), fn
+        assert re.search(rf"^\| {fn} \| cuda \| [^|]+ \| [^|]*H[12]00[^|]* \| passed \|", notes, re.M), fn
 
 
 def test_interface_functions_match_the_backends():

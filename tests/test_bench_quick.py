@@ -180,3 +180,61 @@ def test_profile_kernels_smoke_and_ncu_summary(tmp_path, capsys):
     summarize.main(["--steps", str(tmp_path / "steps.tsv"), "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert "Nsight Compute" in out and line in out and "ncu_profile.csv" not in out
+
+
+def test_hardware_record_from_a_gpu_run(tmp_path):
+    """The per-test record a GPU run writes (JETSPEC_HW_RECORD) becomes the NOTES.md table: one
+    row per op x backend with its dtypes, FAILED when any of its tests failed, and the cuda ops
+    whose every test passed."""
+    import json
+    from bench import hardware_record as hr, summarize
+    ops = "tests/test_cuda_ops.py"
+    def e(test, outcome, file=ops, **params):
+        return {"nodeid": f"{file}::{test}", "file": file, "test": test,
+                "params": {k: str(v) for k, v in params.items()}, "outcome": outcome}
+    entries = [
+        e("test_tree_attention", "passed", dev="cuda", dtype=torch.bfloat16, kernel="auto"),
+        e("test_tree_attention", "failed", dev="cuda", dtype=torch.float16, kernel="tma"),
+        e("test_kv_only_norm_rope_append", "passed", dev="cuda", dtype=torch.float16),
+        e("test_qk_norm_rope_append", "passed", dev="cuda", dtype=torch.bfloat16),
+        e("test_verify_tree", "failed", dev="cuda", dtype=torch.float32),
+        e("test_verify_tree_walk_limit", "passed", dev="cuda"),
+        e("test_pack_mask", "skipped", dev="cuda"),
+        e("test_rope_matches_reference", "passed", file="tests/test_triton_rope.py", dtype=torch.float32),
+    ]
+    rows = hr.aggregate(entries)
+    assert hr.classify(entries[1]) == ("tree_attention", "cuda kernel=tma", "fp16")
+    assert hr.status(rows[("tree_attention", "cuda")]) == "passed"
+    assert hr.status(rows[("tree_attention", "cuda kernel=tma")]) == "FAILED (1 of 1)"
+    assert rows[("qk_norm_rope_append", "cuda")]["dtypes"] == {"bf16", "fp16"}
+    assert hr.status(rows[("verify_tree", "cuda")]) == "FAILED (1 of 2)"
+    assert hr.status(rows[("pack_mask", "cuda")]) == "not run"
+    assert hr.verified_ops(rows) == ["tree_attention", "qk_norm_rope_append"]
+    lines = hr.table(rows, "NVIDIA H200", "2026-12-04 abc1234")
+    assert "| qk_norm_rope_append | cuda | bf16, fp16 | NVIDIA H200 | passed | 2026-12-04 abc1234 |" in lines
+    assert "| qk_norm_rope_append | triton | fp32 | NVIDIA H200 | passed | 2026-12-04 abc1234 |" in lines
+
+    (tmp_path / "hw_record.jsonl").write_text("".join(json.dumps(x) + "\n" for x in entries))
+    (tmp_path / "steps.tsv").write_text("gpu_tests\tFAIL(1)\t80\t2 failed, 4 passed\n")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "summarize.py"), "--steps",
+                          str(tmp_path / "steps.tsv"), "--results", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "== hardware record" in out.stdout
+    assert "cuda ops whose every GPU test passed: tree_attention, qk_norm_rope_append" in out.stdout
+
+
+def test_conftest_writes_the_hardware_record(tmp_path):
+    """tests/conftest.py appends one JSON line per test when JETSPEC_HW_RECORD is set."""
+    import json
+    import os
+    record = tmp_path / "rec.jsonl"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_backend.py", "-k", "set_and_get or unknown_backend"],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "JETSPEC_HW_RECORD": str(record)})
+    assert out.returncode == 0, out.stdout[-2000:]
+    entries = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sorted(x["test"] for x in entries) == ["test_set_and_get_backend",
+                                                  "test_unknown_backend_names_the_argument"]
+    assert all(x["outcome"] == "passed" and x["file"].endswith("test_backend.py") for x in entries)
