@@ -417,20 +417,39 @@ def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
-def test_verify_tree_target_tokens_empty_rows(dev):
-    # num_nodes 0 (value checks off): no child is accepted and the bonus is the root's target.
+VERIFY_KEYS = ("accept_len", "path", "bonus", "emitted")
+
+
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+def test_verify_tree_empty_rows(dev, target):
+    """num_nodes 0 (value checks off): the root is still verified, so the row is a one-node
+    tree: accept_len 0 and the bonus is the target's token at node 0 (given, or from logits)."""
     gen = torch.Generator().manual_seed(6)
-    b, n = 4, 33
+    b, n, v = 4, 33, 300
     parents, num_nodes = random_tree(b, n, gen)
     num_nodes[1] = 0
     num_nodes[2] = 1
     tokens = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
-    target = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
-    want = ref.verify_tree(tokens, parents, num_nodes, 6, target_tokens=target)
-    got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 6, None,
-                           target.to(dev), 0.0, None, None)
-    for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
+    seed = torch.tensor([1, 2, 3, 4], dtype=torch.int64)
+    offset = torch.zeros(b, dtype=torch.int64)
+    temperature = 0.8 if target == "sampled" else 0.0
+    if target == "tokens":
+        tgt = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
+        logits = None
+    else:
+        logits = torch.randn(b, n, v, generator=gen)
+        logits[..., :3] += 3.0
+        tgt = ref.sample_tokens(logits, temperature, seed, offset)
+    want = ref.verify_tree(tokens, parents, num_nodes, 6, target_tokens=tgt)
+    to = lambda t: None if t is None else t.to(dev)
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 6, to(logits),
+                               tgt.to(dev) if logits is None else None, temperature,
+                               to(seed), to(offset))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
         assert torch.equal(g.cpu(), want[key].cpu()), key
+    assert got[0][1] == 0 and got[2][1] == tgt[1, 0] and got[1][1, 0] == 0
 
 
 def test_verify_tree_walk_limit(dev):

@@ -138,6 +138,28 @@ def test_verify_ignores_rows_past_num_nodes():
     assert v["accept_len"].tolist() == [1] and v["path"].tolist() == [[0, 3, -1]]
 
 
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+def test_verify_empty_row_verifies_root(target):
+    """num_nodes 0 (only reachable with value checks off): the root is still verified, so the
+    row acts as a one-node tree: accept_len 0, path [0, -1, ...], bonus = target at node 0."""
+    tokens = torch.tensor([[4, 1, 2], [4, 1, 2]], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0], [-1, 0, 0]], dtype=torch.int32)
+    num_nodes = torch.tensor([0, 3], dtype=torch.int32)
+    logits = torch.full((2, 3, 6), -1.0)
+    logits[:, 0, 1] = 40.0      # the root's target is 1 (greedy, and sampled at T = 0.5)
+    seed, off = torch.tensor([5, 6]), torch.tensor([0, 0])
+    if target == "tokens":
+        kw = dict(target_tokens=torch.tensor([[1, 0, 0], [1, 0, 0]], dtype=torch.int32))
+    else:
+        kw = dict(target_logits=logits, temperature=0.5 if target == "sampled" else 0.0,
+                  seed=seed, offset=off)
+    v = R.verify_tree(tokens, parents, num_nodes, 2, **kw)
+    assert v["accept_len"].tolist() == [0, 1]
+    assert v["path"].tolist() == [[0, -1, -1], [0, 1, -1]]
+    assert v["bonus"][0].item() == 1
+    assert v["emitted"][0].tolist() == [1, -1, -1]
+
+
 def test_verify_full_chain_accepted():
     tokens = [[1, 2, 3, 4]]
     parents = [[-1, 0, 1, 2]]
