@@ -452,6 +452,28 @@ def test_verify_tree_empty_rows(dev, target):
     assert got[0][1] == 0 and got[2][1] == tgt[1, 0] and got[1][1, 0] == 0
 
 
+def test_verify_tree_uniform_clamp(dev):
+    """Seed 39114, offset 0, sequence 0, node 0, v 7 hashes to h >> 8 == 2**24 - 1, whose uniform
+    rounds to 1.0 in float32 unless clamped to 1 - 2**-24: an infinite Gumbel would make v 7 win
+    over token 3's clear lead. One-node trees, so the bonus is the sample at node 0."""
+    tokens = torch.zeros(2, 1, dtype=torch.int32)
+    parents = torch.full((2, 1), -1, dtype=torch.int32)
+    num_nodes = torch.ones(2, dtype=torch.int32)
+    logits = torch.zeros(2, 1, 8)
+    logits[:, 0, 3] = 30.0
+    seed = torch.tensor([39114, 39114], dtype=torch.int64)
+    offset = torch.zeros(2, dtype=torch.int64)
+    want = ref.verify_tree(tokens, parents, num_nodes, 0, target_logits=logits, temperature=1.0,
+                           seed=seed, offset=offset)
+    assert want["bonus"].tolist() == [3, 3]
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 0,
+                               logits.to(dev), None, 1.0, seed.to(dev), offset.to(dev))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
+        assert torch.equal(g.cpu(), want[key].cpu()), key
+
+
 def test_verify_tree_walk_limit(dev):
     # The walk stages at most MAX_NODES["cuda"] nodes; a larger tree is an error from the launcher
     # (and `auto` never sends one there).

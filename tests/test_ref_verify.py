@@ -86,6 +86,22 @@ def test_sampling_formula():
         R.sample_tokens(logits, 1.0)
 
 
+def test_uniform_clamp_below_one():
+    """Seed 39114, offset 0, b 0, node 0, v 7 hashes to h >> 8 == 2**24 - 1: the exact uniform
+    1 - 2**-25 rounds to 1.0 in float32, so only the clamp keeps u = 1 - 2**-24 and the noise
+    finite; with an infinite Gumbel, v 7 would beat token 3's lead of 30."""
+    h = py_mix32(py_mix32(py_mix32(py_mix32(py_mix32(39114) ^ 0) ^ 0) ^ 0) ^ 7)
+    assert h >> 8 == 2 ** 24 - 1 and np.float32(1.0 - 2.0 ** -25) == 1.0
+    seed, off = torch.tensor([39114], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
+    u = R.gumbel_uniform(seed, off, 1, 8)
+    assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3] = 30.0
+    for x in (logits, logits.double()):
+        assert R.sample_tokens(x, 1.0, seed, off).tolist() == [[3]]
+
+
 @pytest.mark.parametrize("T", [0.6, 1.0, 2.5])
 def test_gumbel_sampler_distribution(T):
     """Empirical frequencies over 12000 (b, i) draws match softmax(logits / T)."""

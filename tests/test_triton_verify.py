@@ -86,6 +86,24 @@ def test_uniform_bit_exact():
     assert float(got.min()) > 0.0 and float(got.max()) < 1.0
 
 
+def test_uniform_clamp_below_one():
+    """Seed 39114, offset 0, b 0, node 0, v 7 reaches h >> 8 == 2**24 - 1, which rounds to 1.0 in
+    float32 unless clamped: u, the sample and a one-node walk's bonus must match python_ref, and
+    an infinite Gumbel at v 7 must not beat token 3's lead."""
+    seed, offset = torch.tensor([39114], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
+    u = verify.gumbel_uniform(seed.to(DEV), offset.to(DEV), 1, 8).cpu()
+    assert torch.equal(u, ref.gumbel_uniform(seed, offset, 1, 8))
+    assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3] = 30.0
+    got = verify.sample_tokens(logits.to(DEV), 1.0, seed.to(DEV), offset.to(DEV)).cpu()
+    assert torch.equal(got, ref.sample_tokens(logits, 1.0, seed, offset)) and got.item() == 3
+    zeros = torch.zeros(1, 1, dtype=torch.int32)
+    want = check(zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=logits, temperature=1.0,
+                 seed=seed, offset=offset)
+    assert want["bonus"].tolist() == [3]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0, 1.7])
 def test_sample_tokens_equal_reference(dtype, temperature):
