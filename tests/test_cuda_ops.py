@@ -392,6 +392,9 @@ def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start)
              to(start)))
 
 
+VERIFY_KEYS = ("accept_len", "path", "bonus", "emitted")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 # (B, N, V, misaligned): one vocab split; a B = 1 verify in 3 splits (with a tie across splits
@@ -411,13 +414,12 @@ def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
     max_depth = 8
     want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits.float(),
                            temperature=temperature, seed=seed, offset=offset)
-    got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), max_depth,
-                           logits.to(dev), None, temperature, seed.to(dev), offset.to(dev))
-    for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), max_depth,
+                               logits.to(dev), None, temperature, seed.to(dev), offset.to(dev))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
         assert torch.equal(g.cpu(), want[key].cpu()), key
-
-
-VERIFY_KEYS = ("accept_len", "path", "bonus", "emitted")
 
 
 @pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
@@ -484,8 +486,10 @@ def test_verify_tree_walk_limit(dev):
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
     with pytest.raises(RuntimeError):
         cu().verify_tree(tokens, parents, num_nodes, 1, None, tokens, 0.0, None, None)
-    got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None, tokens[:, :n],
-                           0.0, None, None)
+    with poisoned_empty():
+        got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None,
+                               tokens[:, :n], 0.0, None, None)
+    sync(dev)
     assert got[0].cpu().tolist() == [0] and got[2].cpu().tolist() == [0]
 
 
@@ -508,8 +512,10 @@ def test_commit_kv(dev, cache_dtype, is_paged, dh, hdim):
     kr, vr = kc.clone(), vc.clone()
     want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
     kd, vd = kc.to(dev), vc.to(dev)
-    lens, rows = cu().commit_kv(kd, vd, prefix.to(dev), path.to(dev), accept.to(dev),
-                                None if table is None else table.to(dev), hidden.to(dev))
+    with poisoned_empty():
+        lens, rows = cu().commit_kv(kd, vd, prefix.to(dev), path.to(dev), accept.to(dev),
+                                    None if table is None else table.to(dev), hidden.to(dev))
+    sync(dev)
     assert torch.equal(lens.cpu(), want_lens) and torch.equal(rows.cpu(), want_rows)
     assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
 
@@ -620,7 +626,9 @@ def test_build_tree(dev, algorithm, budget, k, d):
     lp[1] = lp[1].sort(-1, descending=True).values
     root = torch.tensor([5, 6, 7], dtype=torch.int32)
     want = ref.build_tree(idx, lp, root, budget, algorithm)
-    got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+    with poisoned_empty():
+        got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+    sync(dev)
     for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
         assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
 
@@ -634,7 +642,9 @@ def test_pack_mask(dev, b, n):
     parents[0, 1:] = torch.arange(n - 1, dtype=torch.int32)  # a chain: every bit of a row set
     num_nodes[0] = n
     want = ref.pack_mask(parents, num_nodes).to(torch.int32)
-    got = cu().pack_mask(parents.to(dev), num_nodes.to(dev))
+    with poisoned_empty():
+        got = cu().pack_mask(parents.to(dev), num_nodes.to(dev))
+    sync(dev)
     assert torch.equal(got.cpu(), want)
 
 
@@ -653,7 +663,9 @@ def test_build_tree_random_configs(dev):
         root = torch.tensor([3, 4], dtype=torch.int32)
         for algorithm in ("topn", "accum_logp"):
             want = ref.build_tree(idx, lp, root, budget, algorithm)
-            got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+            with poisoned_empty():
+                got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+            sync(dev)
             for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
                 assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), (trial, algorithm, key)
 
