@@ -105,6 +105,8 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, targe
     Walk: at node ``cur`` (starting at the root 0) with target token ``t = target[b, cur]``,
     the accepted child is the lowest-index node ``c < num_nodes`` with ``parents[c] == cur`` and
     ``tokens[c] == t``; stop when there is none (or the path already has max_depth + 1 nodes).
+    The root is always verified: with ``num_nodes[b] == 0`` the row is a one-node tree
+    (accept_len 0, bonus = ``target[b, 0]``).
     """
     if target_tokens is None:
         if target_logits is None:

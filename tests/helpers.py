@@ -69,12 +69,14 @@ def _paths(f, b):
     return out, None
 
 
-def tree_difference(a, b, eps):
+def tree_difference(a, b, eps, score_tol=1e-5):
     """None when trees ``a`` and ``b`` are equivalent up to score ties within ``eps``, else why not.
 
     Both trees must have the same node counts; nodes are matched by token path. Matched nodes
-    must have scores within ``eps``. Nodes present in one tree only are accepted only when a
-    near-tie at a selection decision explains them:
+    must have scores within ``eps`` each and, over all sequences, a relative L2 error (against
+    ``b``) below ``score_tol`` (the house rule; the default is fp32's, as scores are float32);
+    non-finite scores must be equal (a NaN never is). Nodes present in one tree only are
+    accepted only when a near-tie at a selection decision explains them:
 
     * the cutoff (``topn``): each node missing from the other tree scores at most ``eps`` above
       that tree's lowest-scoring node (it could have been chosen instead), or
@@ -85,6 +87,7 @@ def tree_difference(a, b, eps):
     fa, fb = tree_fields(a), tree_fields(b)
     if not torch.equal(fa["num_nodes"], fb["num_nodes"]):
         return f"num_nodes differ: {fa['num_nodes'].tolist()} vs {fb['num_nodes'].tolist()}"
+    matched_a, matched_b = [], []
     for b_ in range(fa["num_nodes"].shape[0]):
         pa, err = _paths(fa, b_)
         if err:
@@ -93,8 +96,13 @@ def tree_difference(a, b, eps):
         if err:
             return f"seq {b_}, second tree: {err}"
         for path in pa.keys() & pb.keys():
-            if abs(pa[path][0] - pb[path][0]) > eps:
-                return f"seq {b_}: node {path} scores {pa[path][0]} vs {pb[path][0]}"
+            sa, sb = pa[path][0], pb[path][0]
+            finite = math.isfinite(sa) and math.isfinite(sb)
+            if (abs(sa - sb) > eps) if finite else sa != sb:  # NaN never matches
+                return f"seq {b_}: node {path} scores {sa} vs {sb}"
+            if finite:
+                matched_a.append(sa)
+                matched_b.append(sb)
         only_a = [pa[p] for p in pa.keys() - pb.keys()]
         only_b = [pb[p] for p in pb.keys() - pa.keys()]
         if not only_a and not only_b:
@@ -111,6 +119,10 @@ def tree_difference(a, b, eps):
         if not (cutoff or pop_order):
             return (f"seq {b_}: {len(only_a)} nodes differ without a tie within {eps} "
                     f"(scores {sorted(s for s, _ in only_a)} vs {sorted(s for s, _ in only_b)})")
+    err = rel_l2(torch.tensor(matched_a, dtype=torch.float64),
+                 torch.tensor(matched_b, dtype=torch.float64))
+    if err >= score_tol:
+        return f"matched nodes' scores differ: relative L2 {err:.3g} >= {score_tol}"
     return None
 
 

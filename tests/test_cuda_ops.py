@@ -373,6 +373,9 @@ def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start)
              to(start)))
 
 
+VERIFY_KEYS = ("accept_len", "path", "bonus", "emitted")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 # (B, N, V, misaligned): one vocab split; a B = 1 verify in 3 splits (with a tie across splits
@@ -392,25 +395,65 @@ def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
     max_depth = 8
     want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits.float(),
                            temperature=temperature, seed=seed, offset=offset)
-    got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), max_depth,
-                           logits.to(dev), None, temperature, seed.to(dev), offset.to(dev))
-    for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), max_depth,
+                               logits.to(dev), None, temperature, seed.to(dev), offset.to(dev))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
-def test_verify_tree_target_tokens_empty_rows(dev):
-    # num_nodes 0 (value checks off): no child is accepted and the bonus is the root's target.
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+def test_verify_tree_empty_rows(dev, target):
+    """num_nodes 0 (value checks off): the root is still verified, so the row is a one-node
+    tree: accept_len 0 and the bonus is the target's token at node 0 (given, or from logits)."""
     gen = torch.Generator().manual_seed(6)
-    b, n = 4, 33
+    b, n, v = 4, 33, 300
     parents, num_nodes = random_tree(b, n, gen)
     num_nodes[1] = 0
     num_nodes[2] = 1
     tokens = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
-    target = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
-    want = ref.verify_tree(tokens, parents, num_nodes, 6, target_tokens=target)
-    got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 6, None,
-                           target.to(dev), 0.0, None, None)
-    for key, g in zip(("accept_len", "path", "bonus", "emitted"), got):
+    seed = torch.tensor([1, 2, 3, 4], dtype=torch.int64)
+    offset = torch.zeros(b, dtype=torch.int64)
+    temperature = 0.8 if target == "sampled" else 0.0
+    if target == "tokens":
+        tgt = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
+        logits = None
+    else:
+        logits = torch.randn(b, n, v, generator=gen)
+        logits[..., :3] += 3.0
+        tgt = ref.sample_tokens(logits, temperature, seed, offset)
+    want = ref.verify_tree(tokens, parents, num_nodes, 6, target_tokens=tgt)
+    to = lambda t: None if t is None else t.to(dev)
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 6, to(logits),
+                               tgt.to(dev) if logits is None else None, temperature,
+                               to(seed), to(offset))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
+        assert torch.equal(g.cpu(), want[key].cpu()), key
+    assert got[0][1] == 0 and got[2][1] == tgt[1, 0] and got[1][1, 0] == 0
+
+
+def test_verify_tree_uniform_clamp(dev):
+    """Seed 39114, offset 0, sequence 0, node 0, v 7 hashes to h >> 8 == 2**24 - 1, whose uniform
+    rounds to 1.0 in float32 unless clamped to 1 - 2**-24: an infinite Gumbel would make v 7 win
+    over token 3's clear lead. One-node trees, so the bonus is the sample at node 0."""
+    tokens = torch.zeros(2, 1, dtype=torch.int32)
+    parents = torch.full((2, 1), -1, dtype=torch.int32)
+    num_nodes = torch.ones(2, dtype=torch.int32)
+    logits = torch.zeros(2, 1, 8)
+    logits[:, 0, 3] = 30.0
+    seed = torch.tensor([39114, 39114], dtype=torch.int64)
+    offset = torch.zeros(2, dtype=torch.int64)
+    want = ref.verify_tree(tokens, parents, num_nodes, 0, target_logits=logits, temperature=1.0,
+                           seed=seed, offset=offset)
+    assert want["bonus"].tolist() == [3, 3]
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 0,
+                               logits.to(dev), None, 1.0, seed.to(dev), offset.to(dev))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
@@ -424,8 +467,10 @@ def test_verify_tree_walk_limit(dev):
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
     with pytest.raises(RuntimeError):
         cu().verify_tree(tokens, parents, num_nodes, 1, None, tokens, 0.0, None, None)
-    got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None, tokens[:, :n],
-                           0.0, None, None)
+    with poisoned_empty():
+        got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None,
+                               tokens[:, :n], 0.0, None, None)
+    sync(dev)
     assert got[0].cpu().tolist() == [0] and got[2].cpu().tolist() == [0]
 
 
@@ -448,8 +493,10 @@ def test_commit_kv(dev, cache_dtype, is_paged, dh, hdim):
     kr, vr = kc.clone(), vc.clone()
     want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
     kd, vd = kc.to(dev), vc.to(dev)
-    lens, rows = cu().commit_kv(kd, vd, prefix.to(dev), path.to(dev), accept.to(dev),
-                                None if table is None else table.to(dev), hidden.to(dev))
+    with poisoned_empty():
+        lens, rows = cu().commit_kv(kd, vd, prefix.to(dev), path.to(dev), accept.to(dev),
+                                    None if table is None else table.to(dev), hidden.to(dev))
+    sync(dev)
     assert torch.equal(lens.cpu(), want_lens) and torch.equal(rows.cpu(), want_rows)
     assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
 
@@ -465,7 +512,8 @@ def test_log_softmax_topk(dev, dtype):
     tt, tl = cu().log_softmax_topk(logits.to(dev), k)
     want_t, want_l = ref.log_softmax_topk(logits.double(), k)
     assert torch.equal(tt.cpu(), want_t)
-    assert (tl.cpu().double() - want_l).abs().max() < 1e-4
+    # 16-bit inputs are exact in fp32 and the log-softmax is fp32 for every input dtype.
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("staged", [True, False])
@@ -482,7 +530,7 @@ def test_log_softmax_topk_many_chunks(dev, monkeypatch, staged):
     tt, tl = cu().log_softmax_topk(logits.to(dev), 10)
     want_t, want_l = ref.log_softmax_topk(logits.double(), 10)
     assert torch.equal(tt.cpu(), want_t)
-    assert (tl.cpu().double() - want_l).abs().max() < 1e-4
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
 
 
 # (dtype, B, D, H, V, k, simulated SMs): one m16 tile with a hidden-size tail (72 = 64 + 8) and
@@ -560,7 +608,9 @@ def test_build_tree(dev, algorithm, budget, k, d):
     lp[1] = lp[1].sort(-1, descending=True).values
     root = torch.tensor([5, 6, 7], dtype=torch.int32)
     want = ref.build_tree(idx, lp, root, budget, algorithm)
-    got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+    with poisoned_empty():
+        got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+    sync(dev)
     for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
         assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
 
@@ -574,7 +624,9 @@ def test_pack_mask(dev, b, n):
     parents[0, 1:] = torch.arange(n - 1, dtype=torch.int32)  # a chain: every bit of a row set
     num_nodes[0] = n
     want = ref.pack_mask(parents, num_nodes).to(torch.int32)
-    got = cu().pack_mask(parents.to(dev), num_nodes.to(dev))
+    with poisoned_empty():
+        got = cu().pack_mask(parents.to(dev), num_nodes.to(dev))
+    sync(dev)
     assert torch.equal(got.cpu(), want)
 
 
@@ -593,7 +645,9 @@ def test_build_tree_random_configs(dev):
         root = torch.tensor([3, 4], dtype=torch.int32)
         for algorithm in ("topn", "accum_logp"):
             want = ref.build_tree(idx, lp, root, budget, algorithm)
-            got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+            with poisoned_empty():
+                got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+            sync(dev)
             for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
                 assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), (trial, algorithm, key)
 

@@ -86,6 +86,22 @@ def test_sampling_formula():
         R.sample_tokens(logits, 1.0)
 
 
+def test_uniform_clamp_below_one():
+    """Seed 39114, offset 0, b 0, node 0, v 7 hashes to h >> 8 == 2**24 - 1: the exact uniform
+    1 - 2**-25 rounds to 1.0 in float32, so only the clamp keeps u = 1 - 2**-24 and the noise
+    finite; with an infinite Gumbel, v 7 would beat token 3's lead of 30."""
+    h = py_mix32(py_mix32(py_mix32(py_mix32(py_mix32(39114) ^ 0) ^ 0) ^ 0) ^ 7)
+    assert h >> 8 == 2 ** 24 - 1 and np.float32(1.0 - 2.0 ** -25) == 1.0
+    seed, off = torch.tensor([39114], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
+    u = R.gumbel_uniform(seed, off, 1, 8)
+    assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3] = 30.0
+    for x in (logits, logits.double()):
+        assert R.sample_tokens(x, 1.0, seed, off).tolist() == [[3]]
+
+
 @pytest.mark.parametrize("T", [0.6, 1.0, 2.5])
 def test_gumbel_sampler_distribution(T):
     """Empirical frequencies over 12000 (b, i) draws match softmax(logits / T)."""
@@ -136,6 +152,28 @@ def test_verify_ignores_rows_past_num_nodes():
     assert v["accept_len"].tolist() == [0] and v["bonus"].tolist() == [7]
     v = verify(tokens, parents, [4], 2, [[7, 1, 1, 1]])
     assert v["accept_len"].tolist() == [1] and v["path"].tolist() == [[0, 3, -1]]
+
+
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+def test_verify_empty_row_verifies_root(target):
+    """num_nodes 0 (only reachable with value checks off): the root is still verified, so the
+    row acts as a one-node tree: accept_len 0, path [0, -1, ...], bonus = target at node 0."""
+    tokens = torch.tensor([[4, 1, 2], [4, 1, 2]], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0], [-1, 0, 0]], dtype=torch.int32)
+    num_nodes = torch.tensor([0, 3], dtype=torch.int32)
+    logits = torch.full((2, 3, 6), -1.0)
+    logits[:, 0, 1] = 40.0      # the root's target is 1 (greedy, and sampled at T = 0.5)
+    seed, off = torch.tensor([5, 6]), torch.tensor([0, 0])
+    if target == "tokens":
+        kw = dict(target_tokens=torch.tensor([[1, 0, 0], [1, 0, 0]], dtype=torch.int32))
+    else:
+        kw = dict(target_logits=logits, temperature=0.5 if target == "sampled" else 0.0,
+                  seed=seed, offset=off)
+    v = R.verify_tree(tokens, parents, num_nodes, 2, **kw)
+    assert v["accept_len"].tolist() == [0, 1]
+    assert v["path"].tolist() == [[0, -1, -1], [0, 1, -1]]
+    assert v["bonus"][0].item() == 1
+    assert v["emitted"][0].tolist() == [1, -1, -1]
 
 
 def test_verify_full_chain_accepted():

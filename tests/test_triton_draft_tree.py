@@ -276,8 +276,13 @@ def test_tree_difference_accepts_only_ties():
                            1e-4) is None
     assert tree_difference(a, hand_tree([0, 1, 2, 4], [-1, 0, 0, 0], [0, -1, -2, -2.5]),
                            1e-4) is not None
-    # a matched node with a different score
+    # a matched node with a different score: beyond eps, within eps but beyond the fp32 rule
+    # (relative L2 2.4e-5), NaN
     assert tree_difference(a, hand_tree([0, 1, 2, 3], [-1, 0, 0, 0], [0, -1, -2.01, -3]),
+                           1e-4) is not None
+    assert tree_difference(a, hand_tree([0, 1, 2, 3], [-1, 0, 0, 0], [0, -1, -2.00009, -3]),
+                           1e-4) is not None
+    assert tree_difference(a, hand_tree([0, 1, 2, 3], [-1, 0, 0, 0], [0, -1, float("nan"), -3]),
                            1e-4) is not None
     assert tree_difference(a, hand_tree([0, 1, 2], [-1, 0, 0], [0, -1, -2]), 1e-4) is not None
 

@@ -6,6 +6,7 @@ import jetspec_kernels as jk
 import python_ref as ref
 from jetspec_kernels.tree import Tree
 from jetspec_kernels.triton import verify
+from helpers import poisoned_empty
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 KEYS = ("accept_len", "path", "bonus", "emitted")
@@ -13,14 +14,16 @@ KEYS = ("accept_len", "path", "bonus", "emitted")
 
 def run_triton(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
                seed=None, offset=None, num_splits=None, block_v=None):
-    """The kernels on poisoned (-7) outputs; returns them on the CPU in KEYS order."""
+    """The kernels on poisoned (-7) outputs and partials; returns the outputs on the CPU in KEYS
+    order."""
     B = tokens.shape[0]
     to = lambda t: None if t is None else t.to(DEV)
     outs = [torch.full(s, -7, dtype=torch.int32, device=DEV)
             for s in ((B,), (B, max_depth + 1), (B,), (B, max_depth + 1))]
-    verify.launch(to(tokens), to(parents), to(num_nodes), max_depth, to(logits), to(target),
-                  temperature, to(seed), to(offset), *outs, num_splits=num_splits,
-                  block_v=block_v)
+    with poisoned_empty():
+        verify.launch(to(tokens), to(parents), to(num_nodes), max_depth, to(logits), to(target),
+                      temperature, to(seed), to(offset), *outs, num_splits=num_splits,
+                      block_v=block_v)
     return [o.cpu() for o in outs]
 
 
@@ -81,6 +84,24 @@ def test_uniform_bit_exact():
     want = ref.gumbel_uniform(seed, offset, 3, 4099)
     assert torch.equal(got, want)
     assert float(got.min()) > 0.0 and float(got.max()) < 1.0
+
+
+def test_uniform_clamp_below_one():
+    """Seed 39114, offset 0, b 0, node 0, v 7 reaches h >> 8 == 2**24 - 1, which rounds to 1.0 in
+    float32 unless clamped: u, the sample and a one-node walk's bonus must match python_ref, and
+    an infinite Gumbel at v 7 must not beat token 3's lead."""
+    seed, offset = torch.tensor([39114], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
+    u = verify.gumbel_uniform(seed.to(DEV), offset.to(DEV), 1, 8).cpu()
+    assert torch.equal(u, ref.gumbel_uniform(seed, offset, 1, 8))
+    assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
+    logits = torch.zeros(1, 1, 8)
+    logits[0, 0, 3] = 30.0
+    got = verify.sample_tokens(logits.to(DEV), 1.0, seed.to(DEV), offset.to(DEV)).cpu()
+    assert torch.equal(got, ref.sample_tokens(logits, 1.0, seed, offset)) and got.item() == 3
+    zeros = torch.zeros(1, 1, dtype=torch.int32)
+    want = check(zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=logits, temperature=1.0,
+                 seed=seed, offset=offset)
+    assert want["bonus"].tolist() == [3]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -156,6 +177,25 @@ def test_sibling_token_ties_lowest_index_wins():
     tokens[0, 7] = 8
     want = check(tokens, parents, num_nodes, 3, target=target)
     assert int(want["accept_len"][0]) == 0
+
+
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+def test_empty_rows_verify_the_root(target):
+    """num_nodes 0 (value checks off): the root is still verified; the row acts as a one-node
+    tree, so its bonus is the target's token at node 0 (given, or from its logits)."""
+    gen = torch.Generator().manual_seed(8)
+    B, N, V = 4, 9, 300
+    tokens, parents, num_nodes = random_tree(B, N, 3, gen)
+    num_nodes[1] = 0
+    num_nodes[2] = 1
+    seed, offset = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 0, 0, 0])
+    temperature = 0.8 if target == "sampled" else 0.0
+    logits = steering_logits(tokens, parents, num_nodes, V, gen)
+    per_node = ref.sample_tokens(logits, temperature, seed, offset)
+    kw = dict(target=per_node) if target == "tokens" else dict(logits=logits)
+    want = check(tokens, parents, num_nodes, 4, temperature=temperature, seed=seed, offset=offset,
+                 num_splits=2, **kw)
+    assert want["accept_len"][1] == 0 and want["bonus"][1] == per_node[1, 0]
 
 
 @pytest.mark.parametrize("N,max_depth", [(1, 0), (5, 4), (37, 3), (37, 36), (64, 9)])

@@ -83,7 +83,9 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     Greedy (temperature 0): the target's token at a node is the argmax of its logits. Sampling:
     one Gumbel-max sample per node from softmax(logits / temperature), keyed by (seed, offset,
     sequence, node), then the same token matching; the output is distributed exactly as the
-    target's own samples. Siblings with the same token: the lowest index wins.
+    target's own samples. Siblings with the same token: the lowest index wins. The root (node 0)
+    is always verified: a row with ``num_nodes`` 0 (rejected where value checks run) is a
+    one-node tree: accept_len 0, path [0, -1, ...], bonus = the target's token at node 0.
 
     Parameters
     ----------

@@ -26,13 +26,14 @@ constexpr int kTargetThreads = 256;
 
 // One CTA per (node, vocab split): the split's best value with 16-byte loads (when aligned),
 // then a block argmax. argmax_better is a total order, so the splits can be combined in any
-// order. Splits give a B = 1 verify enough CTAs to fill the GPU; padding nodes are skipped.
+// order. Splits give a B = 1 verify enough CTAs to fill the GPU; padding nodes are skipped, but
+// never the root: it is verified even when num_nodes is 0 (the walk's bonus is then its target).
 template <typename T>
 __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTokenParams p) {
   pdl_begin();
   const int row = blockIdx.x, split = blockIdx.y;
   const int b = row / p.n, i = row % p.n;
-  if (i >= p.num_nodes[b]) return;  // never read by the walk
+  if (i > 0 && i >= p.num_nodes[b]) return;  // never read by the walk
   const T* x = static_cast<const T*>(p.logits) + b * p.s0 + i * p.s1;
   const int v0 = split * p.split_len;
   const int v1 = min(p.vocab, v0 + p.split_len);
