@@ -11,6 +11,8 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from .ops import _checks as C
+
 __all__ = ["Tree", "Verdict", "Commit", "mask_words"]
 
 
@@ -58,8 +60,19 @@ class Tree:
     def capacity(self) -> int:
         return self.tokens.shape[1]
 
+    def _check_prefix_lens(self, prefix_lens, device=None) -> None:
+        """``prefix_lens``: int32/int64 [B], one per tree (never broadcast from fewer)."""
+        C.tensor("prefix_lens", prefix_lens, dtypes=(torch.int32, torch.int64), shape=[self.batch_size],
+                 device=device, last_contiguous=False)
+
     def positions(self, prefix_lens: torch.Tensor) -> torch.Tensor:
-        """int32 [B, N] positions ``prefix_lens[b] + depths[b, i]`` (padding rows at the prefix)."""
+        """int32 [B, N] positions ``prefix_lens[b] + depths[b, i]`` (padding rows at the prefix).
+
+        ``prefix_lens``: int32/int64 [B] on the tree's device, >= 0, and small enough that every
+        position fits in int32.
+        """
+        self._check_prefix_lens(prefix_lens, self.tokens.device)
+        C.value_range("prefix_lens", prefix_lens, 0, C.INT32_MAX - max(self.capacity - 1, 0))
         return (prefix_lens.to(torch.int32)[:, None] + self.depths.clamp_min(0)).to(torch.int32)
 
     def dense_mask(self) -> torch.Tensor:
@@ -71,18 +84,23 @@ class Tree:
 
         Request b has ``qo_len = N`` rows and ``kv_len = prefix_lens[b] + N`` columns; its
         row-major bool matrix (prefix all visible, tree part = :meth:`dense_mask`) is packed
-        little-endian within bytes and padded to a whole byte.
+        little-endian within bytes and padded to a whole byte. ``prefix_lens``: int32/int64 [B],
+        >= 0, on any device (it is read on the host).
 
         Returns
         -------
         packed : uint8 [sum_b ceil(N * kv_len_b / 8)]
         indptr : int32 [B + 1]   byte offset of each request's segment
         """
+        self._check_prefix_lens(prefix_lens)
+        lens = prefix_lens.tolist()
+        if lens and min(lens) < 0:
+            raise ValueError(f"prefix_lens must be >= 0, got min {min(lens)}")
         n = self.capacity
         dense = self.dense_mask()
         segments, sizes = [], []
         weights = (2 ** torch.arange(8, device=dense.device)).to(torch.uint8)
-        for b, plen in enumerate(prefix_lens.tolist()):
+        for b, plen in enumerate(lens):
             full = torch.cat([torch.ones(n, plen, dtype=torch.bool, device=dense.device), dense[b]], 1)
             flat = full.flatten()
             pad = (-flat.numel()) % 8
@@ -90,7 +108,8 @@ class Tree:
             segments.append((flat * weights).sum(1, dtype=torch.uint8))
             sizes.append(segments[-1].numel())
         indptr = torch.tensor([0] + sizes, device=dense.device).cumsum(0).to(torch.int32)
-        return torch.cat(segments), indptr
+        packed = torch.cat(segments) if segments else weights.new_empty(0)
+        return packed, indptr
 
     def to_sglang(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """SGLang's ``retrive_index, retrive_next_token, retrive_next_sibling`` (int64 [B, N]).
@@ -131,6 +150,10 @@ class Tree:
 
     def pretty(self, b: int | None = None, decode: Optional[Callable[[int], str]] = None) -> str:
         """A readable drawing of tree ``b`` (every tree when None); ``decode`` maps token -> text."""
+        if b is not None:
+            C.integer("b", b, lo=0, hi=self.batch_size - 1)
+        if decode is not None and not callable(decode):
+            raise TypeError(f"decode must be callable (token id -> str), got {type(decode).__name__}")
         batches = range(self.batch_size) if b is None else [b]
         tok = self.tokens.cpu().tolist()
         par = self.parents.cpu().tolist()

@@ -181,9 +181,11 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm="topn"
             scores[b][i] = score
         num_nodes[b] = len(rows)
 
-    tokens, parents, depths, num_nodes = (torch.tensor(x, dtype=torch.int32)
-                                          for x in (tokens, parents, depths, num_nodes))
-    scores = torch.tensor(scores, dtype=cd)
+    # reshape: with B = 0 the nested lists are empty and lose the N dim
+    tokens, parents, depths = (torch.tensor(x, dtype=torch.int32).reshape(B, N)
+                               for x in (tokens, parents, depths))
+    num_nodes = torch.tensor(num_nodes, dtype=torch.int32)
+    scores = torch.tensor(scores, dtype=cd).reshape(B, N)
     mask = pack_mask(parents, num_nodes)
     out = dict(tokens=tokens, parents=parents, depths=depths, scores=scores,
                num_nodes=num_nodes, mask=mask)

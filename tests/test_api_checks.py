@@ -130,7 +130,8 @@ CASES = [
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][0]), ValueError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("logits", [[1.0]]), TypeError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"].transpose(1, 2).transpose(1, 2)[..., ::2]), ValueError, "logits"),
-    (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][:, :0]), ValueError, "depth"),
+    (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][:, :0]), ValueError, "logits"),
+    (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][..., :0]), ValueError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", lambda a: a["root_tokens"].float()), TypeError, "root_tokens"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", torch.zeros(B + 1, dtype=I32)), ValueError, "root_tokens"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", torch.full((B,), V, dtype=I32)), ValueError, "root_tokens"),
@@ -152,18 +153,30 @@ CASES = [
     (jk.draft_tree_from_topk, draft_tree_from_topk_args, _with("root_tokens", torch.zeros(B, 1, dtype=I32)), ValueError, "root_tokens"),
     (jk.draft_tree_from_topk, draft_tree_from_topk_args, _with("budget", -1), ValueError, "budget"),
     (jk.draft_tree_from_topk, draft_tree_from_topk_args, _with("algorithm", None), ValueError, "algorithm"),
+    (jk.draft_tree_from_topk, draft_tree_from_topk_args, lambda a: {**a, "topk_tokens": torch.zeros(B, D, 65, dtype=I32), "topk_logprobs": torch.full((B, D, 65), -1.0)}, ValueError, "topk_tokens"),
+    (jk.draft_tree_from_topk, draft_tree_from_topk_args, lambda a: {**a, "topk_tokens": torch.zeros(B, D, 0, dtype=I32), "topk_logprobs": torch.zeros(B, D, 0)}, ValueError, "topk_tokens"),
+    (jk.draft_tree_from_topk, draft_tree_from_topk_args, lambda a: {**a, "topk_tokens": a["topk_tokens"][:, :0], "topk_logprobs": a["topk_logprobs"][:, :0]}, ValueError, "topk_tokens"),
+    # int64 tokens are narrowed to int32 by every backend: a value past int32 would wrap
+    (jk.draft_tree_from_topk, draft_tree_from_topk_args, _with("topk_tokens", lambda a: a["topk_tokens"].long() + 2**31), ValueError, "topk_tokens"),
+    (jk.draft_tree_from_topk, draft_tree_from_topk_args, _with("root_tokens", torch.full((B,), 2**32, dtype=I64)), ValueError, "root_tokens"),
+    (jk.draft_tree_from_topk, draft_tree_from_topk_args, _with("root_tokens", torch.full((B,), -1, dtype=I32)), ValueError, "root_tokens"),
     # draft_tree_from_hidden
     (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("hidden", lambda a: a["hidden"].int()), TypeError, "hidden"),
     (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("lm_head_weight", lambda a: a["lm_head_weight"].half()), TypeError, "lm_head_weight"),
     (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("lm_head_weight", lambda a: a["lm_head_weight"][:, :4]), ValueError, "lm_head_weight"),
     (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("topk", 0), ValueError, "topk"),
     (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("root_tokens", torch.full((B,), -1, dtype=I32)), ValueError, "root_tokens"),
+    (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("lm_head_weight", lambda a: a["lm_head_weight"][:0]), ValueError, "lm_head_weight"),
+    (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, _with("hidden", lambda a: a["hidden"][:, :0]), ValueError, "hidden"),
+    (jk.draft_tree_from_hidden, draft_tree_from_hidden_args, lambda a: {**a, "hidden": a["hidden"][..., :0], "lm_head_weight": a["lm_head_weight"][:, :0]}, ValueError, "hidden"),
     # pack_mask
     (jk.pack_mask, pack_mask_args, _with("parents", lambda a: a["parents"].long()), TypeError, "parents"),
     (jk.pack_mask, pack_mask_args, _with("parents", lambda a: a["parents"][0]), ValueError, "parents"),
     (jk.pack_mask, pack_mask_args, _with("parents", torch.tensor([[-1, 0, 2, 1, -1]] * B, dtype=I32)), ValueError, "parents"),
     (jk.pack_mask, pack_mask_args, _with("num_nodes", torch.tensor([6, 3, 1], dtype=I32)), ValueError, "num_nodes"),
     (jk.pack_mask, pack_mask_args, _with("num_nodes", torch.tensor([4, 3], dtype=I32)), ValueError, "num_nodes"),
+    (jk.pack_mask, pack_mask_args, _with("parents", torch.tensor([[4, 0, 0, 1, -1]] * B, dtype=I32)), ValueError, "parents"),
+    (jk.pack_mask, pack_mask_args, lambda a: {**a, "parents": torch.zeros(B, 0, dtype=I32), "num_nodes": torch.zeros(B, dtype=I32)}, ValueError, "parents"),
     # tree_attention
     (jk.tree_attention, tree_attention_args, _with("q", lambda a: a["q"].int()), TypeError, "q"),
     (jk.tree_attention, tree_attention_args, _with("q", lambda a: a["q"][0]), ValueError, "q"),
@@ -188,6 +201,10 @@ CASES = [
     (jk.tree_attention, tree_attention_args, _with("out", torch.empty(B, N, HQ, DH + 1)), ValueError, "out"),
     (jk.tree_attention, tree_attention_args, _with("lse", torch.empty(B, N, HQ)), ValueError, "lse"),
     (jk.tree_attention, tree_attention_args, _with("lse", torch.empty(B, HQ, N, dtype=torch.float64)), TypeError, "lse"),
+    (jk.tree_attention, tree_attention_args, _with("return_lse", "yes"), TypeError, "return_lse"),
+    (jk.tree_attention, tree_attention_args, _with("return_lse", 1), TypeError, "return_lse"),
+    (jk.tree_attention, tree_attention_args, _with("return_lse", None), TypeError, "return_lse"),
+    (jk.tree_attention, tree_attention_args, lambda a: {**a, "q": torch.randn(B, N, HQ, 0), "k_cache": torch.randn(B, L, HKV, 0), "v_cache": torch.randn(B, L, HKV, 0)}, ValueError, "q head dim"),
     (jk.tree_attention, paged_attention_args, _with("block_table", lambda a: a["block_table"].long()), TypeError, "block_table"),
     (jk.tree_attention, paged_attention_args, _with("block_table", lambda a: a["block_table"][:2]), ValueError, "block_table"),
     (jk.tree_attention, paged_attention_args, _with("block_table", lambda a: a["block_table"] + 1), ValueError, "block_table"),
@@ -212,6 +229,7 @@ CASES = [
     (jk.qk_norm_rope_append, rope_args, _with("eps", -1e-6), ValueError, "eps"),
     (jk.qk_norm_rope_append, rope_args, _with("cache_start", torch.tensor([0, 0, L - N + 1], dtype=I32)), ValueError, "cache_start"),
     (jk.qk_norm_rope_append, rope_args, _with("cache_start", torch.zeros(B, dtype=I64)), TypeError, "cache_start"),
+    (jk.qk_norm_rope_append, rope_args, lambda a: {**a, "positions": torch.full((B, N), 2**31, dtype=I64), "cache_start": torch.zeros(B, dtype=I32)}, ValueError, "positions"),
     (jk.qk_norm_rope_append, rope_args, _with("block_table", torch.full((B, 2), B, dtype=I32)), ValueError, "block_table"),
     (jk.qk_norm_rope_append, rope_args, _with("q", [[1.0]]), TypeError, "q"),
     # qk_norm_rope_append, K/V only (q None): sizes come from k; a given q_norm_w is still checked
@@ -255,6 +273,12 @@ CASES = [
     (jk.verify_tree, verify_args, _with("target_tokens", torch.zeros(B, N, dtype=I32)), ValueError, "target_logits"),
     (jk.verify_tree, verify_args, lambda a: {**a, "target_logits": None, "target_tokens": torch.zeros(B, N)}, TypeError, "target_tokens"),
     (jk.verify_tree, verify_args, _with("temperature", -0.5), ValueError, "temperature"),
+    (jk.verify_tree, verify_args, lambda a: {**a, "target_logits": None, "target_tokens": torch.full((B, N), -5, dtype=I32)}, ValueError, "target_tokens"),
+    (jk.verify_tree, verify_args, _tree_with("tokens", lambda t: t.tokens - V), ValueError, "tree.tokens"),
+    (jk.verify_tree, verify_args, _tree_with("tokens", lambda t: t.tokens + V), ValueError, "tree.tokens"),
+    (jk.verify_tree, verify_args, lambda a: {**a, "target_logits": None, "target_tokens": torch.zeros(B, N, dtype=I32), "tree": jk.Tree(**{**a["tree"].__dict__, "tokens": a["tree"].tokens - V})}, ValueError, "tree.tokens"),
+    (jk.verify_tree, verify_args, lambda a: {**a, "temperature": 1.0, "seed": 2**64, "offset": 0}, ValueError, "seed"),
+    (jk.verify_tree, verify_args, lambda a: {**a, "temperature": 1.0, "seed": 0, "offset": -2**63 - 1}, ValueError, "offset"),
     (jk.verify_tree, verify_args, _with("target_logits", lambda a: a["target_logits"].to("meta")), ValueError, "target_logits"),
     (jk.verify_tree, verify_args, lambda a: {**a, "temperature": 1.0, "offset": torch.zeros(B, dtype=I64)}, ValueError, "seed"),
     (jk.verify_tree, verify_args, lambda a: {**a, "temperature": 1.0, "seed": torch.zeros(B, dtype=I64)}, ValueError, "offset"),
@@ -295,6 +319,54 @@ def test_bad_argument_is_named(op, make, change, err, needle):
                                   rope_kv_args, verify_args, commit_args])
 def test_every_op_covered(make):
     assert any(c[1] is make for c in CASES)
+
+
+TREE_METHOD_CASES = [
+    # prefix_lens has one entry per tree: never broadcast from fewer, never silently truncated
+    ("positions", lambda t: t.positions(torch.tensor([1], dtype=I32)), ValueError, "prefix_lens"),
+    ("positions", lambda t: t.positions(torch.ones(B + 1, dtype=I32)), ValueError, "prefix_lens"),
+    ("positions", lambda t: t.positions(torch.ones(B)), TypeError, "prefix_lens"),
+    ("positions", lambda t: t.positions(torch.full((B,), -1, dtype=I32)), ValueError, "prefix_lens"),
+    ("positions", lambda t: t.positions(torch.full((B,), 2**31 - 2, dtype=I64)), ValueError, "prefix_lens"),
+    ("positions", lambda t: t.positions(torch.ones(B, dtype=I32, device="meta")), ValueError, "prefix_lens"),
+    ("to_flashinfer_mask", lambda t: t.to_flashinfer_mask(torch.tensor([1], dtype=I32)), ValueError, "prefix_lens"),
+    ("to_flashinfer_mask", lambda t: t.to_flashinfer_mask(torch.ones(B + 1, dtype=I32)), ValueError, "prefix_lens"),
+    ("to_flashinfer_mask", lambda t: t.to_flashinfer_mask(torch.tensor([1, -2, 3], dtype=I32)), ValueError, "prefix_lens"),
+    ("to_flashinfer_mask", lambda t: t.to_flashinfer_mask(torch.ones(B)), TypeError, "prefix_lens"),
+    ("to_flashinfer_mask", lambda t: t.to_flashinfer_mask([1, 2, 3]), TypeError, "prefix_lens"),
+    ("pretty", lambda t: t.pretty(B), ValueError, "b must be"),
+    ("pretty", lambda t: t.pretty(-1), ValueError, "b must be"),
+    ("pretty", lambda t: t.pretty(0, decode="vocab.json"), TypeError, "decode"),
+]
+
+
+@pytest.mark.parametrize("method,bad_call,err,needle", TREE_METHOD_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(TREE_METHOD_CASES)])
+def test_tree_method_bad_argument_is_named(method, bad_call, err, needle):
+    tree = _tree()
+    prefix = torch.tensor([0, 3, 7], dtype=I32)
+    assert {"positions": lambda: tree.positions(prefix), "pretty": lambda: tree.pretty(0),
+            "to_flashinfer_mask": lambda: tree.to_flashinfer_mask(prefix)}[method]() is not None
+    with pytest.raises(err) as info:
+        bad_call(tree)
+    assert needle in str(info.value), f"message {str(info.value)!r} does not name {needle!r}"
+
+
+@pytest.mark.parametrize("make", [draft_tree_args, draft_tree_from_topk_args, draft_tree_from_hidden_args])
+def test_empty_batch_gives_empty_trees(make):
+    """B = 0 is valid input (as for the other ops): a Tree of 0 rows, not a crash."""
+    first = {draft_tree_args: "logits", draft_tree_from_topk_args: "topk_tokens",
+             draft_tree_from_hidden_args: "hidden"}[make]
+    args = make()
+    args = {k: v[:0] if k in (first, "topk_logprobs", "root_tokens") else v for k, v in args.items()}
+    op = {draft_tree_args: jk.draft_tree, draft_tree_from_topk_args: jk.draft_tree_from_topk,
+          draft_tree_from_hidden_args: jk.draft_tree_from_hidden}[make]
+    tree = call(op, args)
+    assert tree.tokens.shape == tree.parents.shape == tree.scores.shape == (0, BUDGET)
+    assert tree.num_nodes.shape == (0,) and tree.mask.shape == (0, BUDGET, 1)
+    assert tree.tokens.dtype == tree.num_nodes.dtype == I32 and tree.scores.dtype == F32
+    packed, indptr = tree.to_flashinfer_mask(torch.zeros(0, dtype=I32))
+    assert packed.shape == (0,) and packed.dtype == torch.uint8 and indptr.tolist() == [0]
 
 
 def test_kv_only_rope_returns_none_and_writes_the_cache():

@@ -17,6 +17,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32,)
+INT32_MAX = 2**31 - 1  # int64 token / position inputs are narrowed to int32 by the backends
 
 _VALUE_CHECK_MODES = ("cpu", "always", "never")
 _value_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
@@ -90,6 +91,13 @@ def number(name: str, v, *, lo: float | None = None, positive: bool = False) -> 
         raise ValueError(f"{name} must be > 0, got {v}")
     if lo is not None and v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")
+    return v
+
+
+def flag(name: str, v) -> bool:
+    """A bool argument: a truthy string or number is a mistake, not a yes."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__} {v!r}")
     return v
 
 

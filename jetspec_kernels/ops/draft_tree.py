@@ -26,21 +26,27 @@ def _hidden_unsupported(name: str, hidden) -> str | None:
     return None
 
 
-def _check_common(root_tokens, budget, topk, algorithm, *, batch, depth, vocab, device):
+def _check_common(root_tokens, budget, topk, algorithm, *, batch, vocab, device):
+    """Checks shared by the draft_tree ops; ``vocab`` None: unknown (draft_tree_from_topk)."""
     C.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
-    if vocab is not None:
-        C.value_range("root_tokens", root_tokens, 0, vocab - 1)
+    C.value_range("root_tokens", root_tokens, 0, C.INT32_MAX if vocab is None else vocab - 1)
     C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
-    C.integer("topk", topk, lo=1, hi=MAX_TOPK if vocab is None else min(MAX_TOPK, vocab))
+    if topk is not None:
+        C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
     C.choice("algorithm", algorithm, ALGORITHMS)
-    if depth < 1:
-        raise ValueError(f"the draft must have at least one depth, got D={depth}")
+
+
+def _nonempty(name: str, t, dim: int, what: str) -> None:
+    if t.shape[dim] < 1:
+        raise ValueError(f"{name} must have {what} in dim {dim}, got shape {list(t.shape)}")
 
 
 def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
     C.tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=3)
-    b, d, v = logits.shape
-    _check_common(root_tokens, budget, topk, algorithm, batch=b, depth=d, vocab=v, device=logits.device)
+    b, _, v = logits.shape
+    _nonempty("logits", logits, 1, "at least one draft depth")
+    _nonempty("logits", logits, 2, "a non-empty vocabulary")
+    _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=v, device=logits.device)
 
 
 def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
@@ -48,9 +54,12 @@ def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, 
     b, d, k = topk_tokens.shape
     C.tensor("topk_logprobs", topk_logprobs, dtypes=(torch.float32,), shape=[b, d, k],
              device=topk_tokens.device)
-    _check_common(root_tokens, budget, k, algorithm, batch=b, depth=d, vocab=None,
-                  device=topk_tokens.device)
-    C.value_range("topk_tokens", topk_tokens, 0, None)
+    _nonempty("topk_tokens", topk_tokens, 1, "at least one draft depth")
+    if not 1 <= k <= MAX_TOPK:
+        raise ValueError(f"topk_tokens must hold K in [1, {MAX_TOPK}] candidates in dim 2, got shape "
+                         f"{list(topk_tokens.shape)}")
+    _check_common(root_tokens, budget, None, algorithm, batch=b, vocab=None, device=topk_tokens.device)
+    C.value_range("topk_tokens", topk_tokens, 0, C.INT32_MAX)
     if C.values_checked(topk_logprobs) and topk_logprobs.numel():
         if not bool((topk_logprobs <= 0).all()):
             raise ValueError("topk_logprobs must be log-probabilities (<= 0)")
@@ -60,13 +69,16 @@ def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, 
 
 def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm):
     C.tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=3)
-    b, d, h = hidden.shape
+    b, _, h = hidden.shape
     C.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
     if lm_head_weight.shape[1] != h:
         raise ValueError(f"lm_head_weight must have shape [V, {h}] to match hidden, got "
                          f"{list(lm_head_weight.shape)}")
-    _check_common(root_tokens, budget, topk, algorithm, batch=b, depth=d,
-                  vocab=lm_head_weight.shape[0], device=hidden.device)
+    _nonempty("hidden", hidden, 1, "at least one draft depth")
+    _nonempty("hidden", hidden, 2, "a non-empty hidden size")
+    _nonempty("lm_head_weight", lm_head_weight, 0, "a non-empty vocabulary")
+    _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=lm_head_weight.shape[0],
+                  device=hidden.device)
 
 
 def _build(backend, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) -> Tree:
@@ -145,7 +157,7 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
 
     Parameters
     ----------
-    parents : int32 [B, N]     parent index (< own index), -1 for the root and padding
+    parents : int32 [B, N], N >= 1   parent index (< own index), -1 for the root and padding
     num_nodes : int32 [B]      valid nodes; rows >= num_nodes get only their own bit
 
     Returns
@@ -154,6 +166,8 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
     """
     C.tensor("parents", parents, dtypes=C.INDEX_DTYPES, ndim=2)
     b, n = parents.shape
+    if n < 1:
+        raise ValueError(f"parents must have at least one column (the root), got shape {list(parents.shape)}")
     C.tensor("num_nodes", num_nodes, dtypes=C.INDEX_DTYPES, shape=[b], device=parents.device)
     C.value_range("num_nodes", num_nodes, 0, n)
     if C.values_checked(parents) and parents.numel():
@@ -162,4 +176,6 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
         bad = valid & (idx[None, :] > 0) & ((parents < 0) | (parents >= idx[None, :]))
         if bool(bad.any()):
             raise ValueError("parents must satisfy 0 <= parents[b, i] < i for valid non-root nodes")
+        if bool((valid[:, 0] & (parents[:, 0] != -1)).any()):
+            raise ValueError("parents[b, 0] must be -1 (the root has no parent) where num_nodes[b] > 0")
     return _backend.select(parents.device, "pack_mask", backend)(parents, num_nodes)

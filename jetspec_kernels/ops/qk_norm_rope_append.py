@@ -43,7 +43,7 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
     C.number("eps", eps, positive=True)
     cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv, head_dim=dh,
                                dtypes=C.FLOAT_DTYPES, device=dev)
-    C.value_range("positions", positions, 0, None)
+    C.value_range("positions", positions, 0, C.INT32_MAX)  # the cuda backend narrows to int32
     if cache_start is None:
         C.value_range("positions", positions, 0, cap - 1)
         if C.values_checked(positions) and n > 1:

@@ -26,9 +26,11 @@ def _unsupported(name: str, q) -> str | None:
 
 
 def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
-                         lse=None):
+                         lse=None, return_lse=False):
     C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
     b, n, hq, dh = q.shape
+    if dh < 1:
+        raise ValueError(f"q head dim (dim 3) must be >= 1, got shape {list(q.shape)}")
     dev = q.device
     cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=dh,
                                dtypes=(q.dtype,), device=dev)
@@ -42,6 +44,7 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
         C.number("scale", scale, positive=True)
     C.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
     C.optional("lse", lse, dtypes=(torch.float32,), shape=[b, hq, n], device=dev)
+    C.flag("return_lse", return_lse)
     C.fits_in_cache(prefix_lens, n, cap)
 
 
@@ -73,7 +76,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     -------
     out, or (out, lse) when return_lse.
     """
-    check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse)
+    check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse,
+                         return_lse)
     impl = _backend.select(q.device, "tree_attention", backend, lambda name: _unsupported(name, q))
     dh = q.shape[-1]
     if out is None:

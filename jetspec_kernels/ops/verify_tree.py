@@ -43,7 +43,7 @@ def _seed(name, t, b, dev):
     if t is None:
         raise ValueError(f"{name} is required when temperature > 0 (an int64 tensor [B] or [])")
     if isinstance(t, int) and not isinstance(t, bool):
-        t = torch.tensor(t, dtype=torch.int64, device=dev)
+        t = torch.tensor(C.integer(name, t, lo=-2**63, hi=2**63 - 1), dtype=torch.int64, device=dev)
     C.tensor(name, t, dtypes=SEED_DTYPES, device=dev)
     if t.dim() == 0 or (t.dim() == 1 and t.shape[0] == 1):
         return t.reshape(1).to(torch.int64).expand(b).contiguous()
@@ -64,8 +64,11 @@ def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, off
         C.tensor("target_logits", target_logits, dtypes=C.FLOAT_DTYPES, shape=[b, n, None], device=dev)
         if target_logits.shape[2] == 0:
             raise ValueError("target_logits must have a non-empty vocabulary dim")
+        C.value_range("tree.tokens", tree.tokens, 0, target_logits.shape[2] - 1)
     else:
         C.tensor("target_tokens", target_tokens, dtypes=C.INDEX_DTYPES, shape=[b, n], device=dev)
+        C.value_range("target_tokens", target_tokens, 0, None)
+        C.value_range("tree.tokens", tree.tokens, 0, None)
         if temperature > 0:
             raise ValueError("sampling (temperature > 0) needs target_logits, not target_tokens")
     if temperature > 0:
