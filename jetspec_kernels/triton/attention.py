@@ -75,9 +75,9 @@ _CPU_SM_COUNT = 4
 @triton.jit
 def _kv_offsets(pos, valid, b, kv_head, bt_ptr, stride_btb, page_size,
                 stride_k0, stride_k1, stride_kh, stride_v0, stride_v1, stride_vh,
-                PAGED: tl.constexpr):
+                PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr):
     """Element offsets of the key rows and of the value rows at logical positions ``pos`` of
-    sequence ``b`` (K and V may have different strides: halves of one buffer, padded rows)."""
+    sequence ``b`` (V's strides may differ from K's, e.g. V rows padded wider)."""
     if PAGED:
         c0 = tl.load(bt_ptr + b * stride_btb + pos // page_size, mask=valid, other=0).to(tl.int64)
         c1 = (pos % page_size).to(tl.int64)
@@ -85,6 +85,8 @@ def _kv_offsets(pos, valid, b, kv_head, bt_ptr, stride_btb, page_size,
         c0 = b.to(tl.int64)
         c1 = pos.to(tl.int64)
     k_off = c0 * stride_k0 + c1 * stride_k1 + kv_head * stride_kh
+    if SAME_KV_STRIDES:     # the usual layouts: no second offset vector kept live
+        return k_off, k_off
     v_off = c0 * stride_v0 + c1 * stride_v1 + kv_head * stride_vh
     return k_off, v_off
 
@@ -119,7 +121,8 @@ def _tree_attention_fwd(
     stride_lb, stride_lh, stride_ln,
     B, N, HQ, HKV, G, num_splits, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
-    PAGED: tl.constexpr, TAIL_MODE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
+    PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, TAIL_MODE: tl.constexpr,
+    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """One (query tile, sequence x kv head, split) program. TAIL_MODE: 0 tree mask, 1 causal, 2 full."""
@@ -153,7 +156,7 @@ def _tree_attention_fwd(
         key_ok = pos < hi
         k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
                                    stride_k0, stride_k1, stride_kh, stride_v0, stride_v1,
-                                   stride_vh, PAGED)
+                                   stride_vh, PAGED, SAME_KV_STRIDES)
         visible = row_ok[:, None] & key_ok[None, :]
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
                                       visible, offs_d, qk_scale_log2, INPUT_PRECISION)
@@ -169,7 +172,7 @@ def _tree_attention_fwd(
             key_ok = j < tail_end
             k_off, v_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr, stride_btb,
                                        page_size, stride_k0, stride_k1, stride_kh, stride_v0,
-                                       stride_v1, stride_vh, PAGED)
+                                       stride_v1, stride_vh, PAGED, SAME_KV_STRIDES)
             both = row_ok[:, None] & key_ok[None, :]
             if TAIL_MODE == 0:
                 # TAIL_N is 32 here, so one mask word per row covers the block: a [BLOCK_M]
@@ -338,7 +341,8 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         *lse_strides,
         B, N, HQ, HKV, G, num_splits, scale * _LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n,
-        TAIL_N=32 if tree_mask is not None else block_n, PAGED=paged, TAIL_MODE=tail_mode,
+        TAIL_N=32 if tree_mask is not None else block_n, PAGED=paged,
+        SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], TAIL_MODE=tail_mode,
         SPLIT=split, STORE_LSE=store_lse, INPUT_PRECISION=precision, num_warps=num_warps,
         num_stages=num_stages,
     )
