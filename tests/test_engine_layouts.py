@@ -76,7 +76,7 @@ def heads_major(x):
 
 
 def halves(k, v):
-    """K and V as ``buf[:, :, 0]`` and ``buf[:, :, 1]`` of one ``[B|P, L|page, 2, Hkv, Dh]`` buffer."""
+    """K and V as ``buf[:, :, 0]`` and ``buf[:, :, 1]`` of one [B|P, L|page, 2, Hkv, Dh] buffer."""
     buf = torch.empty(*k.shape[:2], 2, *k.shape[2:], dtype=k.dtype, device=k.device)
     buf[:, :, 0] = k
     buf[:, :, 1] = v
@@ -207,7 +207,8 @@ def test_tree_attention(engine, layout, tail, is_paged):
 def test_tree_attention_auto_routes_misaligned_cache_past_cuda(monkeypatch):
     # auto tries cuda first, as for CUDA tensors; a V cache it cannot load goes to triton.
     use_sim_backend(monkeypatch)
-    monkeypatch.setattr(_backend, "_auto_candidates", lambda device: ("cuda", "triton", "reference"))
+    monkeypatch.setattr(_backend, "_auto_candidates",
+                        lambda device: ("cuda", "triton", "reference"))
     args = attention_args(Engine("auto", "cpu"), "v_misaligned", True, "mask", torch.float16)
     flat = dict(copies(args), backend="triton")
     assert_same(jk.tree_attention(**args), jk.tree_attention(**flat))
