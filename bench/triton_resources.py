@@ -97,7 +97,7 @@ def _cases():
     bf16 = torch.bfloat16
     hq, hkv = 32, 8
 
-    def attn(dtype, dh, n, tail, paged, splits, with_lse):
+    def attn(dtype, dh, n, tail, paged, splits, with_lse, v_pad=0):
         b, length = 2, 4096
         q = e(b, n, hq, dh, dtype=dtype)
         if paged:
@@ -105,10 +105,12 @@ def _cases():
             table = e(b, length // 16, **i32)
         else:
             kc, table = e(b, length, hkv, dh, dtype=dtype), None
+        # V rows padded wider than K: the kernel keeps a second offset vector for V.
+        vc = e(b, length, hkv, dh + v_pad, dtype=dtype)[..., :dh] if v_pad else kc
         mask = e(b, n, -(-n // 32), **i32) if tail == "mask" else None
         lse = e(b, hq, n) if with_lse else None
         return lambda: attention.launch_tree_attention(
-            q, kc, kc, e(b, **i32), mask, "causal" if tail == "mask" else tail, table, 0.088,
+            q, kc, vc, e(b, **i32), mask, "causal" if tail == "mask" else tail, table, 0.088,
             torch.empty_like(q), lse, num_splits=splits)
 
     variants = (("mask paged split lse", ("mask", True, 4, True)),
@@ -120,6 +122,8 @@ def _cases():
                 for what, args in variants:
                     yield (f"tree_attention {str(dtype)[6:]} Dh{dh} N{n} {what}",
                            attn(dtype, dh, n, *args))
+    yield ("tree_attention bfloat16 Dh128 N64 causal V padded",  # the most registers
+           attn(bf16, 128, 64, "causal", False, 1, False, v_pad=16))
 
     v, d, k = 151936, 15, 8
     yield "log_softmax_topk bf16 V151936", lambda: topk.log_softmax_topk(e(1, d, v, dtype=bf16), k)

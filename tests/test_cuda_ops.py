@@ -34,6 +34,12 @@ def dev(request, monkeypatch):
     """Device of the test tensors: "cuda", or "cpu" with the simulated kernels installed as _C."""
     if request.param == "cuda":
         return "cuda"
+    use_sim(monkeypatch)
+    return "cpu"
+
+
+def use_sim(monkeypatch):
+    """Install the simulated kernels as _C for CPU tensors (skips the test without g++)."""
     if shutil.which("g++") is None:
         pytest.skip("the CUDA simulator needs g++")
     guard = DeviceGuardCheck()
@@ -41,7 +47,6 @@ def dev(request, monkeypatch):
     monkeypatch.setattr(U, "on_device", guard.on_device)
     monkeypatch.setattr(U, "stream", guard.stream)
     monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices
-    return "cpu"
 
 
 class DeviceGuardCheck:

@@ -129,6 +129,34 @@ def test_matches_reference(B, N, Hq, Hkv, Dh, prefix, mode, page_size, q_layout,
     assert_close(case, out, lse, scale)
 
 
+def _widen_rows(cache, extra):
+    """``cache`` copied into rows ``extra`` elements wider (NaN padding), viewed back to its width."""
+    wide = torch.full((*cache.shape[:-1], cache.shape[-1] + extra), float("nan"), dtype=cache.dtype)
+    wide[..., :cache.shape[-1]] = cache
+    return wide[..., :cache.shape[-1]]
+
+
+@pytest.mark.parametrize("padded", ["v_cache", "k_cache"])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_k_and_v_with_different_strides(padded, page_size):
+    # Engines pad one cache's rows, or keep K and V in differently shaped pools: each cache must
+    # be read with its own strides (V read with K's strides gave rel-L2 1.35).
+    case = make_case(3, 7, 4, 2, 16, [5, 30, 0], torch.float32, mode="tree", page_size=page_size,
+                     seed=12)
+    case[padded] = _widen_rows(case[padded], 16)
+    assert case["k_cache"].stride() != case["v_cache"].stride()
+    out, lse, scale = run_backend(case, num_splits=2)
+    assert_close(case, out, lse, scale)
+
+
+def test_causal_with_several_query_tiles():
+    # N * G = 320 packed rows: three 128-row tiles, so each tile's causal tail ends at its own
+    # last row (tiles that stopped at the first tile's last row lost keys: rel-L2 0.4).
+    case = make_case(1, 40, 8, 1, 16, [9], torch.float32, mode="causal", seed=13)
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
 def test_tree_smaller_than_budget_has_padding_rows():
     # depth 2, top-2: 7 real nodes in a capacity of 13; rows 7.. are padding (own bit only).
     case = make_case(2, 13, 4, 2, 16, [12, 30], torch.float32, mode="tree", page_size=16,

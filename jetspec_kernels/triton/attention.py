@@ -74,21 +74,29 @@ _CPU_SM_COUNT = 4
 
 @triton.jit
 def _kv_offsets(pos, valid, b, kv_head, bt_ptr, stride_btb, page_size,
-                stride_c0, stride_c1, stride_ch, PAGED: tl.constexpr):
-    """Element offsets of key/value rows at logical positions ``pos`` of sequence ``b``."""
+                stride_k0, stride_k1, stride_kh, stride_v0, stride_v1, stride_vh,
+                PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr):
+    """Element offsets of the key rows and of the value rows at logical positions ``pos`` of
+    sequence ``b`` (V's strides may differ from K's, e.g. V rows padded wider)."""
     if PAGED:
-        page = tl.load(bt_ptr + b * stride_btb + pos // page_size, mask=valid, other=0)
-        return page.to(tl.int64) * stride_c0 + (pos % page_size).to(tl.int64) * stride_c1 \
-            + kv_head * stride_ch
-    return b.to(tl.int64) * stride_c0 + pos.to(tl.int64) * stride_c1 + kv_head * stride_ch
+        c0 = tl.load(bt_ptr + b * stride_btb + pos // page_size, mask=valid, other=0).to(tl.int64)
+        c1 = (pos % page_size).to(tl.int64)
+    else:
+        c0 = b.to(tl.int64)
+        c1 = pos.to(tl.int64)
+    k_off = c0 * stride_k0 + c1 * stride_k1 + kv_head * stride_kh
+    if SAME_KV_STRIDES:     # the usual layouts: no second offset vector kept live
+        return k_off, k_off
+    v_off = c0 * stride_v0 + c1 * stride_v1 + kv_head * stride_vh
+    return k_off, v_off
 
 
 @triton.jit
-def _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible, offs_d,
+def _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok, visible, offs_d,
                   qk_scale_log2, INPUT_PRECISION: tl.constexpr):
     """One online-softmax step over a block of keys; ``visible`` is [BLOCK_M, BLOCK_N] bool."""
-    k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale_log2
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -105,14 +113,16 @@ def _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible, offs_
 def _tree_attention_fwd(
     q_ptr, k_ptr, v_ptr, prefix_ptr, mask_ptr, bt_ptr, out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr,
     stride_qb, stride_qn, stride_qh,
-    stride_c0, stride_c1, stride_ch,
+    stride_k0, stride_k1, stride_kh,
+    stride_v0, stride_v1, stride_vh,
     stride_mb, stride_mn,
     stride_btb, page_size,
     stride_ob, stride_on, stride_oh,
     stride_lb, stride_lh, stride_ln,
     B, N, HQ, HKV, G, num_splits, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
-    PAGED: tl.constexpr, TAIL_MODE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
+    PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, TAIL_MODE: tl.constexpr,
+    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """One (query tile, sequence x kv head, split) program. TAIL_MODE: 0 tree mask, 1 causal, 2 full."""
@@ -144,11 +154,12 @@ def _tree_attention_fwd(
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         key_ok = pos < hi
-        kv_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
-                             stride_c0, stride_c1, stride_ch, PAGED)
+        k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
+                                   stride_k0, stride_k1, stride_kh, stride_v0, stride_v1,
+                                   stride_vh, PAGED, SAME_KV_STRIDES)
         visible = row_ok[:, None] & key_ok[None, :]
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible,
-                                      offs_d, qk_scale_log2, INPUT_PRECISION)
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
+                                      visible, offs_d, qk_scale_log2, INPUT_PRECISION)
 
     if split == num_splits - 1:
         tail_end = N
@@ -159,8 +170,9 @@ def _tree_attention_fwd(
         for j0 in range(0, tail_end, TAIL_N):
             j = j0 + offs_t
             key_ok = j < tail_end
-            kv_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
-                                 stride_c0, stride_c1, stride_ch, PAGED)
+            k_off, v_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr, stride_btb,
+                                       page_size, stride_k0, stride_k1, stride_kh, stride_v0,
+                                       stride_v1, stride_vh, PAGED, SAME_KV_STRIDES)
             both = row_ok[:, None] & key_ok[None, :]
             if TAIL_MODE == 0:
                 # TAIL_N is 32 here, so one mask word per row covers the block: a [BLOCK_M]
@@ -172,8 +184,8 @@ def _tree_attention_fwd(
                 visible = both & (j[None, :] <= row_i[:, None])
             else:
                 visible = both
-            acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, kv_off, key_ok, visible,
-                                          offs_d, qk_scale_log2, INPUT_PRECISION)
+            acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
+                                          visible, offs_d, qk_scale_log2, INPUT_PRECISION)
 
     has_key = l_i > 0.0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]
@@ -322,13 +334,15 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         q, k_cache, v_cache, prefix_lens, mask_arg, bt_arg, out, lse_arg, ws_o, ws_lse,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         *mask_strides,
         block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides,
         B, N, HQ, HKV, G, num_splits, scale * _LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n,
-        TAIL_N=32 if tree_mask is not None else block_n, PAGED=paged, TAIL_MODE=tail_mode,
+        TAIL_N=32 if tree_mask is not None else block_n, PAGED=paged,
+        SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], TAIL_MODE=tail_mode,
         SPLIT=split, STORE_LSE=store_lse, INPUT_PRECISION=precision, num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -351,7 +365,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     ----------
     q : float16/bfloat16/float32 [B, N, Hq, Dh], last dim contiguous (other strides free)
     k_cache, v_cache : q.dtype, contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
-        (last dim contiguous); the tail's K/V sit at positions prefix_lens .. prefix_lens + N - 1.
+        (last dim contiguous; other strides free, K's and V's independent of each other); the
+        tail's K/V sit at positions prefix_lens .. prefix_lens + N - 1.
     prefix_lens : int32 [B]
     tree_mask : int32 [B, N, ceil(N/32)] or None
     tail : "causal" | "full"; used when tree_mask is None
