@@ -37,7 +37,7 @@ from .ops.draft_tree import ALGORITHMS, MAX_BUDGET, MAX_TOPK, draft_tree, draft_
 from .ops.verify_tree import verify_tree
 from .tree import Tree
 
-__all__ = ["generate", "generate_ar", "GenerateOutput", "DecodeStats"]
+__all__ = ["generate", "generate_ar", "check_generate_args", "GenerateOutput", "DecodeStats"]
 
 
 @dataclass
@@ -383,6 +383,31 @@ def _capacity(max_prompt: int, max_new: int, budget: int, block: int, width: int
     return max_prompt + max_new + width + max(budget, block, width) + 1
 
 
+def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
+                        algorithm="topn", temperature=0.0, eos_token_id=None, seed=0, page_size=None,
+                        fused_draft=True, cuda_graphs=None, sync_every=1) -> tuple[float, list[int]]:
+    """The checks :func:`generate` runs before any model work (same arguments); a caller such as
+    the CLI runs them first to tell bad input apart from a failure inside decoding.
+
+    Returns ``(temperature as a float, the tapped target layers)``; raises ``TypeError`` (wrong
+    type) or ``ValueError`` naming the argument (``head: ...`` when the head does not fit).
+    """
+    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                              page_size)
+    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
+    C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
+    C.choice("algorithm", algorithm, ALGORITHMS)
+    taps = _check_pair(target, head)
+    if not isinstance(fused_draft, bool):
+        raise TypeError(f"fused_draft must be a bool, got {type(fused_draft).__name__}")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be a bool or None, got {type(cuda_graphs).__name__}")
+    C.integer("sync_every", sync_every, lo=1)
+    if cuda_graphs and target.device.type != "cuda":
+        raise ValueError("cuda_graphs=True needs models on a CUDA device")
+    return temperature, taps
+
+
 def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64, topk: int = 8,
              algorithm: str = "topn", temperature: float = 0.0, eos_token_id=None, seed: int = 0,
              page_size: int | None = None, fused_draft: bool = True,
@@ -419,23 +444,14 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     Bad arguments raise ``TypeError`` (wrong type) or ``ValueError`` naming the argument, before
     any model work.
     """
-    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
-                              page_size)
-    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
-    C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
-    C.choice("algorithm", algorithm, ALGORITHMS)
-    taps = _check_pair(target, head)
-    if not isinstance(fused_draft, bool):
-        raise TypeError(f"fused_draft must be a bool, got {type(fused_draft).__name__}")
-    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-        raise TypeError(f"cuda_graphs must be a bool or None, got {type(cuda_graphs).__name__}")
-    C.integer("sync_every", sync_every, lo=1)
+    temperature, taps = check_generate_args(
+        target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
+        algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
+        page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every)
     dev = target.device
     if cuda_graphs is None:
         # The reference backend reads values on the host inside its ops: it cannot be captured.
         cuda_graphs = dev.type == "cuda" and _backend.resolve(dev) != "reference"
-    if cuda_graphs and dev.type != "cuda":
-        raise ValueError("cuda_graphs=True needs models on a CUDA device")
 
     t0 = time.perf_counter()
     stages = _Stages(dev)
