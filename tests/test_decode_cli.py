@@ -21,8 +21,9 @@ pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def test_random_tiny_models_with_baseline(capsys):
-    rc = package_main(["generate", "--random-tiny", "--prompt", "1 2 3", "--prompt", "4,5", "--max-new-tokens", "6",
-                       "--budget", "8", "--topk", "3", "--ar", "--backend", "reference"])
+    rc = package_main(["generate", "--random-tiny", "--prompt", "1 2 3", "--prompt", "4,5",
+                       "--max-new-tokens", "6", "--budget", "8", "--topk", "3", "--ar", "--backend",
+                       "reference"])
     out = capsys.readouterr().out
     assert rc == 0
     target, head = tiny_models()
