@@ -1,16 +1,27 @@
-"""python -m jetspec_kernels {demo,generate,info}."""
-import argparse
+"""``jetspec {demo,generate,info}`` (the console script; also ``python -m jetspec_kernels``).
+
+Bad command lines print one line ``jetspec: error: ...`` to stderr and exit with status 2.
+"""
 import sys
+
+from .generate_cli import PROG, Parser, UsageError, report
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jetspec_kernels")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("demo", help="one speculative round end to end (see jetspec_kernels/demo.py)",
+    """Run a subcommand; returns the process exit status."""
+    parser = Parser(prog=PROG)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{demo,generate,info}")
+    sub.add_parser("demo", help="the shipped tiny models decoding Python source (jetspec_kernels/demo.py)",
                    add_help=False)
-    sub.add_parser("generate", help="speculative decoding with real checkpoints", add_help=False)
+    sub.add_parser("generate", help="speculative decoding: --tiny, or --target DIR --head DIR",
+                   add_help=False)
     sub.add_parser("info", help="version and which backends can run here")
-    args, rest = parser.parse_known_args(argv)
+    try:
+        args, rest = parser.parse_known_args(argv)
+        if args.cmd == "info" and rest:
+            raise UsageError(f"info takes no arguments, got {' '.join(rest)}")
+    except UsageError as e:
+        return report(str(e))
     if args.cmd == "demo":
         from .demo import main as demo_main
         return demo_main(rest)

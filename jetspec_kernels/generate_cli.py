@@ -1,42 +1,95 @@
-"""``python -m jetspec_kernels generate``: speculative decoding with real (or built-in tiny) models.
+"""``jetspec generate`` (also ``python -m jetspec_kernels generate``): speculative decoding.
 
 Examples::
 
-    python -m jetspec_kernels generate --target Qwen3-8B/ --head JetSpec-Qwen3-8B/ \\
-        --prompt "The capital of France is" --max-new-tokens 64 --budget 128 --device cuda
-    python -m jetspec_kernels generate --tiny --prompt "1 2 3" --max-new-tokens 16
+    jetspec generate --tiny --prompt "def f(x):" --max-new-tokens 48
+    jetspec generate --target Qwen3-8B/ --head JetSpec-Qwen3-8B/ --prompt "The capital of France is" \\
+        --max-new-tokens 64 --budget 128 --dtype bfloat16 --device cuda --ar
+    jetspec generate --random-tiny --prompt "1 2 3" --max-new-tokens 16
 
-Prompts are text when the target directory has a ``tokenizer.json`` and the ``tokenizers``
-package is installed (the output is then printed as text); otherwise they are token ids
-separated by spaces or commas, and ids are printed.
+``--tiny`` loads the shipped trained tiny byte-level target and its causal head
+(``jetspec_kernels/assets/tiny``): prompts are text and the continuation is printed as text.
+With ``--target``, prompts are text when the target directory has a ``tokenizer.json`` and the
+``tokenizers`` package is installed, else token ids separated by spaces or commas (ids are then
+printed). ``--random-tiny`` uses small random models and token ids. ``--token-ids`` makes prompts
+token ids (and the output ids) in every mode.
+
+Bad input (an option out of range, a missing or unsupported checkpoint, a head that does not fit
+the target, a token id outside the vocabulary) prints one line ``jetspec: error: ...`` to stderr
+and exits with status 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PROG = "jetspec"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jetspec_kernels generate",
-                                description="JetSpec speculative decoding with a Qwen3 target and "
-                                            "a draft head.")
+class UsageError(Exception):
+    """Bad command-line input: reported as one line on stderr, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise :class:`UsageError` instead of printing the usage."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def report(message: str) -> int:
+    """Print ``jetspec: error: message`` to stderr; returns the exit status 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {value}")
+        return value
+    return parse
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {text!r}")
+    return value
+
+
+def _parser() -> Parser:
+    p = Parser(prog=f"{PROG} generate", description="JetSpec speculative decoding with a Qwen3 "
+               "target and a draft head.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target", help="Hugging Face Qwen3 checkpoint directory")
-    src.add_argument("--tiny", action="store_true", help="use the built-in tiny random models")
+    src.add_argument("--target", help="Hugging Face Qwen3 checkpoint directory (with --head)")
+    src.add_argument("--tiny", action="store_true",
+                     help="the shipped trained tiny byte-level target and causal head (text prompts)")
+    src.add_argument("--random-tiny", action="store_true",
+                     help="small random untrained models (token-id prompts; for tests)")
     p.add_argument("--head", help="JetSpec / DFlash draft-head checkpoint directory (with --target)")
     p.add_argument("--prompt", action="append", required=True,
                    help="a prompt (repeat for a batch): text with a tokenizer, else token ids")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--budget", type=int, default=64, help="tree nodes per round (root included)")
-    p.add_argument("--topk", type=int, default=8, help="children per tree node")
+    p.add_argument("--max-new-tokens", type=_int_at_least(1), default=64)
+    p.add_argument("--budget", type=_int_at_least(1), default=64,
+                   help="tree nodes per round (root included)")
+    p.add_argument("--topk", type=_int_at_least(1), default=8, help="children per tree node")
     p.add_argument("--algorithm", choices=("topn", "accum_logp"), default="topn")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eos", type=int, action="append",
                    help="EOS token id (repeatable); default: eos_token_id of the target's "
@@ -44,15 +97,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backend", choices=("auto", "cuda", "triton", "reference"), default=None)
-    p.add_argument("--page-size", type=int, default=None, help="use paged KV caches")
+    p.add_argument("--page-size", type=_int_at_least(1), default=None, help="use paged KV caches")
     p.add_argument("--ar", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--token-ids", action="store_true",
-                   help="treat prompts as token ids even with a tokenizer")
+                   help="prompts (and the printed output) are token ids even with a tokenizer")
     return p
 
 
+def _device(text: str) -> torch.device:
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {text!r} is not a device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"--device {text}: no CUDA device is available")
+        if dev.index is not None and dev.index >= count:
+            raise UsageError(f"--device {text}: there are {count} CUDA devices")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {text}: only cpu and cuda devices are supported")
+    return dev
+
+
 def _load_tokenizer(target_dir: str | None):
-    """A ``tokenizers.Tokenizer`` from ``target_dir/tokenizer.json``, or None."""
+    """``(encode: text -> ids, decode: ids -> text)`` from ``target_dir/tokenizer.json``, or None."""
     if target_dir is None or not os.path.isfile(os.path.join(target_dir, "tokenizer.json")):
         return None
     try:
@@ -61,26 +130,88 @@ def _load_tokenizer(target_dir: str | None):
         print("note: tokenizer.json found but the 'tokenizers' package is not installed; "
               "prompts are token ids", file=sys.stderr)
         return None
-    return Tokenizer.from_file(os.path.join(target_dir, "tokenizer.json"))
+    try:
+        tok = Tokenizer.from_file(os.path.join(target_dir, "tokenizer.json"))
+    except Exception as e:   # tokenizers raises its own exception type for a malformed file
+        raise UsageError(f"--target {target_dir}: tokenizer.json cannot be read: {e}") from None
+    return (lambda text: tok.encode(text).ids), tok.decode
 
 
-def _parse_ids(prompt: str) -> list[int]:
+def _parse_ids(prompt: str, i: int) -> list[int]:
     try:
         return [int(tok) for tok in prompt.replace(",", " ").split()]
     except ValueError:
-        raise SystemExit(f"error: prompt {prompt!r} is not a list of token ids (no tokenizer: "
-                         "give ids separated by spaces, or a target directory with tokenizer.json)")
+        raise UsageError(f"--prompt {i + 1} ({prompt!r}) is not a list of token ids (give ids "
+                         "separated by spaces, use --tiny for text, or a --target directory "
+                         "with tokenizer.json)") from None
 
 
 def _default_eos(target_dir: str | None, target):
     """EOS ids from ``generation_config.json`` when present (chat models list several there),
     else from the target's config.json."""
-    if target_dir is not None and os.path.isfile(os.path.join(target_dir, "generation_config.json")):
-        with open(os.path.join(target_dir, "generation_config.json")) as f:
-            eos = json.load(f).get("eos_token_id")
+    path = None if target_dir is None else os.path.join(target_dir, "generation_config.json")
+    if path is not None and os.path.isfile(path):
+        try:
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise UsageError(f"--target {target_dir}: generation_config.json cannot be read: "
+                             f"{e}") from None
         if eos is not None:
             return eos
     return target.config.eos_token_id
+
+
+def _load(cls, option: str, path: str, dtype, device):
+    """``cls.from_pretrained(path)``; a bad checkpoint is a usage error naming ``option``."""
+    from .models import CheckpointError
+    try:
+        return cls.from_pretrained(path, dtype=dtype, device=device)
+    except CheckpointError as e:
+        raise UsageError(f"{option}: {e}") from None
+
+
+def _load_models(args, dtype, device):
+    """(target, head, codec: (encode, decode) or None, directory for the default EOS or None)."""
+    from .models import DraftHead, Qwen3, tiny_models
+
+    if args.head is not None and args.target is None:
+        raise UsageError("--head is only used with --target")
+    if args.random_tiny:
+        target, head = tiny_models(dtype=dtype, device=device)
+        return target, head, None, None
+    if args.tiny:
+        from .train.assets import TINY_DIR
+        from .train.tokenizer import decode, encode
+        target_dir, head_dir = os.path.join(TINY_DIR, "target"), os.path.join(TINY_DIR, "head_causal")
+        codec = encode, decode
+    else:
+        if args.head is None:
+            raise UsageError("--head is required with --target")
+        target_dir, head_dir = args.target, args.head
+        codec = _load_tokenizer(target_dir)
+    target = _load(Qwen3, "--target", target_dir, dtype, device)
+    head = _load(DraftHead, "--head", head_dir, dtype, device)
+    return target, head, codec, target_dir
+
+
+# generate's argument names -> the options they come from (for its ValueErrors).
+_OPTION_OF = {"budget": "--budget", "topk": "--topk", "algorithm": "--algorithm",
+              "temperature": "--temperature", "max_new_tokens": "--max-new-tokens",
+              "eos_token_id": "--eos", "seed": "--seed", "page_size": "--page-size",
+              "prompt_ids": "--prompt", "head": "--head"}
+
+
+def _as_option_error(e: Exception, eos_given: bool) -> UsageError:
+    """``e`` from check_generate_args, prefixed with the option its argument came from."""
+    name = re.match(r"\w+", str(e))
+    name = name.group(0) if name else None
+    if name == "eos_token_id" and not eos_given:
+        return UsageError(f"the target's default eos_token_id (override it with --eos): {e}")
+    option, message = _OPTION_OF.get(name), str(e)
+    if option is None:
+        return UsageError(message)
+    return UsageError(f"{option}: {message.removeprefix(name + ': ')}")
 
 
 def _format_stats(name: str, stats) -> str:
@@ -94,39 +225,53 @@ def _format_stats(name: str, stats) -> str:
 
 
 def main(argv=None) -> int:
-    """Run the CLI; returns the process exit status."""
-    args = _parser().parse_args(argv)
+    """Run the CLI; returns the process exit status (2 for bad input, 1 if greedy outputs differ)."""
     import jetspec_kernels as jk
-    from .decode import generate, generate_ar
-    from .models import DraftHead, Qwen3, tiny_models
+    previous = jk.get_backend()
+    try:
+        return _run(_parser().parse_args(argv))
+    except UsageError as e:
+        return report(str(e))
+    finally:
+        jk.set_backend(previous)
 
+
+def _run(args) -> int:
+    import jetspec_kernels as jk
+    from .decode import check_generate_args, generate, generate_ar
+
+    device = _device(args.device)
     if args.backend is not None:
         jk.set_backend(args.backend)
-    dtype = DTYPES[args.dtype]
-    if args.tiny:
-        target, head = tiny_models(dtype=dtype, device=args.device)
+        reason = None if args.backend == "auto" else jk.available_backends(device)[args.backend]
+        if reason is not None:
+            raise UsageError(f"--backend {args.backend}: not available on {device}: {reason}")
+    target, head, codec, target_dir = _load_models(args, DTYPES[args.dtype], device)
+    if args.token_ids:
+        codec = None
+    if codec is not None:
+        prompts = [codec[0](p) for p in args.prompt]
     else:
-        if not args.head:
-            raise SystemExit("error: --head is required with --target")
-        target = Qwen3.from_pretrained(args.target, dtype=dtype, device=args.device)
-        head = DraftHead.from_pretrained(args.head, dtype=dtype, device=args.device)
-
-    tokenizer = None if (args.tiny or args.token_ids) else _load_tokenizer(args.target)
-    if tokenizer is not None:
-        prompts = [tokenizer.encode(p).ids for p in args.prompt]
-    else:
-        prompts = [_parse_ids(p) for p in args.prompt]
-    eos = args.eos if args.eos else _default_eos(None if args.tiny else args.target, target)
+        prompts = [_parse_ids(p, i) for i, p in enumerate(args.prompt)]
+    eos = args.eos if args.eos else _default_eos(target_dir, target)
 
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_token_id=eos,
               seed=args.seed, page_size=args.page_size)
-    out = generate(target, head, prompts, budget=args.budget, topk=args.topk, algorithm=args.algorithm, **kw)
+    spec = dict(budget=args.budget, topk=args.topk, algorithm=args.algorithm)
+    try:
+        check_generate_args(target, head, prompts, **spec, **kw)
+    except (TypeError, ValueError) as e:
+        raise _as_option_error(e, bool(args.eos)) from None
+    try:
+        out = generate(target, head, prompts, **spec, **kw)
+        base = generate_ar(target, prompts, **kw) if args.ar else None
+    except jk.BackendUnavailableError as e:
+        raise UsageError(f"--backend {args.backend or jk.get_backend()}: {e}") from None
     for i, toks in enumerate(out.tokens):
-        text = tokenizer.decode(toks) if tokenizer is not None else " ".join(map(str, toks))
+        text = codec[1](toks) if codec is not None else " ".join(map(str, toks))
         print(f"--- prompt {i}: {args.prompt[i]!r}\n{text}")
     print(_format_stats("jetspec", out.stats))
-    if args.ar:
-        base = generate_ar(target, prompts, **kw)
+    if base is not None:
         print(_format_stats("autoregressive", base.stats))
         if args.temperature == 0.0:
             same = base.tokens == out.tokens

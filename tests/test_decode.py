@@ -11,6 +11,7 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels.decode import generate, generate_ar
 from jetspec_kernels.models import tiny_models
+from helpers import rel_l2
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -45,7 +46,9 @@ class OracleHead:
         self.vocab = vocab
         self.block_size = block_size
         self.target_layer_ids = [1]
-        self.config = SimpleNamespace(target_hidden_size=hidden)
+        self.config = SimpleNamespace(target_hidden_size=hidden, hidden_size=hidden, vocab_size=vocab,
+                                      mask_token_id=vocab - 1, num_target_layers=0)
+        self.device = torch.device("cpu")
         self.state = None
 
     def new_state(self, batch, capacity, *, page_size=None):
@@ -315,3 +318,106 @@ def test_cuda_graphs_lossless(dtype):
     assert graphed.stats.accept_lengths == eager.stats.accept_lengths
     if dtype == torch.float32:
         assert eager.tokens == generate_ar(target, PROMPTS, max_new_tokens=16).tokens
+
+
+class SpyHead:
+    """Wraps a DraftHead: keeps the draft state the loop creates and records every
+    ``append_context`` call (the taps and counts it was given, ctx_len after it)."""
+
+    def __init__(self, head):
+        self._head = head
+        self.state = None
+        self.appended = []      # (taps [B, M, n_taps * H], counts [B]) per call, prefill first
+        self.ctx_after = []     # ctx_len [B] after each call
+
+    def __getattr__(self, name):
+        return getattr(self._head, name)
+
+    def new_state(self, *args, **kw):
+        self.state = self._head.new_state(*args, **kw)
+        return self.state
+
+    def append_context(self, state, taps, counts):
+        self.appended.append((taps.clone(), counts.clone()))
+        self._head.append_context(state, taps, counts)
+        self.ctx_after.append(state.ctx_len.clone())
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """The shipped tiny target and its trained causal head: long accepted paths, so the accepted
+    rows of a tree are rarely its first rows."""
+    from jetspec_kernels.train.assets import load_tiny
+    target, heads = load_tiny()
+    return target, heads["head_causal"]
+
+
+TEXT_PROMPTS = ["def area(self):\n    return self.", "import os\nimport sys\n\n\ndef main("]
+
+
+@pytest.fixture(scope="module")
+def trained_streams(trained):
+    """(prompts, greedy continuations of 40 tokens) of TEXT_PROMPTS on the trained target."""
+    from jetspec_kernels.train.tokenizer import encode
+    prompts = [encode(p) for p in TEXT_PROMPTS]
+    prev = jk.get_backend()
+    jk.set_backend("reference")
+    streams = generate_ar(trained[0], prompts, max_new_tokens=40).tokens
+    jk.set_backend(prev)
+    return prompts, streams
+
+
+def _check_context_rows(target, spy, prompts, streams):
+    """The rows the loop appended to the draft context, and the draft K/V cache built from them,
+    equal a full-prefill oracle: the target run once over prompt + committed tokens."""
+    for b, (prompt, stream) in enumerate(zip(prompts, streams)):
+        rows = torch.cat([taps[b, :int(counts[b])] for taps, counts in spy.appended])
+        n = rows.shape[0]
+        assert n == int(spy.state.ctx_len[b])
+        seq = (prompt + stream)[:n]
+        assert len(seq) == n, "the oracle stream is too short"
+        cache = target.new_cache(1, n)
+        _, want = target.prefill(torch.tensor([seq]), torch.tensor([n], dtype=torch.int32), cache,
+                                 taps=spy.target_layer_ids)
+        assert rel_l2(rows, want[0]) < 1e-5, f"sequence {b}: appended rows are not the accepted path's"
+        state = spy._head.new_state(1, n + spy.block_size)
+        spy._head.append_context(state, want, torch.tensor([n], dtype=torch.int32))
+        for got, ref_cache in ((spy.state.cache.k, state.cache.k), (spy.state.cache.v, state.cache.v)):
+            assert rel_l2(got[b, :n], ref_cache[0, :n]) < 1e-5
+
+
+def test_draft_context_holds_the_accepted_paths_rows(trained, trained_streams):
+    """After every round the draft context holds the target's taps of the accepted path (not,
+    say, the tree's first rows), position for position, for sequences finishing in different
+    rounds."""
+    target, head = trained
+    prompts, streams = trained_streams
+    spy = SpyHead(head)
+    out = generate(target, spy, prompts, max_new_tokens=20, budget=8, topk=3)
+    assert out.tokens == [s[:20] for s in streams]
+    assert max(out.stats.accept_lengths) >= 3, "the test needs paths that leave the first rows"
+    _check_context_rows(target, spy, prompts, streams)
+    for p, toks, ctx in zip(prompts, out.tokens, spy.state.ctx_len.tolist()):
+        assert len(p) + len(toks) - 1 <= ctx
+
+
+def test_finished_sequence_stops_growing_its_context(trained, trained_streams):
+    """A sequence that hit EOS while the other decodes on appends nothing more: its context length
+    stays where it was at the round it finished, and its rows still match the oracle."""
+    target, head = trained
+    prompts, streams = trained_streams
+    max_new = 32
+    # EOS: a token of sequence 0's output (not among its first tokens) that sequence 1 never emits.
+    k = next(i for i in range(3, max_new) if streams[0][i] not in streams[0][:i]
+             and streams[0][i] not in streams[1][:max_new])
+    spy = SpyHead(head)
+    out = generate(target, spy, prompts, max_new_tokens=max_new, budget=8, topk=3,
+                   eos_token_id=streams[0][k])
+    assert out.tokens == [streams[0][:k + 1], streams[1][:max_new]]
+    ctx0 = [int(c[0]) for c in spy.ctx_after]
+    # ctx = len(prompt) + tokens emitted - 1 while the sequence runs: EOS is out once ctx >= len + k.
+    done_at = next(r for r, c in enumerate(ctx0) if c >= len(prompts[0]) + k)
+    assert len(ctx0) - done_at >= 3, "the other sequence should run on for a few rounds"
+    assert ctx0[done_at:] == [ctx0[done_at]] * (len(ctx0) - done_at), \
+        f"a finished sequence's context kept growing: {ctx0}"
+    _check_context_rows(target, spy, prompts, streams)

@@ -1,6 +1,12 @@
-"""``python -m jetspec_kernels generate``: built-in tiny models, checkpoint directories, with and
-without a tokenizer."""
+"""``jetspec generate`` (``python -m jetspec_kernels generate``): the shipped trained tiny models
+with text prompts, random tiny models, checkpoint directories with and without a tokenizer; bad
+input gives one ``jetspec: error:`` line naming the option and exit status 2; the console script."""
+import importlib.metadata
 import json
+import os
+import subprocess
+import sys
+import tomllib
 
 import pytest
 
@@ -14,9 +20,10 @@ from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weig
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
-def test_tiny_models_with_baseline(capsys):
-    rc = package_main(["generate", "--tiny", "--prompt", "1 2 3", "--prompt", "4,5", "--max-new-tokens", "6",
-                       "--budget", "8", "--topk", "3", "--ar", "--backend", "reference"])
+def test_random_tiny_models_with_baseline(capsys):
+    rc = package_main(["generate", "--random-tiny", "--prompt", "1 2 3", "--prompt", "4,5",
+                       "--max-new-tokens", "6", "--budget", "8", "--topk", "3", "--ar", "--backend",
+                       "reference"])
     out = capsys.readouterr().out
     assert rc == 0
     target, head = tiny_models()
@@ -48,9 +55,9 @@ def test_checkpoints_token_ids(checkpoint_dirs, capsys):
                          "5 6 7", "--max-new-tokens", "5", "--backend", "reference"]) == 0
     printed = capsys.readouterr().out.split("\n")
     assert printed[1] == str(want[0])
-    with pytest.raises(SystemExit, match="not a list of token ids"):
-        package_main(["generate", "--target", str(target_dir), "--head", str(head_dir),
-                      "--prompt", "hello", "--backend", "reference"])
+    assert package_main(["generate", "--target", str(target_dir), "--head", str(head_dir),
+                         "--prompt", "hello", "--backend", "reference"]) == 2
+    assert "--prompt 1 ('hello') is not a list of token ids" in capsys.readouterr().err
 
 
 def test_checkpoints_with_tokenizer(checkpoint_dirs, capsys):
@@ -66,3 +73,117 @@ def test_checkpoints_with_tokenizer(checkpoint_dirs, capsys):
     target, head = tiny_models()
     want = generate(target, head, [[5, 6, 7]], max_new_tokens=5).tokens[0]
     assert " ".join(f"w{i}" for i in want) in capsys.readouterr().out
+
+
+def test_tiny_text_prompt(capsys):
+    """--tiny: the shipped trained target and causal head with the byte tokenizer; text in, text
+    out, equal to the baseline."""
+    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.train.tokenizer import decode, encode
+    rc = package_main(["generate", "--tiny", "--prompt", "def f(x):", "--max-new-tokens", "12",
+                       "--budget", "8", "--topk", "3", "--ar"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    target, heads = load_tiny()
+    want = generate(target, heads["head_causal"], [encode("def f(x):")], max_new_tokens=12, budget=8,
+                    topk=3, eos_token_id=257).tokens[0]
+    assert out.startswith(f"--- prompt 0: 'def f(x):'\n{decode(want)}\n[jetspec]")
+    assert "greedy outputs match" in out
+
+
+def _mismatched_head(tmp_path):
+    """A random tiny target (hidden 64, 97 tokens) beside the shipped head (made for hidden 192)."""
+    tcfg = tiny_qwen3_config()
+    save_qwen3(tcfg, random_qwen3_weights(tcfg), str(tmp_path / "target"))
+    from jetspec_kernels.train.assets import TINY_DIR
+    return ["--target", str(tmp_path / "target"), "--head", os.path.join(TINY_DIR, "head_causal")]
+
+
+# Bad command lines: (arguments after "generate", text the one error line must contain).
+BAD = [
+    (["--tiny", "--prompt", "x", "--budget", "0"], "--budget"),
+    (["--tiny", "--prompt", "x", "--budget", "5000"], "--budget"),
+    (["--tiny", "--prompt", "x", "--budget", "many"], "--budget"),
+    (["--tiny", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--tiny", "--prompt", "x", "--max-new-tokens", "-5"], "--max-new-tokens"),
+    (["--tiny", "--prompt", "x", "--temperature", "-0.5"], "--temperature"),
+    (["--tiny", "--prompt", "x", "--temperature", "nan"], "--temperature"),
+    (["--tiny", "--prompt", "x", "--temperature", "hot"], "--temperature"),
+    (["--tiny", "--prompt", "x", "--topk", "0"], "--topk"),
+    (["--tiny", "--prompt", "x", "--topk", "65"], "--topk"),
+    (["--tiny", "--prompt", "x", "--page-size", "0"], "--page-size"),
+    (["--tiny", "--prompt", "x", "--eos", "259"], "--eos"),
+    (["--tiny", "--prompt", "x", "--seed", str(2 ** 64)], "--seed"),
+    (["--tiny", "--prompt", ""], "--prompt"),
+    (["--tiny", "--token-ids", "--prompt", "hello"], "--prompt"),
+    (["--random-tiny", "--prompt", "1 2 97"], "--prompt"),
+    (["--random-tiny", "--prompt", "5 -1"], "--prompt"),
+    (["--target", "/nonexistent/jetspec", "--head", "/nonexistent/head", "--prompt", "1"], "--target"),
+    (["--target", "{tmp}", "--head", "{tmp}", "--prompt", "1"], "--target"),
+    (["--target", "{target}", "--prompt", "1"], "--head"),
+    (["--target", "{target}", "--head", "/nonexistent/head", "--prompt", "1"], "--head"),
+    (["--tiny", "--head", "{tmp}", "--prompt", "x"], "--head"),
+    (["--tiny", "--prompt", "x", "--device", "nonsense"], "--device"),
+    (["--tiny", "--prompt", "x", "--backend", "cuda"], "--backend"),
+    (["--prompt", "x"], "--tiny"),
+    ("MISMATCH", "--head"),
+]
+
+
+def _argv(args, tmp_path):
+    if args == "MISMATCH":
+        return _mismatched_head(tmp_path) + ["--prompt", "1 2"]
+    target = tmp_path / "good_target"
+    if any("{target}" in a for a in args):
+        tcfg = tiny_qwen3_config()
+        save_qwen3(tcfg, random_qwen3_weights(tcfg), str(target))
+    return [a.format(tmp=tmp_path, target=target) for a in args]
+
+
+def _one_error_line(err: str, option: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jetspec: error: "), err
+    assert option in lines[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,option", BAD, ids=[" ".join(a) if a != "MISMATCH" else a for a, _ in BAD])
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, option):
+    rc = package_main(["generate"] + _argv(args, tmp_path))
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    _one_error_line(captured.err, option)
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["generate", "--tiny", "--prompt", "x", "--budget", "0"], "--budget"),
+    (["generate", "--tiny", "--prompt", "x", "--temperature", "-1"], "--temperature"),
+    (["generate", "--random-tiny", "--prompt", "1 300"], "--prompt"),
+    ("MISMATCH", "--head"),
+    ([], "{demo,generate,info}"),
+    (["serve"], "serve"),
+])
+def test_bad_input_in_a_process(tmp_path, argv, option):
+    """The same through ``python -m jetspec_kernels``: exit status 2, no traceback."""
+    if argv == "MISMATCH":
+        argv = ["generate"] + _argv(argv, tmp_path)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-m", "jetspec_kernels", *argv], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    _one_error_line(proc.stderr, option)
+
+
+def test_console_script_entry_point(capsys):
+    """pyproject.toml's ``jetspec`` script resolves to the package's main, which runs subcommands
+    (the installed script may predate it, so the entry point is built from pyproject.toml)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    ep = importlib.metadata.EntryPoint(name="jetspec", value=scripts["jetspec"], group="console_scripts")
+    main = ep.load()
+    assert main is package_main
+    assert main(["generate", "--random-tiny", "--prompt", "1 2", "--max-new-tokens", "2", "--budget", "2",
+                 "--topk", "1", "--backend", "reference"]) == 0
+    assert "[jetspec] 2 tokens" in capsys.readouterr().out
+    assert main(["generate", "--random-tiny", "--prompt", "1", "--budget", "0"]) == 2
