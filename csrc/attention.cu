@@ -10,45 +10,57 @@ namespace jetspec {
 
 namespace {
 template <typename T, int HD>
-cudaError_t attention_pick(const AttnParams& p, cudaStream_t stream) {
+Status attention_pick(const AttnParams& p, cudaStream_t stream) {
+  if constexpr (HD > 128) {
+    if (p.kernel == kAttnWgmma || p.kernel == kAttnTma)
+      return bad_input("head_dim ", HD, " is not supported by the wgmma kernels (64, 128)");
+  }
   if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
   if constexpr (HD <= 128) {
     if (p.kernel != kAttnMma) {
       bool usable = false;
-      const cudaError_t err = wgmma_attention_usable<T, HD>(&usable);
-      if (err != cudaSuccess) return err;
+      JETSPEC_RETURN_IF_FAILED(cuda_context(wgmma_attention_usable<T, HD>(&usable),
+                                            "asking which code the runtime picked"));
       if (usable && p.kernel == kAttnTma) return tree_attention_tma<T, HD>(p, stream);
-      if (p.kernel == kAttnTma) return cudaErrorNotSupported;
       if (usable) {
         return attention_launch<T>(p, tree_attention_wgmma_kernel<T, HD>,
                                    attention_wgmma_smem_bytes<HD>(), HD, kAttnThreads, kAttnRows,
                                    stream);
       }
-      if (p.kernel == kAttnWgmma) return cudaErrorNotSupported;
+      if (p.kernel != kAttnAuto) {
+        return unsupported("kernel ", p.kernel, p.kernel == kAttnTma ? " (tma)" : " (wgmma)",
+                           " needs sm_90a code, which this device does not run (built for ",
+                           JETSPEC_CUDA_ARCHS, ")");
+      }
     }
-  } else {
-    if (p.kernel == kAttnWgmma || p.kernel == kAttnTma) return cudaErrorInvalidValue;
   }
   return tree_attention<T, HD>(p, stream);
 }
 
 template <typename T>
-cudaError_t attention_for_dim(const AttnParams& p, int head_dim, cudaStream_t stream) {
+Status attention_for_dim(const AttnParams& p, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
     case 64: return attention_pick<T, 64>(p, stream);
     case 128: return attention_pick<T, 128>(p, stream);
     case 256: return attention_pick<T, 256>(p, stream);
-    default: return cudaErrorInvalidValue;
+    default: return bad_input("head_dim ", head_dim, " is not supported (64, 128, 256)");
   }
 }
 }  // namespace
 
-cudaError_t launch_tree_attention(const AttnParams& p, int dtype, int head_dim, cudaStream_t stream) {
-  switch (dtype) {
-    case kFloat16: return attention_for_dim<__half>(p, head_dim, stream);
-    case kBFloat16: return attention_for_dim<__nv_bfloat16>(p, head_dim, stream);
-    default: return cudaErrorInvalidValue;
-  }
+Status launch_tree_attention(const AttnParams& p, int dtype, int head_dim, cudaStream_t stream) {
+  if (dtype != kFloat16 && dtype != kBFloat16) return bad_dtype("dtype", dtype, kHalfDtypes);
+  if (p.kernel < kAttnAuto || p.kernel > kAttnTma)
+    return bad_input("kernel ", p.kernel, " is not 0 (auto), 1 (mma), 2 (wgmma) or 3 (tma)");
+  if (p.tail < kTailMask || p.tail > kTailFull)
+    return bad_input("tail ", p.tail, " is not 0 (mask), 1 (causal) or 2 (full)");
+  if (p.tail == kTailMask && p.tree_mask == nullptr)
+    return bad_input("tail 0 (mask) needs tree_mask");
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("hq", p.hq, 0));
+  return dtype == kFloat16 ? attention_for_dim<__half>(p, head_dim, stream)
+                           : attention_for_dim<__nv_bfloat16>(p, head_dim, stream);
 }
 
 }  // namespace jetspec

@@ -16,13 +16,21 @@ namespace py = pybind11;
 
 namespace {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::ostringstream msg;
-    msg << "jetspec_kernels._C." << what << ": CUDA error " << static_cast<int>(err) << " ("
-        << cudaGetErrorName(err) << "): " << cudaGetErrorString(err);
-    throw std::runtime_error(msg.str());
-  }
+std::string op_prefix(const char* op) { return std::string("jetspec_kernels._C.") + op + ": "; }
+
+// A launcher's failure as a Python exception naming the op: refused input is a ValueError (the
+// launcher's message names the argument, its value and the limit), a request this device or
+// build cannot run a RuntimeError saying why, a failed CUDA call a RuntimeError with the error.
+void check(const jetspec::Status& st, const char* op) {
+  if (st.ok()) return;
+  if (st.kind == jetspec::Status::kBadInput) throw std::invalid_argument(op_prefix(op) + st.msg);
+  if (st.kind == jetspec::Status::kUnsupported) throw std::runtime_error(op_prefix(op) + st.msg);
+  std::ostringstream msg;
+  msg << op_prefix(op);
+  if (!st.msg.empty()) msg << st.msg << ": ";
+  msg << "CUDA error " << static_cast<int>(st.err) << " (" << cudaGetErrorName(st.err)
+      << "): " << cudaGetErrorString(st.err);
+  throw std::runtime_error(msg.str());
 }
 
 template <typename T>
@@ -33,9 +41,12 @@ cudaStream_t stream_of(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>
 using U = std::uintptr_t;
 using I64s = std::vector<int64_t>;
 
-// Strides of dims 0..2 of a 4-d tensor (dim 3 is contiguous).
-jetspec::Strides4 strides4(const I64s& s, const char* what) {
-  if (s.size() < 3) throw std::invalid_argument(std::string(what) + ": need 3 strides");
+// Strides of dims 0..2 of a 4-d tensor (dim 3 is contiguous): argument `name` of op `op`.
+jetspec::Strides4 strides4(const I64s& s, const char* name, const char* op) {
+  if (s.size() < 3) {
+    throw std::invalid_argument(op_prefix(op) + name + " needs 3 strides, got " +
+                                std::to_string(s.size()));
+  }
   return jetspec::Strides4{s[0], s[1], s[2]};
 }
 
@@ -108,7 +119,8 @@ PYBIND11_MODULE(_C, m) {
          const I64s& svc, int64_t bt_stride, int batch, int n, int hq, int hkv, int dh,
          int page_size, double theta, float eps, int dtype, int cache_dtype, U stream) {
         if ((q == 0) != (q_out == 0))
-          throw std::invalid_argument("qk_norm_rope_append: q and q_out must both be set or both be 0");
+          throw std::invalid_argument(op_prefix("qk_norm_rope_append") +
+                                      "q and q_out must both be set or both be 0");
         jetspec::RopeParams p{};
         p.q = ptr<const void>(q);
         p.k = ptr<const void>(k);
@@ -121,11 +133,11 @@ PYBIND11_MODULE(_C, m) {
         p.k_cache = ptr<void>(k_cache);
         p.v_cache = ptr<void>(v_cache);
         p.block_table = ptr<const int32_t>(block_table);
-        p.sq = strides4(sq, "q");
-        p.sk = strides4(sk, "k");
-        p.sv = strides4(sv, "v");
-        p.sc = strides4(sc, "k_cache");
-        p.svc = strides4(svc, "v_cache");
+        p.sq = strides4(sq, "sq", "qk_norm_rope_append");
+        p.sk = strides4(sk, "sk", "qk_norm_rope_append");
+        p.sv = strides4(sv, "sv", "qk_norm_rope_append");
+        p.sc = strides4(sc, "sc", "qk_norm_rope_append");
+        p.svc = strides4(svc, "svc", "qk_norm_rope_append");
         p.bt_stride = bt_stride;
         p.batch = batch;
         p.n = n;
@@ -198,8 +210,8 @@ PYBIND11_MODULE(_C, m) {
         jetspec::CommitParams p{};
         p.k_cache = ptr<void>(k_cache);
         p.v_cache = ptr<void>(v_cache);
-        p.sk = strides4(sk, "k_cache");
-        p.sv = strides4(sv, "v_cache");
+        p.sk = strides4(sk, "sk", "commit_kv");
+        p.sv = strides4(sv, "sv", "commit_kv");
         p.block_table = ptr<const int32_t>(block_table);
         p.bt_stride = bt_stride;
         p.prefix_lens = ptr<const int32_t>(prefix_lens);
@@ -310,11 +322,11 @@ PYBIND11_MODULE(_C, m) {
          int kernel, U stream) {
         jetspec::AttnParams p{};
         p.q = ptr<const void>(q);
-        p.sq = strides4(sq, "q");
+        p.sq = strides4(sq, "sq", "tree_attention");
         p.k_cache = ptr<const void>(k_cache);
         p.v_cache = ptr<const void>(v_cache);
-        p.sk = strides4(sk, "k_cache");
-        p.sv = strides4(sv, "v_cache");
+        p.sk = strides4(sk, "sk", "tree_attention");
+        p.sv = strides4(sv, "sv", "tree_attention");
         p.block_table = ptr<const int32_t>(block_table);
         p.bt_stride = bt_stride;
         p.page_size = page_size;
@@ -325,7 +337,7 @@ PYBIND11_MODULE(_C, m) {
         p.sm1 = sm1;
         p.tail = tail;
         p.out = ptr<void>(out);
-        p.so = strides4(so, "out");
+        p.so = strides4(so, "so", "tree_attention");
         p.lse = ptr<float>(lse);
         p.part_o = ptr<float>(part_o);
         p.part_lse = ptr<float>(part_lse);

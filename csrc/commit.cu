@@ -4,11 +4,11 @@
 
 namespace jetspec {
 
-cudaError_t launch_commit_kv(const CommitParams& p, int cache_elem_bytes, int hidden_elem_bytes,
-                             cudaStream_t stream) {
+Status launch_commit_kv(const CommitParams& p, int cache_elem_bytes, int hidden_elem_bytes,
+                        cudaStream_t stream) {
   if (cache_elem_bytes == 2) return commit_kv<uint16_t>(p, hidden_elem_bytes, stream);
   if (cache_elem_bytes == 4) return commit_kv<uint32_t>(p, hidden_elem_bytes, stream);
-  return cudaErrorInvalidValue;
+  return bad_input("cache_elem_bytes ", cache_elem_bytes, " is not 2 or 4");
 }
 
 }  // namespace jetspec

@@ -11,28 +11,28 @@ size_t topk_workspace_bytes(long long rows, int vocab, int k) {
   return log_softmax_topk_workspace_bytes(rows, vocab, k);
 }
 
-cudaError_t launch_log_softmax_topk(const TopkParams& p, int logits_dtype, cudaStream_t stream) {
+Status launch_log_softmax_topk(const TopkParams& p, int logits_dtype, cudaStream_t stream) {
   switch (logits_dtype) {
     case kFloat32: return log_softmax_topk<float>(p, stream);
     case kFloat16: return log_softmax_topk<__half>(p, stream);
     case kBFloat16: return log_softmax_topk<__nv_bfloat16>(p, stream);
-    default: return cudaErrorInvalidValue;
+    default: return bad_dtype("dtype", logits_dtype, kAllDtypes);
   }
 }
 
-cudaError_t hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes) {
+Status hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes) {
   return hidden_topk_workspace(rows, vocab, k, bytes);
 }
 
-cudaError_t launch_hidden_topk(const HiddenTopkParams& p, int dtype, cudaStream_t stream) {
+Status launch_hidden_topk(const HiddenTopkParams& p, int dtype, cudaStream_t stream) {
   switch (dtype) {
     case kFloat16: return hidden_topk<__half>(p, stream);
     case kBFloat16: return hidden_topk<__nv_bfloat16>(p, stream);
-    default: return cudaErrorInvalidValue;
+    default: return bad_dtype("dtype", dtype, kHalfDtypes);
   }
 }
 
-cudaError_t launch_build_tree(const BuildTreeParams& p, cudaStream_t stream) {
+Status launch_build_tree(const BuildTreeParams& p, cudaStream_t stream) {
   return build_tree(p, stream);
 }
 

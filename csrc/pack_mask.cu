@@ -4,8 +4,8 @@
 
 namespace jetspec {
 
-cudaError_t launch_pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_t* mask,
-                             int batch, int n, int words, cudaStream_t stream) {
+Status launch_pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_t* mask, int batch,
+                        int n, int words, cudaStream_t stream) {
   return pack_mask(parents, num_nodes, mask, batch, n, words, stream);
 }
 

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from functools import lru_cache
 
 import torch
+
 
 @contextlib.contextmanager
 def poisoned_empty():
@@ -23,6 +25,13 @@ def poisoned_empty():
         yield
     finally:
         torch.empty = real
+
+
+@lru_cache(maxsize=None)
+def sim_module():
+    """The simulated ``_C`` (csrc built with g++ against tests/cuda_sim), built and loaded once."""
+    from cuda_sim.build import load
+    return load()
 
 
 def rel_l2(out, want) -> float:

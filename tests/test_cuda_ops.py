@@ -9,7 +9,6 @@ gpu-marked.
 import contextlib
 import math
 import shutil
-from functools import lru_cache
 
 import pytest
 import torch
@@ -17,16 +16,10 @@ import torch
 import jetspec_kernels
 import python_ref as ref
 from jetspec_kernels.cuda import _util as U
-from helpers import poisoned_empty, rel_l2
+from helpers import poisoned_empty, rel_l2, sim_module
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DEV = "cuda"  # the gpu-only tests
-
-
-@lru_cache(maxsize=None)
-def _sim_module():
-    from cuda_sim.build import load
-    return load()
 
 
 @pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "sim"])
@@ -43,7 +36,7 @@ def use_sim(monkeypatch):
     if shutil.which("g++") is None:
         pytest.skip("the CUDA simulator needs g++")
     guard = DeviceGuardCheck()
-    monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(_sim_module()), raising=False)
+    monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(sim_module()), raising=False)
     monkeypatch.setattr(U, "on_device", guard.on_device)
     monkeypatch.setattr(U, "stream", guard.stream)
     monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices
@@ -470,7 +463,7 @@ def test_verify_tree_walk_limit(dev):
     tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
     parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=rf"verify_walk: n {n + 1} exceeds {n}$"):
         cu().verify_tree(tokens, parents, num_nodes, 1, None, tokens, 0.0, None, None)
     with poisoned_empty():
         got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None,

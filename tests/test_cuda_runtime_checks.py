@@ -12,14 +12,14 @@ import torch
 import jetspec_kernels
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
+from helpers import sim_module
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA simulator needs g++")
 
 
 @pytest.fixture(scope="module")
 def sim():
-    from cuda_sim.build import load
-    return load()
+    return sim_module()
 
 
 @pytest.mark.parametrize("archs,wgmma,sm90", [

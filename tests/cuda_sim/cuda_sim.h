@@ -112,6 +112,11 @@ inline cudaError_t cudaGetDevice(int* dev) {
   *dev = 0;
   return cudaSuccess;
 }
+// The opt-in shared memory per block: an H200's, or JETSPEC_SIM_SMEM_OPTIN (a smaller device).
+inline int sim_smem_optin() {
+  const char* env = std::getenv("JETSPEC_SIM_SMEM_OPTIN");
+  return env != nullptr ? std::atoi(env) : 232448;
+}
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   switch (attr) {
     case cudaDevAttrMultiProcessorCount: {
@@ -125,13 +130,13 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
       return cudaSuccess;
     }
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 232448; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = sim_smem_optin(); return cudaSuccess;
   }
   return cudaErrorInvalidValue;
 }
 // Dynamic shared memory over 48 KB needs the kernel's opt-in first, up to the device's limit;
 // launch() checks it as the GPU does.
-constexpr size_t kSimSmemDefault = 48 * 1024, kSimSmemOptin = 232448;
+constexpr size_t kSimSmemDefault = 48 * 1024;
 inline std::map<const void*, size_t>& smem_optin() {
   static std::map<const void*, size_t> m;
   return m;
@@ -139,7 +144,7 @@ inline std::map<const void*, size_t>& smem_optin() {
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F kernel, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      static_cast<size_t>(value) > kSimSmemOptin)
+      value > sim_smem_optin())
     return cudaErrorInvalidValue;
   smem_optin()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
   return cudaSuccess;

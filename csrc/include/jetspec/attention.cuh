@@ -355,32 +355,45 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, in
 // bytes of dynamic shared memory) over (tiles of `cta_rows` packed rows, B * Hkv, splits), then
 // the combine when there are several splits.
 template <typename T, typename Kernel, typename... Extra>
-cudaError_t attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd, int threads,
-                             int cta_rows, cudaStream_t stream, const Extra&... extra) {
+Status attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd, int threads,
+                        int cta_rows, cudaStream_t stream, const Extra&... extra) {
   if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
-  if (p.splits < 1 || p.hkv < 1 || p.group < 1 || p.hq != p.hkv * p.group)
-    return cudaErrorInvalidValue;
-  if (p.splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
-  const long long tiles = (static_cast<long long>(p.n) * p.group + cta_rows - 1) / cta_rows;
+  JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1, 65535));  // grid z
+  JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 1));
+  if (p.group < 1 || p.hq != p.hkv * p.group)
+    return bad_input("hq ", p.hq, " is not a multiple of hkv ", p.hkv);
+  if (p.splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr))
+    return bad_input("splits ", p.splits, " needs part_o and part_lse");
+  const long long rows = static_cast<long long>(p.n) * p.group;
+  const long long tiles = (rows + cta_rows - 1) / cta_rows;
   const long long bh = static_cast<long long>(p.batch) * p.hkv;
-  if (tiles > 0x7fffffffLL || bh > 65535 || p.splits > 65535) return cudaErrorInvalidConfiguration;
+  if (tiles > 0x7fffffffLL) {
+    return bad_input("n * hq / hkv = ", rows, " rows need ", tiles, " tiles of ", cta_rows,
+                     ", over 2147483647");
+  }
+  if (bh > 65535) return bad_input("batch * hkv = ", bh, " exceeds 65535");  // grid y
   if (smem > 48 * 1024) {
-    JETSPEC_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem)));
+    JETSPEC_RETURN_IF_FAILED(cuda_context(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        cat("cudaFuncSetAttribute(max dynamic shared memory ", smem, " bytes)")));
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(bh), p.splits);
   JETSPEC_LAUNCH(kernel, grid, threads, smem, stream, p, extra...);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (p.splits == 1) return cudaSuccess;
-  const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
-  const long long blocks = (rows * 32 + 255) / 256;
-  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  const long long out_rows = static_cast<long long>(p.batch) * p.hq * p.n;
+  const long long blocks = (out_rows * 32 + 255) / 256;  // a warp per row
+  if (blocks > 0x7fffffffLL) {
+    return bad_input("batch * hq * n = ", out_rows, " exceeds ", 0x7fffffffLL * 8,
+                     " (the combine's grid: 2147483647 blocks of 8 rows)");
+  }
   JETSPEC_LAUNCH(attention_combine_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, p, hd);
   return cudaGetLastError();
 }
 
 template <typename T, int HD>
-cudaError_t tree_attention(const AttnParams& p, cudaStream_t stream) {
+Status tree_attention(const AttnParams& p, cudaStream_t stream) {
   return attention_launch<T>(p, tree_attention_kernel<T, HD>, attention_smem_bytes<T, HD>(), HD,
                              kAttnThreads, kAttnRows, stream);
 }

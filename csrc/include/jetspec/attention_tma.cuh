@@ -263,25 +263,33 @@ inline int attention_tma_chunk(const AttnParams& p) {
 }
 
 // Launches the TMA kernel (two consumer warpgroups when a (sequence, kv head) has more than 64
-// packed rows, else one), or returns cudaErrorNotSupported when the cache layout cannot be
-// described by tensor maps (strides not multiples of 16 bytes, pages not multiples of 8 rows).
+// packed rows, else one); refuses cache layouts that tensor maps cannot describe (pages not
+// multiples of 8 rows, strides not multiples of 16 bytes).
 template <typename T, int HD>
-cudaError_t tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
+Status tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("page_size", p.page_size, 1));
+  JETSPEC_RETURN_IF_FAILED(check_range("cache_outer", p.cache_outer, 1));
+  JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 1));
   const int chunk = attention_tma_chunk(p);
-  if (chunk == 0 || p.cache_outer <= 0 || p.page_size <= 0) return cudaErrorNotSupported;
+  if (chunk == 0)
+    return bad_input("page_size ", p.page_size, " is not a multiple of 8 (kernel 3, tma)");
   CUtensorMap maps[2];
   const void* bases[2] = {p.k_cache, p.v_cache};
   const Strides4* strides[2] = {&p.sk, &p.sv};
+  const char* names[2] = {"k_cache", "v_cache"};
   for (int m = 0; m < 2; ++m) {
     const Strides4& st = *strides[m];
-    if (st.s0 < 0 || st.s1 < 0 || st.s2 < 0) return cudaErrorNotSupported;
+    if (st.s0 < 0 || st.s1 < 0 || st.s2 < 0) {
+      return bad_input(names[m], " strides (", st.s0, ", ", st.s1, ", ", st.s2,
+                       ") are negative (kernel 3, tma)");
+    }
     const uint64_t dims[4] = {static_cast<uint64_t>(HD), static_cast<uint64_t>(p.hkv),
                               static_cast<uint64_t>(p.page_size),
                               static_cast<uint64_t>(p.cache_outer)};
     const uint64_t bytes[3] = {static_cast<uint64_t>(st.s2) * 2, static_cast<uint64_t>(st.s1) * 2,
                                static_cast<uint64_t>(st.s0) * 2};
     const uint32_t box[4] = {64, 1, static_cast<uint32_t>(chunk), 1};
-    JETSPEC_RETURN_IF_ERROR(encode_tensor_map_4d(&maps[m], bases[m], dims, bytes, box));
+    JETSPEC_RETURN_IF_FAILED(encode_tensor_map_4d(&maps[m], names[m], bases[m], dims, bytes, box));
   }
   if (static_cast<long long>(p.n) * p.group > kAttnRows) {
     return attention_launch<T>(p, tree_attention_tma_kernel<T, HD, 2>,

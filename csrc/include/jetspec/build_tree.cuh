@@ -470,17 +470,24 @@ __global__ void __launch_bounds__(32) build_tree_accum_kernel(BuildTreeParams p)
   write_tree(p, b, count, score, parent, depth, rank, 32);
 }
 
-inline cudaError_t build_tree(const BuildTreeParams& p, cudaStream_t stream) {
+inline Status build_tree(const BuildTreeParams& p, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   if (p.batch == 0) return cudaSuccess;
   // Keys pack the parent position in 12 bits and the rank in 6: budget <= 4096, K <= 64.
-  if (p.budget < 1 || p.budget > 4096 || p.k < 1 || p.k > 64 || p.depth < 1)
-    return cudaErrorInvalidValue;
+  JETSPEC_RETURN_IF_FAILED(check_range("budget", p.budget, 1, 4096));
+  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, 64));
+  JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 1));
+  if (p.words != ceil_div(p.budget, 32))
+    return bad_input("words ", p.words, " is not ceil(budget / 32) = ", ceil_div(p.budget, 32));
+  if (p.algorithm != kTreeTopn && p.algorithm != kTreeAccumLogp)
+    return bad_input("algorithm ", p.algorithm, " is not 0 (topn) or 1 (accum_logp)");
   const bool topn = p.algorithm == kTreeTopn;
   const size_t smem = topn ? topn_smem_bytes(p.budget) : accum_smem_bytes(p.budget);
   if (smem > 48 * 1024) {
-    JETSPEC_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        topn ? build_tree_topn_kernel : build_tree_accum_kernel,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    JETSPEC_RETURN_IF_FAILED(cuda_context(
+        cudaFuncSetAttribute(topn ? build_tree_topn_kernel : build_tree_accum_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        cat("cudaFuncSetAttribute(max dynamic shared memory ", smem, " bytes)")));
   }
   if (topn) {
     JETSPEC_LAUNCH(build_tree_topn_kernel, p.batch, kTopnThreads, smem, stream, p);

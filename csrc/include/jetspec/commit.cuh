@@ -70,7 +70,14 @@ inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
 }
 
 template <typename E>
-cudaError_t commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t stream) {
+Status commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t stream) {
+  // Every check comes before the first launch: the K/V moves are in place.
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, 65535));  // grid y of the gather
+  const bool gather = p.hidden_rows != nullptr && p.hidden_dim != 0;
+  const int hb = hidden_elem_bytes;
+  if (gather && hb != 2 && hb != 4)
+    return bad_input("hidden_elem_bytes ", hb, " is not 2 or 4");
   if (p.batch == 0) return cudaSuccess;
   const int eb = static_cast<int>(sizeof(E));
   const bool vec = rows_aligned16(p.k_cache, eb, p.dh, {p.sk.s0, p.sk.s1, p.sk.s2}) &&
@@ -83,11 +90,8 @@ cudaError_t commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t
     JETSPEC_LAUNCH(commit_kv_kernel<E>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
   }
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
-  if (p.hidden_rows == nullptr || p.hidden_dim == 0 || p.cols == 0) return cudaSuccess;
-  if (p.cols > 65535) return cudaErrorInvalidConfiguration;
+  if (!gather) return cudaSuccess;
   const dim3 grid(p.batch, p.cols);
-  const int hb = hidden_elem_bytes;
-  if (hb != 2 && hb != 4) return cudaErrorInvalidValue;
   if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.sh0, p.sh1}) &&
       rows_aligned16(p.hidden_rows, hb, p.hidden_dim, {})) {
     JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, 256, 0, stream, p, hb);

@@ -1,4 +1,5 @@
-// Shared helpers for the torch-free kernel layer: launchers return cudaError_t, never throw.
+// Shared helpers for the torch-free kernel layer: launchers return a Status (status.h), never
+// throw.
 #pragma once
 #ifdef JETSPEC_CPU_SIM
 #include "cuda_sim.h"  // tests/cuda_sim: runs these kernels on CPU threads (CI has no GPU)
@@ -11,6 +12,7 @@
 
 #include "jetspec/params.h"
 #include "jetspec/pdl.cuh"
+#include "jetspec/status.h"
 
 namespace jetspec {
 
@@ -38,6 +40,16 @@ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // Element types the kernels are instantiated for; the bindings pass one of these codes.
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// "<name> <code> (<type>) is not supported (<taken>)": an element type code the launcher does not
+// take; taken lists those it does, e.g. "1 float16, 2 bfloat16".
+inline Status bad_dtype(const char* name, int code, const char* taken) {
+  const char* type = code == kFloat32 ? " (float32)" : code == kFloat16 ? " (float16)"
+                     : code == kBFloat16 ? " (bfloat16)" : "";
+  return bad_input(name, " ", code, type, " is not supported (", taken, ")");
+}
+constexpr const char* kAllDtypes = "0 float32, 1 float16, 2 bfloat16";
+constexpr const char* kHalfDtypes = "1 float16, 2 bfloat16";
 
 // fp32 <-> storage type conversions (round to nearest even, as torch's .to()).
 template <typename T> __device__ __forceinline__ float to_float(T x);

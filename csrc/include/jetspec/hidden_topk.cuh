@@ -37,7 +37,10 @@ struct HiddenTopkPlan {
   size_t smem;
 };
 
-inline cudaError_t hidden_topk_plan(long long rows, int vocab, int k, HiddenTopkPlan* plan) {
+inline Status hidden_topk_plan(long long rows, int vocab, int k, HiddenTopkPlan* plan) {
+  JETSPEC_RETURN_IF_FAILED(check_range("rows", rows, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("vocab", vocab, 1));
+  JETSPEC_RETURN_IF_FAILED(check_range("k", k, 1, 64));
   int dev = 0, sms = 0, per_block = 0, per_sm = 0;
   JETSPEC_RETURN_IF_ERROR(cudaGetDevice(&dev));
   JETSPEC_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -47,7 +50,9 @@ inline cudaError_t hidden_topk_plan(long long rows, int vocab, int k, HiddenTopk
       cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   plan->mtiles = rows > 16 && hidden_topk_smem_bytes(4, k) <= static_cast<size_t>(per_block) ? 4 : 1;
   plan->smem = hidden_topk_smem_bytes(plan->mtiles, k);
-  if (plan->smem > static_cast<size_t>(per_block)) return cudaErrorInvalidConfiguration;
+  if (plan->smem > static_cast<size_t>(per_block))
+    return unsupported("the plan for k ", k, " needs ", plan->smem, " bytes of shared memory per ",
+                       "block; the device allows ", per_block);
   const long long bm = 16LL * plan->mtiles;
   plan->m_blocks = static_cast<int>(std::min<long long>((rows + bm - 1) / bm, 0x7fffffffLL));
   const long long ctas_per_sm = std::max<long long>(1, per_sm / static_cast<long long>(plan->smem + 1024));
@@ -273,9 +278,9 @@ __global__ void __launch_bounds__(kHtThreads) hidden_topk_partial_kernel(HiddenT
 }
 
 // Bytes of workspace hidden_topk needs on the current device (its plan's partials).
-inline cudaError_t hidden_topk_workspace(long long rows, int vocab, int k, size_t* bytes) {
+inline Status hidden_topk_workspace(long long rows, int vocab, int k, size_t* bytes) {
   HiddenTopkPlan plan;
-  JETSPEC_RETURN_IF_ERROR(hidden_topk_plan(rows, vocab, k, &plan));
+  JETSPEC_RETURN_IF_FAILED(hidden_topk_plan(rows, vocab, k, &plan));
   *bytes = static_cast<size_t>(rows * plan.chunks * (2 + 2 * static_cast<long long>(k)) * 4);
   return cudaSuccess;
 }
@@ -294,15 +299,21 @@ cudaError_t hidden_topk_partials(const HiddenTopkParams& p, const HiddenTopkPlan
 // hidden [B, D, H] and weight [V, H] (fp16 / bf16, rows 16-byte aligned, H % 8 == 0); the
 // workspace has hidden_topk_workspace bytes.
 template <typename T>
-cudaError_t hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
+Status hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 0));
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   if (rows == 0) return cudaSuccess;
-  if (p.k < 1 || p.k > 64 || p.k > p.vocab || p.hidden_dim < 8 || p.hidden_dim % 8 != 0 ||
-      rows > 0x7fffffffLL)
-    return cudaErrorInvalidValue;
+  if (rows > 0x7fffffffLL) return bad_input("batch * depth = ", rows, " exceeds 2147483647");
+  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, 64));
+  if (p.k > p.vocab) return bad_input("k ", p.k, " exceeds vocab ", p.vocab);
+  if (p.hidden_dim < 8 || p.hidden_dim % 8 != 0)
+    return bad_input("hidden_dim ", p.hidden_dim, " is not a positive multiple of 8");
   HiddenTopkPlan plan;
-  JETSPEC_RETURN_IF_ERROR(hidden_topk_plan(rows, p.vocab, p.k, &plan));
-  if (plan.m_blocks > 65535) return cudaErrorInvalidConfiguration;
+  JETSPEC_RETURN_IF_FAILED(hidden_topk_plan(rows, p.vocab, p.k, &plan));
+  if (plan.m_blocks > 65535)
+    return bad_input("batch * depth = ", rows, " rows need ", plan.m_blocks, " blocks of ",
+                     16 * plan.mtiles, ", over 65535");
   const cudaError_t err = plan.mtiles == 1 ? hidden_topk_partials<T, 1>(p, plan, stream)
                                             : hidden_topk_partials<T, 4>(p, plan, stream);
   JETSPEC_RETURN_IF_ERROR(err);

@@ -31,8 +31,12 @@ __global__ void pack_mask_kernel(const int32_t* __restrict__ parents,
   }
 }
 
-inline cudaError_t pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_t* mask,
-                             int batch, int n, int words, cudaStream_t stream) {
+inline Status pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_t* mask, int batch,
+                        int n, int words, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("n", n, 0));
+  const long long want = (static_cast<long long>(n) + 31) / 32;
+  if (words != want) return bad_input("words ", words, " is not ceil(n / 32) = ", want);
   const long long total = static_cast<long long>(batch) * n * words;
   if (total == 0) return cudaSuccess;
   const int threads = 256;

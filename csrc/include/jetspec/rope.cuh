@@ -120,15 +120,23 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 }
 
 template <typename T, typename TC>
-cudaError_t qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
-  if (p.dh % 2 != 0 || p.dh > 2 * 32 * kRopeMaxPairsPerLane) return cudaErrorInvalidValue;
-  if (p.q != nullptr && (p.q_out == nullptr || p.q_norm_w == nullptr)) return cudaErrorInvalidValue;
+Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("dh", p.dh, 0, 2 * 32 * kRopeMaxPairsPerLane));
+  if (p.dh % 2 != 0) return bad_input("dh ", p.dh, " is not even (RoPE rotates halves)");
+  if (p.q != nullptr && p.q_out == nullptr) return bad_input("q needs q_out");
+  if (p.q != nullptr && p.q_norm_w == nullptr) return bad_input("q needs q_norm_w");
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("hq", p.hq, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 0));
   const int groups = (rope_q_heads(p) + p.hkv + kRopeHeadsPerWarp - 1) / kRopeHeadsPerWarp;
   const long long warps = static_cast<long long>(p.batch) * p.n * groups;
   if (warps == 0) return cudaSuccess;
   const int threads = 256;
   const long long blocks = (warps * 32 + threads - 1) / threads;
-  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  if (blocks > 0x7fffffffLL)
+    return bad_input("batch * n * head groups = ", warps, " warps need ", blocks,
+                     " blocks, over 2147483647");
   const auto kernel = qk_norm_rope_append_kernel<T, TC>;
   JETSPEC_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, 0, stream, p);
   return cudaGetLastError();

@@ -114,11 +114,11 @@ namespace jetspec {
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder = nullptr;
 
 // A 4-d tensor map of 16-bit elements with 128-byte swizzled boxes: dims innermost first,
-// strides (bytes) of dims 1..3, box extents. cudaErrorNotSupported when the runtime has no
-// cuTensorMapEncodeTiled or the driver refuses the layout (the caller then uses another kernel).
-
-inline cudaError_t encode_tensor_map_4d(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
-                                        const uint64_t (&strides)[3], const uint32_t (&box)[4]) {
+// strides (bytes) of dims 1..3, box extents; `name` is the tensor's, for messages. Unsupported
+// when the runtime has no cuTensorMapEncodeTiled; bad input when the driver refuses the layout.
+inline Status encode_tensor_map_4d(CUtensorMap* map, const char* name, const void* base,
+                                   const uint64_t (&dims)[4], const uint64_t (&strides)[3],
+                                   const uint32_t (&box)[4]) {
   PFN_cuTensorMapEncodeTiled_v12000& encode = tensor_map_encoder;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found{};
@@ -127,7 +127,7 @@ inline cudaError_t encode_tensor_map_4d(CUtensorMap* map, const void* base, cons
                                          &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess || fn == nullptr) {
       (void)cudaGetLastError();
-      return cudaErrorNotSupported;
+      return unsupported("the CUDA driver offers no cuTensorMapEncodeTiled (TMA; kernel 3)");
     }
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
@@ -136,7 +136,11 @@ inline cudaError_t encode_tensor_map_4d(CUtensorMap* map, const void* base, cons
                               strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorNotSupported;
+  if (res == CUDA_SUCCESS) return Status();
+  return bad_input("cuTensorMapEncodeTiled refused ", name, " (CUresult ", static_cast<int>(res),
+                   "; byte strides ", strides[0], ", ", strides[1], ", ", strides[2],
+                   "): TMA needs a 16-byte aligned base and strides that are multiples of 16 "
+                   "bytes (kernel 3, tma)");
 }
 
 }  // namespace jetspec

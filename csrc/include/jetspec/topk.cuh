@@ -232,11 +232,19 @@ inline cudaError_t topk_merge(const TopkParams& p, int chunks, cudaStream_t stre
 }
 
 template <typename T>
-cudaError_t log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
+Status log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 0));
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   if (rows == 0) return cudaSuccess;
+  if (rows > 0x7fffffffLL) return bad_input("batch * depth = ", rows, " exceeds 2147483647");
+  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1));
+  if (p.k > p.vocab) return bad_input("k ", p.k, " exceeds vocab ", p.vocab);
+  constexpr long long kMaxVocab = 65535LL * kTopkChunk;  // vocabulary chunks on grid y
+  if (p.vocab > kMaxVocab)
+    return bad_input("vocab ", p.vocab, " exceeds ", kMaxVocab, " (65535 chunks of ", kTopkChunk,
+                     ")");
   const int chunks = ceil_div(p.vocab, kTopkChunk);
-  if (p.k < 1 || p.k > p.vocab || rows > 0x7fffffffLL || chunks > 65535) return cudaErrorInvalidValue;
   // Rows on grid x (up to 2^31 - 1), vocabulary chunks on y.
   JETSPEC_LAUNCH(topk_partial_kernel<T>, dim3(static_cast<unsigned>(rows), chunks), kTopkThreads, 0,
                  stream, p);

@@ -1,0 +1,303 @@
+"""What ``_C`` says when a launcher rejects its input: called directly (past the Python checks), on
+the simulated ``_C``, every rejection is a ValueError that names the op, the argument, its value
+and the limit; a case the device cannot run is a RuntimeError that says why.
+
+Each op has a valid baseline call on small real buffers (it must succeed), and each case changes
+one or two of its arguments.
+"""
+import re
+import shutil
+
+import pytest
+import torch
+
+from helpers import sim_module
+
+
+@pytest.fixture
+def sim():
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    return sim_module()
+
+
+def ptr(t):
+    return t.data_ptr()
+
+
+def i32(*shape, fill=0):
+    return torch.full(shape, fill, dtype=torch.int32)
+
+
+class Buffers:
+    """Small CPU tensors behind the baseline calls (kept alive for the call)."""
+
+    def __init__(self):
+        h = torch.float16
+        self.q = torch.zeros(1, 4, 2, 64, dtype=h)
+        self.kv = torch.zeros(1, 16, 1, 64, dtype=h)
+        self.out = torch.zeros(1, 4, 2, 64, dtype=h)
+        self.prefix = i32(1, fill=8)
+        self.mask = i32(1, 4, 2, fill=1)  # room for words = 2
+        self.table = i32(1, 2)
+        self.topk_tokens = torch.arange(4, dtype=torch.int32).view(1, 2, 2)
+        self.topk_logprobs = torch.tensor([[[-0.1, -2.0], [-0.2, -3.0]]])
+        self.root = i32(1, fill=5)
+        self.tree = [i32(1, 4) for _ in range(3)] + [torch.zeros(1, 4), i32(1), i32(1, 4, 2)]
+        self.logits = torch.zeros(1, 4, 300)
+        self.topk_out = (i32(1, 4, 2), torch.zeros(1, 4, 2))
+        self.workspace = torch.zeros(1 << 20, dtype=torch.uint8)
+        self.hidden = torch.zeros(1, 4, 16, dtype=h)
+        self.weight = torch.zeros(300, 16, dtype=h)
+        self.parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
+        self.num_nodes = i32(1, fill=4)
+        self.walk = [i32(1), i32(1, 3), i32(1), i32(1, 3)]
+        self.part = (torch.zeros(4, 2), i32(4, 2))
+        self.seed = torch.zeros(1, dtype=torch.int64)
+        self.rope_w = torch.ones(64)
+        self.positions = i32(1, 4)
+        self.rope_cache = torch.zeros(1, 16, 1, 64, dtype=h)
+        self.path = torch.tensor([[0, 1, 3]], dtype=torch.int32)
+        self.accept = i32(1, fill=2)
+        self.hidden_rows = torch.zeros(1, 3, 16, dtype=h)
+
+
+def strides(t):
+    return list(t.stride()[:3])
+
+
+def attention_args(B, **kw):
+    a = dict(q=ptr(B.q), sq=strides(B.q), k_cache=ptr(B.kv), v_cache=ptr(B.kv), sk=strides(B.kv),
+             sv=strides(B.kv), block_table=0, bt_stride=0, page_size=16, cache_outer=1,
+             prefix_lens=ptr(B.prefix), tree_mask=ptr(B.mask), sm0=8, sm1=2, tail=1,
+             out=ptr(B.out), so=strides(B.out), lse=0, part_o=0, part_lse=0, batch=1, n=4, hq=2,
+             hkv=1, splits=1, scale=0.125, dtype=1, head_dim=64, kernel=1, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def build_tree_args(B, **kw):
+    a = dict(topk_tokens=ptr(B.topk_tokens), topk_logprobs=ptr(B.topk_logprobs),
+             root_tokens=ptr(B.root), tokens=ptr(B.tree[0]), parents=ptr(B.tree[1]),
+             depths=ptr(B.tree[2]), scores=ptr(B.tree[3]), num_nodes=ptr(B.tree[4]),
+             mask=ptr(B.tree[5]), batch=1, depth=2, k=2, budget=4, words=1, algorithm=0, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def topk_args(B, **kw):
+    a = dict(logits=ptr(B.logits), s0=1200, s1=300, tokens=ptr(B.topk_out[0]),
+             logprobs=ptr(B.topk_out[1]), workspace=ptr(B.workspace), batch=1, depth=4, vocab=300,
+             k=2, dtype=0, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def hidden_topk_args(B, **kw):
+    a = dict(hidden=ptr(B.hidden), sh0=64, sh1=16, weight=ptr(B.weight), sw0=16,
+             tokens=ptr(B.topk_out[0]), logprobs=ptr(B.topk_out[1]), workspace=ptr(B.workspace),
+             batch=1, depth=4, hidden_dim=16, vocab=300, k=2, dtype=1, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def rope_args(B, **kw):
+    a = dict(q=ptr(B.q), k=ptr(B.kv), v=ptr(B.kv), q_norm_w=ptr(B.rope_w), k_norm_w=ptr(B.rope_w),
+             positions=ptr(B.positions), cache_start=0, q_out=ptr(B.out), k_cache=ptr(B.rope_cache),
+             v_cache=ptr(B.rope_cache), block_table=0, sq=strides(B.q), sk=strides(B.kv),
+             sv=strides(B.kv), sc=strides(B.rope_cache), svc=strides(B.rope_cache), bt_stride=0,
+             batch=1, n=4, hq=2, hkv=1, dh=64, page_size=16, theta=1e4, eps=1e-6, dtype=1,
+             cache_dtype=1, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def target_args(B, **kw):
+    a = dict(logits=ptr(B.logits), s0=1200, s1=300, num_nodes=ptr(B.num_nodes), seed=0, offset=0,
+             part_v=ptr(B.part[0]), part_i=ptr(B.part[1]), batch=1, n=4, vocab=300, splits=2,
+             split_len=152, vec=True, temperature=0.0, dtype=0, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def walk_args(B, **kw):
+    a = dict(tokens=ptr(B.topk_out[0]), parents=ptr(B.parents), num_nodes=ptr(B.num_nodes),
+             target=ptr(B.positions), target_stride=4, part_v=0, part_i=0, splits=1,
+             accept_len=ptr(B.walk[0]), path=ptr(B.walk[1]), bonus=ptr(B.walk[2]),
+             emitted=ptr(B.walk[3]), batch=1, n=4, cols=3, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def commit_args(B, **kw):
+    a = dict(k_cache=ptr(B.rope_cache), v_cache=ptr(B.kv), sk=strides(B.rope_cache),
+             sv=strides(B.kv), block_table=0, bt_stride=0, prefix_lens=ptr(B.prefix),
+             path=ptr(B.path), accept_len=ptr(B.accept), new_prefix_lens=ptr(B.walk[0]),
+             hidden=ptr(B.hidden), sh0=64, sh1=16, hidden_rows=ptr(B.hidden_rows), batch=1, cols=3,
+             hkv=1, dh=64, page_size=16, hidden_dim=16, cache_elem_bytes=2, hidden_elem_bytes=2,
+             stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def pack_mask_args(B, **kw):
+    a = dict(parents=ptr(B.parents), num_nodes=ptr(B.num_nodes), mask=ptr(B.mask), batch=1, n=4,
+             words=1, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+ARGS = {"tree_attention": attention_args, "build_tree": build_tree_args,
+        "log_softmax_topk": topk_args, "hidden_topk": hidden_topk_args,
+        "qk_norm_rope_append": rope_args, "verify_target_tokens": target_args,
+        "verify_walk": walk_args, "commit_kv": commit_args, "pack_mask": pack_mask_args}
+
+
+@pytest.mark.parametrize("op", sorted(ARGS))
+def test_baselines_run(sim, op):
+    """The unchanged calls are valid, so each case below fails for the argument it changes."""
+    B = Buffers()
+    getattr(sim, op)(*ARGS[op](B))
+
+
+ALL = r"is not supported \(0 float32, 1 float16, 2 bfloat16\)"
+HALF = r"is not supported \(1 float16, 2 bfloat16\)"
+KERNELS = r"is not 0 \(auto\), 1 \(mma\), 2 \(wgmma\) or 3 \(tma\)"
+
+# (op, changed arguments, what the message must say after "jetspec_kernels._C.<op>: ")
+BAD = [
+    ("tree_attention", dict(head_dim=96), r"head_dim 96 is not supported \(64, 128, 256\)"),
+    ("tree_attention", dict(dtype=0), r"dtype 0 \(float32\) " + HALF),
+    ("tree_attention", dict(head_dim=256, kernel=2),
+     r"head_dim 256 is not supported by the wgmma kernels \(64, 128\)"),
+    ("tree_attention", dict(head_dim=256, kernel=3),
+     r"head_dim 256 is not supported by the wgmma kernels \(64, 128\)"),
+    ("tree_attention", dict(kernel=7), r"kernel 7 " + KERNELS),
+    ("tree_attention", dict(kernel=-1), r"kernel -1 " + KERNELS),
+    ("tree_attention", dict(tail=5), r"tail 5 is not 0 \(mask\), 1 \(causal\) or 2 \(full\)"),
+    ("tree_attention", dict(tail=0, tree_mask=0), r"tail 0 \(mask\) needs tree_mask"),
+    ("tree_attention", dict(splits=0), r"splits 0 is below 1"),
+    ("tree_attention", dict(splits=70000, part_o=1, part_lse=1), r"splits 70000 exceeds 65535"),
+    ("tree_attention", dict(splits=2), r"splits 2 needs part_o and part_lse"),
+    ("tree_attention", dict(hkv=0), r"hkv 0 is below 1"),
+    ("tree_attention", dict(hq=3, hkv=2), r"hq 3 is not a multiple of hkv 2"),
+    ("tree_attention", dict(batch=70000), r"batch \* hkv = 70000 exceeds 65535"),
+    ("tree_attention", dict(kernel=3, block_table=1, page_size=12),
+     r"page_size 12 is not a multiple of 8 \(kernel 3, tma\)"),
+    ("build_tree", dict(budget=5000), r"budget 5000 exceeds 4096"),
+    ("build_tree", dict(budget=0, words=0), r"budget 0 is below 1"),
+    ("build_tree", dict(k=65), r"k 65 exceeds 64"),
+    ("build_tree", dict(k=0), r"k 0 is below 1"),
+    ("build_tree", dict(depth=0), r"depth 0 is below 1"),
+    ("build_tree", dict(algorithm=2), r"algorithm 2 is not 0 \(topn\) or 1 \(accum_logp\)"),
+    ("build_tree", dict(words=2), r"words 2 is not ceil\(budget / 32\) = 1"),
+    ("log_softmax_topk", dict(dtype=3), r"dtype 3 " + ALL),
+    ("log_softmax_topk", dict(k=301), r"k 301 exceeds vocab 300"),
+    ("log_softmax_topk", dict(k=0), r"k 0 is below 1"),
+    ("log_softmax_topk", dict(vocab=1 << 30),
+     r"vocab 1073741824 exceeds 268431360 \(65535 chunks of 4096\)"),
+    ("log_softmax_topk", dict(batch=1 << 16, depth=1 << 16),
+     r"batch \* depth = 4294967296 exceeds 2147483647"),
+    ("hidden_topk", dict(dtype=0), r"dtype 0 \(float32\) " + HALF),
+    ("hidden_topk", dict(k=65), r"k 65 exceeds 64"),
+    ("hidden_topk", dict(vocab=10, k=20), r"k 20 exceeds vocab 10"),
+    ("hidden_topk", dict(hidden_dim=12), r"hidden_dim 12 is not a positive multiple of 8"),
+    ("qk_norm_rope_append", dict(dh=63), r"dh 63 is not even \(RoPE rotates halves\)"),
+    ("qk_norm_rope_append", dict(dh=514), r"dh 514 exceeds 512"),
+    ("qk_norm_rope_append", dict(dtype=4), r"dtype 4 " + ALL),
+    ("qk_norm_rope_append", dict(cache_dtype=4), r"cache_dtype 4 " + ALL),
+    ("qk_norm_rope_append", dict(q_norm_w=0), r"q needs q_norm_w"),
+    ("verify_target_tokens", dict(dtype=5), r"dtype 5 " + ALL),
+    ("verify_target_tokens", dict(splits=0), r"splits 0 is below 1"),
+    ("verify_target_tokens", dict(splits=70000), r"splits 70000 exceeds 65535"),
+    ("verify_target_tokens", dict(split_len=144),
+     r"splits 2 \* split_len 144 = 288 do not cover vocab 300"),
+    ("verify_target_tokens", dict(split_len=154), r"split_len 154 is not a multiple of 8 \(vec\)"),
+    ("verify_target_tokens", dict(temperature=1.0), r"temperature 1 needs seed and offset"),
+    ("verify_target_tokens", dict(temperature=-1.0), r"temperature -1 is not >= 0"),
+    ("verify_walk", dict(n=0), r"n 0 is below 1"),
+    ("verify_walk", dict(n=5000), r"n 5000 exceeds 4096"),
+    ("verify_walk", dict(target=0), r"target = 0 needs part_v and part_i"),
+    ("verify_walk", dict(cols=0), r"cols 0 is below 1"),
+    ("commit_kv", dict(cache_elem_bytes=3), r"cache_elem_bytes 3 is not 2 or 4"),
+    ("commit_kv", dict(hidden_elem_bytes=8), r"hidden_elem_bytes 8 is not 2 or 4"),
+    ("commit_kv", dict(cols=70000), r"cols 70000 exceeds 65535"),
+    ("pack_mask", dict(words=2), r"words 2 is not ceil\(n / 32\) = 1"),
+    ("pack_mask", dict(n=-1), r"n -1 is below 0"),
+]
+
+
+def case_id(op, changes):
+    return "-".join([op] + [f"{k}={v}" for k, v in changes.items()])
+
+
+@pytest.mark.parametrize("op,changes,message", BAD, ids=[case_id(op, c) for op, c, _ in BAD])
+def test_rejected_input_names_argument_and_limit(sim, op, changes, message):
+    B = Buffers()
+    with pytest.raises(ValueError) as info:
+        getattr(sim, op)(*ARGS[op](B, **changes))
+    assert re.fullmatch(rf"jetspec_kernels\._C\.{op}: {message}", str(info.value)), str(info.value)
+
+
+def test_commit_kv_checks_before_moving(sim):
+    """A bad hidden element size is refused before the K/V moves, not after them."""
+    B = Buffers()
+    B.rope_cache.copy_(torch.arange(B.rope_cache.numel()).view_as(B.rope_cache))
+    before = B.rope_cache.clone()
+    with pytest.raises(ValueError, match="hidden_elem_bytes 3"):
+        sim.commit_kv(*commit_args(B, hidden_elem_bytes=3))
+    assert torch.equal(B.rope_cache, before)
+
+
+def test_wgmma_where_it_cannot_run(sim, monkeypatch):
+    """An sm_90a kernel asked for where the runtime picked other code is a RuntimeError saying so
+    (not bad input: the same call runs on an H200)."""
+    monkeypatch.setenv("JETSPEC_SIM_BINARY_VERSION", "80")
+    B = Buffers()
+    for kernel, name in ((2, "wgmma"), (3, "tma")):
+        with pytest.raises(RuntimeError) as info:
+            sim.tree_attention(*attention_args(B, kernel=kernel))
+        assert not isinstance(info.value, ValueError)
+        assert re.fullmatch(rf"jetspec_kernels\._C\.tree_attention: kernel {kernel} \({name}\) "
+                            r"needs sm_90a code, which this device does not run "
+                            r"\(built for 90a,80\)",
+                            str(info.value)), str(info.value)
+    sim.tree_attention(*attention_args(B, kernel=0))  # auto takes mma.sync there
+
+
+def test_strides_name_op_and_argument(sim):
+    B = Buffers()
+    with pytest.raises(ValueError, match=r"^jetspec_kernels\._C\.tree_attention: sk needs 3 "
+                                         r"strides, got 2$"):
+        sim.tree_attention(*attention_args(B, sk=[1, 2]))
+
+
+def test_tma_layout_refused(sim):
+    """A K/V layout the driver cannot describe as a tensor map (rows 136 bytes apart) is refused
+    with the tensor and its byte strides named."""
+    B = Buffers()
+    with pytest.raises(ValueError) as info:
+        sim.tree_attention(*attention_args(B, kernel=3, sk=[1024, 68, 64]))
+    assert re.fullmatch(r"jetspec_kernels\._C\.tree_attention: cuTensorMapEncodeTiled refused "
+                        r"k_cache \(CUresult 1; byte strides 128, 136, 2048\): TMA needs a 16-byte "
+                        r"aligned base and strides that are multiples of 16 bytes "
+                        r"\(kernel 3, tma\)",
+                        str(info.value)), str(info.value)
+
+
+def test_device_shared_memory_limits(sim, monkeypatch):
+    """On a device with less opt-in shared memory (64 KB), a launch plan that does not fit says what
+    it needs, and a failed CUDA call says what it was for; neither is a ValueError."""
+    monkeypatch.setenv("JETSPEC_SIM_SMEM_OPTIN", "65536")
+    B = Buffers()
+    with pytest.raises(RuntimeError) as info:
+        sim.hidden_topk(*hidden_topk_args(B))
+    assert not isinstance(info.value, ValueError)
+    assert str(info.value) == ("jetspec_kernels._C.hidden_topk: the plan for k 2 needs 91776 bytes "
+                               "of shared memory per block; the device allows 65536")
+    with pytest.raises(RuntimeError) as info:
+        sim.build_tree(*build_tree_args(B, budget=4096, words=128))
+    assert not isinstance(info.value, ValueError)
+    assert re.fullmatch(r"jetspec_kernels\._C\.build_tree: cudaFuncSetAttribute\(max dynamic "
+                        r"shared memory 118800 bytes\): CUDA error 1 \(cudaErrorInvalidValue\): .+",
+                        str(info.value)), str(info.value)
