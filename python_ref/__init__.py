@@ -2,7 +2,7 @@
 
 Written for clarity (loops allowed); computes in float64 when given float64 tensors, float32
 otherwise, and returns results in that compute dtype. Never imports ``jetspec_kernels``.
-See ../shared/DESIGN.md (what each op computes) and CONTRIBUTING.md (signatures, conventions).
+See docs/DESIGN.md (what each op computes) and CONTRIBUTING.md (signatures, conventions).
 """
 
 from .tree import (
