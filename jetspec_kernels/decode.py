@@ -11,19 +11,28 @@ Conventions: the anchor (node 0) is the last emitted token; its K/V are not yet 
 cache and ``prefix`` counts the tokens before it. The draft context has exactly ``prefix`` rows.
 Prefill runs the whole prompt and samples the first new token, which is the first anchor.
 
-Host syncs: one per round, reading whether every sequence is done (``done.all()``), and one at
-the end to read the tokens and statistics. With ``sync_every=k`` the done check runs every k
-rounds instead (finished sequences are frozen, so extra rounds change nothing but time). The
+Adaptive budget (``budget="auto"`` or a list of sizes, see :mod:`jetspec_kernels.adaptive`): the
+draft step stops at the per-depth top-K, computes the expected-accepted-length curve for the
+largest candidate size and chooses the size on the device; the verify step builds the topn tree of
+the chosen size from the same top-K (exactly ``draft_tree(budget=n)``) and updates the calibrator.
+
+Host syncs: one per round, reading whether every sequence is done (``done.all()``; adaptive: read
+together with the chosen size, after the draft step), and one at the end to read the tokens and
+statistics. With ``sync_every=k`` the read runs every k rounds instead (finished sequences are
+frozen, so extra rounds change nothing but time; adaptive rounds keep the last size read). The
 reference backend, used for CPU tensors, syncs inside its ops anyway, and the ops' argument
 checks read values only for CPU tensors.
 
 On CUDA the first round runs eagerly on a side stream (warm-up: kernel compilation, library
-handles), then both steps are captured once and replayed every later round; NVTX ranges mark
-the stages. The CUDA path has not been run on a GPU yet (tests/test_decode.py has a gpu test).
+handles), then the steps are captured and replayed every later round: one draft graph, one
+verify graph per tree size (each captured after its first, eager, round); NVTX ranges mark the
+stages. The CUDA path has not been run on a GPU yet (tests/test_decode.py has a gpu test).
 """
 from __future__ import annotations
 
+import statistics
 import time
+import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,13 +40,17 @@ from dataclasses import dataclass, field
 import torch
 
 from . import backend as _backend
+from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget,
+                       expected_accept_curve_from_topk, parse_budget)
 from .ops import _checks as C
 from .ops.commit_kv import commit_kv
-from .ops.draft_tree import ALGORITHMS, MAX_BUDGET, MAX_TOPK, draft_tree, draft_tree_from_hidden
+from .ops.draft_tree import (ALGORITHMS, MAX_TOPK, _build, _hidden_unsupported, check_draft_tree,
+                             check_draft_tree_from_hidden, draft_tree, draft_tree_from_hidden)
 from .ops.verify_tree import verify_tree
 from .tree import Tree
 
-__all__ = ["generate", "generate_ar", "check_generate_args", "GenerateOutput", "DecodeStats"]
+__all__ = ["generate", "generate_ar", "check_generate_args", "measure_round_costs", "GenerateOutput",
+           "DecodeStats"]
 
 
 @dataclass
@@ -53,9 +66,13 @@ class DecodeStats:
     seconds : float              wall time of the call (prefill included)
     tokens_per_s : float         new_tokens / seconds
     stage_seconds : dict         time per stage (prefill, draft, tree, verify, accept, commit,
-                                 append, emit; "draft_step"/"verify_step" when graphed)
+                                 append, emit; adaptive also choose, calibrate;
+                                 "draft_step"/"verify_step" when graphed)
     host_syncs_per_round : float 1 / sync_every (the done check)
     cuda_graphs : bool           whether the steps were replayed from CUDA graphs
+    budget_sizes : list[int]     the tree size verified in each round
+    budget_costs : dict          adaptive: the cost model's seconds per round at each candidate
+                                 size ({} for a fixed budget)
     """
 
     rounds: int = 0
@@ -69,6 +86,8 @@ class DecodeStats:
     stage_seconds: dict = field(default_factory=dict)
     host_syncs_per_round: float = 1.0
     cuda_graphs: bool = False
+    budget_sizes: list = field(default_factory=list)
+    budget_costs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -275,15 +294,30 @@ def _finish(stats: DecodeStats, out: _Output, stages: _Stages, t0: float, accept
     return GenerateOutput(tokens, stats)
 
 
-class _Round:
-    """Static state of one speculative decode and its two steps (device work only)."""
+def _draft_topk(draft, lm_head_weight, anchor, *, fused: bool, budget: int, topk: int, algorithm: str):
+    """Per-depth top-K (int32 [B, D, K], float32 [B, D, K]) of the draft hidden states (``fused``)
+    or logits: the first half of draft_tree_from_hidden / draft_tree, same checks, same kernels."""
+    if fused:
+        check_draft_tree_from_hidden(draft, lm_head_weight, anchor, budget, topk, algorithm)
+        return _backend.select(draft.device, "hidden_topk", None,
+                               lambda name: _hidden_unsupported(name, draft))(draft, lm_head_weight, topk)
+    check_draft_tree(draft, anchor, budget, topk, algorithm)
+    return _backend.select(draft.device, "log_softmax_topk", None)(draft, topk)
 
-    def __init__(self, target, head, cache, dstate, prefix, anchor, out, *, budget, topk,
-                 algorithm, temperature, seed, fused_draft, stages):
+
+class _Round:
+    """Static state of one speculative decode and its two steps (device work only).
+
+    ``sizes``: the candidate tree sizes (ascending; one for a fixed budget). Adaptive rounds
+    (``calibrator`` and ``costs``, float32 [S], given) choose among them in the draft step."""
+
+    def __init__(self, target, head, cache, dstate, prefix, anchor, out, *, sizes, topk,
+                 algorithm, temperature, seed, fused_draft, stages, calibrator=None, costs=None):
         self.target, self.head, self.cache, self.dstate = target, head, cache, dstate
         self.prefix, self.anchor, self.out = prefix, anchor, out
-        self.budget, self.topk, self.algorithm = budget, topk, algorithm
+        self.sizes, self.topk, self.algorithm = tuple(sizes), topk, algorithm
         self.temperature, self.fused_draft, self.stages = temperature, fused_draft, stages
+        self.adaptive = calibrator is not None
         b = prefix.shape[0]
         dev = prefix.device
         self.seed = torch.full((b,), int(seed), dtype=torch.int64, device=dev)
@@ -291,28 +325,55 @@ class _Round:
         self.taps = head.target_layer_ids
         self.tree: Tree | None = None
         self.accept: torch.Tensor | None = None
+        if self.adaptive:
+            self.calibrator, self.costs = calibrator, costs
+            self.size_t = torch.tensor(self.sizes, dtype=torch.int64, device=dev)
+            self.choice = torch.zeros((), dtype=torch.int64, device=dev)
+            self.topk_tokens = self.topk_logprobs = None
 
-    def draft_step(self) -> Tree:
+    def draft_step(self, choose: bool = True) -> None:
+        """Draft; fixed budget: build the tree; adaptive: keep the top-K and (``choose``) pick
+        the size into ``self.choice``."""
         t, st = self.target, self.stages
-        if self.fused_draft:
-            with st("draft"):
-                hidden = self.head.draft_hidden(self.dstate, self.anchor, t.embed_weight)
+        with st("draft"):
+            if self.fused_draft:
+                draft = self.head.draft_hidden(self.dstate, self.anchor, t.embed_weight)
+                draft = draft.to(t.lm_head_weight.dtype)
+            else:
+                draft = self.head.cached_logits(self.dstate, self.anchor, embed_weight=t.embed_weight,
+                                                lm_head_weight=t.lm_head_weight)
+        if not self.adaptive:
             with st("tree"):
-                tree = draft_tree_from_hidden(hidden.to(t.lm_head_weight.dtype), t.lm_head_weight,
-                                              self.anchor, budget=self.budget, topk=self.topk,
-                                              algorithm=self.algorithm)
-        else:
-            with st("draft"):
-                logits = self.head.cached_logits(self.dstate, self.anchor, embed_weight=t.embed_weight,
-                                                 lm_head_weight=t.lm_head_weight)
-            with st("tree"):
-                tree = draft_tree(logits, self.anchor, budget=self.budget, topk=self.topk,
-                                  algorithm=self.algorithm)
-        self.tree = tree
-        return tree
+                kw = dict(budget=self.sizes[0], topk=self.topk, algorithm=self.algorithm)
+                if self.fused_draft:
+                    self.tree = draft_tree_from_hidden(draft, t.lm_head_weight, self.anchor, **kw)
+                else:
+                    self.tree = draft_tree(draft, self.anchor, **kw)
+            return
+        with st("tree"):
+            self.topk_tokens, self.topk_logprobs = _draft_topk(
+                draft, t.lm_head_weight, self.anchor, fused=self.fused_draft, budget=self.sizes[-1],
+                topk=self.topk, algorithm=self.algorithm)
+        if choose:
+            with st("choose"):
+                curve = expected_accept_curve_from_topk(self.topk_logprobs, self.sizes[-1],
+                                                        self.calibrator)
+                self.choice = choose_budget(curve, self.size_t, self.costs, ~self.out.done)
 
-    def verify_step(self) -> torch.Tensor:
-        t, st, tree, cache = self.target, self.stages, self.tree, self.cache
+    def poll(self) -> tuple[bool, int]:
+        """The round's one host sync: (every sequence done, index of the chosen size)."""
+        if not self.adaptive:
+            return bool(self.out.done.all()), 0
+        flag = int(self.choice * 2 + self.out.done.all())
+        return bool(flag & 1), flag >> 1
+
+    def verify_step(self, size: int) -> torch.Tensor:
+        t, st, cache = self.target, self.stages, self.cache
+        if self.adaptive:
+            with st("tree"):
+                self.tree = _build(None, self.topk_tokens, self.topk_logprobs, self.anchor, size,
+                                   self.algorithm)
+        tree = self.tree
         greedy = self.temperature == 0.0
         with st("verify"):
             scores, tapped = t.verify(tree, self.prefix, cache, taps=self.taps, fused_argmax=greedy)
@@ -330,6 +391,9 @@ class _Round:
         with st("append"):
             counts = torch.where(active, num, torch.zeros_like(num))
             self.head.append_context(self.dstate, commit.hidden, counts)
+        if self.adaptive:
+            with st("calibrate"):
+                self.calibrator.update(tree, verdict, active)
         with st("emit"):
             self.prefix.copy_(torch.where(active, commit.prefix_lens, self.prefix))
             self.anchor.copy_(torch.where(active, verdict.bonus, self.anchor))
@@ -340,36 +404,66 @@ class _Round:
         return accept
 
 
-class _Graphed:
-    """CUDA graphs of a :class:`_Round`'s two steps, captured once after an eager round.
+class _Steps:
+    """Runs a :class:`_Round`'s steps eagerly or from CUDA graphs: one draft graph, one verify graph
+    per tree size, each captured after its step's first (eager, side-stream) run.
 
     Capture records without executing, so no state moves; replays then read and update the
-    round's static buffers in place. Not exercised by the CPU test suite.
+    round's static buffers in place. The graphs share one memory pool: the draft graph's outputs
+    stay referenced (the round holds them), each verify graph's accept buffer is kept and copied
+    right after its replay, and graphs never run concurrently. Not exercised by the CPU suite.
     """
 
-    def __init__(self, rnd: _Round, stream):
-        self.rnd = rnd
-        real_stages = rnd.stages
-        rnd.stages = _NoStages()
-        self.draft_graph = torch.cuda.CUDAGraph()
-        self.verify_graph = torch.cuda.CUDAGraph()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            with torch.cuda.graph(self.draft_graph, stream=stream):
-                rnd.draft_step()
-            pool = self.draft_graph.pool()
-            with torch.cuda.graph(self.verify_graph, pool=pool, stream=stream):
-                rnd.verify_step()
-        torch.cuda.current_stream().wait_stream(stream)
-        rnd.stages = real_stages
+    def __init__(self, rnd: _Round, cuda_graphs: bool):
+        self.rnd, self.cuda_graphs = rnd, cuda_graphs
+        self.side = torch.cuda.Stream() if cuda_graphs else None
+        self.draft_graph = None
+        self.verify_graphs: dict[int, tuple] = {}    # size -> (graph, its accept buffer)
 
-    def step(self) -> torch.Tensor:
-        st = self.rnd.stages
-        with st("draft_step"):
-            self.draft_graph.replay()
-        with st("verify_step"):
-            self.verify_graph.replay()
-        return self.rnd.accept.clone()
+    @contextmanager
+    def _side(self):
+        if self.side is None:
+            yield
+            return
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            yield
+        torch.cuda.current_stream().wait_stream(self.side)
+
+    def draft(self, choose: bool) -> None:
+        if self.draft_graph is not None:
+            with self.rnd.stages("draft_step"):
+                self.draft_graph.replay()
+            return
+        with self._side():
+            self.rnd.draft_step(choose)
+
+    def verify(self, size: int) -> torch.Tensor:
+        """Run the verify step for a tree of ``size`` nodes; returns this round's accept lengths."""
+        graph = self.verify_graphs.get(size)
+        if graph is not None:
+            with self.rnd.stages("verify_step"):
+                graph[0].replay()
+            return graph[1].clone()
+        with self._side():
+            accept = self.rnd.verify_step(size)
+        if self.cuda_graphs:
+            self._capture(size)
+        return accept
+
+    def _capture(self, size: int) -> None:
+        rnd = self.rnd
+        real_stages, rnd.stages = rnd.stages, _NoStages()
+        with self._side():
+            if self.draft_graph is None:
+                self.draft_graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.draft_graph, stream=self.side):
+                    rnd.draft_step(True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.draft_graph.pool(), stream=self.side):
+                rnd.verify_step(size)
+        rnd.stages = real_stages
+        self.verify_graphs[size] = (graph, rnd.accept)
 
 
 class _NoStages:
@@ -385,7 +479,8 @@ def _capacity(max_prompt: int, max_new: int, budget: int, block: int, width: int
 
 def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
                         algorithm="topn", temperature=0.0, eos_token_id=None, seed=0, page_size=None,
-                        fused_draft=True, cuda_graphs=None, sync_every=1) -> tuple[float, list[int]]:
+                        fused_draft=True, cuda_graphs=None, sync_every=1, cost_model=None,
+                        calibrator=None) -> tuple[float, list[int]]:
     """The checks :func:`generate` runs before any model work (same arguments); a caller such as
     the CLI runs them first to tell bad input apart from a failure inside decoding.
 
@@ -394,10 +489,12 @@ def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, 
     """
     temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
                               page_size)
-    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
     C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
     C.choice("algorithm", algorithm, ALGORITHMS)
     taps = _check_pair(target, head)
+    sizes, adaptive = parse_budget(budget, topk=topk, depth=head.block_size - 1)
+    if adaptive and algorithm != "topn":
+        raise ValueError(f"budget={budget!r} (adaptive) needs algorithm='topn', got {algorithm!r}")
     if not isinstance(fused_draft, bool):
         raise TypeError(f"fused_draft must be a bool, got {type(fused_draft).__name__}")
     if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
@@ -405,13 +502,71 @@ def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, 
     C.integer("sync_every", sync_every, lo=1)
     if cuda_graphs and target.device.type != "cuda":
         raise ValueError("cuda_graphs=True needs models on a CUDA device")
+    if cost_model is not None:
+        model = CostModel(cost_model)
+        if adaptive:
+            model.table(sizes)
+    if calibrator is not None:
+        if not isinstance(calibrator, AcceptanceCalibrator):
+            raise TypeError(f"calibrator must be an AcceptanceCalibrator or None, got "
+                            f"{type(calibrator).__name__}")
+        if calibrator.device != target.device:
+            raise ValueError(f"calibrator lives on {calibrator.device}, the models on {target.device}")
     return temperature, taps
 
 
-def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64, topk: int = 8,
+def _graphs_default(dev: torch.device, cuda_graphs) -> bool:
+    if cuda_graphs is not None:
+        return cuda_graphs
+    # The reference backend reads values on the host inside its ops: it cannot be captured.
+    return dev.type == "cuda" and _backend.resolve(dev) != "reference"
+
+
+# Per (target, head) pair, kept across calls while both models live: measured cost models (keyed
+# by what changes a round's time) and the acceptance calibrators (greedy / sampling).
+_KEPT = weakref.WeakKeyDictionary()
+
+
+def _kept(target, head) -> dict:
+    try:
+        return _KEPT.setdefault(target, weakref.WeakKeyDictionary()).setdefault(head, {})
+    except TypeError:          # a model that cannot be weakly referenced: nothing is kept
+        return {}
+
+
+def _prepare(target, head, prompt_ids, taps, *, max_new_tokens, sizes, topk, algorithm,
+             temperature, eos_token_id, seed, page_size, fused_draft, stages, calibrator=None,
+             costs=None):
+    """Caches, prefill (the first new token) and the round state of one speculative decode.
+
+    Returns ``(_Round, verdict width M)``."""
+    dev = target.device
+    tokens, lens = _pad_prompts(prompt_ids, dev)
+    b, t_max = tokens.shape
+    budget = sizes[-1]
+    width = min(head.block_size - 1, budget - 1) + 1          # verdict columns M
+    cap = _capacity(t_max, max_new_tokens, budget, head.block_size, width)
+    cache = target.new_cache(b, cap, page_size=page_size)
+    dstate = head.new_state(b, cap, page_size=page_size)
+    out = _Output(b, max_new_tokens, width, _eos_tensor(eos_token_id, dev), dev)
+    seed_t = torch.full((b,), int(seed), dtype=torch.int64, device=dev)
+
+    with stages("prefill"):
+        logits, tapped = target.prefill(tokens, lens, cache, taps=taps)
+        anchor = _next_token(logits, temperature, seed_t, torch.zeros_like(seed_t))
+        head.append_context(dstate, tapped, lens)
+        out.emit(anchor[:, None], torch.ones_like(lens), torch.ones_like(out.done))
+    rnd = _Round(target, head, cache, dstate, lens.clone(), anchor.clone(), out, sizes=sizes,
+                 topk=topk, algorithm=algorithm, temperature=temperature, seed=seed,
+                 fused_draft=fused_draft, stages=stages, calibrator=calibrator, costs=costs)
+    return rnd, width
+
+
+def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: int = 8,
              algorithm: str = "topn", temperature: float = 0.0, eos_token_id=None, seed: int = 0,
              page_size: int | None = None, fused_draft: bool = True,
-             cuda_graphs: bool | None = None, sync_every: int = 1) -> GenerateOutput:
+             cuda_graphs: bool | None = None, sync_every: int = 1, cost_model=None,
+             calibrator: AcceptanceCalibrator | None = None) -> GenerateOutput:
     """JetSpec speculative decoding for a batch of prompts of different lengths.
 
     Parameters
@@ -421,7 +576,9 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
         target's layers; hidden size, vocabulary and device match the target's)
     prompt_ids : list of B non-empty lists of int token ids in [0, V)
     max_new_tokens : int >= 1, new tokens per prompt at most
-    budget : int in [1, 4096], tree capacity N (root included)
+    budget : int in [1, 4096], tree capacity N (root included); or adaptive: ``"auto"`` (sizes
+        4, 8, 16, 32, 64, capped by what the head can draft) or a list of candidate sizes, one
+        chosen per round for the batch (see :mod:`jetspec_kernels.adaptive`; needs "topn")
     topk : int in [1, min(64, V)], children per node
     algorithm : "topn" | "accum_logp"
     temperature : finite float >= 0 (0 = greedy; > 0 samples losslessly from softmax(logits / T))
@@ -436,6 +593,13 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
         ``reference``
     sync_every : int >= 1, rounds between host-side done checks (stats.rounds counts every
         round run, including those after the last sequence finished)
+    cost_model : adaptive only: a :class:`~jetspec_kernels.adaptive.CostModel`, dict {n: seconds}
+        or callable; default: measured by :func:`measure_round_costs` on these prompts the first
+        time (outside ``stats.seconds``) and kept for this model pair and configuration
+    calibrator : adaptive only: an :class:`~jetspec_kernels.adaptive.AcceptanceCalibrator` on the
+        models' device (updated in place); default: one kept for this model pair (greedy and
+        sampling apart). Sampled tokens depend on the tree sizes chosen, so a fixed seed
+        reproduces them only with a fixed cost model and calibrator state
 
     Returns
     -------
@@ -447,52 +611,107 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     temperature, taps = check_generate_args(
         target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
         algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
-        page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every)
+        page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every,
+        cost_model=cost_model, calibrator=calibrator)
     dev = target.device
-    if cuda_graphs is None:
-        # The reference backend reads values on the host inside its ops: it cannot be captured.
-        cuda_graphs = dev.type == "cuda" and _backend.resolve(dev) != "reference"
+    cuda_graphs = _graphs_default(dev, cuda_graphs)
+    sizes, adaptive = parse_budget(budget, topk=topk, depth=head.block_size - 1)
+    costs = None
+    if adaptive:
+        kept = _kept(target, head)
+        if calibrator is None:
+            calibrator = kept.setdefault(("calibrator", temperature > 0), AcceptanceCalibrator(
+                max_depth=head.block_size - 1, device=dev))
+        if cost_model is None:
+            key = ("costs", len(prompt_ids), sizes, topk, temperature > 0, page_size, fused_draft,
+                   cuda_graphs, _backend.resolve(dev))
+            if key not in kept:
+                kept[key] = measure_round_costs(target, head, prompt_ids, sizes, topk=topk,
+                                                temperature=temperature, seed=seed,
+                                                page_size=page_size, fused_draft=fused_draft,
+                                                cuda_graphs=cuda_graphs)
+            cost_model = kept[key]
+        cost_model = CostModel(cost_model)
+        costs = cost_model.tensor(sizes, dev)
 
     t0 = time.perf_counter()
     stages = _Stages(dev)
-    stats = DecodeStats(cuda_graphs=bool(cuda_graphs), host_syncs_per_round=1.0 / sync_every)
-    tokens, lens = _pad_prompts(prompt_ids, dev)
-    b, t_max = tokens.shape
-    width = min(head.block_size - 1, budget - 1) + 1          # verdict columns M
-    cap = _capacity(t_max, max_new_tokens, budget, head.block_size, width)
-    cache = target.new_cache(b, cap, page_size=page_size)
-    dstate = head.new_state(b, cap, page_size=page_size)
-    out = _Output(b, max_new_tokens, width, _eos_tensor(eos_token_id, dev), dev)
-    seed_t = torch.full((b,), int(seed), dtype=torch.int64, device=dev)
-
-    with stages("prefill"):
-        logits, tapped = target.prefill(tokens, lens, cache, taps=taps)
-        anchor = _next_token(logits, temperature, seed_t, torch.zeros_like(seed_t))
-        head.append_context(dstate, tapped, lens)
-        out.emit(anchor[:, None], torch.ones_like(lens), torch.ones_like(out.done))
-    prefix = lens.clone()
-    rnd = _Round(target, head, cache, dstate, prefix, anchor.clone(), out, budget=budget, topk=topk,
-                 algorithm=algorithm, temperature=temperature, seed=seed, fused_draft=fused_draft,
-                 stages=stages)
+    stats = DecodeStats(cuda_graphs=bool(cuda_graphs), host_syncs_per_round=1.0 / sync_every,
+                        budget_costs=cost_model.table(sizes) if adaptive else {})
+    rnd, width = _prepare(target, head, prompt_ids, taps, max_new_tokens=max_new_tokens, sizes=sizes,
+                          topk=topk, algorithm=algorithm, temperature=temperature,
+                          eos_token_id=eos_token_id, seed=seed, page_size=page_size,
+                          fused_draft=fused_draft, stages=stages, calibrator=calibrator, costs=costs)
+    steps = _Steps(rnd, cuda_graphs)
     accepts = []
-    graphed = None
-    while not bool(out.done.all()):          # the one host sync (per sync_every rounds)
-        for _ in range(sync_every):
-            if graphed is not None:
-                accepts.append(graphed.step())
-            elif cuda_graphs:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    rnd.draft_step()
-                    accepts.append(rnd.verify_step())
-                torch.cuda.current_stream().wait_stream(side)
-                graphed = _Graphed(rnd, side)
-            else:
-                rnd.draft_step()
-                accepts.append(rnd.verify_step())
-            stats.rounds += 1
-    return _finish(stats, out, stages, t0, accepts, width - 1)
+    size = sizes[-1]
+    while True:
+        poll = stats.rounds % sync_every == 0
+        if poll and not adaptive and rnd.poll()[0]:      # the one host sync (per sync_every rounds)
+            break
+        steps.draft(choose=poll)
+        if poll and adaptive:
+            done, choice = rnd.poll()                    # adaptive: done flags and size together
+            if done:
+                break
+            size = sizes[choice]
+        accepts.append(steps.verify(size))
+        stats.budget_sizes.append(size)
+        stats.rounds += 1
+    return _finish(stats, rnd.out, stages, t0, accepts, width - 1)
+
+
+def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int = 6, topk: int = 8,
+                        temperature: float = 0.0, seed: int = 0, page_size: int | None = None,
+                        fused_draft: bool = True, cuda_graphs: bool | None = None) -> CostModel:
+    """Measure the cost model of adaptive decoding: the time of a round at each candidate size.
+
+    Decodes ``prompt_ids`` (the batch size is ``len(prompt_ids)``) with adaptive rounds forced to
+    each size in turn: one warm-up round per size (on CUDA: the graph captures), then ``rounds``
+    timed rounds per size, sizes interleaved so that drift in the machine's load hits them alike.
+    A round is timed from the draft step to the end of the verify step (the choice and the host
+    sync included), with the device synchronised; its cost is the median. The decode is thrown
+    away (its calibrator too).
+
+    Parameters
+    ----------
+    target, head, prompt_ids, topk, temperature, seed, page_size, fused_draft, cuda_graphs :
+        as in :func:`generate`
+    sizes : "auto" or a list of candidate sizes (as ``generate``'s adaptive ``budget``)
+    rounds : int >= 1, timed rounds per size
+
+    Returns
+    -------
+    CostModel {n: seconds per round}
+    """
+    temperature, taps = check_generate_args(
+        target, head, prompt_ids, max_new_tokens=1, budget=sizes, topk=topk, temperature=temperature,
+        seed=seed, page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs)
+    C.integer("rounds", rounds, lo=1)
+    dev = target.device
+    cuda_graphs = _graphs_default(dev, cuda_graphs)
+    sizes, _ = parse_budget(sizes, topk=topk, depth=head.block_size - 1)
+    width = min(head.block_size - 1, sizes[-1] - 1) + 1
+    rnd, _ = _prepare(target, head, prompt_ids, taps, max_new_tokens=(rounds + 1) * len(sizes) * width,
+                      sizes=sizes, topk=topk, algorithm="topn", temperature=temperature,
+                      eos_token_id=None, seed=seed, page_size=page_size, fused_draft=fused_draft,
+                      stages=_NoStages(),
+                      calibrator=AcceptanceCalibrator(max_depth=head.block_size - 1, device=dev),
+                      costs=torch.ones(len(sizes), dtype=torch.float32, device=dev))
+    steps = _Steps(rnd, cuda_graphs)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    times = {n: [] for n in sizes}
+    for rep in range(rounds + 1):
+        for n in sizes:
+            sync()
+            t0 = time.perf_counter()
+            steps.draft(choose=True)
+            rnd.poll()
+            steps.verify(n)
+            sync()
+            if rep:
+                times[n].append(time.perf_counter() - t0)
+    return CostModel({n: statistics.median(t) for n, t in times.items()})
 
 
 def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float = 0.0,

@@ -1,0 +1,330 @@
+"""Adaptive tree budget: each round picks its tree size from the draft's own confidence and the
+measured cost of verifying it.
+
+For ``topn`` trees the best ``n``-node tree holds the ``n - 1`` best non-root nodes of the implicit
+tree, and under the draft's model node ``i`` is accepted with probability ``exp(score_i)`` (siblings
+carry distinct tokens, so at most one node per depth is accepted). Its expected accepted length is
+
+    E(n) = sum of exp(score) over the n - 1 best non-root nodes,
+
+so one sorted pass over the scores gives E(n) for every n. :class:`AcceptanceCalibrator` corrects
+the draft's estimate with the acceptance actually observed (per depth or per score bucket, running
+sums kept as device tensors), :class:`CostModel` holds the time of a round at each candidate size,
+and :func:`choose_budget` picks ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device.
+:func:`jetspec_kernels.decode.generate` does this with ``budget="auto"`` (or a list of sizes).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+
+from .ops.draft_tree import MAX_BUDGET
+from .tree import Tree
+
+__all__ = ["DEFAULT_SIZES", "AcceptanceCalibrator", "CostModel", "choose_budget",
+           "expected_accept_curve", "expected_accept_curve_from_topk", "parse_budget"]
+
+DEFAULT_SIZES = (4, 8, 16, 32, 64)
+
+
+class _BudgetTypeError(TypeError, ValueError):
+    """A ``budget`` of the wrong type: a TypeError like every wrong type in this package, and a
+    ValueError like every other bad ``budget``."""
+
+
+def _size_of(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _BudgetTypeError(f"{name} must be an int tree size, got {type(v).__name__} {v!r}")
+    if not 1 <= v <= MAX_BUDGET:
+        raise ValueError(f"{name} must be in [1, {MAX_BUDGET}], got {v}")
+    return v
+
+
+def parse_budget(budget, *, topk: int, depth: int) -> tuple[tuple[int, ...], bool]:
+    """Read :func:`generate`'s ``budget``.
+
+    Parameters
+    ----------
+    budget : int in [1, 4096] (a fixed size), ``"auto"`` (:data:`DEFAULT_SIZES` capped by what the
+        head can draft), or a non-empty list/tuple of such ints (the candidate sizes)
+    topk, depth : the draft's children per node and depths per round; the implicit tree has
+        ``1 + K + ... + K**D`` nodes, and larger "auto" candidates would build the same tree
+
+    Returns
+    -------
+    (candidate sizes ascending, adaptive: bool); a fixed int gives ``((budget,), False)``.
+    """
+    if isinstance(budget, str):
+        if budget != "auto":
+            raise _BudgetTypeError(f"budget must be an int, 'auto' or a list of ints, got {budget!r}")
+        full = sum(topk ** d for d in range(depth + 1))    # the implicit tree's nodes
+        top = min(full, DEFAULT_SIZES[-1])
+        return tuple(n for n in DEFAULT_SIZES if n < top) + (top,), True
+    if isinstance(budget, (list, tuple)):
+        if not budget:
+            raise ValueError("budget must hold at least one candidate size, got an empty list")
+        return tuple(sorted({_size_of(f"budget[{i}]", v) for i, v in enumerate(budget)})), True
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise _BudgetTypeError(f"budget must be an int, 'auto' or a list of ints, got "
+                               f"{type(budget).__name__} {budget!r}")
+    return (_size_of("budget", budget),), False
+
+
+class AcceptanceCalibrator:
+    """Online correction of the draft's acceptance estimate by the acceptance actually observed.
+
+    Each valid non-root node of a verified tree falls into a bin: its depth (``bins="depth"``;
+    depths past ``max_depth`` share the last bin) or its score bucket (``bins="score"``: bin j
+    holds scores in ``[score_edges[j], score_edges[j-1])``, edges descending). Per bin it keeps
+    two running sums on the device: ``predicted`` (the draft's expected acceptances, sum of
+    ``exp(score)``) and ``accepted`` (nodes on the accepted path). The calibrated acceptance
+    probability of a node is ``ratio[bin] * exp(score)`` with
+    ``ratio = (accepted + prior) / (predicted + prior)``, 1 before any data. ``decay < 1``
+    multiplies the sums by ``decay`` every update (forgets old rounds). Updates never sync.
+
+    Parameters
+    ----------
+    bins : "depth" | "score"
+    max_depth : int >= 1, depth bins (the draft's depths per round)
+    score_edges : descending log-probs (< 0) for score bins (default ``log 2**-1 .. log 2**-12``)
+    prior : float > 0, pseudo-count of predicted acceptances at ratio 1
+    decay : float in (0, 1]
+    device : where the sums live (the models' device)
+    """
+
+    def __init__(self, bins: str = "depth", *, max_depth: int = 16, score_edges=None,
+                 prior: float = 2.0, decay: float = 1.0, device="cpu"):
+        if bins not in ("depth", "score"):
+            raise ValueError(f"bins must be 'depth' or 'score', got {bins!r}")
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
+        if not (isinstance(prior, (int, float)) and math.isfinite(prior) and prior > 0):
+            raise ValueError(f"prior must be a finite number > 0, got {prior!r}")
+        if not (isinstance(decay, (int, float)) and 0 < decay <= 1):
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        if score_edges is None:
+            score_edges = [-k * math.log(2.0) for k in range(1, 13)]
+        edges = [float(e) for e in score_edges]
+        if bins == "score" and (not edges or any(not e < 0 for e in edges)
+                                or any(a <= b for a, b in zip(edges, edges[1:]))):
+            raise ValueError(f"score_edges must be non-empty, descending and < 0, got {score_edges!r}")
+        self.bins, self.prior, self.decay = bins, float(prior), float(decay)
+        self.num_bins = max_depth if bins == "depth" else len(edges) + 1
+        self.device = torch.device(device)
+        self.score_edges = torch.tensor(edges, dtype=torch.float32, device=self.device)
+        self.predicted = torch.zeros(self.num_bins, dtype=torch.float64, device=self.device)
+        self.accepted = torch.zeros_like(self.predicted)
+
+    def reset(self) -> None:
+        """Forget every observation (ratios back to 1)."""
+        self.predicted.zero_()
+        self.accepted.zero_()
+
+    def ratios(self) -> torch.Tensor:
+        """float32 [num_bins]: observed / predicted acceptances per bin (with the prior)."""
+        return ((self.accepted + self.prior) / (self.predicted + self.prior)).float()
+
+    def bin_index(self, depths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """int64, the shape of ``depths`` / ``scores``: each node's bin (meaningful for depth >= 1)."""
+        if self.bins == "depth":
+            return (depths.long() - 1).clamp(0, self.num_bins - 1)
+        return (scores[..., None] < self.score_edges).sum(-1)
+
+    def weights(self, depths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """float32, the shape of ``depths``: ``ratio[bin]`` of each node."""
+        return self.ratios()[self.bin_index(depths, scores)]
+
+    def update(self, tree: Tree, verdict, active: torch.Tensor | None = None) -> None:
+        """Add one verified round: ``tree`` [B, N] and its ``verdict`` (accept_len [B], path
+        [B, M]); ``active`` bool [B] (default all) selects the sequences that count."""
+        b, n = tree.scores.shape
+        dev = tree.scores.device
+        if active is None:
+            active = torch.ones(b, dtype=torch.bool, device=dev)
+        trash = self.num_bins
+        col = torch.arange(n, device=dev)
+        valid = (col >= 1)[None, :] & (col[None, :] < tree.num_nodes[:, None]) & active[:, None]
+        bins = self.bin_index(tree.depths, tree.scores)
+        pred = torch.zeros(trash + 1, dtype=torch.float64, device=dev)
+        prob = torch.where(valid, tree.scores.exp(), torch.zeros_like(tree.scores))
+        pred.index_add_(0, torch.where(valid, bins, trash).flatten(), prob.flatten().double())
+        m = verdict.path.shape[1]
+        step = torch.arange(1, m, device=dev)
+        on_path = (step[None, :] <= verdict.accept_len[:, None]) & active[:, None]
+        path_bins = bins.gather(1, verdict.path[:, 1:].clamp_min(0).long())
+        obs = torch.zeros_like(pred)
+        obs.index_add_(0, torch.where(on_path, path_bins, trash).flatten(), on_path.flatten().double())
+        if self.decay != 1.0:
+            self.predicted.mul_(self.decay)
+            self.accepted.mul_(self.decay)
+        self.predicted.add_(pred[:trash])
+        self.accepted.add_(obs[:trash])
+
+
+def _curve(scores: torch.Tensor, depths: torch.Tensor, m: int, calibrator) -> torch.Tensor:
+    """[B, m + 1]: 0, then the running sum of (weighted) exp(score) of the m best candidates
+    (``scores`` float32, ``depths`` [B, C]) in topn's order: higher score, ties to lower depth
+    (ties within a depth share their weight, so their order does not matter)."""
+    if scores.shape[1] < m:    # fewer nodes than m (a small implicit tree): pad, the curve goes flat
+        pad = m - scores.shape[1]
+        scores = torch.cat([scores, scores.new_full((scores.shape[0], pad), -math.inf)], dim=1)
+        depths = torch.cat([depths, depths.new_zeros(depths.shape[0], pad)], dim=1)
+    # One float64 key orders by (score, -depth): distinct float32 scores differ by >= 2**-24 of
+    # their size, far more than the depth term (depth * 2**-36 of it; 2**-1000 when the score is 0).
+    d = depths.double()
+    key = scores.double() * (1.0 + d * 2.0 ** -36) - d * 2.0 ** -1000
+    order = key.topk(m, dim=1).indices
+    vals = scores.gather(1, order)
+    prob = vals.exp()
+    if calibrator is not None:
+        prob = prob * calibrator.weights(depths.gather(1, order), vals)
+    zero = torch.zeros(scores.shape[0], 1, dtype=prob.dtype, device=prob.device)
+    return torch.cat([zero, prob.cumsum(1)], dim=1)
+
+
+def expected_accept_curve(tree: Tree, calibrator: AcceptanceCalibrator | None = None) -> torch.Tensor:
+    """Expected accepted length of the best n-node subtree of each tree, for every n.
+
+    Parameters
+    ----------
+    tree : Tree [B, N] (for a ``topn`` tree of budget N, the best n-node subtree is the topn tree
+        of budget n)
+    calibrator : optional; weights each node's exp(score) by its bin's observed ratio
+
+    Returns
+    -------
+    float32 [B, N]: column ``n - 1`` = sum of (calibrated) exp(score) over the n - 1 best non-root
+    nodes (column 0 is 0; flat past num_nodes, where scores are -inf).
+    """
+    n = tree.capacity
+    if n == 1:
+        return torch.zeros(tree.batch_size, 1, dtype=torch.float32, device=tree.scores.device)
+    return _curve(tree.scores[:, 1:].float(), tree.depths[:, 1:], n - 1, calibrator)
+
+
+def expected_accept_curve_from_topk(topk_logprobs: torch.Tensor, n_max: int,
+                                    calibrator: AcceptanceCalibrator | None = None) -> torch.Tensor:
+    """:func:`expected_accept_curve` of the topn tree of budget ``n_max``, without building it.
+
+    Every depth-d node has the same K children, so the m = n_max - 1 best depth-d scores are the m
+    best sums of the m best depth-(d-1) scores and row d's K log-probs; the best m overall come from
+    those (depths past m cannot make it). Scores are accumulated left to right in float32, as the
+    tree builders do.
+
+    Parameters
+    ----------
+    topk_logprobs : float32 [B, D, K], per-depth top-K log-probs (descending)
+    n_max : int >= 1
+    calibrator : optional, as in :func:`expected_accept_curve`
+
+    Returns
+    -------
+    float32 [B, n_max]
+    """
+    b, d, k = topk_logprobs.shape
+    m = n_max - 1
+    if m < 1:
+        return torch.zeros(b, 1, dtype=torch.float32, device=topk_logprobs.device)
+    lp = topk_logprobs.float()
+    levels, widths, cur = [], [], None
+    for j in range(min(d, m)):
+        # At most m - j depth-(j+1) nodes fit among the best m: each shallower depth holds an ancestor.
+        keep = m - j
+        cand = lp[:, j] if cur is None else (cur[:, :, None] + lp[:, j, None, :]).flatten(1)
+        cur = cand.topk(keep, dim=1, sorted=False).values if cand.shape[1] > keep else cand
+        levels.append(cur)
+        widths.append(cur.shape[1])
+    depths = _level_depths(tuple(widths), lp.device).expand(b, -1)
+    return _curve(torch.cat(levels, dim=1), depths, m, calibrator)
+
+
+@functools.lru_cache(maxsize=64)
+def _level_depths(widths: tuple, device: torch.device) -> torch.Tensor:
+    """int32 [sum(widths)]: depth j + 1 repeated widths[j] times. Cached: the first (eager) round
+    makes it, so CUDA-graph captures of later rounds copy nothing from the host."""
+    return torch.repeat_interleave(torch.arange(1, len(widths) + 1, dtype=torch.int32),
+                                   torch.tensor(widths)).to(device)
+
+
+class CostModel:
+    """Seconds per decoding round as a function of the tree size n, for one model pair, batch size
+    and device (measured by timing rounds, see :func:`jetspec_kernels.decode.measure_round_costs`,
+    or given).
+
+    Parameters
+    ----------
+    costs : dict {n: seconds} (int n >= 1, finite seconds > 0) or a callable n -> seconds
+    """
+
+    def __init__(self, costs: dict | Callable[[int], float]):
+        if isinstance(costs, CostModel):
+            costs = costs.costs
+        if isinstance(costs, dict):
+            if not costs:
+                raise ValueError("cost_model must hold at least one size, got an empty dict")
+            checked = {}
+            for n, c in costs.items():
+                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                    raise ValueError(f"cost_model keys must be tree sizes (ints >= 1), got {n!r}")
+                checked[n] = self._seconds(n, c)
+            costs = checked
+        elif not callable(costs):
+            raise TypeError(f"cost_model must be a dict {{n: seconds}}, a callable or a CostModel, got "
+                            f"{type(costs).__name__}")
+        self.costs = costs
+
+    @staticmethod
+    def _seconds(n: int, c) -> float:
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+            raise ValueError(f"cost_model[{n}] must be a finite number of seconds > 0, got {c!r}")
+        return float(c)
+
+    def __call__(self, n: int) -> float:
+        if isinstance(self.costs, dict):
+            if n not in self.costs:
+                raise ValueError(f"cost_model has no cost for tree size {n} (it has "
+                                 f"{sorted(self.costs)})")
+            return self.costs[n]
+        return self._seconds(n, self.costs(n))
+
+    def table(self, sizes) -> dict[int, float]:
+        """{n: seconds} for each candidate size (validated)."""
+        return {int(n): self(int(n)) for n in sizes}
+
+    def tensor(self, sizes, device=None) -> torch.Tensor:
+        """float32 [S]: the cost of each candidate size."""
+        return torch.tensor([self(int(n)) for n in sizes], dtype=torch.float32, device=device)
+
+    def __repr__(self) -> str:
+        if isinstance(self.costs, dict):
+            inner = ", ".join(f"{n}: {c * 1e3:.3g} ms" for n, c in sorted(self.costs.items()))
+            return f"CostModel({{{inner}}})"
+        return f"CostModel({self.costs!r})"
+
+
+def choose_budget(curve: torch.Tensor, sizes, costs, active: torch.Tensor | None = None) -> torch.Tensor:
+    """The candidate size with the most expected tokens per second, chosen on the device.
+
+    Parameters
+    ----------
+    curve : float [B, N] from :func:`expected_accept_curve` (column n - 1 = E(n))
+    sizes : candidate sizes (ints in [1, N], or an int64 tensor [S])
+    costs : float tensor [S] (seconds per round at each size) or a :class:`CostModel`
+    active : bool [B], optional: only these sequences' tokens count
+
+    Returns
+    -------
+    int64 0-dim tensor: the index into ``sizes`` of ``argmax_s sum_b (1 + E_b(sizes[s])) / c_s``
+    (ties to the first, i.e. the smaller size when sizes ascend).
+    """
+    dev = curve.device
+    idx = torch.as_tensor(sizes, device=dev).long() - 1
+    if isinstance(costs, CostModel):
+        costs = costs.tensor(sizes.tolist() if torch.is_tensor(sizes) else sizes, dev)
+    tokens = 1.0 + curve[:, idx]
+    if active is not None:
+        tokens = tokens * active[:, None].to(tokens.dtype)
+    return torch.argmax(tokens.sum(0) / costs)
