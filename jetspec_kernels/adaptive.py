@@ -144,39 +144,45 @@ class AcceptanceCalibrator:
         dev = tree.scores.device
         if active is None:
             active = torch.ones(b, dtype=torch.bool, device=dev)
-        trash = self.num_bins
-        col = torch.arange(n, device=dev)
-        valid = (col >= 1)[None, :] & (col[None, :] < tree.num_nodes[:, None]) & active[:, None]
-        bins = self.bin_index(tree.depths, tree.scores)
-        pred = torch.zeros(trash + 1, dtype=torch.float64, device=dev)
-        prob = torch.where(valid, tree.scores.exp(), torch.zeros_like(tree.scores))
-        pred.index_add_(0, torch.where(valid, bins, trash).flatten(), prob.flatten().double())
-        m = verdict.path.shape[1]
-        step = torch.arange(1, m, device=dev)
-        on_path = (step[None, :] <= verdict.accept_len[:, None]) & active[:, None]
-        path_bins = bins.gather(1, verdict.path[:, 1:].clamp_min(0).long())
-        obs = torch.zeros_like(pred)
-        obs.index_add_(0, torch.where(on_path, path_bins, trash).flatten(), on_path.flatten().double())
         if self.decay != 1.0:
             self.predicted.mul_(self.decay)
             self.accepted.mul_(self.decay)
-        self.predicted.add_(pred[:trash])
-        self.accepted.add_(obs[:trash])
+        # Padding rows have score -inf (exp 0); the root (node 0) is always accepted: left out.
+        counted = (torch.arange(n, device=dev)[None, :] >= 1) & active[:, None]
+        bins = self.bin_index(tree.depths, tree.scores)      # in range for every node
+        self.predicted.index_add_(0, bins.flatten(), (tree.scores.exp() * counted).flatten().double())
+        step = torch.arange(1, verdict.path.shape[1], device=dev)
+        on_path = (step[None, :] <= verdict.accept_len[:, None]) & active[:, None]
+        if self.bins == "depth":         # path node j sits at depth j
+            counts = on_path.sum(0).double()
+            k = min(counts.shape[0], self.num_bins)
+            self.accepted[:k] += counts[:k]
+            self.accepted[-1:] += counts[k:].sum()
+        else:
+            path_bins = bins.gather(1, verdict.path[:, 1:].clamp_min(0).long())
+            self.accepted.index_add_(0, path_bins.flatten(), on_path.flatten().double())
 
 
-def _curve(scores: torch.Tensor, depths: torch.Tensor, m: int, calibrator) -> torch.Tensor:
+def _tie_key(depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (mult, offset) of the key ``score * mult - offset`` that orders candidates by
+    (score, -depth): distinct float32 scores differ by >= 2**-24 of their size, far more than the
+    depth term (depth * 2**-36 of it; 2**-1000 when the score is 0)."""
+    d = depths.double()
+    return 1.0 + d * 2.0 ** -36, d * 2.0 ** -1000
+
+
+def _curve(scores: torch.Tensor, depths: torch.Tensor, m: int, calibrator, key=None) -> torch.Tensor:
     """[B, m + 1]: 0, then the running sum of (weighted) exp(score) of the m best candidates
     (``scores`` float32, ``depths`` [B, C]) in topn's order: higher score, ties to lower depth
-    (ties within a depth share their weight, so their order does not matter)."""
+    (ties within a depth share their weight, so their order does not matter). ``key``: the
+    :func:`_tie_key` of ``depths``, if already known."""
     if scores.shape[1] < m:    # fewer nodes than m (a small implicit tree): pad, the curve goes flat
         pad = m - scores.shape[1]
         scores = torch.cat([scores, scores.new_full((scores.shape[0], pad), -math.inf)], dim=1)
         depths = torch.cat([depths, depths.new_zeros(depths.shape[0], pad)], dim=1)
-    # One float64 key orders by (score, -depth): distinct float32 scores differ by >= 2**-24 of
-    # their size, far more than the depth term (depth * 2**-36 of it; 2**-1000 when the score is 0).
-    d = depths.double()
-    key = scores.double() * (1.0 + d * 2.0 ** -36) - d * 2.0 ** -1000
-    order = key.topk(m, dim=1).indices
+        key = None
+    mult, offset = _tie_key(depths) if key is None else key
+    order = (scores.double() * mult - offset).topk(m, dim=1).indices
     vals = scores.gather(1, order)
     prob = vals.exp()
     if calibrator is not None:
@@ -237,16 +243,17 @@ def expected_accept_curve_from_topk(topk_logprobs: torch.Tensor, n_max: int,
         cur = cand.topk(keep, dim=1, sorted=False).values if cand.shape[1] > keep else cand
         levels.append(cur)
         widths.append(cur.shape[1])
-    depths = _level_depths(tuple(widths), lp.device).expand(b, -1)
-    return _curve(torch.cat(levels, dim=1), depths, m, calibrator)
+    depths, mult, offset = _levels(tuple(widths), lp.device)
+    return _curve(torch.cat(levels, dim=1), depths.expand(b, -1), m, calibrator, (mult, offset))
 
 
 @functools.lru_cache(maxsize=64)
-def _level_depths(widths: tuple, device: torch.device) -> torch.Tensor:
-    """int32 [sum(widths)]: depth j + 1 repeated widths[j] times. Cached: the first (eager) round
-    makes it, so CUDA-graph captures of later rounds copy nothing from the host."""
-    return torch.repeat_interleave(torch.arange(1, len(widths) + 1, dtype=torch.int32),
-                                   torch.tensor(widths)).to(device)
+def _levels(widths: tuple, device: torch.device):
+    """int32 depths [C] (depth j + 1 repeated widths[j] times) and their :func:`_tie_key`.
+    Cached: the first (eager) round makes them, so CUDA-graph captures copy nothing from the host."""
+    depths = torch.repeat_interleave(torch.arange(1, len(widths) + 1, dtype=torch.int32),
+                                     torch.tensor(widths))
+    return tuple(t.to(device) for t in (depths, *_tie_key(depths)))
 
 
 class CostModel:

@@ -299,8 +299,9 @@ def _draft_topk(draft, lm_head_weight, anchor, *, fused: bool, budget: int, topk
     or logits: the first half of draft_tree_from_hidden / draft_tree, same checks, same kernels."""
     if fused:
         check_draft_tree_from_hidden(draft, lm_head_weight, anchor, budget, topk, algorithm)
-        return _backend.select(draft.device, "hidden_topk", None,
-                               lambda name: _hidden_unsupported(name, draft))(draft, lm_head_weight, topk)
+        kernel = _backend.select(draft.device, "hidden_topk", None,
+                                 lambda name: _hidden_unsupported(name, draft))
+        return kernel(draft, lm_head_weight, topk)
     check_draft_tree(draft, anchor, budget, topk, algorithm)
     return _backend.select(draft.device, "log_softmax_topk", None)(draft, topk)
 

@@ -63,8 +63,7 @@ def _brute_curve(tree: Tree, weight) -> torch.Tensor:
 def test_curve_equals_brute_force(ties, bins):
     gen = torch.Generator().manual_seed(1 + ties)
     for _ in range(12):
-        d, k = int(torch.randint(1, 6, (1,), generator=gen)), int(torch.randint(1, 5, (1,), generator=gen))
-        n = int(torch.randint(1, 70, (1,), generator=gen))
+        d, k, n = (int(torch.randint(1, hi, (1,), generator=gen)) for hi in (6, 5, 70))
         lp = _random_lp(gen, 2, d, k, ties)
         tree = _tree(lp, n)
         cal = None if bins is None else _calibrator(gen, bins=bins)
@@ -146,6 +145,10 @@ def test_calibrator_bookkeeping_by_hand():
     assert cal.predicted.tolist() == [0.5, 0.25, 0.125]
     assert cal.accepted.tolist() == [1.0, 1.0, 0.0]
     assert torch.allclose(cal.ratios(), torch.tensor([2 / 1.5, 2 / 1.25, 1 / 1.125]))
+    # Depths past max_depth share the last bin.
+    two = A.AcceptanceCalibrator(max_depth=2, prior=1.0)
+    two.update(tree, verdict)
+    assert two.predicted.tolist() == [1.0, 0.75] and two.accepted.tolist() == [2.0, 3.0]
     # Score bins: edges log(0.3), log(0.2): 1/2 -> bin 0, 1/4 -> bin 1, 1/8 -> bin 2.
     sc = A.AcceptanceCalibrator("score", score_edges=[math.log(0.3), math.log(0.2)])
     sc.update(tree, verdict)
@@ -244,10 +247,11 @@ def test_bad_adaptive_arguments():
         generate(target, head, [[1, 2]], calibrator=A.AcceptanceCalibrator(device="meta"), **kw)
     with pytest.raises(ValueError, match="rounds"):
         measure_round_costs(target, head, [[1, 2]], [2, 4], rounds=0)
-    for bad in (dict(bins="width"), dict(max_depth=0), dict(prior=0.0), dict(decay=0.0),
-                dict(decay=1.5), dict(bins="score", score_edges=[-1.0, -0.5]),
-                dict(bins="score", score_edges=[0.0])):
-        with pytest.raises(ValueError, match=next(iter(bad)) if "edges" not in str(bad) else "score_edges"):
+    for bad, name in ((dict(bins="width"), "bins"), (dict(max_depth=0), "max_depth"),
+                      (dict(prior=0.0), "prior"), (dict(decay=0.0), "decay"), (dict(decay=1.5), "decay"),
+                      (dict(bins="score", score_edges=[-1.0, -0.5]), "score_edges"),
+                      (dict(bins="score", score_edges=[0.0]), "score_edges")):
+        with pytest.raises(ValueError, match=name):
             A.AcceptanceCalibrator(**bad)
 
 

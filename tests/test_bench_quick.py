@@ -238,3 +238,44 @@ def test_conftest_writes_the_hardware_record(tmp_path):
     assert sorted(x["test"] for x in entries) == ["test_set_and_get_backend",
                                                   "test_unknown_backend_names_the_argument"]
     assert all(x["outcome"] == "passed" and x["file"].endswith("test_backend.py") for x in entries)
+
+
+def test_adaptive_budget_bench_quick(tmp_path, capsys):
+    """bench_adaptive_budget --quick: measured rows for every configuration with identical greedy
+    outputs, the batch-share and predicted rows, CSV and PNG."""
+    from bench import bench_adaptive_budget as bab
+
+    assert bab.main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert "== adaptive_budget on cpu-" in capsys.readouterr().out
+    with open(tmp_path / "adaptive_budget.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    parts = {r["part"] for r in rows}
+    assert {"measured", "share", "predicted h200-8b roofline"} <= parts
+    measured = [r for r in rows if r["part"] == "measured"]
+    assert {(r["batch"], r["config"]) for r in measured} == {(b, c) for b in ("1", "2")
+                                                             for c in ("4", "16", "auto")}
+    assert all(float(r["tokens_per_s"]) > 0 and not r["note"] for r in measured)
+    assert (tmp_path / "adaptive_budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_adaptive_budget_counterfactual_matches_a_real_decode():
+    """The offline table's accepted length of the budget-n tree, read off a round decoded at a
+    larger budget, is what decoding at budget n accepts in that round (the first round: both
+    start from the same state)."""
+    from bench import bench_adaptive_budget as bab
+    from jetspec_kernels.decode import generate
+    from jetspec_kernels.train.assets import load_tiny
+
+    target, heads = load_tiny()
+    head = heads["head_causal"]
+    prompts, _ = bab._prompts(3, 48, seed=4)
+    rec = bab.Recorder("cpu")
+    with bc.using_backend("reference"):
+        generate(target, head, prompts, max_new_tokens=2, budget=[64], cost_model={64: 1.0},
+                 calibrator=rec)
+        table = bab.counterfactual(rec.rounds[0])
+        assert torch.equal(table[:, -1], rec.rounds[0].accept_len.long())
+        assert bool((table[:, 1:] >= table[:, :-1]).all()) and int(table[:, -1].max()) >= 2
+        for n in (2, 5, 16, 40):
+            small = generate(target, head, prompts, max_new_tokens=2, budget=n)
+            assert small.stats.accept_lengths[:3] == table[:, n - 1].tolist(), n
