@@ -523,6 +523,10 @@ def _graphs_default(dev: torch.device, cuda_graphs) -> bool:
     return dev.type == "cuda" and _backend.resolve(dev) != "reference"
 
 
+# Device types whose tensors the host reads without waiting for a device: there adaptive rounds
+# also check the done flags before drafting, so the last draft is not wasted.
+_FREE_READS = ("cpu",)
+
 # Per (target, head) pair, kept across calls while both models live: measured cost models (keyed
 # by what changes a round's time) and the acceptance calibrators (greedy / sampling).
 _KEPT = weakref.WeakKeyDictionary()
@@ -646,9 +650,10 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     steps = _Steps(rnd, cuda_graphs)
     accepts = []
     size = sizes[-1]
+    early = not adaptive or dev.type in _FREE_READS
     while True:
         poll = stats.rounds % sync_every == 0
-        if poll and not adaptive and rnd.poll()[0]:      # the one host sync (per sync_every rounds)
+        if poll and early and bool(rnd.out.done.all()):  # the one host sync (per sync_every rounds)
             break
         steps.draft(choose=poll)
         if poll and adaptive:
@@ -662,7 +667,7 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     return _finish(stats, rnd.out, stages, t0, accepts, width - 1)
 
 
-def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int = 6, topk: int = 8,
+def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int = 10, topk: int = 8,
                         temperature: float = 0.0, seed: int = 0, page_size: int | None = None,
                         fused_draft: bool = True, cuda_graphs: bool | None = None) -> CostModel:
     """Measure the cost model of adaptive decoding: the time of a round at each candidate size.
@@ -671,8 +676,9 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
     each size in turn: one warm-up round per size (on CUDA: the graph captures), then ``rounds``
     timed rounds per size, sizes interleaved so that drift in the machine's load hits them alike.
     A round is timed from the draft step to the end of the verify step (the choice and the host
-    sync included), with the device synchronised; its cost is the median. The decode is thrown
-    away (its calibrator too).
+    sync included), with the device synchronised; its cost is the median, made non-decreasing in
+    n by pooling adjacent violators (a larger topn tree holds the smaller one: a cheaper larger
+    tree is noise). The decode is thrown away (its calibrator too).
 
     Parameters
     ----------
@@ -712,7 +718,19 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
             sync()
             if rep:
                 times[n].append(time.perf_counter() - t0)
-    return CostModel({n: statistics.median(t) for n, t in times.items()})
+    return CostModel(dict(zip(sizes, _non_decreasing([statistics.median(times[n]) for n in sizes]))))
+
+
+def _non_decreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks = []                                   # [sum, count] of pooled runs
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(count)]
 
 
 def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float = 0.0,

@@ -297,18 +297,27 @@ def test_auto_greedy_lossless(trained, trained_ar, fused_draft):
     assert s.mean_accept > 1.5
 
 
-def test_auto_lossless_paged_sync_every_and_random_heads(trained, trained_ar, monkeypatch):
+@pytest.mark.parametrize("free_reads", [True, False])
+def test_auto_lossless_paged_sync_every_and_random_heads(trained, trained_ar, monkeypatch, free_reads):
+    """``free_reads`` False: the loop as on a GPU, where the done flags are read only with the
+    chosen size, after the draft."""
     target, head = trained
     prompts, ar = trained_ar
-    polls = []
-    real_poll = D._Round.poll
+    if not free_reads:
+        monkeypatch.setattr(D, "_FREE_READS", ())
+    polls, drafts = [], []
+    real_poll, real_draft = D._Round.poll, D._Round.draft_step
     monkeypatch.setattr(D._Round, "poll", lambda self: polls.append(1) or real_poll(self))
+    monkeypatch.setattr(D._Round, "draft_step", lambda self, c: drafts.append(c) or real_draft(self, c))
     out = generate(target, head, prompts, max_new_tokens=30, budget=[4, 8, 16], page_size=8,
                    sync_every=3, cost_model={4: 1.0, 8: 1.2, 16: 1.45})
     assert out.tokens == ar
     sizes = out.stats.budget_sizes
-    # One host read per 3 rounds (done flags and size together), the last one finding all done.
-    assert out.stats.rounds % 3 == 0 and len(polls) == out.stats.rounds // 3 + 1
+    # One read of the chosen size (with the done flags) per 3 rounds; where reads are free, the
+    # done flags are also read before drafting, so no draft is wasted at the end.
+    rounds = out.stats.rounds
+    assert rounds % 3 == 0 and len(polls) == rounds // 3 + (not free_reads)
+    assert drafts == [True, False, False] * (rounds // 3) + [True] * (not free_reads)
     assert all(len(set(sizes[i:i + 3])) == 1 for i in range(0, len(sizes), 3)), sizes
     # A random head accepts almost nothing: the smallest size wins, and the output is still exact.
     rt, rh = tiny_models(seed=0)
@@ -414,7 +423,9 @@ def test_default_cost_model_is_measured_once_and_kept(monkeypatch):
 def test_measure_round_costs():
     target, head = tiny_models(seed=0)
     cm = measure_round_costs(target, head, [[1, 2, 3]], [2, 4], rounds=2)
-    assert set(cm.costs) == {2, 4} and all(c > 0 for c in cm.costs.values())
+    assert set(cm.costs) == {2, 4} and 0 < cm(2) <= cm(4)
+    assert D._non_decreasing([3.0, 1.0, 2.0, 5.0, 4.0, 4.0]) == pytest.approx([2, 2, 2, 13 / 3, 13 / 3, 13 / 3])
+    assert D._non_decreasing([1.0, 2.0]) == [1.0, 2.0]
     assert set(measure_round_costs(target, head, [[1, 2]], rounds=1).costs) == {4, 8, 16, 32, 64}
 
 
