@@ -9,10 +9,10 @@ interleaved call by call in a rotating order. tokens/s = tokens / seconds summed
 Auto's cost model is measured once per batch size (``measure_round_costs`` on the warm-up
 prompts; its time is printed, not counted) and its calibrator kept across that batch size's runs.
 
-Part 2, offline, from one decode of the batch-B prompts at a large budget: a recording calibrator
-sees every round's tree and verdict, so for every round, sequence and size n the accepted length
-of the topn tree of n nodes is known (that tree is the big tree's n - 1 best nodes, and its
-accepted path the big path cut there). From these rounds:
+Part 2, offline, from decodes of the B timed and the B warm-up prompts at a large budget: a
+recording calibrator sees every round's tree and verdict, so for every round, sequence and size n
+the accepted length of the topn tree of n nodes is known (that tree is the big tree's n - 1 best
+nodes, and its accepted path the big path cut there). From these rounds:
   share    a fixed total of B * n nodes split equally, or given to the B * (n - 1) best non-root
            nodes across the batch (by draft score): accepted tokens per round;
   predict  tokens/s of every fixed budget and of auto (replayed with its calibrator) under a cost
@@ -335,13 +335,13 @@ def _run(opts) -> int:
         costs[b] = cost.table(sizes)
         print(f"batch {b}: auto's cost model, measured in {secs:.1f}s: {_costs_note(costs[b])}")
 
-    # Part 2: one decode at a large budget, every round recorded.
+    # Part 2: the timed and the warm-up prompts decoded at a large budget, every round recorded.
     rec = Recorder(dev)
-    out = generate(target, head, prompts[:batch], max_new_tokens=new, budget=[record], topk=a.topk,
-                   cost_model={record: 1.0}, calibrator=rec)
+    for group in (prompts[:batch], warm[:batch]):
+        generate(target, head, group, max_new_tokens=new, budget=[record], topk=a.topk,
+                 cost_model={record: 1.0}, calibrator=rec)
     accepted = [counterfactual(r) for r in rec.rounds]
-    print(f"recorded {len(rec.rounds)} rounds of batch {batch} at budget {record} "
-          f"(tokens/round {out.stats.tokens_per_round:.2f})")
+    print(f"recorded {len(rec.rounds)} rounds of batch {batch} at budget {record}")
     shares = share(rec.rounds, accepted, sizes, record)
     for s in shares:
         rows.append(dict(part="share", batch=batch, config=str(s["n"]), tokens_per_round=s["shared"],

@@ -30,7 +30,6 @@ stages. The CUDA path has not been run on a GPU yet (tests/test_decode.py has a 
 """
 from __future__ import annotations
 
-import statistics
 import time
 import weakref
 from collections import defaultdict
@@ -676,9 +675,11 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
     each size in turn: one warm-up round per size (on CUDA: the graph captures), then ``rounds``
     timed rounds per size, sizes interleaved so that drift in the machine's load hits them alike.
     A round is timed from the draft step to the end of the verify step (the choice and the host
-    sync included), with the device synchronised; its cost is the median, made non-decreasing in
-    n by pooling adjacent violators (a larger topn tree holds the smaller one: a cheaper larger
-    tree is noise). The decode is thrown away (its calibrator too).
+    sync included), with the device synchronised. Each cycle over the sizes is divided by its
+    geometric mean (the machine's load then, shared by its rounds); a size's cost is its median
+    ratio times the median load, made non-decreasing in n by pooling adjacent violators (a larger
+    topn tree holds the smaller one: a cheaper larger tree is noise). The decode is thrown away
+    (its calibrator too).
 
     Parameters
     ----------
@@ -707,8 +708,9 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
                       costs=torch.ones(len(sizes), dtype=torch.float32, device=dev))
     steps = _Steps(rnd, cuda_graphs)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    times = {n: [] for n in sizes}
+    cycles = []                                   # per cycle: one time per size
     for rep in range(rounds + 1):
+        times = []
         for n in sizes:
             sync()
             t0 = time.perf_counter()
@@ -716,9 +718,15 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
             rnd.poll()
             steps.verify(n)
             sync()
-            if rep:
-                times[n].append(time.perf_counter() - t0)
-    return CostModel(dict(zip(sizes, _non_decreasing([statistics.median(times[n]) for n in sizes]))))
+            times.append(time.perf_counter() - t0)
+        if rep:
+            cycles.append(torch.tensor(times, dtype=torch.float64))
+    # A cycle's times share its machine load: divide it out (the cycle's geometric mean), take
+    # each size's median ratio, and scale back by the median load.
+    t = torch.stack(cycles)
+    load = t.log().mean(1, keepdim=True).exp()
+    costs = (t / load).median(0).values * load.median()
+    return CostModel(dict(zip(sizes, _non_decreasing(costs.tolist()))))
 
 
 def _non_decreasing(values: list[float]) -> list[float]:
