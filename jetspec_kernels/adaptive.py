@@ -76,9 +76,11 @@ def parse_budget(budget, *, topk: int, depth: int) -> tuple[tuple[int, ...], boo
 class AcceptanceCalibrator:
     """Online correction of the draft's acceptance estimate by the acceptance actually observed.
 
-    Each valid non-root node of a verified tree falls into a bin: its depth (``bins="depth"``;
-    depths past ``max_depth`` share the last bin) or its score bucket (``bins="score"``: bin j
-    holds scores in ``[score_edges[j], score_edges[j-1])``, edges descending). Per bin it keeps
+    Each valid non-root node of a verified tree falls into a bin: its score bucket (``bins="score"``,
+    the default: bin j holds scores in ``[score_edges[j], score_edges[j-1])``, edges descending) or
+    its depth (``bins="depth"``; depths past ``max_depth`` share the last bin). Score buckets
+    chose better in bench/NOTES.md's replays: one ratio per depth also scales that depth's
+    unlikely side branches, which the draft does not underrate as much as its top choices. Per bin it keeps
     two running sums on the device: ``predicted`` (the draft's expected acceptances, sum of
     ``exp(score)``) and ``accepted`` (nodes on the accepted path). The calibrated acceptance
     probability of a node is ``ratio[bin] * exp(score)`` with
@@ -87,7 +89,7 @@ class AcceptanceCalibrator:
 
     Parameters
     ----------
-    bins : "depth" | "score"
+    bins : "score" | "depth"
     max_depth : int >= 1, depth bins (the draft's depths per round)
     score_edges : descending log-probs (< 0) for score bins (default ``log 2**-1 .. log 2**-12``)
     prior : float > 0, pseudo-count of predicted acceptances at ratio 1
@@ -95,7 +97,7 @@ class AcceptanceCalibrator:
     device : where the sums live (the models' device)
     """
 
-    def __init__(self, bins: str = "depth", *, max_depth: int = 16, score_edges=None,
+    def __init__(self, bins: str = "score", *, max_depth: int = 16, score_edges=None,
                  prior: float = 2.0, decay: float = 1.0, device="cpu"):
         if bins not in ("depth", "score"):
             raise ValueError(f"bins must be 'depth' or 'score', got {bins!r}")

@@ -123,7 +123,7 @@ def _walk_round(gen, lp, r, budget):
 def test_calibrator_converges_to_the_true_acceptance_ratio():
     gen = torch.Generator().manual_seed(5)
     r = torch.tensor([0.9, 0.7, 0.5, 0.5])
-    cal = A.AcceptanceCalibrator(max_depth=4, prior=1e-3)    # a negligible prior: the data speak
+    cal = A.AcceptanceCalibrator("depth", max_depth=4, prior=1e-3)  # a negligible prior
     for _ in range(50):
         lp = torch.log_softmax(torch.randn(64, 4, 30, generator=gen) * 3, -1)
         lp = lp.sort(-1, descending=True).values[..., :3].contiguous()
@@ -140,13 +140,13 @@ def test_calibrator_bookkeeping_by_hand():
     tree = _tree(lp, 4)
     verdict = SimpleNamespace(accept_len=torch.tensor([2, 3], dtype=torch.int32),
                               path=torch.tensor([[0, 1, 2, -1], [0, 1, 2, 3]], dtype=torch.int32))
-    cal = A.AcceptanceCalibrator(max_depth=3, prior=1.0)
+    cal = A.AcceptanceCalibrator("depth", max_depth=3, prior=1.0)
     cal.update(tree, verdict, active=torch.tensor([True, False]))
     assert cal.predicted.tolist() == [0.5, 0.25, 0.125]
     assert cal.accepted.tolist() == [1.0, 1.0, 0.0]
     assert torch.allclose(cal.ratios(), torch.tensor([2 / 1.5, 2 / 1.25, 1 / 1.125]))
     # Depths past max_depth share the last bin.
-    two = A.AcceptanceCalibrator(max_depth=2, prior=1.0)
+    two = A.AcceptanceCalibrator("depth", max_depth=2, prior=1.0)
     two.update(tree, verdict)
     assert two.predicted.tolist() == [1.0, 0.75] and two.accepted.tolist() == [2.0, 3.0]
     # Score bins: edges log(0.3), log(0.2): 1/2 -> bin 0, 1/4 -> bin 1, 1/8 -> bin 2.
@@ -157,7 +157,8 @@ def test_calibrator_bookkeeping_by_hand():
     # ratio is (120 + 2) / (80 + 2); with decay 0.9 the recent rounds dominate (about 0.37).
     none = SimpleNamespace(accept_len=torch.zeros(2, dtype=torch.int32),
                            path=torch.tensor([[0, -1, -1, -1]] * 2, dtype=torch.int32))
-    fast, slow = A.AcceptanceCalibrator(max_depth=3, decay=0.9), A.AcceptanceCalibrator(max_depth=3)
+    fast = A.AcceptanceCalibrator("depth", max_depth=3, decay=0.9)
+    slow = A.AcceptanceCalibrator("depth", max_depth=3)
     for cal in (fast, slow):
         for _ in range(60):
             cal.update(tree, verdict)
