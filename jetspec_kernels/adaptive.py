@@ -12,6 +12,8 @@ the draft's estimate with the acceptance actually observed (per depth or per sco
 sums kept as device tensors), :class:`CostModel` holds the time of a round at each candidate size,
 and :func:`choose_budget` picks ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device.
 :func:`jetspec_kernels.decode.generate` does this with ``budget="auto"`` (or a list of sizes).
+The per-round functions run in ``torch.inference_mode`` (a quarter less host time on the CPU);
+they return inference tensors, and the calibrator's sums are only ever changed inside it.
 """
 from __future__ import annotations
 
@@ -120,6 +122,7 @@ class AcceptanceCalibrator:
         self.predicted = torch.zeros(self.num_bins, dtype=torch.float64, device=self.device)
         self.accepted = torch.zeros_like(self.predicted)
 
+    @torch.inference_mode()
     def reset(self) -> None:
         """Forget every observation (ratios back to 1)."""
         self.predicted.zero_()
@@ -139,6 +142,7 @@ class AcceptanceCalibrator:
         """float32, the shape of ``depths``: ``ratio[bin]`` of each node."""
         return self.ratios()[self.bin_index(depths, scores)]
 
+    @torch.inference_mode()
     def update(self, tree: Tree, verdict, active: torch.Tensor | None = None) -> None:
         """Add one verified round: ``tree`` [B, N] and its ``verdict`` (accept_len [B], path
         [B, M]); ``active`` bool [B] (default all) selects the sequences that count."""
@@ -193,6 +197,7 @@ def _curve(scores: torch.Tensor, depths: torch.Tensor, m: int, calibrator, key=N
     return torch.cat([zero, prob.cumsum(1)], dim=1)
 
 
+@torch.inference_mode()
 def expected_accept_curve(tree: Tree, calibrator: AcceptanceCalibrator | None = None) -> torch.Tensor:
     """Expected accepted length of the best n-node subtree of each tree, for every n.
 
@@ -213,6 +218,7 @@ def expected_accept_curve(tree: Tree, calibrator: AcceptanceCalibrator | None = 
     return _curve(tree.scores[:, 1:].float(), tree.depths[:, 1:], n - 1, calibrator)
 
 
+@torch.inference_mode()
 def expected_accept_curve_from_topk(topk_logprobs: torch.Tensor, n_max: int,
                                     calibrator: AcceptanceCalibrator | None = None) -> torch.Tensor:
     """:func:`expected_accept_curve` of the topn tree of budget ``n_max``, without building it.
@@ -314,6 +320,7 @@ class CostModel:
         return f"CostModel({self.costs!r})"
 
 
+@torch.inference_mode()
 def choose_budget(curve: torch.Tensor, sizes, costs, active: torch.Tensor | None = None) -> torch.Tensor:
     """The candidate size with the most expected tokens per second, chosen on the device.
 
