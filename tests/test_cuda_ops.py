@@ -686,7 +686,13 @@ def test_opcheck(dev):
     tree = cu().build_tree(tt, tl, root, 20, "topn")
     tlog = torch.randn(2, 20, 300, generator=gen).to(dev)
     opcheck(torch.ops.jetspec.verify_tree.default,
-            (tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None))
+            (tree[0], tree[1], tree[4], 3, tlog, None, None, None, None, None, None))
+    i64 = dict(dtype=torch.int64, device=dev)
+    opcheck(torch.ops.jetspec.verify_tree.default,  # per-sequence temperature, top-k and top-p
+            (tree[0], tree[1], tree[4], 3, tlog, None, torch.tensor([0.0, 0.8], device=dev),
+             torch.tensor([1, 2], **i64), torch.tensor([0, 3], **i64),
+             torch.tensor([0, 5], dtype=torch.int32, device=dev),
+             torch.tensor([0.9, 0.5], device=dev)))
     kn = torch.randn(b, n, hkv, dh, generator=gen).half().to(dev)
     kv_ = torch.randn(b, n, hkv, dh, generator=gen).half().to(dev)
     w = torch.ones(dh, device=dev)
