@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -34,7 +35,7 @@ from . import backend as _backend
 from .ops import _checks as C
 from .ops.commit_kv import commit_kv
 from .ops.draft_tree import ALGORITHMS, MAX_BUDGET, MAX_TOPK, draft_tree, draft_tree_from_hidden
-from .ops.verify_tree import verify_tree
+from .ops.verify_tree import check_sampling, verify_tree
 from .tree import Tree
 
 __all__ = ["generate", "generate_ar", "check_generate_args", "GenerateOutput", "DecodeStats"]
@@ -144,17 +145,37 @@ def _check_eos(eos_token_id, vocab: int) -> None:
         C.integer("eos_token_id", tok, lo=0, hi=vocab - 1)
 
 
-def _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size) -> float:
-    """The arguments :func:`generate` and :func:`generate_ar` share; returns the temperature."""
+class Sampling(NamedTuple):
+    """Checked sampling controls (ops.verify_tree.check_sampling): temperature a float or float32
+    [B]; top_k int32 [B] or None (off); top_p float32 [B] or None (off)."""
+
+    temperature: float | torch.Tensor
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+
+    @property
+    def greedy(self) -> bool:
+        """Every sequence greedy (the number 0): the target's fused argmax serves."""
+        return not torch.is_tensor(self.temperature) and self.temperature == 0.0
+
+    def kwargs(self) -> dict:
+        """The controls as verify_tree's keyword arguments."""
+        return dict(temperature=self.temperature, top_k=0 if self.top_k is None else self.top_k,
+                    top_p=1.0 if self.top_p is None else self.top_p)
+
+
+def _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size,
+                top_k=0, top_p=1.0) -> Sampling:
+    """The arguments :func:`generate` and :func:`generate_ar` share; returns the sampling controls."""
     vocab = target.config.vocab_size
     _check_prompts(prompt_ids, vocab)
     C.integer("max_new_tokens", max_new_tokens, lo=1)
-    temperature = C.number("temperature", temperature, lo=0.0)
+    sampling = Sampling(*check_sampling(temperature, top_k, top_p, len(prompt_ids), target.device))
     _check_eos(eos_token_id, vocab)
     C.integer("seed", seed, lo=-2 ** 63, hi=2 ** 63 - 1)
     if page_size is not None:
         C.integer("page_size", page_size, lo=1)
-    return temperature
+    return sampling
 
 
 def _check_pair(target, head) -> list[int]:
@@ -211,13 +232,13 @@ def _root_tree(tokens: torch.Tensor) -> Tree:
                 mask=torch.ones(b, 1, 1, dtype=i32, device=dev), max_depth=0)
 
 
-def _next_token(logits, temperature, seed, offset):
-    """int32 [B]: argmax of logits [B, V] (ties to the lower id), or a sample drawn with the same
-    keyed Gumbel noise as :func:`verify_tree` (node 0 of a one-node tree)."""
-    if temperature == 0.0:
+def _next_token(logits, sampling: Sampling, seed, offset):
+    """int32 [B]: argmax of logits [B, V] (ties to the lower id), or a (filtered) sample drawn with
+    the same keyed Gumbel noise as :func:`verify_tree` (node 0 of a one-node tree)."""
+    if sampling.greedy:
         return torch.argmax(logits, dim=-1).to(torch.int32)
     tree = _root_tree(torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device))
-    return verify_tree(tree, logits[:, None, :], temperature=temperature, seed=seed, offset=offset).bonus
+    return verify_tree(tree, logits[:, None, :], seed=seed, offset=offset, **sampling.kwargs()).bonus
 
 
 class _Output:
@@ -279,11 +300,11 @@ class _Round:
     """Static state of one speculative decode and its two steps (device work only)."""
 
     def __init__(self, target, head, cache, dstate, prefix, anchor, out, *, budget, topk,
-                 algorithm, temperature, seed, fused_draft, stages):
+                 algorithm, sampling, seed, fused_draft, stages):
         self.target, self.head, self.cache, self.dstate = target, head, cache, dstate
         self.prefix, self.anchor, self.out = prefix, anchor, out
         self.budget, self.topk, self.algorithm = budget, topk, algorithm
-        self.temperature, self.fused_draft, self.stages = temperature, fused_draft, stages
+        self.sampling, self.fused_draft, self.stages = sampling, fused_draft, stages
         b = prefix.shape[0]
         dev = prefix.device
         self.seed = torch.full((b,), int(seed), dtype=torch.int64, device=dev)
@@ -313,15 +334,15 @@ class _Round:
 
     def verify_step(self) -> torch.Tensor:
         t, st, tree, cache = self.target, self.stages, self.tree, self.cache
-        greedy = self.temperature == 0.0
+        greedy = self.sampling.greedy
         with st("verify"):
             scores, tapped = t.verify(tree, self.prefix, cache, taps=self.taps, fused_argmax=greedy)
         with st("accept"):
             if greedy:
                 verdict = verify_tree(tree, target_tokens=scores)
             else:
-                verdict = verify_tree(tree, scores, temperature=self.temperature, seed=self.seed,
-                                      offset=self.offset)
+                verdict = verify_tree(tree, scores, seed=self.seed, offset=self.offset,
+                                      **self.sampling.kwargs())
         active = ~self.out.done
         num = verdict.accept_len + 1
         with st("commit"):
@@ -385,15 +406,16 @@ def _capacity(max_prompt: int, max_new: int, budget: int, block: int, width: int
 
 def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
                         algorithm="topn", temperature=0.0, eos_token_id=None, seed=0, page_size=None,
-                        fused_draft=True, cuda_graphs=None, sync_every=1) -> tuple[float, list[int]]:
+                        fused_draft=True, cuda_graphs=None, sync_every=1, top_k=0,
+                        top_p=1.0) -> tuple[Sampling, list[int]]:
     """The checks :func:`generate` runs before any model work (same arguments); a caller such as
     the CLI runs them first to tell bad input apart from a failure inside decoding.
 
-    Returns ``(temperature as a float, the tapped target layers)``; raises ``TypeError`` (wrong
-    type) or ``ValueError`` naming the argument (``head: ...`` when the head does not fit).
+    Returns ``(the checked sampling controls, the tapped target layers)``; raises ``TypeError``
+    (wrong type) or ``ValueError`` naming the argument (``head: ...`` when the head does not fit).
     """
-    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
-                              page_size)
+    sampling = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                           page_size, top_k, top_p)
     C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
     C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
     C.choice("algorithm", algorithm, ALGORITHMS)
@@ -405,13 +427,14 @@ def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, 
     C.integer("sync_every", sync_every, lo=1)
     if cuda_graphs and target.device.type != "cuda":
         raise ValueError("cuda_graphs=True needs models on a CUDA device")
-    return temperature, taps
+    return sampling, taps
 
 
 def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64, topk: int = 8,
-             algorithm: str = "topn", temperature: float = 0.0, eos_token_id=None, seed: int = 0,
+             algorithm: str = "topn", temperature=0.0, eos_token_id=None, seed: int = 0,
              page_size: int | None = None, fused_draft: bool = True,
-             cuda_graphs: bool | None = None, sync_every: int = 1) -> GenerateOutput:
+             cuda_graphs: bool | None = None, sync_every: int = 1, top_k=0,
+             top_p=1.0) -> GenerateOutput:
     """JetSpec speculative decoding for a batch of prompts of different lengths.
 
     Parameters
@@ -424,11 +447,17 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     budget : int in [1, 4096], tree capacity N (root included)
     topk : int in [1, min(64, V)], children per node
     algorithm : "topn" | "accum_logp"
-    temperature : finite float >= 0 (0 = greedy; > 0 samples losslessly from softmax(logits / T))
+    temperature : finite float >= 0, or float32/float64 tensor [B] on the target's device, one
+        value per sequence (0 = greedy; > 0 samples losslessly from softmax(logits / T), filtered)
     eos_token_id : int, non-empty list of ints (each in [0, V)), or None; generation of a
         sequence stops after it
     seed : int (int64), the sampling seed (tokens depend on it only when temperature > 0)
     page_size : int, optional; use paged KV caches with this page size
+    top_k : int >= 0 or int32/int64 tensor [B]: sample among the k most likely tokens (0 = off)
+    top_p : float in (0, 1] or float32/float64 tensor [B]: then among the smallest set whose
+        renormalised probability reaches top_p (1 = off); filters apply after the temperature,
+        as in transformers, and only to sampled sequences; the output follows the filtered
+        target distribution exactly (see jetspec_kernels.verify_tree)
     fused_draft : build the tree from the draft hidden states with ``draft_tree_from_hidden``
         (``head.draft_hidden``; the draft logits are never materialised); False: from
         ``head.cached_logits`` with ``draft_tree``
@@ -444,10 +473,11 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     Bad arguments raise ``TypeError`` (wrong type) or ``ValueError`` naming the argument, before
     any model work.
     """
-    temperature, taps = check_generate_args(
+    sampling, taps = check_generate_args(
         target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
         algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
-        page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every)
+        page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every,
+        top_k=top_k, top_p=top_p)
     dev = target.device
     if cuda_graphs is None:
         # The reference backend reads values on the host inside its ops: it cannot be captured.
@@ -467,12 +497,12 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
 
     with stages("prefill"):
         logits, tapped = target.prefill(tokens, lens, cache, taps=taps)
-        anchor = _next_token(logits, temperature, seed_t, torch.zeros_like(seed_t))
+        anchor = _next_token(logits, sampling, seed_t, torch.zeros_like(seed_t))
         head.append_context(dstate, tapped, lens)
         out.emit(anchor[:, None], torch.ones_like(lens), torch.ones_like(out.done))
     prefix = lens.clone()
     rnd = _Round(target, head, cache, dstate, prefix, anchor.clone(), out, budget=budget, topk=topk,
-                 algorithm=algorithm, temperature=temperature, seed=seed, fused_draft=fused_draft,
+                 algorithm=algorithm, sampling=sampling, seed=seed, fused_draft=fused_draft,
                  stages=stages)
     accepts = []
     graphed = None
@@ -495,24 +525,24 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     return _finish(stats, out, stages, t0, accepts, width - 1)
 
 
-def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float = 0.0,
+def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
                 eos_token_id=None, seed: int = 0, page_size: int | None = None, head=None,
-                **unused) -> GenerateOutput:
+                top_k=0, top_p=1.0, **unused) -> GenerateOutput:
     """Plain autoregressive decoding of ``target`` (the baseline; same output as :func:`generate`
     for greedy decoding, the same distribution when sampling).
 
     Parameters
     ----------
-    target : Qwen3; prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size:
-        as in :func:`generate`
+    target : Qwen3; prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size,
+        top_k, top_p: as in :func:`generate`
     head, unused : accepted and ignored, so that one argument set serves both functions
 
     Returns
     -------
     GenerateOutput; stats.rounds counts decode steps (accept lengths are all 0).
     """
-    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
-                              page_size)
+    sampling = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                           page_size, top_k, top_p)
     dev = target.device
     t0 = time.perf_counter()
     stages = _Stages(dev)
@@ -525,7 +555,7 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float =
     offset = torch.zeros_like(seed_t)
     with stages("prefill"):
         logits, _ = target.prefill(tokens, lens, cache)
-        token = _next_token(logits, temperature, seed_t, offset)
+        token = _next_token(logits, sampling, seed_t, offset)
         out.emit(token[:, None], torch.ones_like(lens), torch.ones_like(out.done))
     prefix = lens.clone()
     one = torch.ones_like(lens)
@@ -534,7 +564,7 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float =
         offset.add_(1)
         with stages("decode"):
             logits = target.decode(token, prefix, cache)
-            token = _next_token(logits, temperature, seed_t, offset)
+            token = _next_token(logits, sampling, seed_t, offset)
         with stages("emit"):
             prefix.add_(active.to(torch.int32))
             out.emit(token[:, None], one, active)
