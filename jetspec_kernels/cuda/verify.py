@@ -53,14 +53,7 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
             vec = U.aligned16(target_logits)
             thr_x = thr_id = None
             if sample and (top_k is not None or top_p is not None):
-                thr_x = torch.empty(b * n, device=dev, dtype=torch.float32)
-                thr_id = torch.empty(b * n, device=dev, dtype=torch.int32)
-                _C.verify_sample_filter(U.ptr(target_logits), target_logits.stride(0),
-                                        target_logits.stride(1), U.ptr(num_nodes), U.ptr(temp_t),
-                                        U.ptr(None if top_k is None else top_k.contiguous()),
-                                        U.ptr(None if top_p is None else top_p.contiguous()),
-                                        U.ptr(thr_x), U.ptr(thr_id), b, n, v, vec,
-                                        U.dtype_code(target_logits), U.stream())
+                thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
             _C.verify_target_tokens(U.ptr(target_logits), target_logits.stride(0),
                                     target_logits.stride(1), U.ptr(num_nodes), U.ptr(seed_t),
                                     U.ptr(offset_t), U.ptr(part_v), U.ptr(part_i), b, n, v, splits,
@@ -98,3 +91,42 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
             (tokens.shape[0],), float(temperature), dtype=torch.float32, device=tokens.device)
     return _verify_tree(tokens, parents, num_nodes, int(max_depth), target_logits, target_tokens,
                         temperature, seed, offset, top_k, top_p)
+
+
+def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
+    """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside U.on_device."""
+    from .. import _C
+    b, n, v = logits.shape
+    thr_x = torch.empty(b * n, device=logits.device, dtype=torch.float32)
+    thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
+    top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
+    top_p = None if top_p is None else top_p.contiguous()
+    _C.verify_sample_filter(U.ptr(logits), logits.stride(0), logits.stride(1), U.ptr(num_nodes),
+                            U.ptr(temperature), U.ptr(top_k), U.ptr(top_p), U.ptr(thr_x),
+                            U.ptr(thr_id), b, n, v, vec, U.dtype_code(logits), U.stream())
+    return thr_x, thr_id
+
+
+def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
+    """Phase 0 on its own (for tests): the last token each node's filters keep.
+
+    Parameters
+    ----------
+    logits : float ``[B, N, V]``; temperature : float32 ``[B]``
+    top_k : int32 ``[B]`` or None; top_p : float32 ``[B]`` or None
+    num_nodes : int32 ``[B]`` or None (all N nodes)
+
+    Returns
+    -------
+    ``(thr_x float32 [B, N], thr_id int32 [B, N])``, as the triton backend's
+    ``filter_thresholds``: node (b, n) keeps v iff ``x > thr_x or (x == thr_x and v <= thr_id)``.
+    """
+    with U.on_device(logits):
+        b, n, _ = logits.shape
+        if num_nodes is None:
+            num_nodes = torch.full((b,), n, dtype=torch.int32, device=logits.device)
+        num_nodes = num_nodes.contiguous()
+        temperature = temperature.contiguous()
+        thr_x, thr_id = _thresholds(logits, temperature, num_nodes, top_k, top_p,
+                                    U.aligned16(logits))
+        return thr_x.view(b, n), thr_id.view(b, n)
