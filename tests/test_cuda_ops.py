@@ -508,6 +508,21 @@ def test_verify_tree_filters(dev, dtype, n, v, misaligned):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
+def test_verify_tree_filters_survive_nan_logits(dev):
+    """NaN logits are outside the contract (the result is unspecified), but the filter's search
+    must still finish without a trap: its integer divisions are guarded."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(2, 3, 500, generator=gen)
+    logits[0, 0, ::7] = float("nan")
+    logits[1, 1] = float("nan")
+    temp = torch.tensor([1.0, 0.5])
+    for k_, p_ in ((torch.tensor([5, 0], dtype=torch.int32), None), (None, torch.tensor([0.5, 0.3])),
+                   (torch.tensor([5, 0], dtype=torch.int32), torch.tensor([0.5, 0.3]))):
+        cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
+                                      None if p_ is None else p_.to(dev))
+    sync(dev)
+
+
 def test_verify_tree_walk_limit(dev):
     # The walk stages at most MAX_NODES["cuda"] nodes; a larger tree is an error from the launcher
     # (and `auto` never sends one there).

@@ -171,7 +171,7 @@ def _filter_kernel(
             thr_key = c
             ties = e_cnt
             keep_ties = k - a_cnt
-            z = a_mass + keep_ties * (e_mass // e_cnt)     # the top-k set's mass
+            z = a_mass + keep_ties * (e_mass // tl.maximum(e_cnt, 1))     # the top-k set's mass
         else:                                              # top-p of the whole distribution
             for v0 in range(0, V, BLOCK_V):
                 v = v0 + tl.arange(0, BLOCK_V)
@@ -184,8 +184,10 @@ def _filter_kernel(
             need = tl.where(budget >= 1.0, need, 1)
             c, a_cnt, a_mass, e_cnt, e_mass = _select(base, V, T, m, need, 0, 32, BY_MASS=True,
                                                       BY_ID=False, BLOCK_V=BLOCK_V, RADIX=RADIX)
-            # Tokens at c are kept while the mass before them stays below the budget.
-            kept = tl.minimum(e_cnt, (need - a_mass - 1) // (e_mass // e_cnt) + 1)
+            # Tokens at c are kept while the mass before them stays below the budget. (The maxima
+            # only matter for NaN logits, which break the search's invariants.)
+            q = tl.maximum(e_mass // tl.maximum(e_cnt, 1), 1)
+            kept = tl.minimum(e_cnt, (need - a_mass - 1) // q + 1)
             if k_on:
                 keep_ties = tl.where(c == thr_key, tl.minimum(keep_ties, kept), kept)
             else:
@@ -329,7 +331,7 @@ def _launch_filter(logits, num_nodes, temps, top_k, top_p, block_v=512, radix=4)
             dummy if top_p is None else top_p, thr_x, thr_id,
             N, V, max(V - 1, 1).bit_length(), logits.stride(0), logits.stride(1),
             HAS_K=top_k is not None, HAS_P=top_p is not None, BLOCK_V=block_v, RADIX=radix,
-            num_warps=4,
+            num_warps=8,
         )
     return thr_x, thr_id
 
