@@ -98,7 +98,7 @@ struct Selected {
 // the target is mass_budget(budget_p, total mass), the total taken from the first pass. Every
 // sum is an integer, so the order of the atomics does not matter.
 template <typename T, typename KeyOf>
-__device__ Selected radix_select(const T* x, int vocab, bool vec, KeyOf key_of, int nbits,
+__device__ __forceinline__ Selected radix_select(const T* x, int vocab, bool vec, KeyOf key_of, int nbits,
                                  bool by_mass, unsigned long long target, float budget_p,
                                  FilterSmem& sm) {
   const int npass = (nbits + kFilterRadixBits - 1) / kFilterRadixBits;
@@ -178,7 +178,7 @@ __device__ Selected radix_select(const T* x, int vocab, bool vec, KeyOf key_of, 
 // (mass select; the first pass gives the total when top-k is off); and when only some tokens at
 // the threshold value are kept, the lowest ids among them (count select on V - 1 - id).
 template <typename T>
-__global__ void __launch_bounds__(kFilterThreads) sample_filter_kernel(SampleFilterParams p) {
+__global__ void __launch_bounds__(kFilterThreads, 1) sample_filter_kernel(SampleFilterParams p) {
   pdl_begin();
   __shared__ FilterSmem sm;
   const int row = blockIdx.x;
@@ -215,14 +215,15 @@ __global__ void __launch_bounds__(kFilterThreads) sample_filter_kernel(SampleFil
       thr_key = s.key;
       ties = s.eq_cnt;
       keep = k - s.above_cnt;
-      z = s.above_mass + keep * (s.eq_mass / s.eq_cnt);  // the top-k set's mass
+      z = s.above_mass + keep * (s.eq_mass / max(s.eq_cnt, 1ull));  // the top-k set's mass
     }
     if (p_on) {
       const Selected s = radix_select<T>(x, p.vocab, vec, by_value, 32, true,
                                          k_on ? mass_budget(top_p, z) : 0ull,
                                          k_on ? -1.f : top_p, sm);
-      // Tokens at the key are kept while the mass ranked before them is below the budget.
-      const unsigned long long q = s.eq_mass / s.eq_cnt;
+      // Tokens at the key are kept while the mass ranked before them is below the budget. (The
+      // max()es only matter for NaN logits, which break the search's invariants: no trap.)
+      const unsigned long long q = max(s.eq_mass / max(s.eq_cnt, 1ull), 1ull);
       const unsigned long long kept = min(s.eq_cnt, (s.target - s.above_mass - 1) / q + 1);
       keep = (k_on && s.key == thr_key) ? min(keep, kept) : kept;
       thr_key = s.key;
