@@ -208,7 +208,7 @@ def test_tree_attention_auto_routes_misaligned_cache_past_cuda(monkeypatch):
     # auto tries cuda first, as for CUDA tensors; a V cache it cannot load goes to triton.
     use_sim_backend(monkeypatch)
     monkeypatch.setattr(_backend, "_auto_candidates",
-                        lambda device: ("cuda", "triton", "reference"))
+                        lambda device, fn=None: ("cuda", "triton", "reference"))
     args = attention_args(Engine("auto", "cpu"), "v_misaligned", True, "mask", torch.float16)
     flat = dict(copies(args), backend="triton")
     assert_same(jk.tree_attention(**args), jk.tree_attention(**flat))
