@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import backend as _backend
+from .ops import _checks as C
 from .ops.commit_kv import commit_kv
-from .ops.draft_tree import ALGORITHMS, draft_tree, draft_tree_from_hidden
+from .ops.draft_tree import ALGORITHMS, MAX_BUDGET, MAX_TOPK, draft_tree, draft_tree_from_hidden
 from .ops.verify_tree import verify_tree
 from .tree import Tree
 
@@ -112,27 +113,82 @@ class _Stages:
         return dict(self.totals)
 
 
-def _check_args(prompt_ids, max_new_tokens, temperature):
-    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
-        raise ValueError("prompt_ids must be a non-empty list of token-id lists")
+def _check_prompts(prompt_ids, vocab: int) -> None:
+    """``prompt_ids``: a non-empty list of non-empty lists of int token ids in ``[0, vocab)``."""
+    if not isinstance(prompt_ids, (list, tuple)):
+        raise TypeError(f"prompt_ids must be a list of token-id lists, got {type(prompt_ids).__name__}")
+    if not prompt_ids:
+        raise ValueError("prompt_ids must hold at least one prompt, got an empty list")
     for i, p in enumerate(prompt_ids):
-        if not isinstance(p, (list, tuple)) or not p:
-            raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not float(temperature) >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        if not isinstance(p, (list, tuple)):
+            raise TypeError(f"prompt_ids[{i}] must be a list of int token ids, got {type(p).__name__}")
+        if not p:
+            raise ValueError(f"prompt_ids[{i}] is empty (a prompt needs at least one token)")
+        for j, tok in enumerate(p):
+            if isinstance(tok, bool) or not isinstance(tok, int):
+                raise TypeError(f"prompt_ids[{i}][{j}] must be an int token id, got "
+                                f"{type(tok).__name__} {tok!r}")
+            if not 0 <= tok < vocab:
+                raise ValueError(f"prompt_ids[{i}][{j}] = {tok} is outside the target's vocabulary "
+                                 f"[0, {vocab})")
 
 
-def _pad_prompts(prompt_ids, vocab: int, device):
-    """int64 [B, T] right-padded with 0, and int32 [B] lengths."""
+def _check_eos(eos_token_id, vocab: int) -> None:
+    """None, an int, or a non-empty list of ints, each in ``[0, vocab)``."""
+    if eos_token_id is None:
+        return
+    ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    if not ids:
+        raise ValueError("eos_token_id must be None, an int or a non-empty list of ints, got []")
+    for tok in ids:
+        C.integer("eos_token_id", tok, lo=0, hi=vocab - 1)
+
+
+def _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size) -> float:
+    """The arguments :func:`generate` and :func:`generate_ar` share; returns the temperature."""
+    vocab = target.config.vocab_size
+    _check_prompts(prompt_ids, vocab)
+    C.integer("max_new_tokens", max_new_tokens, lo=1)
+    temperature = C.number("temperature", temperature, lo=0.0)
+    _check_eos(eos_token_id, vocab)
+    C.integer("seed", seed, lo=-2 ** 63, hi=2 ** 63 - 1)
+    if page_size is not None:
+        C.integer("page_size", page_size, lo=1)
+    return temperature
+
+
+def _check_pair(target, head) -> list[int]:
+    """The draft head fits the target (taps, sizes, vocabulary, device); returns the tapped layers."""
+    hc, tc = head.config, target.config
+    if hc.target_hidden_size != tc.hidden_size:
+        raise ValueError(f"head: the draft head taps a target of hidden size {hc.target_hidden_size} "
+                         f"(dflash_config.target_hidden_size), the target has {tc.hidden_size}")
+    if hc.hidden_size != tc.hidden_size:
+        raise ValueError(f"head: the draft head's hidden_size {hc.hidden_size} differs from the "
+                         f"target's {tc.hidden_size} (the head uses the target's embedding and lm_head)")
+    if hc.vocab_size != tc.vocab_size:
+        raise ValueError(f"head: the draft head's vocab_size {hc.vocab_size} differs from the "
+                         f"target's {tc.vocab_size}")
+    if not 0 <= hc.mask_token_id < tc.vocab_size:
+        raise ValueError(f"head: mask_token_id {hc.mask_token_id} is outside the target's vocabulary "
+                         f"[0, {tc.vocab_size})")
+    if hc.num_target_layers and hc.num_target_layers != tc.num_hidden_layers:
+        raise ValueError(f"head: the draft head was made for a {hc.num_target_layers}-layer target "
+                         f"(num_target_layers), the target has {tc.num_hidden_layers} layers")
+    if head.device != target.device:
+        raise ValueError(f"head: the draft head is on {head.device}, the target on {target.device}")
+    try:
+        return target.check_taps(head.target_layer_ids)
+    except ValueError as e:
+        raise ValueError(f"head: {e}") from None
+
+
+def _pad_prompts(prompt_ids, device):
+    """int64 [B, T] right-padded with 0, and int32 [B] lengths (``prompt_ids`` already checked)."""
     lens = [len(p) for p in prompt_ids]
     tokens = torch.zeros(len(prompt_ids), max(lens), dtype=torch.int64)
     for b, p in enumerate(prompt_ids):
-        row = torch.as_tensor(p, dtype=torch.int64)
-        if int(row.min()) < 0 or int(row.max()) >= vocab:
-            raise ValueError(f"prompt_ids[{b}] has token ids outside [0, {vocab})")
-        tokens[b, :len(p)] = row
+        tokens[b, :len(p)] = torch.as_tensor(p, dtype=torch.int64)
     return tokens.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
 
 
@@ -336,14 +392,17 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     Parameters
     ----------
     target : jetspec_kernels.models.Qwen3
-    head : jetspec_kernels.models.DraftHead (its target_layer_ids index the target's layers)
-    prompt_ids : list of B non-empty lists of token ids
+    head : jetspec_kernels.models.DraftHead made for this target (its target_layer_ids index the
+        target's layers; hidden size, vocabulary and device match the target's)
+    prompt_ids : list of B non-empty lists of int token ids in [0, V)
     max_new_tokens : int >= 1, new tokens per prompt at most
-    budget : int, tree capacity N (root included); topk : int, children per node
+    budget : int in [1, 4096], tree capacity N (root included)
+    topk : int in [1, min(64, V)], children per node
     algorithm : "topn" | "accum_logp"
-    temperature : float >= 0 (0 = greedy; > 0 samples losslessly from softmax(logits / T))
-    eos_token_id : int, list of ints, or None; generation of a sequence stops after it
-    seed : int, the sampling seed (tokens depend on it only when temperature > 0)
+    temperature : finite float >= 0 (0 = greedy; > 0 samples losslessly from softmax(logits / T))
+    eos_token_id : int, non-empty list of ints (each in [0, V)), or None; generation of a
+        sequence stops after it
+    seed : int (int64), the sampling seed (tokens depend on it only when temperature > 0)
     page_size : int, optional; use paged KV caches with this page size
     fused_draft : build the tree from the draft hidden states with ``draft_tree_from_hidden``
         (``head.draft_hidden``; the draft logits are never materialised); False: from
@@ -356,30 +415,32 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget: int = 64,
     Returns
     -------
     GenerateOutput(tokens: list of B lists of new token ids, stats: DecodeStats)
+
+    Bad arguments raise ``TypeError`` (wrong type) or ``ValueError`` naming the argument, before
+    any model work.
     """
-    _check_args(prompt_ids, max_new_tokens, temperature)
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1, got {budget}")
-    temperature = float(temperature)
+    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                              page_size)
+    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
+    C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
+    C.choice("algorithm", algorithm, ALGORITHMS)
+    taps = _check_pair(target, head)
+    if not isinstance(fused_draft, bool):
+        raise TypeError(f"fused_draft must be a bool, got {type(fused_draft).__name__}")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be a bool or None, got {type(cuda_graphs).__name__}")
+    C.integer("sync_every", sync_every, lo=1)
     dev = target.device
-    taps = target.check_taps(head.target_layer_ids)
-    if head.config.target_hidden_size != target.config.hidden_size:
-        raise ValueError(f"the draft head expects target hidden size {head.config.target_hidden_size}, "
-                         f"the target has {target.config.hidden_size}")
     if cuda_graphs is None:
         # The reference backend reads values on the host inside its ops: it cannot be captured.
         cuda_graphs = dev.type == "cuda" and _backend.resolve(dev) != "reference"
-    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-        raise ValueError(f"sync_every must be an int >= 1, got {sync_every!r}")
     if cuda_graphs and dev.type != "cuda":
         raise ValueError("cuda_graphs=True needs models on a CUDA device")
 
     t0 = time.perf_counter()
     stages = _Stages(dev)
     stats = DecodeStats(cuda_graphs=bool(cuda_graphs), host_syncs_per_round=1.0 / sync_every)
-    tokens, lens = _pad_prompts(prompt_ids, target.config.vocab_size, dev)
+    tokens, lens = _pad_prompts(prompt_ids, dev)
     b, t_max = tokens.shape
     width = min(head.block_size - 1, budget - 1) + 1          # verdict columns M
     cap = _capacity(t_max, max_new_tokens, budget, head.block_size, width)
@@ -434,13 +495,13 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float =
     -------
     GenerateOutput; stats.rounds counts decode steps (accept lengths are all 0).
     """
-    _check_args(prompt_ids, max_new_tokens, temperature)
-    temperature = float(temperature)
+    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                              page_size)
     dev = target.device
     t0 = time.perf_counter()
     stages = _Stages(dev)
     stats = DecodeStats()
-    tokens, lens = _pad_prompts(prompt_ids, target.config.vocab_size, dev)
+    tokens, lens = _pad_prompts(prompt_ids, dev)
     b, t_max = tokens.shape
     cache = target.new_cache(b, t_max + max_new_tokens + 1, page_size=page_size)
     out = _Output(b, max_new_tokens, 1, _eos_tensor(eos_token_id, dev), dev)

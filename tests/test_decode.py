@@ -45,7 +45,9 @@ class OracleHead:
         self.vocab = vocab
         self.block_size = block_size
         self.target_layer_ids = [1]
-        self.config = SimpleNamespace(target_hidden_size=hidden)
+        self.config = SimpleNamespace(target_hidden_size=hidden, hidden_size=hidden, vocab_size=vocab,
+                                      mask_token_id=vocab - 1, num_target_layers=0)
+        self.device = torch.device("cpu")
         self.state = None
 
     def new_state(self, batch, capacity, *, page_size=None):

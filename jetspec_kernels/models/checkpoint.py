@@ -1,8 +1,9 @@
 """Safetensors checkpoint loading (single file or sharded with an index) and key checks.
 
-Errors name the offending key: a missing tensor raises :class:`CheckpointError` with the key and
-the file it was expected in; a tensor of the wrong shape names the key, the expected and the
-found shape.
+Errors name the offending directory, file or key: a missing directory or weights file, an
+unreadable file, a missing tensor (with the checkpoint it was expected in), a tensor of the wrong
+shape (the key, the expected and the found shape) and a per-layer tensor the model would not read
+all raise :class:`CheckpointError`.
 """
 from __future__ import annotations
 
@@ -10,17 +11,18 @@ import json
 import os
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-__all__ = ["CheckpointError", "load_safetensors", "save_safetensors", "take"]
+__all__ = ["CheckpointError", "load_safetensors", "save_safetensors", "take", "check_layer_keys"]
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint misses a tensor, has one of the wrong shape, or its files are inconsistent."""
+    """A checkpoint directory or file is missing, a tensor is missing, has the wrong shape or is
+    not used by the model, or config.json is malformed or asks for an unsupported feature."""
 
 
 def load_safetensors(path: str, *, dtype: torch.dtype | None = None,
@@ -40,9 +42,15 @@ def load_safetensors(path: str, *, dtype: torch.dtype | None = None,
     """
     if os.path.isfile(path):
         files = [path]
+    elif not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
     elif os.path.isfile(os.path.join(path, INDEX_NAME)):
-        with open(os.path.join(path, INDEX_NAME)) as f:
-            weight_map = json.load(f).get("weight_map")
+        index = os.path.join(path, INDEX_NAME)
+        try:
+            with open(index) as f:
+                weight_map = json.load(f).get("weight_map")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a readable JSON object: {e}") from None
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{INDEX_NAME} in {path} has no 'weight_map'")
         files = [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
@@ -53,16 +61,19 @@ def load_safetensors(path: str, *, dtype: torch.dtype | None = None,
     elif os.path.isfile(os.path.join(path, SINGLE_NAME)):
         files = [os.path.join(path, SINGLE_NAME)]
     else:
-        raise FileNotFoundError(f"no {SINGLE_NAME} or {INDEX_NAME} in {path}")
+        raise CheckpointError(f"no weights in {path}: neither {SINGLE_NAME} nor {INDEX_NAME}")
 
     out: dict[str, torch.Tensor] = {}
     for name in files:
-        with safe_open(name, framework="pt", device="cpu") as f:
-            for key in f.keys():
-                t = f.get_tensor(key)
-                if dtype is not None and t.is_floating_point():
-                    t = t.to(dtype)
-                out[key] = t.to(device)
+        try:
+            with safe_open(name, framework="pt", device="cpu") as f:
+                tensors = {key: f.get_tensor(key) for key in f.keys()}
+        except (OSError, SafetensorError) as e:
+            raise CheckpointError(f"{name} is not a readable safetensors file: {e}") from None
+        for key, t in tensors.items():
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            out[key] = t.to(device)
     return out
 
 
@@ -109,3 +120,23 @@ def take(weights: dict[str, torch.Tensor], key: str, shape, where: str) -> torch
     if list(t.shape) != list(shape):
         raise CheckpointError(f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}")
     return t
+
+
+def check_layer_keys(weights: dict[str, torch.Tensor], prefix: str, num_layers: int, layer_keys,
+                     where: str) -> None:
+    """Every ``{prefix}{i}.{key}`` tensor has ``i < num_layers`` and ``key`` in ``layer_keys``.
+
+    A tensor the model would not read (a bias, an extra layer) means config.json does not describe
+    these weights; ignoring it would give a silently different model.
+    """
+    known = set(layer_keys) | {"self_attn.rotary_emb.inv_freq"}    # a buffer some exports keep
+    for name in weights:
+        if not name.startswith(prefix):
+            continue
+        index, _, key = name[len(prefix):].partition(".")
+        if not index.isdigit() or int(index) >= num_layers:
+            raise CheckpointError(f"{where}: tensor {name!r} is beyond the {num_layers} layers "
+                                  "config.json declares")
+        if key not in known:
+            raise CheckpointError(f"{where}: tensor {name!r} is not used by this model "
+                                  "(config.json does not describe these weights)")

@@ -1,33 +1,99 @@
 """Model configurations parsed from Hugging Face style ``config.json`` files.
 
 :class:`Qwen3Config` covers the target (a Qwen3 decoder); :class:`DraftConfig` adds the JetSpec /
-DFlash draft-head fields (DESIGN.md section 3). Unsupported features (RoPE scaling, sliding
-windows, attention biases) raise instead of being silently ignored.
+DFlash draft-head fields (DESIGN.md section 3). Fields the models do not implement (another
+model_type, RoPE scaling, sliding windows, biases, quantisation, another activation) and fields of
+the wrong type raise :class:`CheckpointError` (a ``ValueError``) naming the field, instead of
+being silently ignored.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 
+from .checkpoint import CheckpointError
+
 __all__ = ["Qwen3Config", "DraftConfig", "default_target_layer_ids", "read_config"]
 
+TARGET_MODEL_TYPES = ("qwen3",)
+# Draft-head configs are Qwen3 configs; some tools label DFlash heads with their own type.
+DRAFT_MODEL_TYPES = ("qwen3", "dflash")
 
-def _rope_theta(cfg: dict) -> float:
+
+def _rope_theta(cfg: dict, what: str) -> float:
     """``rope_theta`` from either the classic top-level key or transformers 5's ``rope_parameters``."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if rope_type not in (None, "default"):
-        raise ValueError(f"config: RoPE type {rope_type!r} is not supported (only 'default')")
-    theta = params.get("rope_theta", cfg.get("rope_theta"))
-    return 1000000.0 if theta is None else float(theta)
+    for key in ("rope_parameters", "rope_scaling"):
+        params = cfg.get(key)
+        if params is None:
+            continue
+        if not isinstance(params, dict):
+            raise CheckpointError(f"{what}: field {key!r} must be an object, got {params!r}")
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in (None, "default"):
+            raise CheckpointError(f"{what}: field {key!r}: RoPE type {rope_type!r} is not supported "
+                                  "(only 'default')")
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    if theta is None:
+        return 1000000.0
+    return _positive_number(theta, "rope_theta", what)
 
 
-def _require(cfg: dict, key: str, what: str):
-    if key not in cfg:
-        raise ValueError(f"{what} config.json has no {key!r}")
-    return cfg[key]
+def _positive_number(v, key: str, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise CheckpointError(f"{what}: field {key!r} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _int(cfg: dict, key: str, what: str, *, lo: int = 1, default=None) -> int:
+    """``cfg[key]`` as an int >= ``lo``; a missing (or null) key gives ``default``, or raises
+    when there is none."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise CheckpointError(f"{what}: has no {key!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise CheckpointError(f"{what}: field {key!r} must be an int >= {lo}, got {v!r}")
+    return v
+
+
+def _bool(cfg: dict, key: str, what: str, default: bool) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise CheckpointError(f"{what}: field {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def _check_supported(cfg: dict, what: str, model_types) -> None:
+    """Raise on fields that change the model in ways this package does not implement."""
+    mtype = cfg.get("model_type")
+    if mtype is not None and mtype not in model_types:
+        raise CheckpointError(f"{what}: model_type {mtype!r} is not supported (only "
+                              f"{' / '.join(repr(t) for t in model_types)})")
+    for key in ("use_sliding_window", "attention_bias", "mlp_bias"):
+        if _bool(cfg, key, what, False):
+            raise CheckpointError(f"{what}: field {key!r}=true is not supported")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        other = sorted({t for t in layer_types if t != "full_attention"}) \
+            if isinstance(layer_types, list) else [layer_types]
+        if other:
+            raise CheckpointError(f"{what}: field 'layer_types' has {other}; only 'full_attention' "
+                                  "layers are supported")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{what}: field 'hidden_act' {act!r} is not supported (only 'silu')")
+    if cfg.get("quantization_config") is not None:
+        raise CheckpointError(f"{what}: field 'quantization_config': quantised weights are not "
+                              "supported")
+    rotary = cfg.get("partial_rotary_factor", 1.0)
+    if rotary != 1.0:
+        raise CheckpointError(f"{what}: field 'partial_rotary_factor' {rotary!r} is not supported "
+                              "(only 1.0)")
 
 
 @dataclass
@@ -47,39 +113,40 @@ class Qwen3Config:
     eos_token_id: int | list | None = None
 
     @classmethod
-    def from_dict(cls, cfg: dict, what: str = "target") -> "Qwen3Config":
-        """Parse a config dict; raises ``ValueError`` naming a missing key or unsupported feature."""
-        if cfg.get("use_sliding_window"):
-            raise ValueError(f"{what} config: sliding-window attention is not supported")
-        if cfg.get("attention_bias"):
-            raise ValueError(f"{what} config: attention_bias=true is not supported")
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"{what} config: hidden_act {act!r} is not supported (only 'silu')")
-        heads = int(_require(cfg, "num_attention_heads", what))
-        hidden = int(_require(cfg, "hidden_size", what))
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    def from_dict(cls, cfg: dict, what: str = "target config", *,
+                  model_types=TARGET_MODEL_TYPES) -> "Qwen3Config":
+        """Parse a config dict; raises :class:`CheckpointError` (a ``ValueError``) naming a
+        missing or malformed field or an unsupported feature, prefixed with ``what``."""
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{what}: must be a JSON object, got {type(cfg).__name__}")
+        _check_supported(cfg, what, model_types)
+        heads = _int(cfg, "num_attention_heads", what)
+        hidden = _int(cfg, "hidden_size", what)
+        kv_heads = _int(cfg, "num_key_value_heads", what, default=heads)
         if heads % kv_heads:
-            raise ValueError(f"{what} config: num_attention_heads ({heads}) must be a multiple of "
-                             f"num_key_value_heads ({kv_heads})")
+            raise CheckpointError(f"{what}: num_attention_heads ({heads}) must be a multiple of "
+                                  f"num_key_value_heads ({kv_heads})")
+        if cfg.get("head_dim") is None and hidden % heads:
+            raise CheckpointError(f"{what}: has no 'head_dim' and hidden_size ({hidden}) is not a "
+                                  f"multiple of num_attention_heads ({heads})")
         return cls(
-            vocab_size=int(_require(cfg, "vocab_size", what)),
+            vocab_size=_int(cfg, "vocab_size", what),
             hidden_size=hidden,
-            intermediate_size=int(_require(cfg, "intermediate_size", what)),
-            num_hidden_layers=int(_require(cfg, "num_hidden_layers", what)),
+            intermediate_size=_int(cfg, "intermediate_size", what),
+            num_hidden_layers=_int(cfg, "num_hidden_layers", what),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(cfg),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=_int(cfg, "head_dim", what, default=hidden // heads),
+            rms_norm_eps=_positive_number(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", what),
+            rope_theta=_rope_theta(cfg, what),
+            tie_word_embeddings=_bool(cfg, "tie_word_embeddings", what, False),
             eos_token_id=cfg.get("eos_token_id"),
         )
 
     @classmethod
     def from_file(cls, path: str) -> "Qwen3Config":
         """Read ``path`` (a config.json, or a directory holding one)."""
-        return cls.from_dict(read_config(path))
+        return cls.from_dict(read_config(path), f"target config {_config_path(path)}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -113,26 +180,39 @@ class DraftConfig(Qwen3Config):
     target_hidden_size: int = 0
 
     @classmethod
-    def from_dict(cls, cfg: dict, what: str = "draft head") -> "DraftConfig":
-        base = Qwen3Config.from_dict(cfg, what)
+    def from_dict(cls, cfg: dict, what: str = "draft head config") -> "DraftConfig":
+        """Parse a draft-head config dict (as :meth:`Qwen3Config.from_dict`, plus the
+        ``dflash_config`` fields)."""
+        base = Qwen3Config.from_dict(cfg, what, model_types=DRAFT_MODEL_TYPES)
         dcfg = cfg.get("dflash_config") or {}
-        mask_id = dcfg.get("mask_token_id", cfg.get("mask_token_id"))
-        if mask_id is None:
-            raise ValueError(f"{what} config.json has no 'dflash_config.mask_token_id'")
-        block = int(_require(cfg, "block_size", what))
-        if block < 2:
-            raise ValueError(f"{what} config: block_size must be >= 2, got {block}")
+        if not isinstance(dcfg, dict):
+            raise CheckpointError(f"{what}: field 'dflash_config' must be an object, got {dcfg!r}")
+        merged = {**cfg, **dcfg}     # mask_token_id may sit at the top level too
+        if merged.get("mask_token_id") is None:
+            raise CheckpointError(f"{what}: has no 'dflash_config.mask_token_id'")
+        mask_id = _int(merged, "mask_token_id", what, lo=0)
+        if mask_id >= base.vocab_size:
+            raise CheckpointError(f"{what}: mask_token_id {mask_id} is outside the vocabulary "
+                                  f"[0, {base.vocab_size})")
+        block = _int(cfg, "block_size", what, lo=2)
+        n_target = _int(cfg, "num_target_layers", what, lo=0, default=0)
         ids = dcfg.get("target_layer_ids")
-        n_target = int(cfg.get("num_target_layers") or 0)
         if ids is None:
             if n_target <= 0:
-                raise ValueError(f"{what} config.json has neither 'dflash_config.target_layer_ids' "
-                                 "nor 'num_target_layers'")
+                raise CheckpointError(f"{what}: has neither 'dflash_config.target_layer_ids' nor "
+                                      "'num_target_layers'")
             ids = default_target_layer_ids(n_target, base.num_hidden_layers)
+        if not isinstance(ids, list) or not ids or \
+                any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            raise CheckpointError(f"{what}: field 'dflash_config.target_layer_ids' must be a "
+                                  f"non-empty list of layer ids >= 0, got {ids!r}")
+        if n_target and max(ids) >= n_target:
+            raise CheckpointError(f"{what}: target_layer_ids {ids} out of range for "
+                                  f"num_target_layers={n_target}")
         return cls(**asdict(base), block_size=block, num_target_layers=n_target,
-                   causal_head=bool(dcfg.get("causal_head", True)),
-                   target_layer_ids=[int(i) for i in ids], mask_token_id=int(mask_id),
-                   target_hidden_size=int(dcfg.get("target_hidden_size") or base.hidden_size))
+                   causal_head=_bool(dcfg, "causal_head", what, True), target_layer_ids=list(ids),
+                   mask_token_id=mask_id,
+                   target_hidden_size=_int(dcfg, "target_hidden_size", what, default=base.hidden_size))
 
     def to_dict(self) -> dict:
         d = super().to_dict()
@@ -142,11 +222,23 @@ class DraftConfig(Qwen3Config):
         return d
 
 
+def _config_path(path: str) -> str:
+    return os.path.join(path, "config.json") if os.path.isdir(path) else path
+
+
 def read_config(path: str) -> dict:
-    """The parsed ``config.json`` at ``path`` (a file, or a directory holding one)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no config.json at {path}")
-    with open(path) as f:
-        return json.load(f)
+    """The parsed ``config.json`` at ``path`` (a file, or a directory holding one); a missing
+    directory or file, or a file that is not a JSON object, raises :class:`CheckpointError`."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    file = _config_path(path)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"no config.json in {path}")
+    try:
+        with open(file) as f:
+            cfg = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} is not a readable JSON file: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(cfg).__name__}")
+    return cfg

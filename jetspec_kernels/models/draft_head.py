@@ -9,6 +9,7 @@ writes the block ``[anchor, mask, ..., mask]`` K/V at positions ``ctx_len .. ctx
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
-from .checkpoint import load_safetensors, take
+from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import DraftConfig, read_config
 from .kv_cache import KVCache
 from .qwen3 import LAYER_KEYS, layer_shapes, rms_norm
@@ -57,12 +58,14 @@ class DraftHead:
         shapes = layer_shapes(cfg)
         self.layers = [{key: take(weights, f"layers.{i}.{key}", shapes[key], where) for key in LAYER_KEYS}
                        for i in range(cfg.num_hidden_layers)]
+        check_layer_keys(weights, "layers.", cfg.num_hidden_layers, LAYER_KEYS, where)
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "DraftHead":
         """Load a draft-head checkpoint directory (``config.json`` + safetensors, single or sharded)."""
-        cfg = DraftConfig.from_dict(read_config(path))
+        cfg = DraftConfig.from_dict(read_config(path),
+                                    f"draft head config {os.path.join(path, 'config.json')}")
         return cls(cfg, load_safetensors(path, dtype=dtype, device=device),
                    where=f"draft head checkpoint {path}")
 

@@ -9,13 +9,15 @@ final norm), which the draft head reads.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
 from ..tree import Tree
-from .checkpoint import load_safetensors, take
+from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, read_config
 from .kv_cache import KVCache
 
@@ -86,6 +88,7 @@ class Qwen3:
             {key: take(weights, f"{prefix}layers.{i}.{key}", shapes[key], where) for key in LAYER_KEYS}
             for i in range(cfg.num_hidden_layers)
         ]
+        check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, LAYER_KEYS, where)
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
@@ -98,7 +101,7 @@ class Qwen3:
         dtype : floating dtype of the weights and the KV cache
         device : where the weights live
         """
-        cfg = Qwen3Config.from_dict(read_config(path), "target")
+        cfg = Qwen3Config.from_dict(read_config(path), f"target config {os.path.join(path, 'config.json')}")
         return cls(cfg, load_safetensors(path, dtype=dtype, device=device), where=f"target checkpoint {path}")
 
     @property
