@@ -251,3 +251,30 @@ def test_bad_moe_config_fields(small_checkpoint):
     # A dense-MLP checkpoint does not load as a MoE one: the router is missing.
     with pytest.raises(CheckpointError, match=r"missing tensor 'model\.layers\.1\.mlp\.gate\.weight'"):
         Qwen3(Qwen3Config.from_dict({**d, "mlp_only_layers": []}), small_checkpoint[1])
+
+
+def test_bench_decode_quick_moe(tmp_path, capsys):
+    """bench_decode --model moe: the CPU quick run decodes a tiny MoE target losslessly, and its
+    weight-read floor counts k experts per token for one token and every expert for many."""
+    import csv
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench import bench_decode, model_setup as ms
+
+    assert bench_decode.main(["--quick", "--device", "cpu", "--model", "moe", "--no-plot",
+                              "--backends", "reference", "--out", str(tmp_path)]) == 0
+    assert "MoE target: 8 experts, top-2" in capsys.readouterr().out
+    with open(tmp_path / "decode.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    assert {r["backend"] for r in rows} == {"ar", "spec"}
+    assert all(float(r["lossless"]) == 1.0 for r in rows if r["backend"] == "spec")
+
+    m = ms.build(torch.device("cpu"), torch.float32, size="tiny_moe", with_target=True)
+    target, lm_head = m.target, m.target.lm_head_weight.numel()
+    expert = 3 * 64 * 32
+    assert ms.target_param_count(target) - ms.target_active_params(target) == 2 * (8 - 2) * expert
+    assert ms.target_read_params(target, 1) == pytest.approx(ms.target_active_params(target) + lm_head)
+    assert ms.target_read_params(target, 10 ** 4) == pytest.approx(ms.target_param_count(target) + lm_head)
