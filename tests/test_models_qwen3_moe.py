@@ -236,7 +236,10 @@ def test_bad_moe_config_fields(small_checkpoint):
     d, _ = small_checkpoint
     assert d["num_local_experts"] == 4 and "num_experts" not in d     # what save_pretrained writes
     released = {k: v for k, v in d.items() if k != "num_local_experts"}
-    assert Qwen3Config.from_dict({**released, "num_experts": 4}).num_experts == 4
+    cfg = Qwen3Config.from_dict({**released, "num_experts": 4})
+    assert cfg.num_experts == 4 and Qwen3Config.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"num_experts_per_tok \(5\) exceeds num_experts \(4\)"):
+        Qwen3MoeConfig(**{**cfg.__dict__, "num_experts_per_tok": 5})
     for change, match in [
         ({"num_experts_per_tok": 5}, r"'num_experts_per_tok' \(5\) exceeds 'num_experts' \(4\)"),
         ({"num_experts": 3}, r"'num_experts' \(3\) and 'num_local_experts' \(4\) disagree"),
