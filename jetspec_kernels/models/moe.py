@@ -17,16 +17,15 @@ import torch.nn.functional as F
 
 from .checkpoint import CheckpointError, take
 
-__all__ = ["MOE_KEYS", "moe_shapes", "fuse_expert_weights", "route", "grouped_experts"]
+__all__ = ["moe_shapes", "fuse_expert_weights", "route", "grouped_experts"]
 
-# Per-layer tensors of a sparse layer (after "model.layers.{i}."), in the fused layout.
-MOE_KEYS = ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 _PER_EXPERT = ("gate_proj", "up_proj", "down_proj")
 _EXPERT_KEY = re.compile(r"mlp\.experts\.(\d+)\.")
 
 
 def moe_shapes(num_experts: int, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
-    """Expected shape of each ``MOE_KEYS`` tensor."""
+    """Expected shape of the router and fused expert tensors of a sparse layer (keys after
+    ``model.layers.{i}.``)."""
     return {"mlp.gate.weight": (num_experts, hidden),
             "mlp.experts.gate_up_proj": (num_experts, 2 * inter, hidden),
             "mlp.experts.down_proj": (num_experts, hidden, inter)}
