@@ -347,6 +347,20 @@ def test_draft_tree_from_hidden(engine, layout, dtype):
     run_both(jk.draft_tree_from_hidden, args)
 
 
+def test_hidden_topk_auto_routes_misaligned_weight_past_cuda(monkeypatch):
+    # auto tries cuda first, as for CUDA tensors; an lm_head_weight it cannot load goes to triton.
+    use_sim_backend(monkeypatch)
+    monkeypatch.setattr(_backend, "_auto_candidates",
+                        lambda device, fn=None: ("cuda", "triton", "reference"))
+    gen = gen_for("hidden_misaligned")
+    hidden = torch.randn(3, 4, 64, generator=gen).half()
+    weight = widened((torch.randn(300, 64, generator=gen) / 4).half(), 3)   # rows off 16 bytes
+    args = dict(hidden=hidden, lm_head_weight=weight, root_tokens=torch.zeros(3, dtype=torch.int32),
+                budget=12, topk=3)
+    flat = dict(copies(args), backend="triton")
+    assert_same(jk.draft_tree_from_hidden(**args), jk.draft_tree_from_hidden(**flat))
+
+
 def test_pack_mask(engine):
     B, N = 3, 37                                        # two mask words
     parents, num_nodes = random_tree(B, N, gen_for("pack"))
