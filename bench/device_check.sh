@@ -6,7 +6,7 @@
 #
 # Steps, each under `timeout`, all inside a total budget (default 500 s, under 9 minutes):
 #   nvidia-smi; a venv with --system-site-packages (the machine's CUDA torch and triton); _C built
-#   for sm_90a only; `python -m jetspec_kernels info`; pytest -m gpu (the TMA attention kernel's
+#   for sm_90a only; `python -m jetspec_kernels info`; the gpu tests (--gpu-only; the TMA attention kernel's
 #   tests in a process of their own); compute-sanitizer memcheck
 #   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
 #   allows); the quick GPU sweep of every bench; ncu (SpeedOfLight, Occupancy, LaunchStats) on one
@@ -114,13 +114,13 @@ export JETSPEC_HW_RECORD=$RES/hw_record.jsonl   # per-test outcomes: the hardwar
 # Triton compiles dominate the GPU tests: spread them over the CPU cores when pytest-xdist is there.
 XDIST=""
 ((DRY)) || ! "$PY" -c 'import xdist' 2>/dev/null || XDIST="-n 8"
-step gpu_tests 150 260 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k 'not tma' $XDIST \
+step gpu_tests 150 260 "'$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs tests $XDIST \
   --junitxml='$RES/gpu_tests.xml'" gpu
 if ((DRY)) || ! grep -q "^gpu_tests$(printf '\t')PASS" "$STEPS"; then
-  step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest -m gpu -q -p no:cacheprovider -rs \
-    tests/test_cuda_ops.py -k 'not tma' --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
+  step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs \
+    tests/test_cuda_ops.py --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
 fi
-step gpu_tests_tma 40 250 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k tma \
+step gpu_tests_tma 40 250 "'$PY' -m pytest --gpu-only --tma only -q -p no:cacheprovider -rs tests \
   --junitxml='$RES/gpu_tests_tma.xml'" gpu
 grep -q "^gpu_tests_tma$(printf '\t')PASS" "$STEPS" || export JETSPEC_SKIP_TMA=1
 unset JETSPEC_HW_RECORD

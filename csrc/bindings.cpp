@@ -25,12 +25,9 @@ void check(const jetspec::Status& st, const char* op) {
   if (st.ok()) return;
   if (st.kind == jetspec::Status::kBadInput) throw std::invalid_argument(op_prefix(op) + st.msg);
   if (st.kind == jetspec::Status::kUnsupported) throw std::runtime_error(op_prefix(op) + st.msg);
-  std::ostringstream msg;
-  msg << op_prefix(op);
-  if (!st.msg.empty()) msg << st.msg << ": ";
-  msg << "CUDA error " << static_cast<int>(st.err) << " (" << cudaGetErrorName(st.err)
-      << "): " << cudaGetErrorString(st.err);
-  throw std::runtime_error(msg.str());
+  throw std::runtime_error(jetspec::cat(op_prefix(op), st.msg, st.msg.empty() ? "" : ": ",
+                                       "CUDA error ", static_cast<int>(st.err), " (",
+                                       cudaGetErrorName(st.err), "): ", cudaGetErrorString(st.err)));
 }
 
 template <typename T>

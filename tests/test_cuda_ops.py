@@ -656,7 +656,8 @@ def test_hidden_topk_strided_and_unsupported(dev):
     with pytest.raises(jetspec_kernels.BackendUnavailableError, match="H % 8"):
         cu().hidden_topk(hidden[..., :60].to(dev), weight[:, :60].to(dev), 4)
     with pytest.raises(ValueError, match="lm_head_weight rows must start on 16-byte"):
-        cu().hidden_topk(hidden[..., :56].to(dev), weight[:, 1:57].to(dev), 4)
+        # sliced on the device: .to() of a non-dense view makes a fresh (aligned) copy
+        cu().hidden_topk(hidden.to(dev)[..., :56], weight.to(dev)[:, 1:57], 4)
 
 
 @pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
