@@ -11,6 +11,11 @@ Floor (weight streaming): bytes = forward passes * weight bytes (target layers +
 the head's for spec); FLOPs = 2 * target params * tokens the target processes (prompt + new
 tokens for ar, prompt + rounds * budget for spec). Random models accept almost nothing, so on
 them the ratio measures overhead; pass --target/--head checkpoint dirs for real numbers.
+
+``--model moe`` benches a MoE target: random Qwen3-30B-A3B-shaped weights on CUDA (``tiny_moe``
+on the CPU). Its floor counts the expert bytes a forward touches (model_setup.target_read_params:
+k experts per token, all of them for a large verify tree or prompt), and its FLOPs the active
+parameters per token.
 """
 from __future__ import annotations
 
@@ -35,11 +40,13 @@ EXTRA = ["tokens_per_s", "mean_accept", "tokens_per_round", "lossless"] + [f"sta
 
 def configs(opts: bc.Options):
     """(B, prompt length, new tokens, budget, topk) tuples and the model size."""
+    moe = opts.args.model == "moe"
     if not opts.cuda:
-        return [(2, 8, 8, 16, 4)], "tiny"
+        return [(2, 8, 8, 16, 4)], "tiny_moe" if moe else "tiny"
+    size = "30b_a3b" if moe else "small"
     if opts.quick:
-        return [(1, 128, 64, 64, 8), (4, 128, 64, 64, 8)], "small"
-    return [(b, 512, 256, n, 8) for b, n in itertools.product((1, 4, 16), (64, 128, 256))], "small"
+        return [(1, 128, 64, 64, 8), (4, 128, 64, 64, 8)], size
+    return [(b, 512, 256, n, 8) for b, n in itertools.product((1, 4, 16), (64, 128, 256))], size
 
 
 def main(argv=None) -> int:
@@ -49,6 +56,9 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=None, help="Qwen3 checkpoint dir")
     p.add_argument("--head", default=None, help="JetSpec draft-head checkpoint dir")
     p.add_argument("--algorithm", default="topn", choices=["topn", "accum_logp"])
+    p.add_argument("--model", default="dense", choices=["dense", "moe"],
+                   help="random target when no --target: dense Qwen3, or MoE (Qwen3-30B-A3B-shaped "
+                        "on CUDA, tiny on the CPU)")
     opts = bc.options(p, argv)
     dtype = bc.DTYPES[opts.args.dtype or ("bf16" if opts.cuda else "fp32")]
     dev = opts.device
@@ -70,11 +80,17 @@ def main(argv=None) -> int:
     table.header_lines.append(f"{m.label}: target {tcfg.num_hidden_layers} layers H {tcfg.hidden_size} "
                               f"V {tcfg.vocab_size}; head {head.config.num_hidden_layers} layers, block "
                               f"{head.block_size}; {str(dtype)[6:]}, greedy, {opts.args.algorithm}")
+    if getattr(tcfg, "num_experts", 0):
+        table.header_lines.append(f"MoE target: {tcfg.num_experts} experts, top-{tcfg.num_experts_per_tok}, "
+                                  f"expert width {tcfg.moe_intermediate_size}; "
+                                  f"{sum(map(tcfg.is_sparse, range(tcfg.num_hidden_layers)))} sparse layers")
     e = bc.elt(dtype)
-    w_target = (ms.target_param_count(target) + target.lm_head_weight.numel()) * e
     _, head_lin, _ = ms.head_param_counts(head)
     w_head = (head_lin + head.fc_weight.numel()) * e
-    p_target = ms.target_param_count(target) + target.lm_head_weight.numel()
+    p_target = ms.target_active_params(target) + target.lm_head_weight.numel()
+
+    def w_target(tokens):        # bytes one target forward over `tokens` tokens reads
+        return ms.target_read_params(target, tokens) * e
     gen = torch.Generator().manual_seed(0)
 
     for b, plen, new, budget, topk in grid:
@@ -108,9 +124,11 @@ def main(argv=None) -> int:
                 st = results[row].stats
                 passes = st.rounds + 1
                 if row == "ar":
-                    nbytes, tokens = passes * w_target, b * plen + st.new_tokens
+                    nbytes = w_target(b * plen) + st.rounds * w_target(b)
+                    tokens = b * plen + st.new_tokens
                 else:
-                    nbytes, tokens = passes * (w_target + w_head), b * plen + st.rounds * b * budget
+                    nbytes = w_target(b * plen) + st.rounds * w_target(b * budget) + passes * w_head
+                    tokens = b * plen + st.rounds * b * budget
                 stages = {f"stage_{k}_ms": v * 1e3 for k, v in st.stage_seconds.items()}
                 table.add(shape, row, secs, flops=2.0 * p_target * tokens, nbytes=float(nbytes),
                           tokens_per_s=st.new_tokens / secs, mean_accept=float(st.mean_accept),

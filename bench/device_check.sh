@@ -4,9 +4,9 @@
 #   bash bench/device_check.sh              # on the GPU machine; results under $OUT
 #   bash bench/device_check.sh --dry-run    # anywhere: prints the GPU steps, runs the CPU parts
 #
-# Steps, each under `timeout`, all inside a total budget (default 470 s, under 8 minutes):
+# Steps, each under `timeout`, all inside a total budget (default 500 s, under 9 minutes):
 #   nvidia-smi; a venv with --system-site-packages (the machine's CUDA torch and triton); _C built
-#   for sm_90a only; `python -m jetspec_kernels info`; pytest -m gpu (the TMA attention kernel's
+#   for sm_90a only; `python -m jetspec_kernels info`; the gpu tests (--gpu-only; the TMA attention kernel's
 #   tests in a process of their own); compute-sanitizer memcheck
 #   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
 #   allows); the quick GPU sweep of every bench; ncu (SpeedOfLight, Occupancy, LaunchStats) on one
@@ -22,7 +22,7 @@ cd "$ROOT" || exit 2
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
 OUT=${OUT:-$ROOT/bench/results/device_check}
-BUDGET_S=${DEVICE_CHECK_BUDGET_S:-470}
+BUDGET_S=${DEVICE_CHECK_BUDGET_S:-500}
 RESERVE_S=15                                   # summary + tar at the end
 VENV=${DEVICE_CHECK_VENV:-/tmp/jetspec-device-venv}
 SYS_PY=${DEVICE_CHECK_PYTHON:-python3}
@@ -111,13 +111,16 @@ step info 30 0 "'$PY' -m jetspec_kernels info" gpu
 #    A failing cuda-op run is repeated without programmatic dependent launch (JETSPEC_PDL=0): if
 #    that passes, PDL (pdl.cuh) is the suspect.
 export JETSPEC_HW_RECORD=$RES/hw_record.jsonl   # per-test outcomes: the hardware record
-step gpu_tests 100 280 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k 'not tma' \
+# Triton compiles dominate the GPU tests: spread them over the CPU cores when pytest-xdist is there.
+XDIST=""
+((DRY)) || ! "$PY" -c 'import xdist' 2>/dev/null || XDIST="-n 8"
+step gpu_tests 150 260 "'$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs tests $XDIST \
   --junitxml='$RES/gpu_tests.xml'" gpu
 if ((DRY)) || ! grep -q "^gpu_tests$(printf '\t')PASS" "$STEPS"; then
-  step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest -m gpu -q -p no:cacheprovider -rs \
-    tests/test_cuda_ops.py -k 'not tma' --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
+  step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs \
+    tests/test_cuda_ops.py --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
 fi
-step gpu_tests_tma 40 250 "'$PY' -m pytest -m gpu -q -p no:cacheprovider -rs tests -k tma \
+step gpu_tests_tma 40 250 "'$PY' -m pytest --gpu-only --tma only -q -p no:cacheprovider -rs tests \
   --junitxml='$RES/gpu_tests_tma.xml'" gpu
 grep -q "^gpu_tests_tma$(printf '\t')PASS" "$STEPS" || export JETSPEC_SKIP_TMA=1
 unset JETSPEC_HW_RECORD

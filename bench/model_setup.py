@@ -6,6 +6,10 @@ Sizes:
              2-layer head (block 16, 3 taps): GPU quick runs and the decode sweep.
   ``8b``     a Qwen3-8B-sized head (hidden 4096, 5 layers, 32/8 heads, Dh 128, block 16, 5 taps of a
              36-layer target); only the target's embedding and lm_head are built.
+  ``tiny_moe``  the tiny target with both layers sparse (8 experts, top-2, expert width 32).
+  ``30b_a3b``   a Qwen3-30B-A3B-shaped MoE target (hidden 2048, 48 layers, 32/4 heads, Dh 128,
+             128 experts, top-8 renormalised, expert width 768, vocab 151936) and a 5-layer head
+             (block 16, taps [1, 12, 23, 34, 45]); about 61 GB of bf16 weights.
 Random weights are drawn on the device in the bench dtype (scaled by 1/sqrt(fan_in)), so even the
 8b head builds in a second on a GPU. Random heads accept almost nothing: decode ratios on random
 models measure machinery, not the method; pass checkpoint directories for real numbers.
@@ -48,14 +52,29 @@ def _random(shapes: dict, prefix: str, device, dtype, gen) -> dict[str, torch.Te
         if len(shape) == 1:
             t = 1.0 + 0.1 * torch.randn(shape, device=device, generator=gen)
         else:
-            t = torch.randn(shape, device=device, generator=gen) / shape[1] ** 0.5
+            t = torch.randn(shape, device=device, generator=gen) / shape[-1] ** 0.5   # fan-in
         out[prefix + key] = t.to(dtype)
     return out
 
 
 def _configs(size: str):
+    from dataclasses import asdict
+
+    from jetspec_kernels.models.config import Qwen3MoeConfig, default_target_layer_ids
     from jetspec_kernels.models.tiny import tiny_draft_config, tiny_qwen3_config
 
+    if size == "tiny_moe":
+        tcfg = Qwen3MoeConfig(**asdict(tiny_qwen3_config()), num_experts=8, num_experts_per_tok=2,
+                              moe_intermediate_size=32, norm_topk_prob=True)
+        return tcfg, tiny_draft_config(tcfg)
+    if size == "30b_a3b":
+        dense = tiny_qwen3_config(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                  num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                  head_dim=128, rope_theta=1e6)
+        tcfg = Qwen3MoeConfig(**asdict(dense), num_experts=128, num_experts_per_tok=8,
+                              moe_intermediate_size=768, norm_topk_prob=True)
+        return tcfg, tiny_draft_config(tcfg, num_hidden_layers=5, block_size=16,
+                                       target_layer_ids=default_target_layer_ids(48, 5))
     if size == "tiny":
         tcfg = tiny_qwen3_config()
         return tcfg, tiny_draft_config(tcfg)
@@ -81,12 +100,13 @@ def build(device: torch.device, dtype: torch.dtype, *, size: str, with_target: b
     Parameters
     ----------
     device, dtype : where and in what dtype the weights live
-    size : "tiny" | "small" | "8b" (ignored for what is loaded from a directory)
+    size : "tiny" | "small" | "8b" | "tiny_moe" | "30b_a3b" (ignored for what is loaded from a
+        directory)
     with_target : build the whole target (decode) or only its embedding and lm_head (draft head)
     target_dir, head_dir : Hugging Face Qwen3 / JetSpec head checkpoint directories, optional
     """
     models, _ = import_models()
-    from jetspec_kernels.models.qwen3 import layer_shapes
+    from jetspec_kernels.models.qwen3 import layer_shapes, target_layer_shapes
 
     gen = torch.Generator(device=device).manual_seed(seed)
     tcfg, dcfg = _configs(size)
@@ -102,7 +122,7 @@ def build(device: torch.device, dtype: torch.dtype, *, size: str, with_target: b
             w = {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head,
                  "model.norm.weight": torch.ones(tcfg.hidden_size, device=device, dtype=dtype)}
             for i in range(tcfg.num_hidden_layers):
-                w.update(_random(layer_shapes(tcfg), f"model.layers.{i}.", device, dtype, gen))
+                w.update(_random(target_layer_shapes(tcfg, i), f"model.layers.{i}.", device, dtype, gen))
             target = models.Qwen3(tcfg, w)
     if head_dir:
         head = models.DraftHead.from_pretrained(head_dir, dtype=dtype, device=device)
@@ -128,6 +148,41 @@ def head_param_counts(head) -> tuple[int, int, int]:
     return fc, lin, kv
 
 
+def _expert_params(target) -> tuple[int, int]:
+    """``(parameters of one expert, sparse layers)``; (0, 0) for a dense target."""
+    sparse = [layer for layer in target.layers if "mlp.experts.gate_up_proj" in layer]
+    if not sparse:
+        return 0, 0
+    one = (sparse[0]["mlp.experts.gate_up_proj"][0].numel() + sparse[0]["mlp.experts.down_proj"][0].numel())
+    return one, len(sparse)
+
+
 def target_param_count(target) -> int:
-    """Linear-layer parameters of the target's decoder layers (lm_head excluded)."""
-    return sum(t.numel() for layer in target.layers for t in layer.values() if t.dim() == 2)
+    """Linear-layer parameters of the target's decoder layers, every expert included (lm_head
+    excluded)."""
+    return sum(t.numel() for layer in target.layers for t in layer.values() if t.dim() >= 2)
+
+
+def target_active_params(target) -> int:
+    """Linear-layer parameters one token goes through (lm_head excluded): all of a dense target;
+    for a MoE target the dense tensors plus ``num_experts_per_tok`` experts per sparse layer."""
+    one, n_sparse = _expert_params(target)
+    if not n_sparse:
+        return target_param_count(target)
+    cfg = target.config
+    return target_param_count(target) - n_sparse * (cfg.num_experts - cfg.num_experts_per_tok) * one
+
+
+def target_read_params(target, tokens: int) -> float:
+    """Parameters one forward over ``tokens`` tokens reads, lm_head included (the weight-streaming
+    floor). Dense targets: all of them. MoE targets: the dense tensors (attention, norms, router,
+    dense MLPs) plus, per sparse layer, the experts the tokens touch: ``E * (1 - (1 - k/E)**tokens)``
+    expected under uniform routing (random weights route about uniformly; a trained router sends
+    a tree's related tokens to shared experts, so real counts are lower)."""
+    one, n_sparse = _expert_params(target)
+    dense = target_param_count(target) + target.lm_head_weight.numel()
+    if not n_sparse:
+        return float(dense)
+    e, k = target.config.num_experts, target.config.num_experts_per_tok
+    touched = e * (1.0 - (1.0 - k / e) ** tokens)
+    return dense - n_sparse * (e - touched) * one

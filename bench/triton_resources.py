@@ -140,6 +140,10 @@ def _cases():
                lambda n=n, temp=temp: verify.verify_tree(
                    e(4, n, **i32), e(4, n, **i32), e(4, **i32), 15, e(4, n, v, dtype=bf16), None,
                    temp, e(4, dtype=torch.int64), e(4, dtype=torch.int64)))
+    yield ("verify_tree bf16 N256 T0.8 top-k top-p",
+           lambda: verify.verify_tree(
+               e(4, 256, **i32), e(4, 256, **i32), e(4, **i32), 15, e(4, 256, v, dtype=bf16), None,
+               0.8, e(4, dtype=torch.int64), e(4, dtype=torch.int64), e(4, **i32), e(4)))
     yield ("qk_norm_rope_append bf16 Dh128",
            lambda: rope.qk_norm_rope_append(
                e(2, 64, hq, 128, dtype=bf16), e(2, 64, hkv, 128, dtype=bf16),

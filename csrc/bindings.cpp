@@ -25,12 +25,9 @@ void check(const jetspec::Status& st, const char* op) {
   if (st.ok()) return;
   if (st.kind == jetspec::Status::kBadInput) throw std::invalid_argument(op_prefix(op) + st.msg);
   if (st.kind == jetspec::Status::kUnsupported) throw std::runtime_error(op_prefix(op) + st.msg);
-  std::ostringstream msg;
-  msg << op_prefix(op);
-  if (!st.msg.empty()) msg << st.msg << ": ";
-  msg << "CUDA error " << static_cast<int>(st.err) << " (" << cudaGetErrorName(st.err)
-      << "): " << cudaGetErrorString(st.err);
-  throw std::runtime_error(msg.str());
+  throw std::runtime_error(jetspec::cat(op_prefix(op), st.msg, st.msg.empty() ? "" : ": ",
+                                       "CUDA error ", static_cast<int>(st.err), " (",
+                                       cudaGetErrorName(st.err), "): ", cudaGetErrorString(st.err)));
 }
 
 template <typename T>
@@ -153,10 +150,32 @@ PYBIND11_MODULE(_C, m) {
       "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache. "
       "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only.");
   m.def(
+      "verify_sample_filter",
+      [](U logits, int64_t s0, int64_t s1, U num_nodes, U temperature, U top_k, U top_p, U thr_x,
+         U thr_id, int batch, int n, int vocab, bool vec, int dtype, U stream) {
+        jetspec::SampleFilterParams p{};
+        p.logits = ptr<const void>(logits);
+        p.s0 = s0;
+        p.s1 = s1;
+        p.num_nodes = ptr<const int32_t>(num_nodes);
+        p.temperature = ptr<const float>(temperature);
+        p.top_k = ptr<const int32_t>(top_k);
+        p.top_p = ptr<const float>(top_p);
+        p.thr_x = ptr<float>(thr_x);
+        p.thr_id = ptr<int32_t>(thr_id);
+        p.batch = batch;
+        p.n = n;
+        p.vocab = vocab;
+        p.vec = vec ? 1 : 0;
+        check(jetspec::launch_sample_filter(p, dtype, stream_of(stream)), "verify_sample_filter");
+      },
+      "Per node: the last token top-k (top_k [B] or 0) then top-p (top_p [B] or 0) keep, as "
+      "thresholds thr_x / thr_id [B * N] (temperature [B]; <= 0 keeps every token).");
+  m.def(
       "verify_target_tokens",
       [](U logits, int64_t s0, int64_t s1, U num_nodes, U seed, U offset, U part_v, U part_i,
-         int batch, int n, int vocab, int splits, int split_len, bool vec, float temperature,
-         int dtype, U stream) {
+         int batch, int n, int vocab, int splits, int split_len, bool vec, U temperature,
+         U thr_x, U thr_id, int dtype, U stream) {
         jetspec::TargetTokenParams p{};
         p.logits = ptr<const void>(logits);
         p.s0 = s0;
@@ -172,11 +191,14 @@ PYBIND11_MODULE(_C, m) {
         p.splits = splits;
         p.split_len = split_len;
         p.vec = vec ? 1 : 0;
-        p.temperature = temperature;
+        p.temperature = ptr<const float>(temperature);
+        p.thr_x = ptr<const float>(thr_x);
+        p.thr_id = ptr<const int32_t>(thr_id);
         check(jetspec::launch_target_tokens(p, dtype, stream_of(stream)), "verify_target_tokens");
       },
-      "Per (valid node, vocab split): the best logit (temperature 0) or seeded Gumbel-max value "
-      "and its token, into part_v / part_i [B * N, splits].");
+      "Per (valid node, vocab split): the best logit (temperature 0 or null) or seeded Gumbel-max "
+      "value over the tokens kept by thr_x / thr_id (when given) and its token, into part_v / "
+      "part_i [B * N, splits].");
   m.def(
       "verify_walk",
       [](U tokens, U parents, U num_nodes, U target, int64_t target_stride, U part_v, U part_i,

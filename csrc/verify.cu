@@ -1,4 +1,5 @@
-// verify_tree: target tokens per node (fp32 / fp16 / bf16 logits) and the acceptance walk.
+// verify_tree: filter thresholds and target tokens per node (fp32 / fp16 / bf16 logits) and the
+// acceptance walk.
 #include "jetspec/api.h"
 #include "jetspec/verify.cuh"
 
@@ -22,9 +23,24 @@ Status check_target_tokens(const TargetTokenParams& p) {
   }
   if (p.vec && p.split_len % 8 != 0)
     return bad_input("split_len ", p.split_len, " is not a multiple of 8 (vec)");
-  if (!(p.temperature >= 0.f)) return bad_input("temperature ", p.temperature, " is not >= 0");
-  if (p.temperature > 0.f && (p.seed == nullptr || p.offset == nullptr))
-    return bad_input("temperature ", p.temperature, " needs seed and offset");
+  // Temperatures are device values (graph-capturable): only their presence is checked here.
+  if (p.temperature != nullptr && (p.seed == nullptr || p.offset == nullptr))
+    return bad_input("temperature needs seed and offset");
+  if (p.thr_x != nullptr && (p.thr_id == nullptr || p.temperature == nullptr))
+    return bad_input("thr_x needs thr_id and temperature");
+  return Status();
+}
+
+Status check_sample_filter(const SampleFilterParams& p) {
+  JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
+  JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
+  const long long rows = static_cast<long long>(p.batch) * p.n;
+  if (rows == 0) return Status();
+  if (rows > 0x7fffffffLL) return bad_input("batch * n = ", rows, " exceeds 2147483647");
+  // top_p's masses (< vocab * 2**32) must stay exact in float64 (python_ref.MAX_TOP_P_VOCAB).
+  JETSPEC_RETURN_IF_FAILED(check_range("vocab", p.vocab, 1, p.top_p != nullptr ? 1 << 21 : 0x7fffffff));
+  if (p.temperature == nullptr || p.thr_x == nullptr || p.thr_id == nullptr)
+    return bad_input("temperature, thr_x and thr_id are required");
   return Status();
 }
 
@@ -43,6 +59,17 @@ Status check_verify_walk(const VerifyWalkParams& p) {
   return Status();
 }
 }  // namespace
+
+Status launch_sample_filter(const SampleFilterParams& p, int logits_dtype, cudaStream_t stream) {
+  if (logits_dtype != kFloat32 && logits_dtype != kFloat16 && logits_dtype != kBFloat16)
+    return bad_dtype("dtype", logits_dtype, kAllDtypes);
+  JETSPEC_RETURN_IF_FAILED(check_sample_filter(p));
+  switch (logits_dtype) {
+    case kFloat32: return sample_filter<float>(p, stream);
+    case kFloat16: return sample_filter<__half>(p, stream);
+    default: return sample_filter<__nv_bfloat16>(p, stream);
+  }
+}
 
 Status launch_target_tokens(const TargetTokenParams& p, int logits_dtype, cudaStream_t stream) {
   if (logits_dtype != kFloat32 && logits_dtype != kFloat16 && logits_dtype != kBFloat16)

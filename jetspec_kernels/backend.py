@@ -28,12 +28,18 @@ _BACKEND_MODULES = {
 }
 
 
-# Interface functions (CONTRIBUTING.md, backend interface) whose ``cuda`` kernels have passed their
-# parity tests on real hardware (bench/device_check.sh; the record is in bench/NOTES.md). Until an
-# op is listed, ``auto`` does not send CUDA tensors to the cuda backend: a path that has never run
-# on a GPU is nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the
-# commit that records its passing run.
-HARDWARE_VERIFIED: dict[str, frozenset[str]] = {"cuda": frozenset()}
+# Interface functions (CONTRIBUTING.md, backend interface) whose ``cuda`` kernels are auto's choice
+# for CUDA tensors: they passed their parity tests on real hardware (bench/device_check.sh; the
+# record is in bench/NOTES.md) and were not slower than triton in that run. Until an op is listed,
+# ``auto`` does not send CUDA tensors to the cuda backend: a path that has never run on a GPU is
+# nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the commit that
+# records its passing run.
+HARDWARE_VERIFIED: dict[str, frozenset[str]] = {
+    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): passed, and not slower than triton there.
+    # verify_tree passed too, but its kernels changed after the run (top-k / top-p filters,
+    # per-sequence temperature): it returns with a passing rerun.
+    "cuda": frozenset({"log_softmax_topk", "build_tree", "pack_mask"}),
+}
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask")

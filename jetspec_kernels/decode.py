@@ -35,6 +35,7 @@ import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -45,7 +46,7 @@ from .ops import _checks as C
 from .ops.commit_kv import commit_kv
 from .ops.draft_tree import (ALGORITHMS, MAX_TOPK, _build, _hidden_unsupported, check_draft_tree,
                              check_draft_tree_from_hidden, draft_tree, draft_tree_from_hidden)
-from .ops.verify_tree import verify_tree
+from .ops.verify_tree import check_sampling, verify_tree
 from .tree import Tree
 
 __all__ = ["generate", "generate_ar", "check_generate_args", "measure_round_costs", "GenerateOutput",
@@ -162,17 +163,37 @@ def _check_eos(eos_token_id, vocab: int) -> None:
         C.integer("eos_token_id", tok, lo=0, hi=vocab - 1)
 
 
-def _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size) -> float:
-    """The arguments :func:`generate` and :func:`generate_ar` share; returns the temperature."""
+class Sampling(NamedTuple):
+    """Checked sampling controls (ops.verify_tree.check_sampling): temperature a float or float32
+    [B]; top_k int32 [B] or None (off); top_p float32 [B] or None (off)."""
+
+    temperature: float | torch.Tensor
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+
+    @property
+    def greedy(self) -> bool:
+        """Every sequence greedy (the number 0): the target's fused argmax serves."""
+        return not torch.is_tensor(self.temperature) and self.temperature == 0.0
+
+    def kwargs(self) -> dict:
+        """The controls as verify_tree's keyword arguments."""
+        return dict(temperature=self.temperature, top_k=0 if self.top_k is None else self.top_k,
+                    top_p=1.0 if self.top_p is None else self.top_p)
+
+
+def _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size,
+                top_k=0, top_p=1.0) -> Sampling:
+    """The arguments :func:`generate` and :func:`generate_ar` share; returns the sampling controls."""
     vocab = target.config.vocab_size
     _check_prompts(prompt_ids, vocab)
     C.integer("max_new_tokens", max_new_tokens, lo=1)
-    temperature = C.number("temperature", temperature, lo=0.0)
+    sampling = Sampling(*check_sampling(temperature, top_k, top_p, len(prompt_ids), target.device))
     _check_eos(eos_token_id, vocab)
     C.integer("seed", seed, lo=-2 ** 63, hi=2 ** 63 - 1)
     if page_size is not None:
         C.integer("page_size", page_size, lo=1)
-    return temperature
+    return sampling
 
 
 def _check_pair(target, head) -> list[int]:
@@ -229,13 +250,13 @@ def _root_tree(tokens: torch.Tensor) -> Tree:
                 mask=torch.ones(b, 1, 1, dtype=i32, device=dev), max_depth=0)
 
 
-def _next_token(logits, temperature, seed, offset):
-    """int32 [B]: argmax of logits [B, V] (ties to the lower id), or a sample drawn with the same
-    keyed Gumbel noise as :func:`verify_tree` (node 0 of a one-node tree)."""
-    if temperature == 0.0:
+def _next_token(logits, sampling: Sampling, seed, offset):
+    """int32 [B]: argmax of logits [B, V] (ties to the lower id), or a (filtered) sample drawn with
+    the same keyed Gumbel noise as :func:`verify_tree` (node 0 of a one-node tree)."""
+    if sampling.greedy:
         return torch.argmax(logits, dim=-1).to(torch.int32)
     tree = _root_tree(torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device))
-    return verify_tree(tree, logits[:, None, :], temperature=temperature, seed=seed, offset=offset).bonus
+    return verify_tree(tree, logits[:, None, :], seed=seed, offset=offset, **sampling.kwargs()).bonus
 
 
 class _Output:
@@ -299,7 +320,7 @@ def _draft_topk(draft, lm_head_weight, anchor, *, fused: bool, budget: int, topk
     if fused:
         check_draft_tree_from_hidden(draft, lm_head_weight, anchor, budget, topk, algorithm)
         kernel = _backend.select(draft.device, "hidden_topk", None,
-                                 lambda name: _hidden_unsupported(name, draft))
+                                 lambda name: _hidden_unsupported(name, draft, lm_head_weight))
         return kernel(draft, lm_head_weight, topk)
     check_draft_tree(draft, anchor, budget, topk, algorithm)
     return _backend.select(draft.device, "log_softmax_topk", None)(draft, topk)
@@ -312,11 +333,11 @@ class _Round:
     (``calibrator`` and ``costs``, float32 [S], given) choose among them in the draft step."""
 
     def __init__(self, target, head, cache, dstate, prefix, anchor, out, *, sizes, topk,
-                 algorithm, temperature, seed, fused_draft, stages, calibrator=None, costs=None):
+                 algorithm, sampling, seed, fused_draft, stages, calibrator=None, costs=None):
         self.target, self.head, self.cache, self.dstate = target, head, cache, dstate
         self.prefix, self.anchor, self.out = prefix, anchor, out
         self.sizes, self.topk, self.algorithm = tuple(sizes), topk, algorithm
-        self.temperature, self.fused_draft, self.stages = temperature, fused_draft, stages
+        self.sampling, self.fused_draft, self.stages = sampling, fused_draft, stages
         self.adaptive = calibrator is not None
         b = prefix.shape[0]
         dev = prefix.device
@@ -374,15 +395,15 @@ class _Round:
                 self.tree = _build(None, self.topk_tokens, self.topk_logprobs, self.anchor, size,
                                    self.algorithm)
         tree = self.tree
-        greedy = self.temperature == 0.0
+        greedy = self.sampling.greedy
         with st("verify"):
             scores, tapped = t.verify(tree, self.prefix, cache, taps=self.taps, fused_argmax=greedy)
         with st("accept"):
             if greedy:
                 verdict = verify_tree(tree, target_tokens=scores)
             else:
-                verdict = verify_tree(tree, scores, temperature=self.temperature, seed=self.seed,
-                                      offset=self.offset)
+                verdict = verify_tree(tree, scores, seed=self.seed, offset=self.offset,
+                                      **self.sampling.kwargs())
         active = ~self.out.done
         num = verdict.accept_len + 1
         with st("commit"):
@@ -479,16 +500,16 @@ def _capacity(max_prompt: int, max_new: int, budget: int, block: int, width: int
 
 def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
                         algorithm="topn", temperature=0.0, eos_token_id=None, seed=0, page_size=None,
-                        fused_draft=True, cuda_graphs=None, sync_every=1, cost_model=None,
-                        calibrator=None) -> tuple[float, list[int]]:
+                        fused_draft=True, cuda_graphs=None, sync_every=1, top_k=0, top_p=1.0,
+                        cost_model=None, calibrator=None) -> tuple[Sampling, list[int]]:
     """The checks :func:`generate` runs before any model work (same arguments); a caller such as
     the CLI runs them first to tell bad input apart from a failure inside decoding.
 
-    Returns ``(temperature as a float, the tapped target layers)``; raises ``TypeError`` (wrong
-    type) or ``ValueError`` naming the argument (``head: ...`` when the head does not fit).
+    Returns ``(the checked sampling controls, the tapped target layers)``; raises ``TypeError``
+    (wrong type) or ``ValueError`` naming the argument (``head: ...`` when the head does not fit).
     """
-    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
-                              page_size)
+    sampling = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                           page_size, top_k, top_p)
     C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
     C.choice("algorithm", algorithm, ALGORITHMS)
     taps = _check_pair(target, head)
@@ -512,7 +533,7 @@ def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, 
                             f"{type(calibrator).__name__}")
         if calibrator.device != target.device:
             raise ValueError(f"calibrator lives on {calibrator.device}, the models on {target.device}")
-    return temperature, taps
+    return sampling, taps
 
 
 def _graphs_default(dev: torch.device, cuda_graphs) -> bool:
@@ -539,7 +560,7 @@ def _kept(target, head) -> dict:
 
 
 def _prepare(target, head, prompt_ids, taps, *, max_new_tokens, sizes, topk, algorithm,
-             temperature, eos_token_id, seed, page_size, fused_draft, stages, calibrator=None,
+             sampling, eos_token_id, seed, page_size, fused_draft, stages, calibrator=None,
              costs=None):
     """Caches, prefill (the first new token) and the round state of one speculative decode.
 
@@ -557,20 +578,20 @@ def _prepare(target, head, prompt_ids, taps, *, max_new_tokens, sizes, topk, alg
 
     with stages("prefill"):
         logits, tapped = target.prefill(tokens, lens, cache, taps=taps)
-        anchor = _next_token(logits, temperature, seed_t, torch.zeros_like(seed_t))
+        anchor = _next_token(logits, sampling, seed_t, torch.zeros_like(seed_t))
         head.append_context(dstate, tapped, lens)
         out.emit(anchor[:, None], torch.ones_like(lens), torch.ones_like(out.done))
     rnd = _Round(target, head, cache, dstate, lens.clone(), anchor.clone(), out, sizes=sizes,
-                 topk=topk, algorithm=algorithm, temperature=temperature, seed=seed,
+                 topk=topk, algorithm=algorithm, sampling=sampling, seed=seed,
                  fused_draft=fused_draft, stages=stages, calibrator=calibrator, costs=costs)
     return rnd, width
 
 
 def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: int = 8,
-             algorithm: str = "topn", temperature: float = 0.0, eos_token_id=None, seed: int = 0,
+             algorithm: str = "topn", temperature=0.0, eos_token_id=None, seed: int = 0,
              page_size: int | None = None, fused_draft: bool = True,
-             cuda_graphs: bool | None = None, sync_every: int = 1, cost_model=None,
-             calibrator: AcceptanceCalibrator | None = None) -> GenerateOutput:
+             cuda_graphs: bool | None = None, sync_every: int = 1, top_k=0, top_p=1.0,
+             cost_model=None, calibrator: AcceptanceCalibrator | None = None) -> GenerateOutput:
     """JetSpec speculative decoding for a batch of prompts of different lengths.
 
     Parameters
@@ -585,11 +606,17 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
         chosen per round for the batch (see :mod:`jetspec_kernels.adaptive`; needs "topn")
     topk : int in [1, min(64, V)], children per node
     algorithm : "topn" | "accum_logp"
-    temperature : finite float >= 0 (0 = greedy; > 0 samples losslessly from softmax(logits / T))
+    temperature : finite float >= 0, or float32/float64 tensor [B] on the target's device, one
+        value per sequence (0 = greedy; > 0 samples losslessly from softmax(logits / T), filtered)
     eos_token_id : int, non-empty list of ints (each in [0, V)), or None; generation of a
         sequence stops after it
     seed : int (int64), the sampling seed (tokens depend on it only when temperature > 0)
     page_size : int, optional; use paged KV caches with this page size
+    top_k : int >= 0 or int32/int64 tensor [B]: sample among the k most likely tokens (0 = off)
+    top_p : float in (0, 1] or float32/float64 tensor [B]: then among the smallest set whose
+        renormalised probability reaches top_p (1 = off); filters apply after the temperature,
+        as in transformers, and only to sampled sequences; the output follows the filtered
+        target distribution exactly (see jetspec_kernels.verify_tree)
     fused_draft : build the tree from the draft hidden states with ``draft_tree_from_hidden``
         (``head.draft_hidden``; the draft logits are never materialised); False: from
         ``head.cached_logits`` with ``draft_tree``
@@ -612,11 +639,11 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     Bad arguments raise ``TypeError`` (wrong type) or ``ValueError`` naming the argument, before
     any model work.
     """
-    temperature, taps = check_generate_args(
+    sampling, taps = check_generate_args(
         target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
         algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
         page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every,
-        cost_model=cost_model, calibrator=calibrator)
+        top_k=top_k, top_p=top_p, cost_model=cost_model, calibrator=calibrator)
     dev = target.device
     cuda_graphs = _graphs_default(dev, cuda_graphs)
     sizes, adaptive = parse_budget(budget, topk=topk, depth=head.block_size - 1)
@@ -624,16 +651,16 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     if adaptive:
         kept = _kept(target, head)
         if calibrator is None:
-            calibrator = kept.setdefault(("calibrator", temperature > 0), AcceptanceCalibrator(
+            calibrator = kept.setdefault(("calibrator", sampling.greedy), AcceptanceCalibrator(
                 max_depth=head.block_size - 1, device=dev))
         if cost_model is None:
-            key = ("costs", len(prompt_ids), sizes, topk, temperature > 0, page_size, fused_draft,
+            key = ("costs", len(prompt_ids), sizes, topk, sampling.greedy, page_size, fused_draft,
                    cuda_graphs, _backend.resolve(dev))
             if key not in kept:
                 kept[key] = measure_round_costs(target, head, prompt_ids, sizes, topk=topk,
-                                                temperature=temperature, seed=seed,
-                                                page_size=page_size, fused_draft=fused_draft,
-                                                cuda_graphs=cuda_graphs)
+                                                temperature=temperature, top_k=top_k, top_p=top_p,
+                                                seed=seed, page_size=page_size,
+                                                fused_draft=fused_draft, cuda_graphs=cuda_graphs)
             cost_model = kept[key]
         cost_model = CostModel(cost_model)
         costs = cost_model.tensor(sizes, dev)
@@ -643,7 +670,7 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     stats = DecodeStats(cuda_graphs=bool(cuda_graphs), host_syncs_per_round=1.0 / sync_every,
                         budget_costs=cost_model.table(sizes) if adaptive else {})
     rnd, width = _prepare(target, head, prompt_ids, taps, max_new_tokens=max_new_tokens, sizes=sizes,
-                          topk=topk, algorithm=algorithm, temperature=temperature,
+                          topk=topk, algorithm=algorithm, sampling=sampling,
                           eos_token_id=eos_token_id, seed=seed, page_size=page_size,
                           fused_draft=fused_draft, stages=stages, calibrator=calibrator, costs=costs)
     steps = _Steps(rnd, cuda_graphs)
@@ -667,8 +694,9 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
 
 
 def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int = 10, topk: int = 8,
-                        temperature: float = 0.0, seed: int = 0, page_size: int | None = None,
-                        fused_draft: bool = True, cuda_graphs: bool | None = None) -> CostModel:
+                        temperature=0.0, top_k=0, top_p=1.0, seed: int = 0,
+                        page_size: int | None = None, fused_draft: bool = True,
+                        cuda_graphs: bool | None = None) -> CostModel:
     """Measure the cost model of adaptive decoding: the time of a round at each candidate size.
 
     Decodes ``prompt_ids`` (the batch size is ``len(prompt_ids)``) with adaptive rounds forced to
@@ -683,8 +711,8 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
 
     Parameters
     ----------
-    target, head, prompt_ids, topk, temperature, seed, page_size, fused_draft, cuda_graphs :
-        as in :func:`generate`
+    target, head, prompt_ids, topk, temperature, top_k, top_p, seed, page_size, fused_draft,
+    cuda_graphs : as in :func:`generate`
     sizes : "auto" or a list of candidate sizes (as ``generate``'s adaptive ``budget``)
     rounds : int >= 1, timed rounds per size
 
@@ -692,16 +720,17 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
     -------
     CostModel {n: seconds per round}
     """
-    temperature, taps = check_generate_args(
+    sampling, taps = check_generate_args(
         target, head, prompt_ids, max_new_tokens=1, budget=sizes, topk=topk, temperature=temperature,
-        seed=seed, page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs)
+        top_k=top_k, top_p=top_p, seed=seed, page_size=page_size, fused_draft=fused_draft,
+        cuda_graphs=cuda_graphs)
     C.integer("rounds", rounds, lo=1)
     dev = target.device
     cuda_graphs = _graphs_default(dev, cuda_graphs)
     sizes, _ = parse_budget(sizes, topk=topk, depth=head.block_size - 1)
     width = min(head.block_size - 1, sizes[-1] - 1) + 1
     rnd, _ = _prepare(target, head, prompt_ids, taps, max_new_tokens=(rounds + 1) * len(sizes) * width,
-                      sizes=sizes, topk=topk, algorithm="topn", temperature=temperature,
+                      sizes=sizes, topk=topk, algorithm="topn", sampling=sampling,
                       eos_token_id=None, seed=seed, page_size=page_size, fused_draft=fused_draft,
                       stages=_NoStages(),
                       calibrator=AcceptanceCalibrator(max_depth=head.block_size - 1, device=dev),
@@ -741,24 +770,24 @@ def _non_decreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(count)]
 
 
-def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float = 0.0,
+def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
                 eos_token_id=None, seed: int = 0, page_size: int | None = None, head=None,
-                **unused) -> GenerateOutput:
+                top_k=0, top_p=1.0, **unused) -> GenerateOutput:
     """Plain autoregressive decoding of ``target`` (the baseline; same output as :func:`generate`
     for greedy decoding, the same distribution when sampling).
 
     Parameters
     ----------
-    target : Qwen3; prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size:
-        as in :func:`generate`
+    target : Qwen3; prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size,
+        top_k, top_p: as in :func:`generate`
     head, unused : accepted and ignored, so that one argument set serves both functions
 
     Returns
     -------
     GenerateOutput; stats.rounds counts decode steps (accept lengths are all 0).
     """
-    temperature = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
-                              page_size)
+    sampling = _check_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
+                           page_size, top_k, top_p)
     dev = target.device
     t0 = time.perf_counter()
     stages = _Stages(dev)
@@ -771,7 +800,7 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float =
     offset = torch.zeros_like(seed_t)
     with stages("prefill"):
         logits, _ = target.prefill(tokens, lens, cache)
-        token = _next_token(logits, temperature, seed_t, offset)
+        token = _next_token(logits, sampling, seed_t, offset)
         out.emit(token[:, None], torch.ones_like(lens), torch.ones_like(out.done))
     prefix = lens.clone()
     one = torch.ones_like(lens)
@@ -780,7 +809,7 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature: float =
         offset.add_(1)
         with stages("decode"):
             logits = target.decode(token, prefix, cache)
-            token = _next_token(logits, temperature, seed_t, offset)
+            token = _next_token(logits, sampling, seed_t, offset)
         with stages("emit"):
             prefix.add_(active.to(torch.int32))
             out.emit(token[:, None], one, active)

@@ -72,6 +72,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+def _top_p(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1] (1 = off), got {text!r}")
+    return value
+
+
 def _parser() -> Parser:
     p = Parser(prog=f"{PROG} generate", description="JetSpec speculative decoding with a Qwen3 "
                "target and a draft head.")
@@ -90,6 +100,10 @@ def _parser() -> Parser:
     p.add_argument("--topk", type=_int_at_least(1), default=8, help="children per tree node")
     p.add_argument("--algorithm", choices=("topn", "accum_logp"), default="topn")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=_int_at_least(0), default=0,
+                   help="sample among the k most likely tokens (0 = off; with --temperature > 0)")
+    p.add_argument("--top-p", type=_top_p, default=1.0,
+                   help="then among the smallest set of probability >= p (1 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eos", type=int, action="append",
                    help="EOS token id (repeatable); default: eos_token_id of the target's "
@@ -199,7 +213,7 @@ def _load_models(args, dtype, device):
 _OPTION_OF = {"budget": "--budget", "topk": "--topk", "algorithm": "--algorithm",
               "temperature": "--temperature", "max_new_tokens": "--max-new-tokens",
               "eos_token_id": "--eos", "seed": "--seed", "page_size": "--page-size",
-              "prompt_ids": "--prompt", "head": "--head"}
+              "prompt_ids": "--prompt", "head": "--head", "top_k": "--top-k", "top_p": "--top-p"}
 
 
 def _as_option_error(e: Exception, eos_given: bool) -> UsageError:
@@ -256,7 +270,7 @@ def _run(args) -> int:
     eos = args.eos if args.eos else _default_eos(target_dir, target)
 
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_token_id=eos,
-              seed=args.seed, page_size=args.page_size)
+              seed=args.seed, page_size=args.page_size, top_k=args.top_k, top_p=args.top_p)
     spec = dict(budget=args.budget, topk=args.topk, algorithm=args.algorithm)
     try:
         check_generate_args(target, head, prompts, **spec, **kw)

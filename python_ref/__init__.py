@@ -18,6 +18,7 @@ from .tree import (
 from .attention import tree_attention
 from .rope import rms_norm, rope_inv_freq, rope_cos_sin, apply_rope, qk_norm_rope_append
 from .verify import mix32, gumbel_uniform, sample_tokens, verify_tree
+from .sampling import token_masses, filter_keep
 from .commit import commit_kv
 from .draft_head import draft_head_forward, target_layer_ids
 
@@ -40,6 +41,8 @@ __all__ = [
     "gumbel_uniform",
     "sample_tokens",
     "verify_tree",
+    "token_masses",
+    "filter_keep",
     "commit_kv",
     "draft_head_forward",
     "target_layer_ids",

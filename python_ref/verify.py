@@ -1,8 +1,11 @@
 """Reference target sampling (greedy / seeded Gumbel-max) and the tree acceptance walk."""
 
+import math
+
 import torch
 
 from ._common import compute_dtype
+from .sampling import filter_keep
 
 __all__ = ["mix32", "gumbel_uniform", "sample_tokens", "verify_tree"]
 
@@ -54,36 +57,49 @@ def gumbel_uniform(seed, offset, N, V):
     return torch.clamp(u, max=1.0 - 2.0 ** -24)
 
 
-def sample_tokens(logits, temperature, seed=None, offset=None):
+def sample_tokens(logits, temperature, seed=None, offset=None, top_k=None, top_p=None):
     """One target token per node.
 
     Parameters
     ----------
     logits : float ``[B, N, V]``
-    temperature : float (or 0-dim tensor) >= 0
-    seed, offset : int64 ``[B]`` (required when temperature > 0)
+    temperature : float >= 0, or float ``[B]`` / ``[]`` tensor (one value per sequence)
+    seed, offset : int64 ``[B]`` (required when temperature is a tensor or > 0)
+    top_k : int ``[B]`` or None; top_p : float ``[B]`` or None (see :func:`filter_keep`)
 
     Returns
     -------
-    int32 ``[B, N]``: ``argmax_v logits`` when temperature == 0, else
-    ``argmax_v(logits / T + g)`` with ``g = -log(-log(u))`` from :func:`gumbel_uniform`
-    (computed in the compute dtype: float64 for float64 logits, else float32). Ties to lower v.
+    int32 ``[B, N]``: for a sequence with temperature 0, ``argmax_v logits`` (filters do not
+    apply); else ``argmax_v(logits / T + g)`` over the tokens :func:`filter_keep` keeps, with
+    ``g = -log(-log(u))`` from :func:`gumbel_uniform` (computed in the compute dtype: float64 for
+    float64 logits, else float32). Ties to lower v.
     """
-    T = float(temperature)
     cd = compute_dtype(logits)
     x = logits.to(cd)
-    if T == 0.0:
-        return torch.argmax(x, dim=-1).to(torch.int32)  # first maximal index: ties -> lower v
-    if seed is None or offset is None:
-        raise ValueError("sampling (temperature > 0) needs seed and offset")
+    greedy = torch.argmax(x, dim=-1).to(torch.int32)  # first maximal index: ties -> lower v
     B, N, V = logits.shape
-    u = gumbel_uniform(seed, offset, N, V).to(cd)
+    if torch.is_tensor(temperature):
+        T = temperature.to(device=x.device, dtype=cd).reshape(-1).expand(B)
+        sampled = T > 0
+        scaled = x / torch.where(sampled, T, torch.ones_like(T))[:, None, None]
+    else:
+        T = float(temperature)
+        if T == 0.0:
+            return greedy
+        sampled = torch.ones(B, dtype=torch.bool, device=x.device)
+        scaled = x / T
+    if seed is None or offset is None:
+        raise ValueError("sampling (a temperature tensor, or temperature > 0) needs seed and offset")
+    u = gumbel_uniform(seed, offset, N, V).to(device=x.device, dtype=cd)
     g = -torch.log(-torch.log(u))
-    return torch.argmax(x / T + g, dim=-1).to(torch.int32)
+    keep = filter_keep(scaled, top_k, top_p)
+    score = torch.where(keep, scaled + g, torch.full_like(scaled, -math.inf))
+    sample = torch.argmax(score, dim=-1).to(torch.int32)
+    return torch.where(sampled[:, None], sample, greedy)
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, target_tokens=None,
-                temperature=0.0, seed=None, offset=None):
+                temperature=0.0, seed=None, offset=None, top_k=None, top_p=None):
     """Accept the longest tree path that matches the target's tokens.
 
     Parameters
@@ -92,7 +108,7 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, targe
     max_depth : int (static); outputs have ``max_depth + 1`` columns
     target_logits : float ``[B, N, V]`` or None; target_tokens : int ``[B, N]`` or None
         (exactly one is used; ``target_tokens`` wins when both are given)
-    temperature, seed, offset : see :func:`sample_tokens`
+    temperature, seed, offset, top_k, top_p : see :func:`sample_tokens`
 
     Returns
     -------
@@ -111,7 +127,7 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, targe
     if target_tokens is None:
         if target_logits is None:
             raise ValueError("give target_logits or target_tokens")
-        target_tokens = sample_tokens(target_logits, temperature, seed, offset)
+        target_tokens = sample_tokens(target_logits, temperature, seed, offset, top_k, top_p)
     B, N = tokens.shape
     dev = tokens.device
     tok = tokens.detach().cpu().tolist()

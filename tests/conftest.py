@@ -16,7 +16,27 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 HAS_CUDA = torch.cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--gpu-only", action="store_true",
+                     help="run only the tests marked gpu (also through a fixture parameter, which "
+                          "-m gpu does not see)")
+    parser.addoption("--tma", choices=("all", "only", "skip"), default="all",
+                     help="tests whose name (parameter ids included) says tma: all, only, or skip "
+                          "(device_check.sh runs them in a process of their own)")
+
+
 def pytest_collection_modifyitems(config, items):
+    gpu_only, tma = config.getoption("--gpu-only"), config.getoption("--tma")
+    if gpu_only or tma != "all":
+        keep, drop = [], []
+        for item in items:
+            ok = not gpu_only or "gpu" in item.keywords
+            if tma != "all":
+                ok = ok and (("tma" in item.name) == (tma == "only"))
+            (keep if ok else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -149,3 +149,49 @@ def assert_padding(f, budget):
         assert f["depths"][b, n:].eq(-1).all()
         assert torch.isneginf(f["scores"][b, n:]).all()
         assert n <= budget and not math.isnan(float(f["scores"][b, :n].sum()))
+
+
+# Per-sequence sampling controls of :func:`filter_case`: greedy, top-k alone, top-p alone, both,
+# and values that mean "off" (top_k 0 or >= V, top_p 1) or "top-1" (top_k 1, a tiny top_p).
+FILTER_TEMPERATURE = (0.7, 0.0, 1.0, 1.3, 0.5, 2.0)
+FILTER_TOP_P = (0.5, 0.9, 0.8, 1.0, 0.95, 1e-4)
+
+
+def filter_top_k(V):
+    return (5, 3, 0, 1, V - 1, V + 5)
+
+
+def filter_case(gen, N, V, dtype=torch.float32):
+    """Logits ``[6, N, V]`` (N >= 3, V >= 64) and per-sequence controls (temperature float32 [6],
+    top_k int32 [6], top_p float32 [6]) that put exact ties at the filters' boundaries.
+
+    In every sequence, node 0 has ten equal maxima (top-k 5 keeps the five lowest ids, then
+    top-p 0.5 three of them); node 1 has four equal maxima over a floor 60 below (zero mass: top-p
+    0.5 keeps exactly two, top-p 0.8 all four, top-k 5 one floor token, the lowest id); node 2
+    has -0.0 and +0.0 maxima (ties, by id); the other nodes are random (with the small ids
+    boosted, for matches in trees of small tokens).
+    """
+    B = len(FILTER_TEMPERATURE)
+    logits = torch.randn(B, N, V, generator=gen) * 2
+    logits[..., :4] += 3.0
+    perm = lambda: torch.randperm(V, generator=gen)
+    for b in range(B):
+        logits[b, 0, perm()[:10]] = 30.0
+        logits[b, 1] = -60.0
+        logits[b, 1, perm()[:4]] = 0.0
+        logits[b, 2] = -torch.rand(V, generator=gen) - 1.0
+        ids = perm()[:6]
+        logits[b, 2, ids[:3]] = -0.0
+        logits[b, 2, ids[3:]] = 0.0
+    return (logits.to(dtype), torch.tensor(FILTER_TEMPERATURE, dtype=torch.float32),
+            torch.tensor(filter_top_k(V), dtype=torch.int32),
+            torch.tensor(FILTER_TOP_P, dtype=torch.float32))
+
+
+def kept_by_thresholds(logits, temperature, thr_x, thr_id):
+    """bool ``[B, N, V]``: token v of node (b, n) is kept iff x > thr_x or (x == thr_x and
+    v <= thr_id), ``x = float32(logits) / temperature[b]`` (one float32 division)."""
+    x = logits.float() / temperature.float()[:, None, None]
+    v = torch.arange(logits.shape[-1])
+    tx, ti = thr_x[..., None].cpu(), thr_id[..., None].cpu()
+    return (x.cpu() > tx) | ((x.cpu() == tx) & (v <= ti))

@@ -328,14 +328,17 @@ def test_auto_lossless_paged_sync_every_and_random_heads(trained, trained_ar, mo
     assert got.tokens == want and set(got.stats.budget_sizes) == {4}
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_single_candidate_builds_the_fixed_budget_tree(trained, trained_ar, temperature):
+@pytest.mark.parametrize("controls", ["greedy", "sampled", "filtered"])
+def test_single_candidate_builds_the_fixed_budget_tree(trained, trained_ar, controls):
     """budget=[16] runs the adaptive path (top-K, curve, choice, tree rebuilt from the top-K) with
     one candidate: the same trees as budget=16, node for node -- sampled tokens depend on node
-    indices, so equal samples mean equal trees."""
+    indices, so equal samples mean equal trees ("filtered": per-sequence temperature, one greedy
+    row, top-k and top-p)."""
     target, head = trained
     prompts, _ = trained_ar
-    kw = dict(max_new_tokens=20, temperature=temperature, seed=7)
+    sampling = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8),
+                "filtered": dict(temperature=torch.tensor([0.9, 0.0, 0.6]), top_k=20, top_p=0.9)}
+    kw = dict(max_new_tokens=20, seed=7, **sampling[controls])
     fixed = generate(target, head, prompts, budget=16, **kw)
     single = generate(target, head, prompts, budget=[16], cost_model={16: 1.0}, **kw)
     assert single.tokens == fixed.tokens
@@ -417,7 +420,7 @@ def test_default_cost_model_is_measured_once_and_kept(monkeypatch):
     assert set(a.stats.budget_costs) == {2, 4} and min(a.stats.budget_costs.values()) > 0
     generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4])     # another batch size
     assert len(calls) == 2
-    kept = D._kept(target, head)[("calibrator", False)]
+    kept = D._kept(target, head)[("calibrator", True)]     # (calibrator, greedy)
     assert float(kept.predicted.sum()) > 0          # the kept calibrator learned from the calls
 
 

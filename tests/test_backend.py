@@ -158,6 +158,11 @@ def test_hidden_topk_input_limits_per_backend():
     assert "float16/bfloat16" in _hidden_unsupported("cuda", torch.empty(1, 2, 64))
     assert "multiple of 8" in _hidden_unsupported("cuda", torch.empty(1, 2, 60, dtype=torch.half))
     assert _hidden_unsupported("triton", torch.empty(1, 2, 60)) is None
+    weight = torch.empty(300, 72, dtype=torch.half)
+    hidden = torch.empty(1, 2, 64, dtype=torch.half)
+    assert _hidden_unsupported("cuda", hidden, weight[:, :64]) is None     # rows 144 bytes apart
+    assert "lm_head_weight rows on 16-byte" in _hidden_unsupported("cuda", hidden, weight[:, 1:65])
+    assert _hidden_unsupported("triton", hidden, weight[:, 1:65]) is None
 
 
 @pytest.fixture

@@ -54,6 +54,10 @@ class Buffers:
         self.walk = [i32(1), i32(1, 3), i32(1), i32(1, 3)]
         self.part = (torch.zeros(4, 2), i32(4, 2))
         self.seed = torch.zeros(1, dtype=torch.int64)
+        self.temperature = torch.ones(1)
+        self.top_k = i32(1, fill=5)
+        self.top_p = torch.full((1,), 0.5)
+        self.thr = (torch.zeros(4), i32(4))
         self.rope_w = torch.ones(64)
         self.positions = i32(1, 4)
         self.rope_cache = torch.zeros(1, 16, 1, 64, dtype=h)
@@ -115,7 +119,16 @@ def rope_args(B, **kw):
 def target_args(B, **kw):
     a = dict(logits=ptr(B.logits), s0=1200, s1=300, num_nodes=ptr(B.num_nodes), seed=0, offset=0,
              part_v=ptr(B.part[0]), part_i=ptr(B.part[1]), batch=1, n=4, vocab=300, splits=2,
-             split_len=152, vec=True, temperature=0.0, dtype=0, stream=0)
+             split_len=152, vec=True, temperature=0, thr_x=0, thr_id=0, dtype=0, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
+def filter_args(B, **kw):
+    a = dict(logits=ptr(B.logits), s0=1200, s1=300, num_nodes=ptr(B.num_nodes),
+             temperature=ptr(B.temperature), top_k=ptr(B.top_k), top_p=ptr(B.top_p),
+             thr_x=ptr(B.thr[0]), thr_id=ptr(B.thr[1]), batch=1, n=4, vocab=300, vec=True, dtype=0,
+             stream=0)
     a.update(kw)
     return list(a.values())
 
@@ -150,6 +163,7 @@ def pack_mask_args(B, **kw):
 ARGS = {"tree_attention": attention_args, "build_tree": build_tree_args,
         "log_softmax_topk": topk_args, "hidden_topk": hidden_topk_args,
         "qk_norm_rope_append": rope_args, "verify_target_tokens": target_args,
+        "verify_sample_filter": filter_args,
         "verify_walk": walk_args, "commit_kv": commit_args, "pack_mask": pack_mask_args}
 
 
@@ -213,8 +227,14 @@ BAD = [
     ("verify_target_tokens", dict(split_len=144),
      r"splits 2 \* split_len 144 = 288 do not cover vocab 300"),
     ("verify_target_tokens", dict(split_len=154), r"split_len 154 is not a multiple of 8 \(vec\)"),
-    ("verify_target_tokens", dict(temperature=1.0), r"temperature 1 needs seed and offset"),
-    ("verify_target_tokens", dict(temperature=-1.0), r"temperature -1 is not >= 0"),
+    ("verify_target_tokens", dict(temperature=1), r"temperature needs seed and offset"),
+    ("verify_target_tokens", dict(thr_x=1), r"thr_x needs thr_id and temperature"),
+    ("verify_sample_filter", dict(dtype=4), r"dtype 4 " + ALL),
+    ("verify_sample_filter", dict(vocab=(1 << 21) + 1), r"vocab 2097153 exceeds 2097152"),
+    ("verify_sample_filter", dict(vocab=0), r"vocab 0 is below 1"),
+    ("verify_sample_filter", dict(thr_id=0), r"temperature, thr_x and thr_id are required"),
+    ("verify_sample_filter", dict(batch=1 << 16, n=1 << 16),
+     r"batch \* n = 4294967296 exceeds 2147483647"),
     ("verify_walk", dict(n=0), r"n 0 is below 1"),
     ("verify_walk", dict(n=5000), r"n 5000 exceeds 4096"),
     ("verify_walk", dict(target=0), r"target = 0 needs part_v and part_i"),

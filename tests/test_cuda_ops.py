@@ -16,7 +16,7 @@ import torch
 import jetspec_kernels
 import python_ref as ref
 from jetspec_kernels.cuda import _util as U
-from helpers import poisoned_empty, rel_l2, sim_module
+from helpers import filter_case, kept_by_thresholds, poisoned_empty, rel_l2, sim_module
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DEV = "cuda"  # the gpu-only tests
@@ -455,6 +455,74 @@ def test_verify_tree_uniform_clamp(dev):
         assert torch.equal(g.cpu(), want[key].cpu()), key
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+# (N, V, misaligned): vector loads; a vocabulary in several phase-1 splits (and a two-pass id
+# select among ties); rows off 16 bytes (scalar loads).
+@pytest.mark.parametrize("n,v,misaligned", [(5, 300, False), (4, 9000, False), (3, 1001, True)])
+def test_verify_tree_filters(dev, dtype, n, v, misaligned):
+    """Per-sequence temperature (one sequence greedy), top-k and top-p with exact ties at both
+    boundaries (helpers.filter_case): the thresholds keep exactly python_ref.filter_keep's
+    tokens, and every node's sample (one-node trees) and whole-tree verdicts are python_ref's."""
+    gen = torch.Generator().manual_seed(n * 7 + v)
+    logits, temp, top_k, top_p = filter_case(gen, n, v + misaligned, dtype)
+    logits = logits[..., misaligned:]
+    to = lambda t: None if t is None else t.to(dev)
+    sampled = temp > 0
+    x = logits.float() / temp[:, None, None]
+    for k_, p_ in ((top_k, None), (None, top_p), (top_k, top_p)):
+        with poisoned_empty():
+            thr = cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), to(k_), to(p_))
+        sync(dev)
+        kept = kept_by_thresholds(logits, temp, *thr)
+        assert torch.equal(kept[sampled], ref.filter_keep(x, k_, p_)[sampled]), (k_, p_)
+
+    b = logits.shape[0]
+    rep = lambda t: t.repeat_interleave(n)           # every node its own one-node tree
+    rows = logits.reshape(b * n, 1, v)
+    zeros = torch.zeros(b * n, 1, dtype=torch.int32)
+    seed = torch.arange(b * n, dtype=torch.int64) * 7919 + 3
+    offset = torch.arange(b * n, dtype=torch.int64) % 5
+    kw = dict(temperature=rep(temp), seed=seed, offset=offset, top_k=rep(top_k), top_p=rep(top_p))
+    want = ref.verify_tree(zeros, zeros - 1, zeros[:, 0] + 1, 0, target_logits=rows, **kw)
+    with poisoned_empty():
+        got = cu().verify_tree(zeros.to(dev), (zeros - 1).to(dev), (zeros[:, 0] + 1).to(dev), 0,
+                               rows.to(dev), None, *(to(kw[k]) for k in ("temperature", "seed",
+                                                                         "offset", "top_k", "top_p")))
+    sync(dev)
+    assert torch.equal(got[2].cpu(), want["bonus"].cpu())
+    unfiltered = ref.verify_tree(zeros, zeros - 1, zeros[:, 0] + 1, 0, target_logits=rows,
+                                 temperature=rep(temp), seed=seed, offset=offset)
+    assert not torch.equal(want["bonus"], unfiltered["bonus"]), "the filters should change samples"
+
+    parents, num_nodes = random_tree(b, n, gen)
+    tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)
+    seed, offset = seed[:b], offset[:b]
+    want = ref.verify_tree(tokens, parents, num_nodes, n - 1, target_logits=logits,
+                           temperature=temp, seed=seed, offset=offset, top_k=top_k, top_p=top_p)
+    with poisoned_empty():
+        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), n - 1,
+                               logits.to(dev), None, temp.to(dev), seed.to(dev), offset.to(dev),
+                               top_k.to(dev), top_p.to(dev))
+    sync(dev)
+    for key, g in zip(VERIFY_KEYS, got):
+        assert torch.equal(g.cpu(), want[key].cpu()), key
+
+
+def test_verify_tree_filters_survive_nan_logits(dev):
+    """NaN logits are outside the contract (the result is unspecified), but the filter's search
+    must still finish without a trap: its integer divisions are guarded."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(2, 3, 500, generator=gen)
+    logits[0, 0, ::7] = float("nan")
+    logits[1, 1] = float("nan")
+    temp = torch.tensor([1.0, 0.5])
+    for k_, p_ in ((torch.tensor([5, 0], dtype=torch.int32), None), (None, torch.tensor([0.5, 0.3])),
+                   (torch.tensor([5, 0], dtype=torch.int32), torch.tensor([0.5, 0.3]))):
+        cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
+                                      None if p_ is None else p_.to(dev))
+    sync(dev)
+
+
 def test_verify_tree_walk_limit(dev):
     # The walk stages at most MAX_NODES["cuda"] nodes; a larger tree is an error from the launcher
     # (and `auto` never sends one there).
@@ -588,7 +656,8 @@ def test_hidden_topk_strided_and_unsupported(dev):
     with pytest.raises(jetspec_kernels.BackendUnavailableError, match="H % 8"):
         cu().hidden_topk(hidden[..., :60].to(dev), weight[:, :60].to(dev), 4)
     with pytest.raises(ValueError, match="lm_head_weight rows must start on 16-byte"):
-        cu().hidden_topk(hidden[..., :56].to(dev), weight[:, 1:57].to(dev), 4)
+        # sliced on the device: .to() of a non-dense view makes a fresh (aligned) copy
+        cu().hidden_topk(hidden.to(dev)[..., :56], weight.to(dev)[:, 1:57], 4)
 
 
 @pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
@@ -686,7 +755,13 @@ def test_opcheck(dev):
     tree = cu().build_tree(tt, tl, root, 20, "topn")
     tlog = torch.randn(2, 20, 300, generator=gen).to(dev)
     opcheck(torch.ops.jetspec.verify_tree.default,
-            (tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None))
+            (tree[0], tree[1], tree[4], 3, tlog, None, None, None, None, None, None))
+    i64 = dict(dtype=torch.int64, device=dev)
+    opcheck(torch.ops.jetspec.verify_tree.default,  # per-sequence temperature, top-k and top-p
+            (tree[0], tree[1], tree[4], 3, tlog, None, torch.tensor([0.0, 0.8], device=dev),
+             torch.tensor([1, 2], **i64), torch.tensor([0, 3], **i64),
+             torch.tensor([0, 5], dtype=torch.int32, device=dev),
+             torch.tensor([0.9, 0.5], device=dev)))
     kn = torch.randn(b, n, hkv, dh, generator=gen).half().to(dev)
     kv_ = torch.randn(b, n, hkv, dh, generator=gen).half().to(dev)
     w = torch.ones(dh, device=dev)

@@ -32,6 +32,26 @@ def test_random_tiny_models_with_baseline(capsys):
     assert "greedy outputs match" in out and "[jetspec]" in out and "[autoregressive]" in out
 
 
+def test_top_k_and_top_p_reach_the_sampler(capsys):
+    """--top-k / --top-p reach generate: sampling with top-k 1 (or a tiny top-p) is greedy
+    decoding, and a sampled run with the filters equals generate called with them."""
+    base = ["generate", "--random-tiny", "--prompt", "1 2 3", "--prompt", "4,5", "--max-new-tokens",
+            "6", "--budget", "8", "--topk", "3", "--backend", "reference", "--seed", "3"]
+    outs = []
+    for extra in ([], ["--temperature", "0.9", "--top-k", "1"],
+                  ["--temperature", "0.9", "--top-p", "1e-6"]):
+        assert package_main(base + extra) == 0
+        outs.append(capsys.readouterr().out.split("[jetspec]")[0])
+    assert outs[1] == outs[0] and outs[2] == outs[0]
+    assert package_main(base + ["--temperature", "2.0", "--top-k", "4", "--top-p", "0.9"]) == 0
+    out = capsys.readouterr().out
+    target, head = tiny_models()
+    want = generate(target, head, [[1, 2, 3], [4, 5]], max_new_tokens=6, budget=8, topk=3, seed=3,
+                    temperature=2.0, top_k=4, top_p=0.9).tokens
+    assert out.startswith(f"--- prompt 0: '1 2 3'\n{' '.join(map(str, want[0]))}\n"
+                          f"--- prompt 1: '4,5'\n{' '.join(map(str, want[1]))}\n")
+
+
 @pytest.fixture
 def checkpoint_dirs(tmp_path):
     tcfg = tiny_qwen3_config()
@@ -109,6 +129,12 @@ BAD = [
     (["--tiny", "--prompt", "x", "--temperature", "-0.5"], "--temperature"),
     (["--tiny", "--prompt", "x", "--temperature", "nan"], "--temperature"),
     (["--tiny", "--prompt", "x", "--temperature", "hot"], "--temperature"),
+    (["--tiny", "--prompt", "x", "--top-k", "-1"], "--top-k"),
+    (["--tiny", "--prompt", "x", "--top-k", "many"], "--top-k"),
+    (["--tiny", "--prompt", "x", "--top-p", "0"], "--top-p"),
+    (["--tiny", "--prompt", "x", "--top-p", "1.5"], "--top-p"),
+    (["--tiny", "--prompt", "x", "--top-p", "nan"], "--top-p"),
+    (["--tiny", "--prompt", "x", "--top-p", "-0.2"], "--top-p"),
     (["--tiny", "--prompt", "x", "--topk", "0"], "--topk"),
     (["--tiny", "--prompt", "x", "--topk", "65"], "--topk"),
     (["--tiny", "--prompt", "x", "--page-size", "0"], "--page-size"),
@@ -157,6 +183,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, option):
 @pytest.mark.parametrize("argv,option", [
     (["generate", "--tiny", "--prompt", "x", "--budget", "0"], "--budget"),
     (["generate", "--tiny", "--prompt", "x", "--temperature", "-1"], "--temperature"),
+    (["generate", "--tiny", "--prompt", "x", "--top-p", "2"], "--top-p"),
     (["generate", "--random-tiny", "--prompt", "1 300"], "--prompt"),
     ("MISMATCH", "--head"),
     ([], "{demo,generate,info}"),

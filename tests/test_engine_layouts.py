@@ -83,6 +83,18 @@ def halves(k, v):
     return buf[:, :, 0], buf[:, :, 1]
 
 
+def cache_layout(layout, k, v):
+    """K and V caches in one of the cache layouts ("kv_halves", "kv_heads_major", "v_padded"), or
+    unchanged for any other layout name."""
+    if layout == "kv_halves":
+        return halves(k, v)
+    if layout == "kv_heads_major":
+        return heads_major(k), heads_major(v)
+    if layout == "v_padded":
+        return k, widened(v, 16)
+    return k, v
+
+
 def fused_qkv(q, k, v):
     """q, k, v sliced from one ``[B, N, (Hq + 2 Hkv) * Dh]`` projection output, viewed as heads."""
     b, n, hq, dh = q.shape
@@ -167,13 +179,8 @@ def attention_args(engine, layout, is_paged, tail, dtype):
     table = None if table is None else table.to(dev)
     out = torch.full((B, N, Hq, Dh), NAN, dtype=dtype, device=dev)
     lse = torch.full((B, Hq, N), NAN, device=dev)
-    if layout == "kv_halves":
-        k, v = halves(k, v)
-    elif layout == "kv_heads_major":
-        k, v = heads_major(k), heads_major(v)
-    elif layout == "v_padded":
-        v = widened(v, 16)
-    elif layout == "v_misaligned":                      # rows off 16-byte boundaries
+    k, v = cache_layout(layout, k, v)
+    if layout == "v_misaligned":                        # rows off 16-byte boundaries
         v = widened(v, 3)
     elif layout == "qkv":
         q = fused_qkv(q, torch.randn(B, N, Hkv, Dh, dtype=dtype, device=dev),
@@ -208,7 +215,7 @@ def test_tree_attention_auto_routes_misaligned_cache_past_cuda(monkeypatch):
     # auto tries cuda first, as for CUDA tensors; a V cache it cannot load goes to triton.
     use_sim_backend(monkeypatch)
     monkeypatch.setattr(_backend, "_auto_candidates",
-                        lambda device: ("cuda", "triton", "reference"))
+                        lambda device, fn=None: ("cuda", "triton", "reference"))
     args = attention_args(Engine("auto", "cpu"), "v_misaligned", True, "mask", torch.float16)
     flat = dict(copies(args), backend="triton")
     assert_same(jk.tree_attention(**args), jk.tree_attention(**flat))
@@ -244,12 +251,8 @@ def test_qk_norm_rope_append(engine, layout, is_paged, dtype, with_q):
     if layout == "qkv":
         q, k, v = fused_qkv(q, k, v)
         positions = widened(positions, 3, fill=-1)
-    elif layout == "kv_halves":
-        k_cache, v_cache = halves(k_cache, v_cache)
-    elif layout == "kv_heads_major":
-        k_cache, v_cache = heads_major(k_cache), heads_major(v_cache)
     else:
-        v_cache = widened(v_cache, 16)
+        k_cache, v_cache = cache_layout(layout, k_cache, v_cache)
     args = dict(q=q if with_q else None, k=k, v=v, q_norm_w=qw if with_q else None, k_norm_w=kw,
                 positions=positions, k_cache=k_cache, v_cache=v_cache, rope_theta=1e6,
                 block_table=table, cache_start=start, backend=engine.backend)
@@ -279,12 +282,8 @@ def test_commit_kv(engine, layout, is_paged, dtype):
     path = torch.tensor([[0, 2, 5, -1], [0, 1, 3, 6], [0, -1, -1, -1]], dtype=torch.int32)
     verdict = jk.Verdict(torch.tensor([2, 3, 0], dtype=torch.int32).to(dev), path.to(dev),
                          torch.zeros(B, dtype=torch.int32, device=dev), path.to(dev))
-    if layout == "kv_halves":
-        k, v = halves(k, v)
-    elif layout == "kv_heads_major":
-        k, v = heads_major(k), heads_major(v)
-    elif layout == "v_padded":
-        v = widened(v, 16)
+    if layout in ("kv_halves", "kv_heads_major", "v_padded"):
+        k, v = cache_layout(layout, k, v)
     else:                                               # one layer's taps of [B, N, taps, Hh]
         taps = torch.randn(B, N, 3, Hh, generator=gen).to(dtype).to(dev)
         taps[:, :, 1] = hidden
@@ -346,6 +345,20 @@ def test_draft_tree_from_hidden(engine, layout, dtype):
                 root_tokens=torch.zeros(B, dtype=torch.int32, device=dev), budget=12, topk=3,
                 backend=engine.backend)
     run_both(jk.draft_tree_from_hidden, args)
+
+
+def test_hidden_topk_auto_routes_misaligned_weight_past_cuda(monkeypatch):
+    # auto tries cuda first, as for CUDA tensors; an lm_head_weight it cannot load goes to triton.
+    use_sim_backend(monkeypatch)
+    monkeypatch.setattr(_backend, "_auto_candidates",
+                        lambda device, fn=None: ("cuda", "triton", "reference"))
+    gen = gen_for("hidden_misaligned")
+    hidden = torch.randn(3, 4, 64, generator=gen).half()
+    weight = widened((torch.randn(300, 64, generator=gen) / 4).half(), 3)   # rows off 16 bytes
+    args = dict(hidden=hidden, lm_head_weight=weight, root_tokens=torch.zeros(3, dtype=torch.int32),
+                budget=12, topk=3)
+    flat = dict(copies(args), backend="triton")
+    assert_same(jk.draft_tree_from_hidden(**args), jk.draft_tree_from_hidden(**flat))
 
 
 def test_pack_mask(engine):

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = {
     "_tree_attention_fwd", "_merge_splits", "_logits_partial_kernel", "_merge_kernel",
     "_hidden_partial_kernel", "_tree_kernel", "_pack_mask_kernel", "_target_partial_kernel",
-    "_walk_kernel", "_qk_norm_rope_append_kernel", "_commit_kv_kernel", "_gather_hidden_kernel",
+    "_walk_kernel", "_filter_kernel", "_qk_norm_rope_append_kernel", "_commit_kv_kernel", "_gather_hidden_kernel",
 }
 # float64 sin/cos (python_ref's RoPE convention) keeps libdevice's argument-reduction buffer on
 # the stack: a frame, not a spill (ptxas reports 0 spill bytes for it).

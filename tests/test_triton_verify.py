@@ -6,33 +6,36 @@ import jetspec_kernels as jk
 import python_ref as ref
 from jetspec_kernels.tree import Tree
 from jetspec_kernels.triton import verify
-from helpers import poisoned_empty
+from helpers import filter_case, kept_by_thresholds, poisoned_empty
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 KEYS = ("accept_len", "path", "bonus", "emitted")
 
 
 def run_triton(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
-               seed=None, offset=None, num_splits=None, block_v=None):
+               seed=None, offset=None, num_splits=None, block_v=None, top_k=None, top_p=None):
     """The kernels on poisoned (-7) outputs and partials; returns the outputs on the CPU in KEYS
     order."""
     B = tokens.shape[0]
     to = lambda t: None if t is None else t.to(DEV)
     outs = [torch.full(s, -7, dtype=torch.int32, device=DEV)
             for s in ((B,), (B, max_depth + 1), (B,), (B, max_depth + 1))]
+    if torch.is_tensor(temperature):
+        temperature = temperature.to(DEV)
     with poisoned_empty():
         verify.launch(to(tokens), to(parents), to(num_nodes), max_depth, to(logits), to(target),
                       temperature, to(seed), to(offset), *outs, num_splits=num_splits,
-                      block_v=block_v)
+                      block_v=block_v, top_k=to(top_k), top_p=to(top_p))
     return [o.cpu() for o in outs]
 
 
 def check(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
-          seed=None, offset=None, num_splits=None):
+          seed=None, offset=None, num_splits=None, top_k=None, top_p=None):
     got = run_triton(tokens, parents, num_nodes, max_depth, logits, target, temperature, seed,
-                     offset, num_splits)
+                     offset, num_splits, top_k=top_k, top_p=top_p)
     want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits,
-                           target_tokens=target, temperature=temperature, seed=seed, offset=offset)
+                           target_tokens=target, temperature=temperature, seed=seed, offset=offset,
+                           top_k=top_k, top_p=top_p)
     for key, g in zip(KEYS, got):
         assert g.dtype == torch.int32
         assert torch.equal(g, want[key].to(torch.int32)), f"{key}: {g} != {want[key]}"
@@ -221,6 +224,53 @@ def test_sampling_distribution_tiny_vocab():
     assert chi2 < 18.5, (counts, expect)               # 4 dof: P(chi2 > 18.5) ~ 1e-3
 
 
+@pytest.mark.parametrize("dtype,V", [(torch.float32, 64), (torch.bfloat16, 64),
+                                     (torch.float32, 700)])   # 700: two tiles of step 0
+def test_filter_thresholds_keep_reference_set(dtype, V):
+    """Step 0 alone, per-sequence controls with exact ties at the top-k and top-p boundaries
+    (helpers.filter_case): the kept sets are python_ref.filter_keep's, node for node."""
+    gen = torch.Generator().manual_seed(V)
+    logits, temp, top_k, top_p = filter_case(gen, 4, V, dtype)
+    sampled = temp > 0
+    x = logits.float() / temp[:, None, None]
+    to = lambda t: None if t is None else t.to(DEV)
+    for k_, p_ in ((top_k, None), (None, top_p), (top_k, top_p)):
+        with poisoned_empty():
+            thr = verify.filter_thresholds(logits.to(DEV), temp.to(DEV), to(k_), to(p_))
+        kept = kept_by_thresholds(logits, temp, *thr)
+        want = ref.filter_keep(x, k_, p_)
+        assert torch.equal(kept[sampled], want[sampled]), (k_, p_)
+    assert want[0, 0].sum() == 3 and want[0, 1].sum() == 2 and want[3].sum(-1).eq(1).all()
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_filtered_samples_and_verdicts_equal_reference(num_splits):
+    """Every node's filtered sample (greedy for the temperature-0 sequence) equals python_ref's,
+    and so do whole-tree verdicts (step 1 in 1 or 3 vocabulary splits), per-sequence
+    temperature, top-k and top-p in one batch."""
+    gen = torch.Generator().manual_seed(num_splits)
+    N, V = 6, 300
+    logits, temp, top_k, top_p = filter_case(gen, N, V)
+    B = logits.shape[0]
+    seed = torch.randint(0, 2**62, (B,), generator=gen)
+    offset = torch.randint(0, 2**40, (B,), generator=gen)
+    got = verify.sample_tokens(logits.to(DEV), temp.to(DEV), seed.to(DEV), offset.to(DEV),
+                               top_k.to(DEV), top_p.to(DEV)).cpu()
+    want = ref.sample_tokens(logits, temp, seed, offset, top_k, top_p)
+    assert torch.equal(got, want)
+    assert torch.equal(want[1], ref.sample_tokens(logits, 0.0)[1])          # greedy sequence
+    assert not torch.equal(want, ref.sample_tokens(logits, temp, seed, offset))
+    tokens, parents, num_nodes = random_tree(B, N, 4, gen)
+    logits = torch.maximum(logits, steering_logits(tokens, parents, num_nodes, V, gen, boost=40.0))
+    got = run_triton(tokens, parents, num_nodes, N - 1, logits, None, temp, seed, offset,
+                     num_splits, block_v=128, top_k=top_k, top_p=top_p)
+    want = ref.verify_tree(tokens, parents, num_nodes, N - 1, target_logits=logits,
+                           temperature=temp, seed=seed, offset=offset, top_k=top_k, top_p=top_p)
+    for key, g in zip(KEYS, got):
+        assert torch.equal(g, want[key]), key
+    assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
+
+
 def test_public_api_dispatches_to_triton():
     gen = torch.Generator().manual_seed(2)
     B, D, V = 3, 4, 300
@@ -229,7 +279,9 @@ def test_public_api_dispatches_to_triton():
                 t["scores"].float(), t["num_nodes"].to(torch.int32), t["mask"].to(torch.int32),
                 max_depth)
     logits = steering_logits(tree.tokens, tree.parents, tree.num_nodes, V, gen)
-    for kw in (dict(), dict(temperature=0.9, seed=5, offset=torch.tensor([1, 2, 3]))):
+    for kw in (dict(), dict(temperature=0.9, seed=5, offset=torch.tensor([1, 2, 3])),
+               dict(temperature=torch.tensor([0.0, 0.9, 1.5]), seed=5, offset=3,
+                    top_k=torch.tensor([0, 2, 3]), top_p=0.7)):
         got = jk.verify_tree(tree, logits, backend="triton", **kw)
         want = jk.verify_tree(tree, logits, backend="reference", **kw)
         for g, w in zip(got, want):

@@ -26,8 +26,9 @@ def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
 @torch.library.custom_op("jetspec::verify_tree", mutates_args=())
 def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
                  max_depth: int, target_logits: Optional[torch.Tensor],
-                 target_tokens: Optional[torch.Tensor], temperature: float,
-                 seed: Optional[torch.Tensor], offset: Optional[torch.Tensor]
+                 target_tokens: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
+                 seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
+                 top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .. import _C
     with U.on_device(tokens):
@@ -44,15 +45,19 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
             splits, split_len = target_splits(b * n, v, U.sm_count(dev.index or 0))
             part_v = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
             part_i = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
-            sample = temperature > 0
+            sample = temperature is not None
             seed_t = seed.to(torch.int64).contiguous() if sample else None
             offset_t = offset.to(torch.int64).contiguous() if sample else None
+            temp_t = temperature.contiguous() if sample else None
             # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
             vec = U.aligned16(target_logits)
+            thr_x = thr_id = None
+            if sample and (top_k is not None or top_p is not None):
+                thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
             _C.verify_target_tokens(U.ptr(target_logits), target_logits.stride(0),
                                     target_logits.stride(1), U.ptr(num_nodes), U.ptr(seed_t),
                                     U.ptr(offset_t), U.ptr(part_v), U.ptr(part_i), b, n, v, splits,
-                                    split_len, vec, float(temperature) if sample else 0.0,
+                                    split_len, vec, U.ptr(temp_t), U.ptr(thr_x), U.ptr(thr_id),
                                     U.dtype_code(target_logits), U.stream())
         else:
             target = target_tokens.contiguous()
@@ -68,15 +73,60 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
 
 
 @_verify_tree.register_fake
-def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature, seed, offset):
+def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature, seed, offset,
+      top_k, top_p):
     b = tokens.shape[0]
     return (tokens.new_empty(b), tokens.new_empty(b, max_depth + 1), tokens.new_empty(b),
             tokens.new_empty(b, max_depth + 1))
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-                seed, offset):
+                seed, offset, top_k=None, top_p=None):
     """-> (accept_len int32 [B], path int32 [B, M], bonus int32 [B], emitted int32 [B, M]),
-    M = max_depth + 1; greedy when temperature == 0, else seeded Gumbel-max (CONTRIBUTING.md)."""
+    M = max_depth + 1; greedy when temperature is the number 0, else seeded Gumbel-max
+    (CONTRIBUTING.md) per sequence (temperature float or float32 [B]; 0 = greedy) over the
+    tokens top_k / top_p (int32 / float32 [B] or None) keep (python_ref.filter_keep)."""
+    if not torch.is_tensor(temperature):
+        temperature = None if temperature == 0 else torch.full(
+            (tokens.shape[0],), float(temperature), dtype=torch.float32, device=tokens.device)
     return _verify_tree(tokens, parents, num_nodes, int(max_depth), target_logits, target_tokens,
-                        float(temperature), seed, offset)
+                        temperature, seed, offset, top_k, top_p)
+
+
+def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
+    """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside U.on_device."""
+    from .. import _C
+    b, n, v = logits.shape
+    thr_x = torch.empty(b * n, device=logits.device, dtype=torch.float32)
+    thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
+    top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
+    top_p = None if top_p is None else top_p.contiguous()
+    _C.verify_sample_filter(U.ptr(logits), logits.stride(0), logits.stride(1), U.ptr(num_nodes),
+                            U.ptr(temperature), U.ptr(top_k), U.ptr(top_p), U.ptr(thr_x),
+                            U.ptr(thr_id), b, n, v, vec, U.dtype_code(logits), U.stream())
+    return thr_x, thr_id
+
+
+def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
+    """Phase 0 on its own (for tests): the last token each node's filters keep.
+
+    Parameters
+    ----------
+    logits : float ``[B, N, V]``; temperature : float32 ``[B]``
+    top_k : int32 ``[B]`` or None; top_p : float32 ``[B]`` or None
+    num_nodes : int32 ``[B]`` or None (all N nodes)
+
+    Returns
+    -------
+    ``(thr_x float32 [B, N], thr_id int32 [B, N])``, as the triton backend's
+    ``filter_thresholds``: node (b, n) keeps v iff ``x > thr_x or (x == thr_x and v <= thr_id)``.
+    """
+    with U.on_device(logits):
+        b, n, _ = logits.shape
+        if num_nodes is None:
+            num_nodes = torch.full((b,), n, dtype=torch.int32, device=logits.device)
+        num_nodes = num_nodes.contiguous()
+        temperature = temperature.contiguous()
+        thr_x, thr_id = _thresholds(logits, temperature, num_nodes, top_k, top_p,
+                                    U.aligned16(logits))
+        return thr_x.view(b, n), thr_id.view(b, n)

@@ -124,12 +124,14 @@ def take(weights: dict[str, torch.Tensor], key: str, shape, where: str) -> torch
 
 def check_layer_keys(weights: dict[str, torch.Tensor], prefix: str, num_layers: int, layer_keys,
                      where: str) -> None:
-    """Every ``{prefix}{i}.{key}`` tensor has ``i < num_layers`` and ``key`` in ``layer_keys``.
+    """Every ``{prefix}{i}.{key}`` tensor has ``i < num_layers`` and ``key`` in ``layer_keys``
+    (the keys of every layer, or a function of the layer index giving that layer's keys).
 
     A tensor the model would not read (a bias, an extra layer) means config.json does not describe
     these weights; ignoring it would give a silently different model.
     """
-    known = set(layer_keys) | {"self_attn.rotary_emb.inv_freq"}    # a buffer some exports keep
+    buffers = {"self_attn.rotary_emb.inv_freq"}    # a buffer some exports keep
+    keys_of = layer_keys if callable(layer_keys) else (lambda i, keys=frozenset(layer_keys): keys)
     for name in weights:
         if not name.startswith(prefix):
             continue
@@ -137,6 +139,6 @@ def check_layer_keys(weights: dict[str, torch.Tensor], prefix: str, num_layers: 
         if not index.isdigit() or int(index) >= num_layers:
             raise CheckpointError(f"{where}: tensor {name!r} is beyond the {num_layers} layers "
                                   "config.json declares")
-        if key not in known:
+        if key not in buffers and key not in keys_of(int(index)):
             raise CheckpointError(f"{where}: tensor {name!r} is not used by this model "
                                   "(config.json does not describe these weights)")

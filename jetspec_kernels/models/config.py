@@ -1,7 +1,8 @@
 """Model configurations parsed from Hugging Face style ``config.json`` files.
 
-:class:`Qwen3Config` covers the target (a Qwen3 decoder); :class:`DraftConfig` adds the JetSpec /
-DFlash draft-head fields (DESIGN.md section 3). Fields the models do not implement (another
+:class:`Qwen3Config` covers the target (a Qwen3 decoder), :class:`Qwen3MoeConfig` a Qwen3-MoE target
+(``model_type`` ``qwen3_moe``); :class:`DraftConfig` adds the JetSpec / DFlash draft-head fields
+(DESIGN.md section 3). Fields the models do not implement (another
 model_type, RoPE scaling, sliding windows, biases, quantisation, another activation) and fields of
 the wrong type raise :class:`CheckpointError` (a ``ValueError``) naming the field, instead of
 being silently ignored.
@@ -15,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 
 from .checkpoint import CheckpointError
 
-__all__ = ["Qwen3Config", "DraftConfig", "default_target_layer_ids", "read_config"]
+__all__ = ["Qwen3Config", "Qwen3MoeConfig", "DraftConfig", "default_target_layer_ids",
+           "read_config"]
 
-TARGET_MODEL_TYPES = ("qwen3",)
+TARGET_MODEL_TYPES = ("qwen3", "qwen3_moe")
 # Draft-head configs are Qwen3 configs; some tools label DFlash heads with their own type.
 DRAFT_MODEL_TYPES = ("qwen3", "dflash")
 
@@ -116,7 +118,8 @@ class Qwen3Config:
     def from_dict(cls, cfg: dict, what: str = "target config", *,
                   model_types=TARGET_MODEL_TYPES) -> "Qwen3Config":
         """Parse a config dict; raises :class:`CheckpointError` (a ``ValueError``) naming a
-        missing or malformed field or an unsupported feature, prefixed with ``what``."""
+        missing or malformed field or an unsupported feature, prefixed with ``what``.
+        A ``qwen3_moe`` config gives a :class:`Qwen3MoeConfig`."""
         if not isinstance(cfg, dict):
             raise CheckpointError(f"{what}: must be a JSON object, got {type(cfg).__name__}")
         _check_supported(cfg, what, model_types)
@@ -129,7 +132,7 @@ class Qwen3Config:
         if cfg.get("head_dim") is None and hidden % heads:
             raise CheckpointError(f"{what}: has no 'head_dim' and hidden_size ({hidden}) is not a "
                                   f"multiple of num_attention_heads ({heads})")
-        return cls(
+        fields = dict(
             vocab_size=_int(cfg, "vocab_size", what),
             hidden_size=hidden,
             intermediate_size=_int(cfg, "intermediate_size", what),
@@ -142,6 +145,10 @@ class Qwen3Config:
             tie_word_embeddings=_bool(cfg, "tie_word_embeddings", what, False),
             eos_token_id=cfg.get("eos_token_id"),
         )
+        if cfg.get("model_type") == "qwen3_moe":
+            return Qwen3MoeConfig(**fields, **Qwen3MoeConfig.moe_fields(cfg, what,
+                                                                        fields["num_hidden_layers"]))
+        return cls(**fields)
 
     @classmethod
     def from_file(cls, path: str) -> "Qwen3Config":
@@ -152,6 +159,64 @@ class Qwen3Config:
         d = asdict(self)
         d["model_type"] = "qwen3"
         d["hidden_act"] = "silu"
+        return d
+
+
+@dataclass
+class Qwen3MoeConfig(Qwen3Config):
+    """A Qwen3-MoE decoder: :class:`Qwen3Config` plus the sparse-MLP fields of transformers'
+    ``Qwen3MoeConfig``. Layer ``l`` is sparse when ``l not in mlp_only_layers``, ``num_experts > 0``
+    and ``(l + 1) % decoder_sparse_step == 0``; other layers have a dense MLP of
+    ``intermediate_size``."""
+
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 1
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+
+    @staticmethod
+    def moe_fields(cfg: dict, what: str, num_layers: int) -> dict:
+        """The sparse-MLP fields of a ``qwen3_moe`` config dict, checked (CheckpointError naming
+        the field). ``num_experts`` may be spelled ``num_local_experts`` (transformers 5's
+        ``save_pretrained`` writes that name)."""
+        names = [k for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None]
+        if len(names) == 2 and cfg["num_experts"] != cfg["num_local_experts"]:
+            raise CheckpointError(f"{what}: fields 'num_experts' ({cfg['num_experts']!r}) and "
+                                  f"'num_local_experts' ({cfg['num_local_experts']!r}) disagree")
+        if not names:
+            raise CheckpointError(f"{what}: has no 'num_experts' (needed for model_type 'qwen3_moe')")
+        only = cfg.get("mlp_only_layers")
+        only = [] if only is None else only
+        if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int)
+                                             or not 0 <= i < num_layers for i in only):
+            raise CheckpointError(f"{what}: field 'mlp_only_layers' must be a list of layer ids in "
+                                  f"[0, {num_layers}), got {only!r}")
+        out = dict(num_experts=_int(cfg, names[0], what, lo=0),
+                   num_experts_per_tok=_int(cfg, "num_experts_per_tok", what),
+                   moe_intermediate_size=_int(cfg, "moe_intermediate_size", what),
+                   norm_topk_prob=_bool(cfg, "norm_topk_prob", what, False),
+                   decoder_sparse_step=_int(cfg, "decoder_sparse_step", what, default=1),
+                   mlp_only_layers=sorted(set(only)))
+        if out["num_experts_per_tok"] > out["num_experts"] > 0:
+            raise CheckpointError(f"{what}: field 'num_experts_per_tok' ({out['num_experts_per_tok']}) "
+                                  f"exceeds 'num_experts' ({out['num_experts']})")
+        return out
+
+    def __post_init__(self):
+        if self.num_experts_per_tok > self.num_experts > 0:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                             f"({self.num_experts})")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer ``layer`` has the sparse (routed experts) MLP, as transformers decides."""
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["model_type"] = "qwen3_moe"
         return d
 
 

@@ -5,7 +5,8 @@ is :func:`jetspec_kernels.qk_norm_rope_append` and attention is
 :func:`jetspec_kernels.tree_attention`, so the same code runs on every backend. One forward
 serves prefill (causal over the prompt), one-token decode, and tree verification (tree mask);
 it can also return the hidden states tapped at given layers (each layer's output, before the
-final norm), which the draft head reads.
+final norm), which the draft head reads. Qwen3-MoE targets (``model_type`` ``qwen3_moe``) load and
+run too: their sparse layers' MLP is :mod:`.moe` (router, top-k, experts grouped).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
-from .config import Qwen3Config, read_config
+from .config import Qwen3Config, Qwen3MoeConfig, read_config
 from .kv_cache import KVCache
+from .moe import fuse_expert_weights, grouped_experts, moe_shapes, route
 
 __all__ = ["Qwen3", "rms_norm", "LAYER_KEYS"]
 
@@ -45,6 +47,27 @@ def layer_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     }
 
 
+def target_layer_shapes(cfg: Qwen3Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Expected shape of each tensor of target layer ``layer``: :func:`layer_shapes`, or for a
+    sparse layer of a Qwen3-MoE config the attention and norms plus the router and fused experts."""
+    shapes = layer_shapes(cfg)
+    if not (isinstance(cfg, Qwen3MoeConfig) and cfg.is_sparse(layer)):
+        return shapes
+    out = {k: v for k, v in shapes.items() if not k.startswith("mlp.")}
+    out.update(moe_shapes(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size))
+    return out
+
+
+def _fuse_experts(cfg: Qwen3Config, weights: dict, prefix: str, where: str) -> None:
+    """Per-expert tensors of every sparse layer -> the fused layout, in ``weights`` (in place)."""
+    if not isinstance(cfg, Qwen3MoeConfig):
+        return
+    for i in range(cfg.num_hidden_layers):
+        if cfg.is_sparse(i):
+            fuse_expert_weights(weights, f"{prefix}layers.{i}.", cfg.num_experts, cfg.hidden_size,
+                                cfg.moe_intermediate_size, where)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, computed in fp32 and returned in ``x.dtype`` (as Hugging Face does).
 
@@ -68,14 +91,26 @@ class Qwen3:
     ----------
     config : Qwen3Config
     embed_weight : [V, H]; lm_head_weight : [V, H] (the same tensor when embeddings are tied)
-    layers : list of dicts key (``LAYER_KEYS``) -> tensor
+    layers : list of dicts key -> tensor: ``LAYER_KEYS``, or for a sparse (MoE) layer the
+        attention and norm keys plus ``mlp.gate.weight [E, H]``, ``mlp.experts.gate_up_proj
+        [E, 2I, H]`` (gate rows, then up rows) and ``mlp.experts.down_proj [E, H, I]``
     norm_weight : [H]
+    experts_grouped_mm : bool or None
+        How sparse layers run their experts (:func:`.moe.grouped_experts`): None picks
+        ``torch.nn.functional.grouped_mm`` on CUDA in bf16 (no host sync) and a loop over the
+        experts that have tokens otherwise (one host sync per sparse layer).
     """
 
+    experts_grouped_mm: bool | None = None
+
     def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3"):
-        """Take the tensors of a checkpoint (keys with or without the ``model.`` prefix)."""
+        """Take the tensors of a checkpoint (keys with or without the ``model.`` prefix). MoE
+        experts may be per expert (``mlp.experts.{j}.{gate,up,down}_proj.weight``, copied into the
+        fused layout) or fused (``mlp.experts.gate_up_proj`` / ``down_proj``, used as they are)."""
         self.config = cfg = config
         prefix = "model." if "model.embed_tokens.weight" in weights else ""
+        weights = dict(weights)     # fusing experts edits the dict, never the caller's
+        _fuse_experts(cfg, weights, prefix, where)
         v, h = cfg.vocab_size, cfg.hidden_size
         self.embed_weight = take(weights, prefix + "embed_tokens.weight", (v, h), where)
         self.norm_weight = take(weights, prefix + "norm.weight", (h,), where)
@@ -83,17 +118,15 @@ class Qwen3:
             self.lm_head_weight = self.embed_weight
         else:
             self.lm_head_weight = take(weights, "lm_head.weight", (v, h), where)
-        shapes = layer_shapes(cfg)
-        self.layers = [
-            {key: take(weights, f"{prefix}layers.{i}.{key}", shapes[key], where) for key in LAYER_KEYS}
-            for i in range(cfg.num_hidden_layers)
-        ]
-        check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, LAYER_KEYS, where)
+        shapes = [target_layer_shapes(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.layers = [{key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
+                        for key, shape in shapes[i].items()} for i in range(cfg.num_hidden_layers)]
+        check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, lambda i: shapes[i], where)
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "Qwen3":
-        """Load a Hugging Face Qwen3 checkpoint directory.
+        """Load a Hugging Face Qwen3 or Qwen3-MoE checkpoint directory (by ``model_type``).
 
         Parameters
         ----------
@@ -102,7 +135,12 @@ class Qwen3:
         device : where the weights live
         """
         cfg = Qwen3Config.from_dict(read_config(path), f"target config {os.path.join(path, 'config.json')}")
-        return cls(cfg, load_safetensors(path, dtype=dtype, device=device), where=f"target checkpoint {path}")
+        where = f"target checkpoint {path}"
+        weights = load_safetensors(path, dtype=dtype, device=device)
+        # Fuse here, where this dict is the only reference: each per-expert tensor is freed once
+        # copied, so loading peaks at the checkpoint plus one layer's experts.
+        _fuse_experts(cfg, weights, "model." if "model.embed_tokens.weight" in weights else "", where)
+        return cls(cfg, weights, where=where)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,12 +208,23 @@ class Qwen3:
                                block_table=cache.block_table)
             x = x + F.linear(o.reshape(b, n, nq * dh), w["self_attn.o_proj.weight"])
             a = rms_norm(x, w["post_attention_layernorm.weight"], eps)
-            mlp = F.silu(F.linear(a, w["mlp.gate_proj.weight"])) * F.linear(a, w["mlp.up_proj.weight"])
-            x = x + F.linear(mlp, w["mlp.down_proj.weight"])
+            x = x + self._mlp(a, w)
             if li in taps:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
         return rms_norm(x, self.norm_weight, eps), tapped
+
+    def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
+        """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
+        if "mlp.gate.weight" not in w:
+            mlp = F.silu(F.linear(a, w["mlp.gate_proj.weight"])) * F.linear(a, w["mlp.up_proj.weight"])
+            return F.linear(mlp, w["mlp.down_proj.weight"])
+        cfg = self.config
+        flat = a.reshape(-1, a.shape[-1])
+        weights, experts = route(flat, w["mlp.gate.weight"], cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        out = grouped_experts(flat, weights, experts, w["mlp.experts.gate_up_proj"],
+                              w["mlp.experts.down_proj"], grouped_mm=self.experts_grouped_mm)
+        return out.view_as(a)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] final hidden -> [..., V] logits (model dtype)."""

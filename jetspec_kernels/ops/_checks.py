@@ -150,3 +150,11 @@ def fits_in_cache(prefix_lens: torch.Tensor, n: int, capacity: int, what: str = 
     if mx + n > capacity:
         raise ValueError(f"{what} + {n} tree rows exceeds the cache length {capacity} "
                          f"(max {what} is {mx}); the block table is too short or the cache too small")
+
+
+def misaligned_rows(t: torch.Tensor, align: int) -> bool:
+    """Whether some row of ``t``'s last dim may start off an ``align``-byte boundary, judged from
+    strides and storage offset (storages start aligned; no data_ptr(), so it also traces under
+    torch.compile). A backend that needs aligned rows re-checks the real pointers."""
+    per = max(align // t.element_size(), 1)
+    return t.storage_offset() % per != 0 or any(s % per for s in t.stride()[:-1])

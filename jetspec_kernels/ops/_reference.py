@@ -48,10 +48,10 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-                seed, offset):
+                seed, offset, top_k=None, top_p=None):
     r = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=target_logits,
                         target_tokens=target_tokens, temperature=temperature, seed=seed,
-                        offset=offset)
+                        offset=offset, top_k=top_k, top_p=top_p)
     return tuple(r[key].to(_I32) for key in ("accept_len", "path", "bonus", "emitted"))
 
 

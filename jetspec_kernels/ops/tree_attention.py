@@ -15,14 +15,6 @@ KERNEL_DTYPES = {"cuda": (torch.float16, torch.bfloat16)}
 KERNEL_ROW_ALIGN = {"cuda": 16}  # bytes: K/V rows are loaded with cp.async / TMA
 
 
-def _misaligned_rows(t, align: int) -> bool:
-    """Whether some row of ``t``'s last dim may start off an ``align``-byte boundary, judged from
-    strides and storage offset (storages start aligned; no data_ptr(), so it also traces under
-    torch.compile). The cuda op re-checks the real pointers."""
-    per = align // t.element_size()
-    return t.storage_offset() % per != 0 or any(s % per for s in t.stride()[:-1])
-
-
 def _unsupported(name: str, q, k_cache, v_cache) -> str | None:
     """Why backend ``name`` cannot take these inputs (None if it can)."""
     dims = KERNEL_HEAD_DIMS.get(name)
@@ -33,7 +25,7 @@ def _unsupported(name: str, q, k_cache, v_cache) -> str | None:
         return f"tree_attention needs float16/bfloat16 inputs, got {str(q.dtype).replace('torch.', '')}"
     align = KERNEL_ROW_ALIGN.get(name)
     for arg, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if align is not None and _misaligned_rows(t, align):
+        if align is not None and C.misaligned_rows(t, align):
             return (f"tree_attention needs {arg} rows on {align}-byte boundaries, got strides "
                     f"{tuple(t.stride())} and storage offset {t.storage_offset()}")
     return None

@@ -6,6 +6,7 @@ import torch
 from .. import backend as _backend
 from ..tree import Tree, Verdict, mask_words
 from . import _checks as C
+from python_ref.sampling import MAX_TOP_P_VOCAB
 
 SEED_DTYPES = (torch.int64, torch.int32)
 # Trees larger than this go to another backend (csrc verify.cuh: kWalkMaxNodes, staged in 48 KB).
@@ -41,7 +42,8 @@ def check_tree(tree) -> None:
 
 def _seed(name, t, b, dev):
     if t is None:
-        raise ValueError(f"{name} is required when temperature > 0 (an int64 tensor [B] or [])")
+        raise ValueError(f"{name} is required when sampling (a temperature tensor, or temperature "
+                         f"> 0): an int64 tensor [B] or [], or an int")
     if isinstance(t, int) and not isinstance(t, bool):
         t = torch.tensor(C.integer(name, t, lo=-2**63, hi=2**63 - 1), dtype=torch.int64, device=dev)
     C.tensor(name, t, dtypes=SEED_DTYPES, device=dev)
@@ -51,7 +53,84 @@ def _seed(name, t, b, dev):
     return t.to(torch.int64)
 
 
-def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, offset):
+def _per_sequence(name, t, b, dev, dtypes, out_dtype):
+    """A control given as a tensor: ``[B]`` or ``[]`` of one of ``dtypes`` on ``dev`` -> a
+    contiguous ``out_dtype [B]`` copy. A wrong dtype or length is a ValueError naming ``name``."""
+    if t.dtype not in dtypes:
+        names = "/".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} must be a number or a {names} tensor [B] or [], got dtype "
+                         f"{str(t.dtype).replace('torch.', '')}")
+    if not (t.dim() == 0 or (t.dim() == 1 and t.shape[0] in (1, b))):
+        raise ValueError(f"{name} must hold one value per sequence: shape [{b}] or [], got "
+                         f"{list(t.shape)}")
+    if t.device != dev:
+        raise ValueError(f"{name} must be on {dev} (like the other inputs), got {t.device}")
+    return t.reshape(-1).to(out_dtype).expand(b).contiguous()
+
+
+def _checked_values(name, t, ok, what):
+    """``ok(t)`` holds for every value (only where value checks run: no host sync otherwise)."""
+    if t.numel() and C.values_checked(t) and not bool(ok(t).all()):
+        bad = t[~ok(t)].reshape(-1)[0].item()
+        raise ValueError(f"{name} values must be {what}, got {bad}")
+
+
+def check_sampling(temperature, top_k, top_p, batch: int, device):
+    """Check and normalise the sampling controls of ``batch`` sequences on ``device``.
+
+    Parameters
+    ----------
+    temperature : number >= 0, or float32/float64 tensor [B] or [] (values >= 0; 0 = greedy)
+    top_k : int >= 0, or int32/int64 tensor [B] or [] (0 = off; k >= V keeps all)
+    top_p : number in (0, 1], or float32/float64 tensor [B] or [] (1 = off); used as float32
+
+    Returns
+    -------
+    ``(temperature, top_k, top_p)``: temperature a float, or float32 [B] when given as a tensor
+    (then every sequence may sample, so seeds are needed); top_k int32 [B] or None (off);
+    top_p float32 [B] or None (off). Filters are None when temperature is the number 0 (greedy:
+    they cannot change an argmax). Tensor values are checked only where value checks run.
+    """
+    if torch.is_tensor(temperature):
+        temperature = _per_sequence("temperature", temperature, batch, device,
+                                    (torch.float32, torch.float64), torch.float32)
+        _checked_values("temperature", temperature, lambda t: torch.isfinite(t) & (t >= 0),
+                        "finite and >= 0")
+    else:
+        temperature = C.number("temperature", temperature, lo=0.0)
+    if torch.is_tensor(top_k):
+        top_k = _per_sequence("top_k", top_k, batch, device, (torch.int32, torch.int64),
+                              torch.int64)
+        _checked_values("top_k", top_k, lambda t: t >= 0, ">= 0 (0 = off)")
+        top_k = top_k.clamp(max=C.INT32_MAX).to(torch.int32)
+    else:
+        k = C.integer("top_k", top_k, lo=0)
+        top_k = None if k == 0 else torch.full((batch,), min(k, C.INT32_MAX), dtype=torch.int32,
+                                               device=device)
+    if torch.is_tensor(top_p):
+        top_p = _per_sequence("top_p", top_p, batch, device, (torch.float32, torch.float64),
+                              torch.float32)
+        _checked_values("top_p", top_p, lambda t: (t > 0) & (t <= 1), "in (0, 1] (as float32)")
+    else:
+        p = C.number("top_p", top_p)
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+        p32 = torch.tensor(p, dtype=torch.float32)
+        if not p32 > 0:
+            raise ValueError(f"top_p must be in (0, 1] as a float32, got {top_p!r}")
+        top_p = None if p32 >= 1 else p32.to(device).expand(batch).contiguous()
+    if isinstance(temperature, float) and temperature == 0.0:
+        top_k = top_p = None
+    return temperature, top_k, top_p
+
+
+def sampling(temperature) -> bool:
+    """Whether normalised controls may sample (a temperature tensor, or a number > 0)."""
+    return torch.is_tensor(temperature) or temperature > 0
+
+
+def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, offset, top_k=0,
+                      top_p=1.0):
     check_tree(tree)
     b, n = tree.tokens.shape
     dev = tree.tokens.device
@@ -59,34 +138,40 @@ def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, off
         raise ValueError("tree must hold at least its root: tree.tokens has N=0 columns")
     if (target_logits is None) == (target_tokens is None):
         raise ValueError("pass exactly one of target_logits [B, N, V] and target_tokens [B, N]")
-    temperature = C.number("temperature", temperature, lo=0.0)
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, b, dev)
     if target_logits is not None:
         C.tensor("target_logits", target_logits, dtypes=C.FLOAT_DTYPES, shape=[b, n, None], device=dev)
-        if target_logits.shape[2] == 0:
+        v = target_logits.shape[2]
+        if v == 0:
             raise ValueError("target_logits must have a non-empty vocabulary dim")
-        C.value_range("tree.tokens", tree.tokens, 0, target_logits.shape[2] - 1)
+        if top_p is not None and v > MAX_TOP_P_VOCAB:
+            raise ValueError(f"target_logits: top_p takes vocabularies of at most {MAX_TOP_P_VOCAB} "
+                             f"tokens (exact fixed-point masses), got V={v}")
+        C.value_range("tree.tokens", tree.tokens, 0, v - 1)
     else:
         C.tensor("target_tokens", target_tokens, dtypes=C.INDEX_DTYPES, shape=[b, n], device=dev)
         C.value_range("target_tokens", target_tokens, 0, None)
         C.value_range("tree.tokens", tree.tokens, 0, None)
-        if temperature > 0:
-            raise ValueError("sampling (temperature > 0) needs target_logits, not target_tokens")
-    if temperature > 0:
+        if sampling(temperature):
+            raise ValueError("sampling (a temperature tensor, or temperature > 0) needs "
+                             "target_logits, not target_tokens")
+    if sampling(temperature):
         seed = _seed("seed", seed, b, dev)
         offset = _seed("offset", offset, b, dev)
     else:
         seed = offset = None
-    return temperature, seed, offset
+    return temperature, seed, offset, top_k, top_p
 
 
-def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperature: float = 0.0,
-                seed=None, offset=None, backend: str | None = None) -> Verdict:
+def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperature=0.0,
+                seed=None, offset=None, top_k=0, top_p=1.0, backend: str | None = None) -> Verdict:
     """Accept the longest path of ``tree`` that the target agrees with.
 
     Greedy (temperature 0): the target's token at a node is the argmax of its logits. Sampling:
-    one Gumbel-max sample per node from softmax(logits / temperature), keyed by (seed, offset,
+    one Gumbel-max sample per node from softmax(logits / temperature) restricted to the tokens
+    top-k then top-p keep (renormalised; python_ref.filter_keep), keyed by (seed, offset,
     sequence, node), then the same token matching; the output is distributed exactly as the
-    target's own samples. Siblings with the same token: the lowest index wins. The root (node 0)
+    target's own filtered samples. Each control may differ per sequence. Siblings with the same token: the lowest index wins. The root (node 0)
     is always verified: a row with ``num_nodes`` 0 (rejected where value checks run) is a
     one-node tree: accept_len 0, path [0, -1, ...], bonus = the target's token at node 0.
 
@@ -96,18 +181,26 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     target_logits : float [B, N, V], optional   the target's logits at each node (NaN-free:
         backends differ on where a NaN wins the argmax)
     target_tokens : int32 [B, N], optional      or the target's already chosen token per node
-    temperature : float >= 0
-    seed, offset : int64 tensors [B] or [] (or ints); required when temperature > 0
+    temperature : float >= 0, or float32/float64 tensor [B] or [] (0 = greedy for that sequence;
+        filters do not apply to greedy sequences)
+    seed, offset : int64 tensors [B] or [] (or ints); required when sampling (a temperature
+        tensor, or temperature > 0)
+    top_k : int >= 0 or int32/int64 tensor [B] or []: keep the k most likely tokens (0 = off)
+    top_p : float in (0, 1] or float32/float64 tensor [B] or []: then keep the smallest set
+        whose renormalised probability reaches top_p (1 = off; V <= 2**21 when on)
+
+    Tensor controls are never read on the host (graph-capturable); their values are checked
+    only where value checks run (CPU tensors by default).
 
     Returns
     -------
     Verdict(accept_len int32 [B], path int32 [B, M], bonus int32 [B], emitted int32 [B, M]),
     M = tree.max_depth + 1.
     """
-    temperature, seed, offset = check_verify_tree(tree, target_logits, target_tokens, temperature,
-                                                  seed, offset)
+    temperature, seed, offset, top_k, top_p = check_verify_tree(
+        tree, target_logits, target_tokens, temperature, seed, offset, top_k, top_p)
     parts = _backend.select(tree.tokens.device, "verify_tree", backend,
                             lambda name: _unsupported(name, tree.tokens.shape[1]))(
         tree.tokens, tree.parents, tree.num_nodes, tree.max_depth, target_logits, target_tokens,
-        temperature, seed, offset)
+        temperature, seed, offset, top_k, top_p)
     return Verdict(*parts)

@@ -1,8 +1,12 @@
 """Triton kernels for ``verify_tree``: per-node target tokens, then the acceptance walk.
 
+Step 0, only with top-k / top-p (``_filter_kernel``, grid ``[B*N]``): one program per node finds
+the last token the filters keep, as a threshold ``(x_t, id_t)``: a token is kept iff
+``x > x_t or (x == x_t and id <= id_t)``, with ``x = logit / T`` (see :func:`filter_thresholds`).
 Step 1 (``_target_partial_kernel``, grid ``[B*N, S]``): each program scans one vocabulary split of
 one node's logits and writes the best score and its index (greedy: the logit; sampling: the
-Gumbel-max score ``logit / T + g``). Splits give small batches enough programs for V = 151936.
+Gumbel-max score ``logit / T + g`` over the kept tokens; T per sequence, 0 = greedy). Splits give
+small batches enough programs for V = 151936.
 Step 2 (``_walk_kernel``, grid ``[B]``): one program per sequence folds the S partials into the
 node's target token (ties to the lower index), then walks the tree from the root, vectorised over
 the N nodes, for at most ``max_depth`` steps, and writes every output element. Nothing syncs with
@@ -19,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["verify_tree", "sample_tokens", "gumbel_uniform"]
+__all__ = ["verify_tree", "sample_tokens", "filter_thresholds", "gumbel_uniform"]
 
 
 @triton.jit
@@ -55,10 +59,155 @@ def _uniform(key, v):
 
 
 @triton.jit
+def _order_key(x):
+    """int64 in [0, 2**32) with the order of float32 ``x`` (-0.0 keyed as +0.0)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)
+    return tl.where(bits >= 0, bits.to(tl.int64) + 2147483648, (~bits).to(tl.int64))
+
+
+@triton.jit
+def _key_value(key):
+    """The float32 whose :func:`_order_key` is ``key`` (a scalar int64)."""
+    bits = tl.where(key >= 2147483648, key - 2147483648, ~key).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mass(x, m):
+    """python_ref.token_masses: floor(exp(x - m) * 2**32) as int64, exactly 2**32 where x == m."""
+    e = tl.where(x == m, 1.0, tl.exp(x - m))
+    return (e * 4294967296.0).to(tl.int64)
+
+
+@triton.jit
+def _select(base, V, T, m, target, tie_key, nbits,
+            BY_MASS: tl.constexpr, BY_ID: tl.constexpr, BLOCK_V: tl.constexpr,
+            RADIX: tl.constexpr):
+    """Radix select, RADIX bits a pass from the top of an ``nbits``-bit key: the largest key c
+    whose tokens at or above it weigh at least ``target`` (weight: count, or mass when BY_MASS).
+
+    Keys: the order key of ``x = logit / T``, or with BY_ID, ``V - 1 - id`` of the tokens whose
+    order key is ``tie_key``. Returns ``(c, count above c, mass above c, count at c, mass at c)``
+    (int64 scalars; masses only without BY_ID). All sums are integers: any order gives them.
+    """
+    NB: tl.constexpr = 1 << RADIX
+    bins = tl.arange(0, NB).to(tl.int64)
+    higher = bins[None, :] > bins[:, None]                       # [bin, other]: other above bin
+    npass = (nbits + RADIX - 1) // RADIX
+    prefix = tl.zeros([], tl.int64)
+    a_cnt = tl.zeros([], tl.int64)
+    a_mass = tl.zeros([], tl.int64)
+    e_cnt = tl.zeros([], tl.int64)
+    e_mass = tl.zeros([], tl.int64)
+    for i in range(0, npass):
+        shift = (npass - 1 - i) * RADIX
+        h_cnt = tl.zeros([NB], tl.int64)
+        h_mass = tl.zeros([NB], tl.int64)
+        for v0 in range(0, V, BLOCK_V):
+            v = v0 + tl.arange(0, BLOCK_V)
+            valid = v < V
+            x = tl.div_rn(tl.load(base + v, mask=valid, other=0.0).to(tl.float32), T)
+            if BY_ID:
+                valid = valid & (_order_key(x) == tie_key)
+                key = (V - 1 - v).to(tl.int64)
+            else:
+                key = _order_key(x)
+            valid = valid & ((key >> (shift + RADIX)) == (prefix >> (shift + RADIX)))
+            hit = (((key >> shift) & (NB - 1))[:, None] == bins[None, :]) & valid[:, None]
+            h_cnt += tl.sum(hit.to(tl.int64), axis=0)
+            if not BY_ID:
+                h_mass += tl.sum(tl.where(hit, _mass(x, m)[:, None], 0), axis=0)
+        above_cnt = tl.sum(tl.where(higher, h_cnt[None, :], 0), axis=1)    # per bin: bins above
+        above_mass = tl.sum(tl.where(higher, h_mass[None, :], 0), axis=1)
+        if BY_MASS:
+            reach = a_mass + above_mass + h_mass >= target
+        else:
+            reach = a_cnt + above_cnt + h_cnt >= target
+        d = tl.max(tl.where(reach, bins, -1), axis=0)
+        at = bins == d
+        prefix = prefix | (d << shift)
+        a_cnt += tl.sum(tl.where(at, above_cnt, 0), axis=0)
+        a_mass += tl.sum(tl.where(at, above_mass, 0), axis=0)
+        e_cnt = tl.sum(tl.where(at, h_cnt, 0), axis=0)
+        e_mass = tl.sum(tl.where(at, h_mass, 0), axis=0)
+    return prefix, a_cnt, a_mass, e_cnt, e_mass
+
+
+@triton.jit
+def _filter_kernel(
+    logits_ptr, temp_ptr, nn_ptr, topk_ptr, topp_ptr, thx_ptr, thi_ptr,
+    N, V, vbits, sl_b, sl_n,
+    HAS_K: tl.constexpr, HAS_P: tl.constexpr, BLOCK_V: tl.constexpr, RADIX: tl.constexpr,
+):
+    row = tl.program_id(0)
+    b = row // N
+    n = row % N
+    base = logits_ptr + b.to(tl.int64) * sl_b + n.to(tl.int64) * sl_n
+    T = tl.load(temp_ptr + b)
+    k = tl.zeros([], tl.int64)
+    if HAS_K:
+        k = tl.load(topk_ptr + b).to(tl.int64)
+    p = tl.full([], 1.0, tl.float32)
+    if HAS_P:
+        p = tl.load(topp_ptr + b)
+    k_on = (k > 0) & (k < V)
+    p_on = ~(p >= 1.0)                                     # NaN: on (keeps the top token)
+    real = (n == 0) | (n < tl.load(nn_ptr + b))          # padding nodes are never sampled
+    thr_key = tl.full([], 8388607, tl.int64)               # _order_key(-inf): keep everything
+    thr_id = tl.full([], 2147483647, tl.int32)
+    if (T > 0) & real & (k_on | p_on):
+        m = tl.full([], float("-inf"), tl.float32)
+        z = tl.zeros([], tl.int64)
+        for v0 in range(0, V, BLOCK_V):
+            v = v0 + tl.arange(0, BLOCK_V)
+            x = tl.load(base + v, mask=v < V, other=float("-inf")).to(tl.float32)
+            m = tl.maximum(m, tl.max(tl.div_rn(x, T), axis=0))
+        ties = tl.zeros([], tl.int64)                      # tokens at the threshold value
+        keep_ties = tl.zeros([], tl.int64)                 # how many of them are kept
+        if k_on:
+            c, a_cnt, a_mass, e_cnt, e_mass = _select(base, V, T, m, k, 0, 32, BY_MASS=False,
+                                                      BY_ID=False, BLOCK_V=BLOCK_V, RADIX=RADIX)
+            thr_key = c
+            ties = e_cnt
+            keep_ties = k - a_cnt
+            z = a_mass + keep_ties * (e_mass // tl.maximum(e_cnt, 1))     # the top-k set's mass
+        else:                                              # top-p of the whole distribution
+            for v0 in range(0, V, BLOCK_V):
+                v = v0 + tl.arange(0, BLOCK_V)
+                x = tl.div_rn(tl.load(base + v, mask=v < V, other=0.0).to(tl.float32), T)
+                z += tl.sum(tl.where(v < V, _mass(x, m), 0), axis=0)
+        if p_on:
+            budget = p.to(tl.float64) * z.to(tl.float64)
+            need = budget.to(tl.int64)                     # ceil(budget), at least 1
+            need = tl.where(need.to(tl.float64) < budget, need + 1, need)
+            need = tl.where(budget >= 1.0, need, 1)
+            c, a_cnt, a_mass, e_cnt, e_mass = _select(base, V, T, m, need, 0, 32, BY_MASS=True,
+                                                      BY_ID=False, BLOCK_V=BLOCK_V, RADIX=RADIX)
+            # Tokens at c are kept while the mass before them stays below the budget. (The maxima
+            # only matter for NaN logits, which break the search's invariants.)
+            q = tl.maximum(e_mass // tl.maximum(e_cnt, 1), 1)
+            kept = tl.minimum(e_cnt, (need - a_mass - 1) // q + 1)
+            if k_on:
+                keep_ties = tl.where(c == thr_key, tl.minimum(keep_ties, kept), kept)
+            else:
+                keep_ties = kept
+            thr_key = c
+            ties = e_cnt
+        if keep_ties < ties:                               # the lowest ids among the ties
+            c, a_cnt, a_mass, e_cnt, e_mass = _select(base, V, T, m, keep_ties, thr_key, vbits,
+                                                      BY_MASS=False, BY_ID=True, BLOCK_V=BLOCK_V,
+                                                      RADIX=RADIX)
+            thr_id = (V - 1 - c).to(tl.int32)
+    tl.store(thx_ptr + row, _key_value(thr_key))
+    tl.store(thi_ptr + row, thr_id)
+
+
+@triton.jit
 def _target_partial_kernel(
-    logits_ptr, seed_ptr, off_ptr, pval_ptr, pidx_ptr,
-    N, V, chunk, S, sl_b, sl_n, temperature,
-    BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr,
+    logits_ptr, seed_ptr, off_ptr, temp_ptr, thx_ptr, thi_ptr, pval_ptr, pidx_ptr,
+    N, V, chunk, S, sl_b, sl_n,
+    BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr, FILTER: tl.constexpr,
 ):
     row = tl.program_id(0)
     s = tl.program_id(1)
@@ -69,6 +218,12 @@ def _target_partial_kernel(
     base = logits_ptr + b.to(tl.int64) * sl_b + n.to(tl.int64) * sl_n
     if SAMPLE:
         key = _node_key(seed_ptr, off_ptr, b, n)
+        T = tl.load(temp_ptr + b)
+        sampled = T > 0                                    # else greedy (this sequence only)
+        T = tl.where(sampled, T, 1.0)
+        if FILTER:
+            thr_x = tl.load(thx_ptr + row)
+            thr_id = tl.load(thi_ptr + row)
     best_val = tl.full([], float("-inf"), tl.float32)
     best_idx = start
     for v0 in range(start, end, BLOCK_V):
@@ -78,7 +233,11 @@ def _target_partial_kernel(
         if SAMPLE:
             u = _uniform(key, v)
             g = -tl.log(-tl.log(u))
-            x = tl.where(m, tl.div_rn(x, temperature) + g, float("-inf"))
+            xs = tl.div_rn(x, T)
+            keep = m
+            if FILTER:
+                keep = keep & ((xs > thr_x) | ((xs == thr_x) & (v <= thr_id)))
+            x = tl.where(sampled, tl.where(keep, xs + g, float("-inf")), x)
         tile_max = tl.max(x, axis=0)
         tile_arg = tl.argmax(x, axis=0, tie_break_left=True)
         better = tile_max > best_val            # strict: an earlier tile keeps a tie
@@ -151,7 +310,33 @@ def _splits(rows: int, V: int, block_v: int, device: torch.device) -> int:
     return max(1, min(want, triton.cdiv(V, block_v)))
 
 
-def _launch_partials(logits, temperature, seed, offset, num_splits, block_v):
+def _temperatures(temperature, B, device):
+    """float32 [B] per-sequence temperatures, or None when every sequence is greedy (the number 0)."""
+    if torch.is_tensor(temperature):
+        return temperature
+    if temperature > 0:
+        return torch.full((B,), float(temperature), dtype=torch.float32, device=device)
+    return None
+
+
+def _launch_filter(logits, num_nodes, temps, top_k, top_p, block_v=512, radix=4):
+    """Step 0: ``(thr_x float32 [B*N], thr_id int32 [B*N])``, see :func:`filter_thresholds`."""
+    B, N, V = logits.shape
+    thr_x = torch.empty(B * N, dtype=torch.float32, device=logits.device)
+    thr_id = torch.empty(B * N, dtype=torch.int32, device=logits.device)
+    if B * N:
+        dummy = thr_id
+        _filter_kernel[(B * N,)](
+            logits, temps, num_nodes, dummy if top_k is None else top_k,
+            dummy if top_p is None else top_p, thr_x, thr_id,
+            N, V, max(V - 1, 1).bit_length(), logits.stride(0), logits.stride(1),
+            HAS_K=top_k is not None, HAS_P=top_p is not None, BLOCK_V=block_v, RADIX=radix,
+            num_warps=8,
+        )
+    return thr_x, thr_id
+
+
+def _launch_partials(logits, temps, seed, offset, num_splits, block_v, thresholds=None):
     """Step 1: partial (value, index) per row and split; returns ``(pval, pidx, S)``."""
     B, N, V = logits.shape
     if num_splits is None:
@@ -160,13 +345,16 @@ def _launch_partials(logits, temperature, seed, offset, num_splits, block_v):
     S = triton.cdiv(V, chunk)
     pval = torch.empty((B * N, S), dtype=torch.float32, device=logits.device)
     pidx = torch.empty((B * N, S), dtype=torch.int32, device=logits.device)
-    sample = temperature > 0
-    dummy = pidx                                    # seed/offset pointers, unread when greedy
+    sample = temps is not None
+    dummy = pidx                                    # pointers a greedy / unfiltered launch never reads
+    thr_x, thr_id = thresholds if thresholds is not None else (dummy, dummy)
     if B * N:
         _target_partial_kernel[(B * N, S)](
-            logits, seed if sample else dummy, offset if sample else dummy, pval, pidx,
-            N, V, chunk, S, logits.stride(0), logits.stride(1), float(temperature),
-            BLOCK_V=block_v, SAMPLE=sample, num_warps=8 if block_v >= 2048 else 4,
+            logits, seed if sample else dummy, offset if sample else dummy,
+            temps if sample else dummy, thr_x, thr_id, pval, pidx,
+            N, V, chunk, S, logits.stride(0), logits.stride(1),
+            BLOCK_V=block_v, SAMPLE=sample, FILTER=thresholds is not None,
+            num_warps=8 if block_v >= 2048 else 4,
         )
     return pval, pidx, S
 
@@ -176,8 +364,9 @@ def _block_v(V: int) -> int:
 
 
 def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-           seed, offset, accept_len, path, bonus, emitted, num_splits=None, block_v=None):
-    """Run both steps, writing the given outputs (shapes as :func:`verify_tree` returns them).
+           seed, offset, accept_len, path, bonus, emitted, num_splits=None, block_v=None,
+           top_k=None, top_p=None):
+    """Run the steps, writing the given outputs (shapes as :func:`verify_tree` returns them).
 
     ``num_splits`` and ``block_v`` (a power of two) force step 1's vocabulary splits and tile
     width (None: chosen for the device and V); tests use them to reach every reduction path.
@@ -188,8 +377,12 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
     if target_tokens is not None:
         tgt, pval, S, from_partials = target_tokens, None, 1, False
     else:
-        pval, tgt, S = _launch_partials(target_logits, temperature, seed, offset, num_splits,
-                                        block_v or _block_v(target_logits.shape[2]))
+        temps = _temperatures(temperature, B, tokens.device)
+        thresholds = None
+        if temps is not None and (top_k is not None or top_p is not None):
+            thresholds = _launch_filter(target_logits, num_nodes, temps, top_k, top_p)
+        pval, tgt, S = _launch_partials(target_logits, temps, seed, offset, num_splits,
+                                        block_v or _block_v(target_logits.shape[2]), thresholds)
         from_partials = True
     C = max_depth + 1
     _walk_kernel[(B,)](
@@ -203,15 +396,17 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-                seed, offset):
-    """Greedy or sampled target tokens per node, then the tree acceptance walk.
+                seed, offset, top_k=None, top_p=None):
+    """Greedy or sampled (filtered) target tokens per node, then the tree acceptance walk.
 
     Parameters
     ----------
     tokens, parents : int32 ``[B, N]``; num_nodes : int32 ``[B]``; max_depth : int
     target_logits : float ``[B, N, V]`` (last dim contiguous) or None
     target_tokens : int32 ``[B, N]`` or None (used instead of the logits when given)
-    temperature : float (0 = greedy); seed, offset : int64 ``[B]`` (sampling only)
+    temperature : float (0 = greedy) or float32 ``[B]`` (0 = greedy for that sequence)
+    seed, offset : int64 ``[B]`` (sampling only)
+    top_k : int32 ``[B]`` or None; top_p : float32 ``[B]`` or None (python_ref.filter_keep)
 
     Returns
     -------
@@ -225,24 +420,54 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
     path = torch.empty((B, max_depth + 1), dtype=torch.int32, device=dev)
     emitted = torch.empty((B, max_depth + 1), dtype=torch.int32, device=dev)
     launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-           seed, offset, accept_len, path, bonus, emitted)
+           seed, offset, accept_len, path, bonus, emitted, top_k=top_k, top_p=top_p)
     return accept_len, path, bonus, emitted
 
 
-def sample_tokens(logits, temperature, seed=None, offset=None):
-    """The target token per node that step 1 computes (one vocabulary split).
+def sample_tokens(logits, temperature, seed=None, offset=None, top_k=None, top_p=None):
+    """The target token per node that steps 0 and 1 compute (one vocabulary split).
 
     Parameters
     ----------
-    logits : float ``[B, N, V]``; temperature : float; seed, offset : int64 ``[B]``
+    logits : float ``[B, N, V]``; temperature : float or float32 ``[B]``;
+    seed, offset : int64 ``[B]``; top_k : int32 ``[B]`` or None; top_p : float32 ``[B]`` or None
 
     Returns
     -------
-    int32 ``[B, N]``: argmax (temperature 0) or the Gumbel-max sample, ties to the lower id.
+    int32 ``[B, N]``: argmax (temperature 0) or the Gumbel-max sample over the kept tokens, ties
+    to the lower id.
     """
     B, N, V = logits.shape
-    _, pidx, _ = _launch_partials(logits, temperature, seed, offset, 1, _block_v(V))
+    temps = _temperatures(temperature, B, logits.device)
+    thresholds = None
+    if temps is not None and (top_k is not None or top_p is not None):
+        every = torch.full((B,), N, dtype=torch.int32, device=logits.device)
+        thresholds = _launch_filter(logits, every, temps, top_k, top_p)
+    _, pidx, _ = _launch_partials(logits, temps, seed, offset, 1, _block_v(V), thresholds)
     return pidx.view(B, N)
+
+
+def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
+    """Step 0 on its own: the last token each node's filters keep.
+
+    Parameters
+    ----------
+    logits : float ``[B, N, V]``; temperature : float > 0 or float32 ``[B]``
+    top_k : int32 ``[B]`` or None; top_p : float32 ``[B]`` or None
+    num_nodes : int32 ``[B]`` or None (all N nodes)
+
+    Returns
+    -------
+    ``(thr_x float32 [B, N], thr_id int32 [B, N])``: node (b, n) keeps token v iff
+    ``x > thr_x or (x == thr_x and v <= thr_id)``, ``x = logits[b, n, v] / T[b]`` (float32);
+    ``(-inf, 2**31 - 1)`` keeps everything (greedy, padding, or no filter on).
+    """
+    B, N, V = logits.shape
+    temps = _temperatures(temperature, B, logits.device)
+    if num_nodes is None:
+        num_nodes = torch.full((B,), N, dtype=torch.int32, device=logits.device)
+    thr_x, thr_id = _launch_filter(logits, num_nodes, temps, top_k, top_p)
+    return thr_x.view(B, N), thr_id.view(B, N)
 
 
 @triton.jit

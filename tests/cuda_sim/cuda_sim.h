@@ -228,6 +228,11 @@ inline int __float_as_int(float f) {
   std::memcpy(&i, &f, 4);
   return i;
 }
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
 
 // ---- threads, barriers, warp exchange -------------------------------------------------------
 namespace jetspec_sim {

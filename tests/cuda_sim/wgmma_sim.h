@@ -15,7 +15,9 @@
 // before the wait all show up as wrong results.
 #pragma once
 #include <array>
+#include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 namespace jetspec {
@@ -38,6 +40,9 @@ struct WgmmaQueue {
   std::vector<std::vector<WgmmaOp>> groups;
   std::map<float (*)[4], std::array<float, 32>> shadow;  // true accumulators while in flight
   bool fenced = false;  // wgmma.fence since the last wait (after which registers are touched)
+  // Register-A fragments (address, value) through wgmma_fence_fragment since the last
+  // wgmma.fence, and those the last wgmma.fence ordered.
+  std::vector<std::pair<const uint32_t*, std::array<uint32_t, 4>>> a_pending, a_ordered;
 };
 inline WgmmaQueue& wgmma_queue() { return ::jetspec_sim::thread_state<WgmmaQueue>(); }
 
@@ -115,8 +120,18 @@ inline uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_by
 // a wgmma needs a wgmma.fence since the thread's last wgmma_wait, and no cp.async data may have
 // landed (nor st_shared_zero16 stored) since the thread's last fence.proxy.async (wgmma reads
 // shared memory through the async proxy, which does not see generic-proxy writes until that
-// fence).
-inline void wgmma_fence() { sim_detail::wgmma_queue().fenced = true; }
+// fence). A wgmma with A from registers needs that fragment passed, with its current value, to
+// wgmma_fence_fragment between the previous wgmma.fence and the one before the issue (else the
+// compiler may move its definition past the fence).
+inline void wgmma_fence() {
+  auto& q = sim_detail::wgmma_queue();
+  q.fenced = true;
+  q.a_ordered = std::move(q.a_pending);
+  q.a_pending.clear();
+}
+inline void wgmma_fence_fragment(uint32_t (&a)[4]) {
+  sim_detail::wgmma_queue().a_pending.push_back({a, {a[0], a[1], a[2], a[3]}});
+}
 inline void fence_proxy_async() { sim_detail::cp_async_queue().unfenced = false; }
 inline void st_shared_zero16(void* dst) {
   std::memset(dst, 0, 16);
@@ -151,6 +166,13 @@ inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool ac
 template <typename T>
 inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
   sim_detail::check_issue_order();
+  bool ordered = false;
+  for (const auto& [ptr, v] : sim_detail::wgmma_queue().a_ordered)
+    ordered = ordered || (ptr == a && v == std::array<uint32_t, 4>{a[0], a[1], a[2], a[3]});
+  if (!ordered) {
+    ::jetspec_sim::fail("wgmma with A from registers: the fragment was not passed to "
+                        "wgmma_fence_fragment (after its last write) right before the wgmma.fence");
+  }
   // The warp's m16k16 A fragment (the mma.m16n8k16 layout): rows g, g + 8 of this thread.
   const auto a01 = sim_detail::gather(a[0] | (static_cast<uint64_t>(a[1]) << 32));
   const auto a23 = sim_detail::gather(a[2] | (static_cast<uint64_t>(a[3]) << 32));
@@ -177,6 +199,7 @@ template <int N>
 inline void wgmma_wait() {
   auto& q = sim_detail::wgmma_queue();
   q.fenced = false;
+  q.a_ordered.clear();
   while (q.groups.size() > static_cast<size_t>(N)) {
     for (const auto& op : q.groups.front()) op.run(op);
     q.groups.erase(q.groups.begin());

@@ -18,6 +18,7 @@ Status launch_pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_
 Status launch_qk_norm_rope_append(const RopeParams& p, int dtype, int cache_dtype,
                                   cudaStream_t stream);
 
+Status launch_sample_filter(const SampleFilterParams& p, int logits_dtype, cudaStream_t stream);
 Status launch_target_tokens(const TargetTokenParams& p, int logits_dtype, cudaStream_t stream);
 Status launch_verify_walk(const VerifyWalkParams& p, cudaStream_t stream);
 

@@ -75,11 +75,13 @@ __device__ __forceinline__ void wgmma_issue_pv(float (&o)[HD / 8][4],
   constexpr int BN = kWgmmaBlockN;
   constexpr int KB = HD / 64;
   // All P fragments are packed before the fence (registers an in-flight wgmma reads must not
-  // change).
+  // change), and fenced so that the compiler keeps the packing there.
   uint32_t pa[BN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) attn_p_fragment<T, BN>(s, kk, pa[kk]);
   wgmma_fence_output<HD>(o);
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma_fence_fragment(pa[kk]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {

@@ -33,6 +33,21 @@ struct RopeParams {
   float eps;
 };
 
+// verify_tree, phase 0 (top-k / top-p only): per node, the last token the filters keep, as a
+// threshold: token v is kept iff x > thr_x or (x == thr_x and v <= thr_id), x = logit / T (verify.cuh).
+struct SampleFilterParams {
+  const void* logits;         // [B, N, V]
+  int64_t s0, s1;             // strides of dims 0 and 1 (dim 2 contiguous)
+  const int32_t* num_nodes;   // [B]
+  const float* temperature;   // [B]; <= 0: greedy sequence (kept: everything)
+  const int32_t* top_k;       // [B] or null; 0 < k < V is on
+  const float* top_p;         // [B] or null; < 1 is on
+  float* thr_x;               // [B * N]
+  int32_t* thr_id;            // [B * N]
+  int batch, n, vocab;
+  int vec;                    // 1: rows are 16-byte aligned (vector loads)
+};
+
 // verify_tree, phase 1: per (node, vocab split) the best target logit (verify.cuh).
 struct TargetTokenParams {
   const void* logits;       // [B, N, V]
@@ -45,7 +60,9 @@ struct TargetTokenParams {
   int batch, n, vocab;
   int splits, split_len;    // split s covers tokens [s * split_len, (s + 1) * split_len)
   int vec;                  // 1: rows and split starts are 16-byte aligned (vector loads)
-  float temperature;        // 0: greedy
+  const float* temperature; // [B] or null (all greedy); <= 0: that sequence is greedy
+  const float* thr_x;       // [B * N] or null (no filter): phase 0's thresholds
+  const int32_t* thr_id;    // [B * N]
 };
 
 // verify_tree, phase 2: the acceptance walk (verify.cuh).

@@ -7,7 +7,7 @@
 #else
 #include <cuda_runtime.h>
 #endif
-#include <sstream>
+#include <cstdio>
 #include <string>
 
 namespace jetspec {
@@ -27,12 +27,29 @@ struct [[nodiscard]] Status {
   bool ok() const { return err == cudaSuccess; }
 };
 
-// Streams every part into one string: cat("budget ", 600, " exceeds ", 512).
+// Appends every part to one string: cat("budget ", 600, " exceeds ", 512). No iostreams: in the
+// nvcc-compiled host code of the real build, numbers streamed into an ostringstream came out empty
+// or crashed (seen on the H200, 2026-12-04), so numbers go through std::to_string.
+inline void cat_part(std::string& out, const std::string& part) { out += part; }
+inline void cat_part(std::string& out, const char* part) { out += part; }
+inline void cat_part(std::string& out, char part) { out += part; }
+inline void cat_part(std::string& out, bool part) { out += part ? "true" : "false"; }
+inline void cat_part(std::string& out, double part) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", part);
+  out += buf;
+}
+inline void cat_part(std::string& out, float part) { cat_part(out, static_cast<double>(part)); }
+template <typename T>
+void cat_part(std::string& out, T part) {
+  out += std::to_string(part);  // integers
+}
+
 template <typename... Parts>
 std::string cat(const Parts&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return s.str();
+  std::string s;
+  (cat_part(s, parts), ...);
+  return s;
 }
 
 template <typename... Parts>

@@ -72,6 +72,15 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[8][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
+// Register fence on an A fragment a wgmma reads from registers (P in the attention kernels):
+// call it after the fragment's last write and right before wgmma_fence(). The "+r" operands make
+// the definitions (e.g. P's fp32 -> 16-bit conversions) happen before this point and the wgmma
+// read what it leaves, so the compiler cannot move those conversions past wgmma.fence, which
+// orders only what precedes it.
+__device__ __forceinline__ void wgmma_fence_fragment(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[e])::"memory");
+}
 
 #define JETSPEC_WGMMA_D32                                                                     \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \

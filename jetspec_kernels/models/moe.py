@@ -1,0 +1,155 @@
+"""The sparse MLP of Qwen3-MoE targets: router, top-k, and the experts run grouped.
+
+Semantics are transformers' ``Qwen3MoeSparseMoeBlock``: router logits in the model dtype, softmax
+in fp32, the top ``k`` probabilities (optionally renormalised to sum to 1) cast back to the model
+dtype, each chosen expert's SwiGLU output scaled by its weight and summed over the ``k`` choices.
+
+Experts are stored fused, as transformers holds them: ``gate_up [E, 2I, H]`` (gate rows first,
+then up rows) and ``down [E, H, I]``. :func:`fuse_expert_weights` turns the per-expert checkpoint
+layout (``mlp.experts.{j}.{gate,up,down}_proj.weight``) into it.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import CheckpointError, take
+
+__all__ = ["moe_shapes", "fuse_expert_weights", "route", "grouped_experts"]
+
+_PER_EXPERT = ("gate_proj", "up_proj", "down_proj")
+_EXPERT_KEY = re.compile(r"mlp\.experts\.(\d+)\.")
+
+
+def moe_shapes(num_experts: int, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """Expected shape of the router and fused expert tensors of a sparse layer (keys after
+    ``model.layers.{i}.``)."""
+    return {"mlp.gate.weight": (num_experts, hidden),
+            "mlp.experts.gate_up_proj": (num_experts, 2 * inter, hidden),
+            "mlp.experts.down_proj": (num_experts, hidden, inter)}
+
+
+def fuse_expert_weights(weights: dict[str, torch.Tensor], layer_prefix: str, num_experts: int,
+                        hidden: int, inter: int, where: str) -> None:
+    """Replace one sparse layer's per-expert tensors in ``weights`` by the fused pair, in place.
+
+    The per-expert tensors are removed from ``weights`` as they are copied (so a caller that owns
+    the only reference frees them layer by layer). A layer already in the fused layout is left as
+    it is; a layer holding both layouts, a missing expert tensor or one of the wrong shape, or an
+    expert index ``>= num_experts`` raises :class:`CheckpointError` naming the tensor.
+
+    Parameters
+    ----------
+    weights : key -> tensor; layer_prefix : e.g. ``"model.layers.3."``
+    num_experts, hidden, inter : E, H and the experts' intermediate size I
+    """
+    base = layer_prefix + "mlp.experts."
+    per_expert = [k for k in weights if k.startswith(base) and _EXPERT_KEY.match(k, len(layer_prefix))]
+    if not per_expert:
+        return
+    fused = [base + name for name in ("gate_up_proj", "down_proj") if base + name in weights]
+    if fused:
+        raise CheckpointError(f"{where}: {layer_prefix}mlp.experts holds both the fused tensor "
+                              f"{fused[0]!r} and per-expert tensors such as {per_expert[0]!r}")
+    for k in per_expert:
+        j = int(_EXPERT_KEY.match(k, len(layer_prefix)).group(1))
+        if j >= num_experts:
+            raise CheckpointError(f"{where}: tensor {k!r} is beyond the num_experts={num_experts} "
+                                  "experts config.json declares")
+    shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+    first = take(weights, f"{base}0.gate_proj.weight", shapes["gate_proj"], where)
+    gate_up = first.new_empty(num_experts, 2 * inter, hidden)
+    down = first.new_empty(num_experts, hidden, inter)
+    for j in range(num_experts):
+        keys = {name: f"{base}{j}.{name}.weight" for name in _PER_EXPERT}
+        g, u, d = (take(weights, keys[name], shapes[name], where) for name in _PER_EXPERT)
+        gate_up[j, :inter] = g
+        gate_up[j, inter:] = u
+        down[j] = d
+        for key in keys.values():
+            del weights[key]
+    weights[base + "gate_up_proj"] = gate_up
+    weights[base + "down_proj"] = down
+
+
+def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
+          norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of each token.
+
+    Parameters
+    ----------
+    x : [T, H]; router_weight : [E, H]
+
+    Returns
+    -------
+    weights : [T, k] in x.dtype     the chosen experts' probabilities (renormalised when asked)
+    experts : int64 [T, k]          expert ids, most probable first
+    """
+    probs = torch.softmax(F.linear(x, router_weight), dim=-1, dtype=torch.float32)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(x.dtype), experts
+
+
+def _use_grouped_mm(x: torch.Tensor) -> bool:
+    # torch's grouped GEMM kernel takes bf16 on CUDA; for other dtypes and on the CPU torch would
+    # loop over the groups itself after copying the offsets to the host, as our loop does.
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, "grouped_mm")
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor, *,
+                    grouped_mm: bool | None = None) -> torch.Tensor:
+    """Sum over each token's chosen experts of ``weight * down(silu(gate(x)) * up(x))``.
+
+    The ``T * k`` (token, choice) rows are sorted by expert (stable), so each expert's rows are
+    contiguous, and each expert with rows runs as one matmul for gate+up and one for down. No
+    Python loop over tokens.
+
+    Host syncs: none when ``grouped_mm`` (one ``torch.nn.functional.grouped_mm`` per projection
+    over all experts, with the group offsets on the device; CUDA-graph capturable). Otherwise a
+    loop over the experts that have rows, which reads the per-expert row counts on the host once
+    per call (one sync per sparse layer on a GPU; such a forward cannot be captured in a CUDA
+    graph, and this raises if asked to).
+
+    Parameters
+    ----------
+    x : [T, H]; weights : [T, k] (x.dtype); experts : int64 [T, k]
+    gate_up : [E, 2I, H]; down : [E, H, I]
+    grouped_mm : None = when the device has a grouped GEMM for the dtype (CUDA bf16)
+
+    Returns
+    -------
+    [T, H] in x.dtype.
+    """
+    t, k = experts.shape
+    num_experts, inter = gate_up.shape[0], down.shape[2]
+    sorted_ids, order = torch.sort(experts.reshape(-1), stable=True)
+    rows = x[order // k]
+    # ends[j]: one past the last row of expert j (rows of expert j: ends[j-1] .. ends[j]-1).
+    ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=x.device), right=True)
+    if grouped_mm is None:
+        grouped_mm = _use_grouped_mm(x)
+    if grouped_mm:
+        offs = ends.to(torch.int32)
+        h = F.grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)
+        y = F.grouped_mm(F.silu(h[:, :inter]) * h[:, inter:], down.transpose(1, 2), offs=offs)
+    else:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("MoE experts: the per-expert loop reads row counts on the host and "
+                               "cannot run inside CUDA-graph capture (use bf16, which takes the "
+                               "grouped GEMM, or cuda_graphs=False)")
+        y = torch.empty_like(rows)
+        start = 0
+        for j, end in enumerate(ends.tolist()):
+            if end > start:
+                h = F.linear(rows[start:end], gate_up[j])
+                y[start:end] = F.linear(F.silu(h[:, :inter]) * h[:, inter:], down[j])
+            start = end
+    y = y * weights.reshape(-1)[order, None]
+    out = torch.empty_like(y)
+    out[order] = y                     # back to (token, choice) order: deterministic, no atomics
+    return out.view(t, k, -1).sum(dim=1)
