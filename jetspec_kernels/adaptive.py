@@ -78,14 +78,14 @@ def parse_budget(budget, *, topk: int, depth: int) -> tuple[tuple[int, ...], boo
 class AcceptanceCalibrator:
     """Online correction of the draft's acceptance estimate by the acceptance actually observed.
 
-    Each valid non-root node of a verified tree falls into a bin: its score bucket (``bins="score"``,
-    the default: bin j holds scores in ``[score_edges[j], score_edges[j-1])``, edges descending) or
-    its depth (``bins="depth"``; depths past ``max_depth`` share the last bin). Score buckets
-    chose better in bench/NOTES.md's replays: one ratio per depth also scales that depth's
-    unlikely side branches, which the draft does not underrate as much as its top choices. Per bin it keeps
-    two running sums on the device: ``predicted`` (the draft's expected acceptances, sum of
-    ``exp(score)``) and ``accepted`` (nodes on the accepted path). The calibrated acceptance
-    probability of a node is ``ratio[bin] * exp(score)`` with
+    Each valid non-root node of a verified tree falls into a bin: its score bucket
+    (``bins="score"``, the default: bin j holds scores in ``[score_edges[j], score_edges[j-1])``,
+    edges descending) or its depth (``bins="depth"``; depths past ``max_depth`` share the last
+    bin). Score buckets chose better in bench/NOTES.md's replays: one ratio per depth also scales
+    that depth's unlikely side branches, which the draft does not underrate as much as its top
+    choices. Per bin it keeps two running sums on the device: ``predicted`` (the draft's expected
+    acceptances, sum of ``exp(score)``) and ``accepted`` (nodes on the accepted path). The
+    calibrated acceptance probability of a node is ``ratio[bin] * exp(score)`` with
     ``ratio = (accepted + prior) / (predicted + prior)``, 1 before any data. ``decay < 1``
     multiplies the sums by ``decay`` every update (forgets old rounds). Updates never sync.
 
