@@ -750,12 +750,15 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
             times.append(time.perf_counter() - t0)
         if rep:
             cycles.append(torch.tensor(times, dtype=torch.float64))
-    # A cycle's times share its machine load: divide it out (the cycle's geometric mean), take
-    # each size's median ratio, and scale back by the median load.
-    t = torch.stack(cycles)
-    load = t.log().mean(1, keepdim=True).exp()
-    costs = (t / load).median(0).values * load.median()
-    return CostModel(dict(zip(sizes, _non_decreasing(costs.tolist()))))
+    return CostModel(dict(zip(sizes, _cycle_costs(torch.stack(cycles)))))
+
+
+def _cycle_costs(times: torch.Tensor) -> list[float]:
+    """Seconds per size from float64 [cycles, sizes] round times: a cycle's times share its
+    machine load, so divide it out (the cycle's geometric mean), take each size's median ratio,
+    scale back by the median load, and make the result non-decreasing."""
+    load = times.log().mean(1, keepdim=True).exp()
+    return _non_decreasing(((times / load).median(0).values * load.median()).tolist())
 
 
 def _non_decreasing(values: list[float]) -> list[float]:

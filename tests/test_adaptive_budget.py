@@ -428,6 +428,12 @@ def test_measure_round_costs():
     target, head = tiny_models(seed=0)
     cm = measure_round_costs(target, head, [[1, 2, 3]], [2, 4], rounds=2)
     assert set(cm.costs) == {2, 4} and 0 < cm(2) <= cm(4)
+    # Cycles under very different loads (x1, x3, x9 and one burst on size 4 only): the ratios
+    # between sizes survive, where a plain per-size median would not.
+    base = torch.tensor([1.0, 1.2, 2.0], dtype=torch.float64)
+    cycles = torch.stack([base, 3 * base, 9 * base, base * torch.tensor([5.0, 1.0, 1.0])])
+    got = D._cycle_costs(cycles)
+    assert got == pytest.approx((base * got[1] / 1.2).tolist())
     pooled = [2, 2, 2, 13 / 3, 13 / 3, 13 / 3]
     assert D._non_decreasing([3.0, 1.0, 2.0, 5.0, 4.0, 4.0]) == pytest.approx(pooled)
     assert D._non_decreasing([1.0, 2.0]) == [1.0, 2.0]
