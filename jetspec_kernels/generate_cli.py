@@ -62,6 +62,23 @@ def _int_at_least(lo: int):
     return parse
 
 
+def _budget(text: str):
+    """``--budget``: an int >= 1, ``auto``, or comma-separated candidate sizes (``8,16,32``)."""
+    if text.strip() == "auto":
+        return "auto"
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, 'auto' or sizes like 8,16,32, got {text!r}")
+    try:
+        sizes = [int(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an int >= 1, 'auto' or sizes like 8,16,32, got {text!r}") from None
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be ints >= 1, got {text!r}")
+    return sizes[0] if len(parts) == 1 and "," not in text else sizes
+
+
 def _temperature(text: str) -> float:
     try:
         value = float(text)
@@ -95,8 +112,9 @@ def _parser() -> Parser:
     p.add_argument("--prompt", action="append", required=True,
                    help="a prompt (repeat for a batch): text with a tokenizer, else token ids")
     p.add_argument("--max-new-tokens", type=_int_at_least(1), default=64)
-    p.add_argument("--budget", type=_int_at_least(1), default=64,
-                   help="tree nodes per round (root included)")
+    p.add_argument("--budget", type=_budget, default=64,
+                   help="tree nodes per round (root included); 'auto' or sizes like 8,16,32: each "
+                        "round picks its size from the draft's confidence and the measured round costs")
     p.add_argument("--topk", type=_int_at_least(1), default=8, help="children per tree node")
     p.add_argument("--algorithm", choices=("topn", "accum_logp"), default="topn")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy")

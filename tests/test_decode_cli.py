@@ -20,6 +20,15 @@ from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weig
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
+@pytest.mark.parametrize("budget", ["auto", "4,8"])
+def test_adaptive_budget_from_the_cli(capsys, budget):
+    """--budget auto / a size list runs the adaptive loop; greedy output equals the baseline."""
+    rc = package_main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "6",
+                       "--budget", budget, "--topk", "3", "--ar", "--backend", "reference"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "greedy outputs match" in out
+
+
 def test_random_tiny_models_with_baseline(capsys):
     rc = package_main(["generate", "--random-tiny", "--prompt", "1 2 3", "--prompt", "4,5",
                        "--max-new-tokens", "6", "--budget", "8", "--topk", "3", "--ar", "--backend",
@@ -124,6 +133,10 @@ BAD = [
     (["--tiny", "--prompt", "x", "--budget", "0"], "--budget"),
     (["--tiny", "--prompt", "x", "--budget", "5000"], "--budget"),
     (["--tiny", "--prompt", "x", "--budget", "many"], "--budget"),
+    (["--tiny", "--prompt", "x", "--budget", "8,x"], "--budget"),
+    (["--tiny", "--prompt", "x", "--budget", "8,0"], "--budget"),
+    (["--tiny", "--prompt", "x", "--budget", ","], "--budget"),
+    (["--tiny", "--prompt", "x", "--budget", "4,5000"], "--budget"),
     (["--tiny", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["--tiny", "--prompt", "x", "--max-new-tokens", "-5"], "--max-new-tokens"),
     (["--tiny", "--prompt", "x", "--temperature", "-0.5"], "--temperature"),
