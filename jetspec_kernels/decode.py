@@ -44,8 +44,8 @@ from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget,
                        expected_accept_curve_from_topk, parse_budget)
 from .ops import _checks as C
 from .ops.commit_kv import commit_kv
-from .ops.draft_tree import (ALGORITHMS, MAX_TOPK, _build, _hidden_unsupported, check_draft_tree,
-                             check_draft_tree_from_hidden, draft_tree, draft_tree_from_hidden)
+from .ops.draft_tree import (ALGORITHMS, MAX_TOPK, _build, checked_topk, draft_tree,
+                             draft_tree_from_hidden)
 from .ops.verify_tree import check_sampling, verify_tree
 from .tree import Tree
 
@@ -314,18 +314,6 @@ def _finish(stats: DecodeStats, out: _Output, stages: _Stages, t0: float, accept
     return GenerateOutput(tokens, stats)
 
 
-def _draft_topk(draft, lm_head_weight, anchor, *, fused: bool, budget: int, topk: int, algorithm: str):
-    """Per-depth top-K (int32 [B, D, K], float32 [B, D, K]) of the draft hidden states (``fused``)
-    or logits: the first half of draft_tree_from_hidden / draft_tree, same checks, same kernels."""
-    if fused:
-        check_draft_tree_from_hidden(draft, lm_head_weight, anchor, budget, topk, algorithm)
-        kernel = _backend.select(draft.device, "hidden_topk", None,
-                                 lambda name: _hidden_unsupported(name, draft, lm_head_weight))
-        return kernel(draft, lm_head_weight, topk)
-    check_draft_tree(draft, anchor, budget, topk, algorithm)
-    return _backend.select(draft.device, "log_softmax_topk", None)(draft, topk)
-
-
 class _Round:
     """Static state of one speculative decode and its two steps (device work only).
 
@@ -372,9 +360,9 @@ class _Round:
                     self.tree = draft_tree(draft, self.anchor, **kw)
             return
         with st("tree"):
-            self.topk_tokens, self.topk_logprobs = _draft_topk(
-                draft, t.lm_head_weight, self.anchor, fused=self.fused_draft, budget=self.sizes[-1],
-                topk=self.topk, algorithm=self.algorithm)
+            self.topk_tokens, self.topk_logprobs = checked_topk(
+                draft, t.lm_head_weight if self.fused_draft else None, self.anchor,
+                budget=self.sizes[-1], topk=self.topk, algorithm=self.algorithm)
         if choose:
             with st("choose"):
                 curve = expected_accept_curve_from_topk(self.topk_logprobs, self.sizes[-1],

@@ -93,6 +93,20 @@ def _build(backend, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) 
     return Tree(*parts, max_depth=min(topk_tokens.shape[1], budget - 1))
 
 
+def checked_topk(draft, lm_head_weight, root_tokens, *, budget: int, topk: int, algorithm: str,
+                 backend: str | None = None):
+    """The first half of :func:`draft_tree` (``lm_head_weight`` None: ``draft`` is logits
+    [B, D, V]) or :func:`draft_tree_from_hidden` (``draft`` is hidden states [B, D, H]): the same
+    checks, then the per-depth top-K (int32 [B, D, K], float32 [B, D, K])."""
+    if lm_head_weight is None:
+        check_draft_tree(draft, root_tokens, budget, topk, algorithm)
+        return _backend.select(draft.device, "log_softmax_topk", backend)(draft, topk)
+    check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk, algorithm)
+    kernel = _backend.select(draft.device, "hidden_topk", backend,
+                             lambda name: _hidden_unsupported(name, draft, lm_head_weight))
+    return kernel(draft, lm_head_weight, topk)
+
+
 def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = "topn",
                backend: str | None = None) -> Tree:
     """Build a draft tree from per-depth draft logits.
@@ -116,8 +130,8 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
     -------
     Tree with capacity N = budget and max_depth = min(D, budget - 1).
     """
-    check_draft_tree(logits, root_tokens, budget, topk, algorithm)
-    tk, lp = _backend.select(logits.device, "log_softmax_topk", backend)(logits, topk)
+    tk, lp = checked_topk(logits, None, root_tokens, budget=budget, topk=topk, algorithm=algorithm,
+                          backend=backend)
     return _build(backend, tk, lp, root_tokens, budget, algorithm)
 
 
@@ -152,9 +166,8 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
     lm_head_weight : same dtype [V, H]
     root_tokens, budget, topk, algorithm, backend : as in :func:`draft_tree`.
     """
-    check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm)
-    tk, lp = _backend.select(hidden.device, "hidden_topk", backend,
-                             lambda name: _hidden_unsupported(name, hidden, lm_head_weight))(hidden, lm_head_weight, topk)
+    tk, lp = checked_topk(hidden, lm_head_weight, root_tokens, budget=budget, topk=topk,
+                          algorithm=algorithm, backend=backend)
     return _build(backend, tk, lp, root_tokens, budget, algorithm)
 
 
