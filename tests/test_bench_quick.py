@@ -187,7 +187,7 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
     row per op x backend with its dtypes, FAILED when any of its tests failed, and the cuda ops
     whose every test passed."""
     import json
-    from bench import hardware_record as hr, summarize
+    from bench import hardware_record as hr
     ops = "tests/test_cuda_ops.py"
     def e(test, outcome, file=ops, **params):
         return {"nodeid": f"{file}::{test}", "file": file, "test": test,

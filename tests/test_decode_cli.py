@@ -10,7 +10,6 @@ import tomllib
 
 import pytest
 
-import jetspec_kernels as jk
 from jetspec_kernels.__main__ import main as package_main
 from jetspec_kernels.decode import generate
 from jetspec_kernels.models import save_draft_head, save_qwen3, tiny_models
