@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -61,7 +61,12 @@ class CMakeBuild(build_ext):
 
 
 NVCC = find_nvcc()
+# python_ref/ stays at the top of the checkout but installs inside the package's namespace, so the
+# wheel adds one top-level name only.
+PACKAGES = find_packages(include=["jetspec_kernels", "jetspec_kernels.*"]) + ["jetspec_kernels.python_ref"]
 setup(
+    packages=PACKAGES,
+    package_dir={"jetspec_kernels.python_ref": "python_ref"},
     ext_modules=[Extension("jetspec_kernels._C", sources=[])] if NVCC else [],
     cmdclass={"build_ext": CMakeBuild} if NVCC else {},
 )

@@ -19,7 +19,7 @@ if __package__ in (None, ""):
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from bench import common as bc
 
 B, N, HQ, HKV, DH, L, V, D, K, PAGE = 2, 40, 8, 2, 128, 100, 1000, 6, 4, 16

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels import adaptive as A
 from jetspec_kernels import decode as D
 from jetspec_kernels.decode import generate, generate_ar, measure_round_costs

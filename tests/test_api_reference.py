@@ -2,7 +2,7 @@
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 
 I32 = torch.int32
 

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:  # bench/ is a top-level package of the checkout, 
     sys.path.insert(0, str(ROOT))
 
 import jetspec_kernels as jk  # noqa: E402
-import python_ref as ref  # noqa: E402
+from jetspec_kernels import python_ref as ref  # noqa: E402
 from bench import common as bc  # noqa: E402
 BENCHES = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
 NUMERIC = ["median_us", "tflops", "gbps", "floor_us", "time_over_floor", "flops", "bytes"]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from tree_steps_model import topn_steps
 
 FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes", "mask")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import jetspec_kernels
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.cuda import _util as U
 from helpers import filter_case, kept_by_thresholds, poisoned_empty, rel_l2, sim_module
 

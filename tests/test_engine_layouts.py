@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels import backend as _backend
 from helpers import poisoned_empty
 from test_cuda_ops import paged, random_tree, use_sim

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.models import CheckpointError, DraftConfig, DraftHead, save_draft_head
 from jetspec_kernels.models.config import default_target_layer_ids
 from jetspec_kernels.models.tiny import random_draft_weights, tiny_draft_config, tiny_qwen3_config

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import python_ref as R
+from jetspec_kernels import python_ref as R
 from helpers import rel_l2 as rel
 
 

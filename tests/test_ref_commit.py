@@ -4,7 +4,7 @@ including overlapping moves, accept_len 0 and accept_len = max."""
 import pytest
 import torch
 
-import python_ref as R
+from jetspec_kernels import python_ref as R
 
 B, N, Hkv, Dh = 4, 6, 2, 3
 MAXD = 3                       # path has MAXD + 1 columns

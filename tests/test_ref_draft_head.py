@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import python_ref as R
+from jetspec_kernels import python_ref as R
 
 
 def make_cfg(causal=True, head_dim=8, block_size=4):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st, HealthCheck
 
-import python_ref as R
+from jetspec_kernels import python_ref as R
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

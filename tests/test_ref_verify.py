@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import python_ref as R
+from jetspec_kernels import python_ref as R
 
 M = 0xFFFFFFFF
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.decode import check_generate_args, generate, generate_ar
 from jetspec_kernels.models import tiny_models
 from test_decode import _chi2_pvalue, _sharp_tiny

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 
 
 def _trees(seed=0, b=3, d=4, v=40, budget=23, k=3, algorithm="topn"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as R
+from jetspec_kernels import python_ref as R
 from jetspec_kernels.ops.tree_attention import check_tree_attention
 from jetspec_kernels.triton import attention as TA
 from helpers import rel_l2

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Verdict
 from jetspec_kernels.triton import commit
 

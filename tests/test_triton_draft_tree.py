@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.triton import tree_build as triton_tree
 from jetspec_kernels.triton import topk as triton_topk
 from helpers import (TREE_FIELDS, assert_padding, poisoned_empty, rel_l2, tree_difference,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.triton import rope
 from helpers import rel_l2
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-import python_ref as ref
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Tree
 from jetspec_kernels.triton import verify
 from helpers import filter_case, kept_by_thresholds, poisoned_empty

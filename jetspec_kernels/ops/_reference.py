@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-import python_ref as ref
+from .. import python_ref as ref
 
 _I32 = torch.int32
 

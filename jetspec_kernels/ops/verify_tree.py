@@ -6,7 +6,7 @@ import torch
 from .. import backend as _backend
 from ..tree import Tree, Verdict, mask_words
 from . import _checks as C
-from python_ref.sampling import MAX_TOP_P_VOCAB
+from ..python_ref.sampling import MAX_TOP_P_VOCAB
 
 SEED_DTYPES = (torch.int64, torch.int32)
 # Trees larger than this go to another backend (csrc verify.cuh: kWalkMaxNodes, staged in 48 KB).

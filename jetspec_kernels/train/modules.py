@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from python_ref.rope import rope_cos_sin
+from ..python_ref.rope import rope_cos_sin
 
 from ..models.config import DraftConfig, Qwen3Config
 from ..models.qwen3 import LAYER_KEYS, layer_shapes
