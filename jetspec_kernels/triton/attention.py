@@ -4,19 +4,7 @@ What it computes is DESIGN.md section 4: query i of sequence b sees every cached
 ``< prefix_lens[b]`` and the tail key ``prefix_lens[b] + j`` iff bit (i, j) of ``tree_mask[b]`` is
 set (``tail="causal"``: j <= i, ``"full"``: all j, when there is no mask).
 
-Roofline floor (Qwen3-8B: Hq 32, Hkv 8, Dh 128, bf16; per layer and per sequence, prefix L)
----------------------------------------------------------------------------------------------
-K/V bytes = 2 * L * Hkv * Dh * 2 = 4096 * L; FLOPs = 4 * N * L * Hq * Dh = 16384 * N * L.
-On an H200 (about 4.8 TB/s, about 990 dense bf16 TFLOP/s) the ridge is at N ~ 52, so:
-
-=====  ======  ==============  ===============  ======================
-N      L       bytes (1 seq)   FLOPs (1 seq)    floor, B = 1 / B = 16
-=====  ======  ==============  ===============  ======================
-16     32K     134 MB          8.6 GFLOP        28 us / 447 us (bytes)
-64     32K     134 MB          34 GFLOP         35 us / 555 us (FLOPs)
-256    32K     134 MB          137 GFLOP        139 us / 2.2 ms (FLOPs)
-256    1K      4.2 MB          4.3 GFLOP        4.3 us / 69 us (FLOPs)
-=====  ======  ==============  ===============  ======================
+Its floor, the predictions made for it and what the H200 measured are in ``bench/NOTES.md``.
 
 Design
 ------
@@ -39,19 +27,6 @@ Design
   fp32 accumulation (IEEE fp32 for fp32 inputs, never tf32), P cast to the input dtype for the PV
   product as in FlashAttention. A row with no visible key gets ``out = 0`` and ``lse = -inf``
   (guarded, never NaN), like python_ref.
-
-Predicted behaviour on H200 (not yet measured on a GPU)
--------------------------------------------------------
-* N = 16, any B: ``N * G = 64`` packed rows -> one tile; at B = 1 about 33 splits give 264
-  programs (two per SM) of about 1K keys each at L = 32K. The kernel streams K/V once; expect
-  about 60-75% of HBM bandwidth from a Triton kernel with this block shape, i.e. 1.3-1.7x the
-  floor, plus a merge pass over ``splits * N * Hq * Dh * 4`` bytes (about 6% of the K/V bytes).
-* N >= 64: compute-bound. ``N * G / 128`` tiles each re-read K/V (mostly from L2). Triton's
-  Hopper wgmma path reaches roughly 50-65% of dense peak for Dh = 128 forward attention, so
-  expect about 1.5-2x the floor at N = 256; the tail bit tests add a few % at N = 256, L = 1K.
-* Checked without a GPU: all 19 (Dh, BLOCK_M) configurations ``_block_sizes`` can pick compile
-  for sm_90a (bf16, paged, tree mask, split) to wgmma with cp.async pipelining and no register
-  spills (ptxas resource usage).
 """
 from __future__ import annotations
 

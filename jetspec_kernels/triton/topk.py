@@ -16,13 +16,7 @@ still correct (just slower) up to K = 64. The selection runs on the logits; log-
 monotone shift of a row, so the chosen tokens are the same (up to values that differ only below
 float32 rounding of the log-probs, where the reference may order by token id instead).
 
-Floor and prediction (H200, about 4.8 TB/s; the benchmark case B = 1, D = 15, V = 151936, K = 8):
-reading bf16 logits once is ``B*D*V*2`` = 4.56 MB, i.e. 0.95 us. The partial kernel runs
-15 x 38 programs of 4096 entries; predicted about 4-6 us for both launches (launch latency and
-the K = 8 reduction rounds dominate the 1 us of traffic), well inside the 50 us target that
-also covers the tree kernel. :func:`hidden_topk` is bound by reading the lm_head,
-``V*H*2`` bytes (1.24 GB for H = 4096 in bf16: about 260 us); the [B, D, V] logits are never
-written.
+Floor and predicted time: ``bench/NOTES.md``.
 """
 from __future__ import annotations
 

@@ -5,57 +5,23 @@ slots, runs the selection loop on the device, and writes every output element, t
 ancestor mask included. No host sync: the node count ``min(budget, 1 + K + ... + K**D)`` is a
 function of the static shapes.
 
-Every score is ``<= 0`` (log-probs are checked ``<= 0`` by ``ops.draft_tree``; sums of them
-stay ``<= 0`` and never become ``-0.0`` because the root is ``+0.0``), so the 31-bit magnitude
-``q = bits(score) & 0x7fffffff`` orders scores: smaller ``q`` is a higher score. Selection keys
-are int64 with ``q`` on top, so one integer min applies a whole tie rule.
-
-``topn`` takes the spec's best-first order in batches. Nodes live at their output positions
-(order (depth, parent position, rank), i.e. breadth first), so node x's children sit at
-``1 + (children selected by the nodes before x) + rank`` and among nodes of one depth position
-order is the lexicographic order of rank sequences. The heap is every unselected child of a
-selected node; each step looks at a window of the next ``KB`` children of every node, keyed
-``q | depth | parent position | rank`` (bits 30.., 18..29, 6..17, 0..5): the spec's order
-exactly. A step takes every window entry ``e`` with
-
-* ``e`` below the first child hidden behind any window (full key), and
-* ``(q, depth)`` of ``e`` below that of the best child any window entry could have
-  (``score + lp[depth][0]``, one deeper; ties of that pair are not taken: conservative),
-
-plus always the heap minimum. Nothing a taken entry c brings in can precede a taken entry: c's
-descendants are deeper and score at most ``score(c) + lp[depth(c)][0]`` (log-probs are
-``<= 0``), so they follow the best child of the first window entry of c's parent; the children
-behind a window follow it in rank order. So the taken entries are a prefix of the spec's order,
-and no sort is needed: the step is a threshold, not a rank. When the prefix passes the node
-count, :func:`_kth_key` bisects (on ``q``, then on the rest) for the last key to keep. A step
-then moves every node to its new position through two round trips in the output buffers
-(the shift of a node's children, then the new position of a parent), scattering new nodes
-into place. Per step: four reductions, one scan, two barriers.
-
-``KB = min(next_pow2(K), 2048 / NP)`` keeps the window at 2048 entries (8 at budget 256, 1 from
-budget 2048: then one child per node per step).
-
-Sequential steps, counted on the CPU by wrapping the interpreter's barrier (two a step), for
-random logits ``randn * linspace(6, 2, D)`` (the benchmark's), D = 15, V = 151936, K = 8, 8 draws
-each, median (range): budget 64: 6 (6-9) steps, was 63; budget 256: 12.5 (4-19), was 255;
-budget 512: 14 (10-19), was 511; plus about 20 bisection rounds (one reduction each) once.
-A K = 1 chain still takes one node a step (its heap never holds more than one entry).
+The keys, and why a step may take many nodes without a sort, are ``docs/DESIGN.md`` section 4a;
+here they are encoded and decoded only by the ``_topn_key*`` / ``_heap_key*`` / ``_node_*``
+helpers below. ``topn`` keeps the nodes at their output positions and, per step, takes a prefix of
+the spec's best-first order from a window of the next ``KB`` children of every node
+(``KB = min(next_pow2(K), 2048 / NP)``: 2048 window entries); when the prefix passes the node
+count :func:`_kth_key` bisects for the last key to keep, then every node moves to its new position
+through two round trips in the output buffers (the shift of a node's children, then a parent's new
+position). Per step: four reductions, one scan, two barriers. A K = 1 chain takes one node a step.
 
 ``accum_logp`` simulates JetSpec's heap: slots are insertion order (= output order); the heap is
-the set of inserted, unpopped slots; key ``q | slot | depth`` (bits 24.., 12..23, 0..11) pops the
-best score, ties to the earliest inserted. A popped node of depth < D appends
-``min(K, budget - n)`` children in rank order with one vector load.
+the set of inserted, unpopped slots; the key pops the best score, ties to the earliest inserted. A
+popped node of depth < D appends ``min(K, budget - n)`` children in rank order with one vector load.
 
 The mask (shared with :func:`pack_mask`) is built by an ancestor walk over tiles of rows: every
 row sets the bit of its current node and steps to the parent until all rows reach the root.
 
-Floor and prediction (H200; D = 15, K = 8, budget 256, B = 1): the tree is a few KB, so there is
-no bandwidth floor; the cost is the dependent chain of the selection loop in one program. topn
-was 255 steps of two 256-wide reductions (about 0.3 us a step: 70-80 us). Now a step is about
-1.5 us (four block reductions over the 256 x 8 window at 8 warps, a scan, two store/barrier/load
-round trips through L2): about 5-30 us for 4-19 steps, plus about 3 us of bisection and the
-mask, so draft_tree from logits (plus 4-6 us of top-K) predicts 15-40 us against the 50 us
-target. Not yet measured on a GPU. accum_logp: about budget / K pops (about 10 us).
+Step counts, floor and predicted time: ``bench/NOTES.md``.
 
 Checked offline for sm_90 (no GPU needed): ``triton.compile(ASTSource(_tree_kernel, signature,
 constexprs), target=GPUTarget("cuda", 90, 64), options={"num_warps": ...})`` and
@@ -150,11 +116,70 @@ def _score(q):
     return tl.where(q == 0, 0.0, -mag)
 
 
+# topn key (DESIGN.md 4a): q << 30 | depth << 18 | parent position << 6 | rank, with 12-bit depth
+# and position (budget <= 4096) and a 6-bit rank (K <= 64); the (q, depth) key is its top part.
+_TOPN_Q_SHIFT = tl.constexpr(30)
+_TOPN_DEPTH_SHIFT = tl.constexpr(18)
+_TOPN_POS_SHIFT = tl.constexpr(6)
+_QD_DEPTH_BITS = tl.constexpr(12)
+_MAX_DEPTH_FIELD = tl.constexpr(4095)
+
+
+@triton.jit
+def _topn_key(score, depth, pos, rank):
+    """int64 heap key of a candidate child (score, its depth, its parent's position, its rank):
+    the smallest key is the spec's next node."""
+    return ((_q(score) << _TOPN_Q_SHIFT) | (depth.to(tl.int64) << _TOPN_DEPTH_SHIFT)
+            | (pos.to(tl.int64) << _TOPN_POS_SHIFT) | rank.to(tl.int64))
+
+
+@triton.jit
+def _topn_key_q(key):
+    """The score part (``q``) of a topn key."""
+    return key >> _TOPN_Q_SHIFT
+
+
+@triton.jit
+def _topn_key_q_depth(key):
+    """The (q, depth) part of a topn key, comparable with :func:`_q_depth_key`."""
+    return key >> _TOPN_DEPTH_SHIFT
+
+
+@triton.jit
+def _q_depth_key(score, depth):
+    """(q, depth) key; depth clamped to its 12 bits (for a 4095-deep chain: still a lower bound)."""
+    return (_q(score) << _QD_DEPTH_BITS) | tl.minimum(depth, _MAX_DEPTH_FIELD).to(tl.int64)
+
+
+@triton.jit
+def _heap_key(score, slot, depth):
+    """accum_logp heap key ``q << 24 | slot << 12 | depth``: best score, then earliest inserted."""
+    return (_q(score) << 24) | (slot.to(tl.int64) << 12) | depth.to(tl.int64)
+
+
+@triton.jit
+def _heap_key_unpack(key):
+    """(score, slot, depth) of an accum_logp heap key."""
+    return _score(key >> 24), ((key >> 12) & 0xFFF).to(tl.int32), (key & 0xFFF).to(tl.int32)
+
+
+@triton.jit
+def _node_pack(depth, rank, children):
+    """topn's per-node scratch word: depth (12 bits) | rank (6) | children selected so far."""
+    return depth | (rank << 12) | (children << 18)
+
+
+@triton.jit
+def _node_unpack(f):
+    """(depth, rank, children) of :func:`_node_pack`."""
+    return f & 0xFFF, (f >> 12) & 0x3F, f >> 18
+
+
 @triton.jit
 def _kth_key(key, valid, k):
-    """The k-th smallest of the distinct int64 ``key`` where ``valid`` (2-D), by bisection:
-    first on the score part (bits 30..), then on the rest among the keys of that score."""
-    q = key >> 30
+    """The k-th smallest of the distinct int64 topn ``key`` where ``valid`` (2-D), by bisection:
+    first on the score part, then on the rest among the keys of that score."""
+    q = _topn_key_q(key)
     lo = tl.min(tl.min(tl.where(valid, q, _INF_KEY), axis=1), axis=0)
     hi = tl.max(tl.max(tl.where(valid, q, -1), axis=1), axis=0)
     while lo < hi:
@@ -208,8 +233,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             vis = grow[:, None] & (r < K)
             lpv = tl.load(lp_row + dep[:, None] * stride_ld + r, mask=vis, other=0.0)
             csc = sc[:, None] + lpv
-            key = (_q(csc) << 30) | ((dep[:, None] + 1).to(tl.int64) << 18) \
-                | (slot[:, None].to(tl.int64) << 6) | r.to(tl.int64)
+            key = _topn_key(csc, dep[:, None] + 1, slot[:, None], r)
             key = tl.where(vis, key, _INF_KEY)
             hmin = tl.min(tl.min(key, axis=1), axis=0)
             # bound 1: the best child of any window entry (primary key q | depth only)
@@ -217,18 +241,15 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             c0 = sc + tl.load(lp_row + dep * stride_ld + nc, mask=first, other=0.0)
             has_bc = first & (dep + 1 < D)
             bc = c0 + tl.load(lp_row + (dep + 1) * stride_ld, mask=has_bc, other=0.0)
-            # depth in 12 bits: clamped for a 4095-deep chain (still a lower bound)
-            bc_key = tl.where(has_bc, (_q(bc) << 12) | tl.minimum(dep + 2, 4095).to(tl.int64),
-                              _INF_KEY)
+            bc_key = tl.where(has_bc, _q_depth_key(bc, dep + 2), _INF_KEY)
             bc_min = tl.min(bc_key, axis=0)
             # bound 2: the first child hidden behind the window (full key)
             hr = nc + KB
             has_h = grow & (hr < K)
             hsc = sc + tl.load(lp_row + dep * stride_ld + hr, mask=has_h, other=0.0)
-            h_key = (_q(hsc) << 30) | ((dep + 1).to(tl.int64) << 18) \
-                | (slot.to(tl.int64) << 6) | hr.to(tl.int64)
+            h_key = _topn_key(hsc, dep + 1, slot, hr)
             h_min = tl.min(tl.where(has_h, h_key, _INF_KEY), axis=0)
-            take = vis & ((key == hmin) | (((key >> 18) < bc_min) & (key < h_min)))
+            take = vis & ((key == hmin) | ((_topn_key_q_depth(key) < bc_min) & (key < h_min)))
             m = tl.sum(tl.sum(take.to(tl.int32), axis=1), axis=0)
             if m > n_target - n:
                 m = n_target - n
@@ -244,11 +265,11 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             newpos = slot + tl.load(sa_row + ppos, mask=old & (ppos >= 0), other=0)
             tl.store(sb_row + slot, newpos, mask=old)
             tl.store(sc_ptr + row + newpos, sc, mask=old)
-            tl.store(f_row + newpos, dep | (rk << 12) | (nc2 << 18), mask=old)
+            tl.store(f_row + newpos, _node_pack(dep, rk, nc2), mask=old)
             tl.store(par_ptr + row + newpos, ppos, mask=old)
             dst = child0[:, None] + r
             tl.store(sc_ptr + row + dst, csc, mask=take)
-            tl.store(f_row + dst, (dep[:, None] + 1) | (r << 12), mask=take)
+            tl.store(f_row + dst, _node_pack(dep[:, None] + 1, r, 0), mask=take)
             tl.store(par_ptr + row + dst, tl.broadcast_to(slot[:, None], [NP, KB]), mask=take)
             tl.debug_barrier()
             n += m
@@ -257,9 +278,10 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             f = tl.load(f_row + slot, mask=old, other=-1)
             par_old = tl.load(par_ptr + row + slot, mask=old, other=-1)
             ppos = tl.load(sb_row + par_old, mask=par_old >= 0, other=-1)
-            dep = tl.where(old, f & 0xFFF, -1)
-            rk = tl.where(old, (f >> 12) & 0x3F, 0)
-            nc = tl.where(old, f >> 18, 0)
+            f_dep, f_rk, f_nc = _node_unpack(f)
+            dep = tl.where(old, f_dep, -1)
+            rk = tl.where(old, f_rk, 0)
+            nc = tl.where(old, f_nc, 0)
         # the final stores below overwrite this loop's scratch
         tl.debug_barrier()
         out = slot
@@ -269,11 +291,8 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
         heap = slot == 0
         n = tl.full([], 1, tl.int32)
         while n < n_target:
-            key = (_q(sc) << 24) | (slot.to(tl.int64) << 12) | dep.to(tl.int64)
-            best = tl.min(tl.where(heap, key, _INF_KEY), axis=0)
-            i = ((best >> 12) & 0xFFF).to(tl.int32)
-            d = (best & 0xFFF).to(tl.int32)
-            score = _score(best >> 24)
+            best = tl.min(tl.where(heap, _heap_key(sc, slot, dep), _INF_KEY), axis=0)
+            score, i, d = _heap_key_unpack(best)
             heap = heap & (slot != i)
             m = tl.where(d < D, tl.minimum(K, budget - n), 0)
             new = (slot >= n) & (slot < n + m)
