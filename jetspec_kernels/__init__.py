@@ -4,12 +4,12 @@ Public API (see DESIGN.md section 4 and each function's docstring):
     draft_tree, draft_tree_from_topk, draft_tree_from_hidden, pack_mask,
     tree_attention, qk_norm_rope_append, verify_tree, commit_kv,
     Tree, Verdict, Commit,
-    AcceptanceCalibrator, CostModel, choose_budget, expected_accept_curve,
-    expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive.py),
+    AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
+    expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive.py),
     set_backend, get_backend, available_backends, set_value_checks.
 """
-from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, expected_accept_curve,
-                       expected_accept_curve_from_topk)
+from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
+                       expected_accept_curve, expected_accept_curve_from_topk)
 from .backend import BackendUnavailableError, available_backends, get_backend, set_backend
 from .ops._checks import set_value_checks
 from .ops.commit_kv import commit_kv
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcceptanceCalibrator", "BackendUnavailableError", "Commit", "CostModel", "Tree", "Verdict",
-    "available_backends", "choose_budget", "commit_kv", "draft_tree", "draft_tree_from_hidden",
+    "available_backends", "choose_budget", "choose_budget_from_topk", "commit_kv", "draft_tree", "draft_tree_from_hidden",
     "draft_tree_from_topk", "expected_accept_curve", "expected_accept_curve_from_topk", "get_backend",
     "pack_mask", "qk_norm_rope_append", "set_backend", "set_value_checks", "tree_attention",
     "verify_tree",

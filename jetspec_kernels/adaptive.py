@@ -10,7 +10,9 @@ carry distinct tokens, so at most one node per depth is accepted). Its expected 
 so one sorted pass over the scores gives E(n) for every n. :class:`AcceptanceCalibrator` corrects
 the draft's estimate with the acceptance actually observed (per depth or per score bucket, running
 sums kept as device tensors), :class:`CostModel` holds the time of a round at each candidate size,
-and :func:`choose_budget` picks ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device.
+and :func:`choose_budget` picks ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device;
+:func:`choose_budget_from_topk` does the same straight from the per-depth top-K in fewer ops (the
+decoding loop's per-round choice).
 :func:`jetspec_kernels.decode.generate` does this with ``budget="auto"`` (or a list of sizes).
 The per-round functions run in ``torch.inference_mode`` (a quarter less host time on the CPU);
 they return inference tensors, and the calibrator's sums are only ever changed inside it.
@@ -27,7 +29,8 @@ from .ops.draft_tree import MAX_BUDGET
 from .tree import Tree
 
 __all__ = ["DEFAULT_SIZES", "AcceptanceCalibrator", "CostModel", "choose_budget",
-           "expected_accept_curve", "expected_accept_curve_from_topk", "parse_budget"]
+           "choose_budget_from_topk", "expected_accept_curve", "expected_accept_curve_from_topk",
+           "parse_budget"]
 
 DEFAULT_SIZES = (4, 8, 16, 32, 64)
 
@@ -119,6 +122,7 @@ class AcceptanceCalibrator:
         self.num_bins = max_depth if bins == "depth" else len(edges) + 1
         self.device = torch.device(device)
         self.score_edges = torch.tensor(edges, dtype=torch.float32, device=self.device)
+        self._neg_edges = -self.score_edges          # ascending, for bucketize
         self.predicted = torch.zeros(self.num_bins, dtype=torch.float64, device=self.device)
         self.accepted = torch.zeros_like(self.predicted)
 
@@ -132,33 +136,34 @@ class AcceptanceCalibrator:
         """float32 [num_bins]: observed / predicted acceptances per bin (with the prior)."""
         return ((self.accepted + self.prior) / (self.predicted + self.prior)).float()
 
-    def bin_index(self, depths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """int64, the shape of ``depths`` / ``scores``: each node's bin (meaningful for depth >= 1)."""
+    def bin_index(self, depths: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        """int64, the shape of ``scores``: each node's bin (meaningful for depth >= 1);
+        ``depths`` (the same shape) is only read with depth bins."""
         if self.bins == "depth":
             return (depths.long() - 1).clamp(0, self.num_bins - 1)
-        return (scores[..., None] < self.score_edges).sum(-1)
+        # The number of edges above the score: edges e with -e < -score.
+        return torch.bucketize(-scores, self._neg_edges)
 
-    def weights(self, depths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """float32, the shape of ``depths``: ``ratio[bin]`` of each node."""
+    def weights(self, depths: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        """float32, the shape of ``scores``: ``ratio[bin]`` of each node (``depths`` as in
+        :meth:`bin_index`)."""
         return self.ratios()[self.bin_index(depths, scores)]
 
     @torch.inference_mode()
     def update(self, tree: Tree, verdict, active: torch.Tensor | None = None) -> None:
         """Add one verified round: ``tree`` [B, N] and its ``verdict`` (accept_len [B], path
         [B, M]); ``active`` bool [B] (default all) selects the sequences that count."""
-        b, n = tree.scores.shape
-        dev = tree.scores.device
         if active is None:
-            active = torch.ones(b, dtype=torch.bool, device=dev)
+            active = torch.ones(tree.batch_size, dtype=torch.bool, device=tree.scores.device)
         if self.decay != 1.0:
             self.predicted.mul_(self.decay)
             self.accepted.mul_(self.decay)
-        # Padding rows have score -inf (exp 0); the root (node 0) is always accepted: left out.
-        counted = (torch.arange(n, device=dev)[None, :] >= 1) & active[:, None]
         bins = self.bin_index(tree.depths, tree.scores)      # in range for every node
-        self.predicted.index_add_(0, bins.flatten(), (tree.scores.exp() * counted).flatten().double())
-        step = torch.arange(1, verdict.path.shape[1], device=dev)
-        on_path = (step[None, :] <= verdict.accept_len[:, None]) & active[:, None]
+        # Padding rows have score -inf (exp 0); the root (node 0) is always accepted: left out.
+        predicted = tree.scores[:, 1:].exp() * active[:, None]
+        self.predicted.index_add_(0, bins[:, 1:].flatten(), predicted.flatten().double())
+        step = torch.arange(1, verdict.path.shape[1], device=active.device)
+        on_path = (step <= verdict.accept_len[:, None]) & active[:, None]
         if self.bins == "depth":         # path node j sits at depth j
             counts = on_path.sum(0).double()
             k = min(counts.shape[0], self.num_bins)
@@ -223,10 +228,8 @@ def expected_accept_curve_from_topk(topk_logprobs: torch.Tensor, n_max: int,
                                     calibrator: AcceptanceCalibrator | None = None) -> torch.Tensor:
     """:func:`expected_accept_curve` of the topn tree of budget ``n_max``, without building it.
 
-    Every depth-d node has the same K children, so the m = n_max - 1 best depth-d scores are the m
-    best sums of the m best depth-(d-1) scores and row d's K log-probs; the best m overall come from
-    those (depths past m cannot make it). Scores are accumulated left to right in float32, as the
-    tree builders do.
+    The best n_max - 1 non-root nodes come from the best few of each depth (see
+    :func:`_level_scores`; depths past n_max - 1 cannot make it).
 
     Parameters
     ----------
@@ -242,17 +245,29 @@ def expected_accept_curve_from_topk(topk_logprobs: torch.Tensor, n_max: int,
     m = n_max - 1
     if m < 1:
         return torch.zeros(b, 1, dtype=torch.float32, device=topk_logprobs.device)
-    lp = topk_logprobs.float()
-    levels, widths, cur = [], [], None
-    for j in range(min(d, m)):
-        # At most m - j depth-(j+1) nodes fit among the best m: each shallower depth holds an ancestor.
-        keep = m - j
-        cand = lp[:, j] if cur is None else (cur[:, :, None] + lp[:, j, None, :]).flatten(1)
-        cur = cand.topk(keep, dim=1, sorted=False).values if cand.shape[1] > keep else cand
-        levels.append(cur)
-        widths.append(cur.shape[1])
-    depths, mult, offset = _levels(tuple(widths), lp.device)
+    levels = _level_scores(topk_logprobs.float(), m)
+    depths, mult, offset = _levels(tuple(t.shape[1] for t in levels), topk_logprobs.device)
     return _curve(torch.cat(levels, dim=1), depths.expand(b, -1), m, calibrator, (mult, offset))
+
+
+def _level_scores(lp: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """float32 [B, w_j] for depth j + 1 = 1 .. min(D, m): the scores of the m - j best depth-(j+1)
+    nodes of the implicit tree of ``lp`` [B, D, K] (all of them if fewer; unordered).
+
+    Every depth-d node has the same K children, so the best depth-(d+1) scores are among the sums
+    of the best depth-d scores and row d's K log-probs, and at most m - d depth-(d+1) nodes fit
+    among the best m (each shallower depth holds an ancestor). Scores are accumulated left to
+    right in float32, as the tree builders do, so they equal the built tree's bit for bit."""
+    rows = lp.unsqueeze(2).unbind(1)                     # D views [B, 1, K]
+    cur = lp[:, 0]
+    levels = []
+    for j in range(min(lp.shape[1], m)):
+        if j:
+            cur = (cur.unsqueeze(2) + rows[j]).flatten(1)
+        if cur.shape[1] > m - j:
+            cur = cur.topk(m - j, dim=1, sorted=False).values
+        levels.append(cur)
+    return levels
 
 
 @functools.lru_cache(maxsize=64)
@@ -344,3 +359,67 @@ def choose_budget(curve: torch.Tensor, sizes, costs, active: torch.Tensor | None
     if active is not None:
         tokens = tokens * active[:, None].to(tokens.dtype)
     return torch.argmax(tokens.sum(0) / costs)
+
+
+@torch.inference_mode()
+def choose_budget_from_topk(topk_logprobs: torch.Tensor, sizes, costs,
+                            calibrator: AcceptanceCalibrator | None = None,
+                            active: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`choose_budget` on :func:`expected_accept_curve_from_topk`, the same index, in a
+    third of the torch ops (the per-round choice of ``generate(budget="auto")``).
+
+    The best ``max(sizes) - 1`` non-root scores are sorted once; without a calibrator or with
+    score bins a node's calibrated probability depends on its score alone, so tied scores add the
+    same amount and one cumulative sum read at every size gives E(n) for all sizes at once, the
+    same float32 values as the curve. Depth bins need topn's tie order (lower depth first) and
+    take :func:`expected_accept_curve_from_topk`'s path.
+
+    Parameters
+    ----------
+    topk_logprobs : float32 [B, D, K], per-depth top-K log-probs (descending)
+    sizes : candidate sizes (ints >= 1; Python ints, or a CPU tensor, since they shape the work)
+    costs : float tensor [S] (seconds per round at each size) or a :class:`CostModel`
+    calibrator : optional, as in :func:`expected_accept_curve`
+    active : bool [B], optional: only these sequences' tokens count
+
+    Returns
+    -------
+    int64 0-dim tensor on the device of ``topk_logprobs``: the index into ``sizes`` of
+    ``argmax_s sum_b (1 + E_b(sizes[s])) / c_s`` (ties to the first).
+    """
+    sizes = tuple(int(n) for n in sizes)
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"sizes must be a non-empty list of ints >= 1, got {sizes}")
+    if calibrator is not None and calibrator.bins == "depth":
+        curve = expected_accept_curve_from_topk(topk_logprobs, max(sizes), calibrator)
+        return choose_budget(curve, sizes, costs, active)
+    dev = topk_logprobs.device
+    if isinstance(costs, CostModel):
+        costs = costs.tensor(sizes, dev)
+    m = max(sizes) - 1
+    if m < 1:
+        curve = topk_logprobs.new_zeros(topk_logprobs.shape[0], 0, dtype=torch.float32)
+    else:
+        scores = torch.cat(_level_scores(topk_logprobs.float(), m), dim=1)
+        vals = scores.topk(min(m, scores.shape[1]), dim=1).values    # sorted, descending
+        prob = vals.exp()
+        if calibrator is not None:
+            prob = prob * calibrator.weights(None, vals)
+        curve = prob.cumsum(1)
+    cols, pad = _size_columns(sizes, curve.shape[1], dev)
+    if pad:                      # a size 1 reads E = 0 from a zero column
+        curve = torch.nn.functional.pad(curve, (1, 0))
+    tokens = 1.0 + curve[:, cols]
+    if active is not None:
+        tokens = torch.where(active[:, None], tokens, 0.0)
+    return torch.argmax(tokens.sum(0) / costs)
+
+
+@functools.lru_cache(maxsize=64)
+def _size_columns(sizes: tuple, width: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """int64 [S]: the column of E(n) for each size in a cumulative sum of ``width`` nodes (flat
+    past it), and whether a zero column must come first (some size is 1). Cached like
+    :func:`_levels`."""
+    pad = min(sizes) == 1
+    cols = [min(n - 1, width) - (not pad) for n in sizes]
+    return torch.tensor(cols, dtype=torch.int64, device=device), pad

@@ -12,8 +12,8 @@ cache and ``prefix`` counts the tokens before it. The draft context has exactly 
 Prefill runs the whole prompt and samples the first new token, which is the first anchor.
 
 Adaptive budget (``budget="auto"`` or a list of sizes, see :mod:`jetspec_kernels.adaptive`): the
-draft step stops at the per-depth top-K, computes the expected-accepted-length curve for the
-largest candidate size and chooses the size on the device; the verify step builds the topn tree of
+draft step stops at the per-depth top-K and chooses the size on the device from it
+(:func:`~jetspec_kernels.adaptive.choose_budget_from_topk`); the verify step builds the topn tree of
 the chosen size from the same top-K (exactly ``draft_tree(budget=n)``) and updates the calibrator.
 
 Host syncs: one per round, reading whether every sequence is done (``done.all()``; adaptive: read
@@ -40,8 +40,7 @@ from typing import NamedTuple
 import torch
 
 from . import backend as _backend
-from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget,
-                       expected_accept_curve_from_topk, parse_budget)
+from .adaptive import AcceptanceCalibrator, CostModel, choose_budget_from_topk, parse_budget
 from .ops import _checks as C
 from .ops.commit_kv import commit_kv
 from .ops.draft_tree import (ALGORITHMS, MAX_TOPK, _build, checked_topk, draft_tree,
@@ -336,7 +335,6 @@ class _Round:
         self.accept: torch.Tensor | None = None
         if self.adaptive:
             self.calibrator, self.costs = calibrator, costs
-            self.size_t = torch.tensor(self.sizes, dtype=torch.int64, device=dev)
             self.choice = torch.zeros((), dtype=torch.int64, device=dev)
             self.topk_tokens = self.topk_logprobs = None
 
@@ -365,9 +363,8 @@ class _Round:
                 budget=self.sizes[-1], topk=self.topk, algorithm=self.algorithm)
         if choose:
             with st("choose"):
-                curve = expected_accept_curve_from_topk(self.topk_logprobs, self.sizes[-1],
-                                                        self.calibrator)
-                self.choice = choose_budget(curve, self.size_t, self.costs, ~self.out.done)
+                self.choice = choose_budget_from_topk(self.topk_logprobs, self.sizes, self.costs,
+                                                      self.calibrator, ~self.out.done)
 
     def poll(self) -> tuple[bool, int]:
         """The round's one host sync: (every sequence done, index of the chosen size)."""

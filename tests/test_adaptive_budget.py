@@ -190,6 +190,79 @@ def test_choose_budget_picks_the_argmax():
     assert int(A.choose_budget(curve, torch.tensor([4, 8]), torch.tensor([1.0, 1.0]))) == 1
 
 
+def _rank_seqs(tree: Tree, b: int) -> list[tuple]:
+    """Row ``b``'s nodes as rank sequences (the tree's tokens are ranks, see :func:`_tree`)."""
+    seqs = []
+    for i in range(int(tree.num_nodes[b])):
+        p = int(tree.parents[b, i])
+        seqs.append(() if p < 0 else seqs[p] + (int(tree.tokens[b, i]),))
+    return seqs
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_small_topn_tree_is_the_big_trees_best_nodes(ties):
+    """What the curve (and the chooser) rely on: the budget-n topn tree holds exactly the n - 1
+    best non-root nodes of the budget-N tree in the spec's order (score, then lower depth, then
+    smaller rank sequence), laid out by (depth, rank sequence), scores bit for bit."""
+    gen = torch.Generator().manual_seed(6 + ties)
+    for _ in range(6):
+        d, k = (int(torch.randint(1, hi, (1,), generator=gen)) for hi in (6, 5))
+        lp = _random_lp(gen, 2, d, k, ties)
+        big = _tree(lp, 70)
+        for b in range(2):
+            seqs = _rank_seqs(big, b)
+            score = {s: float(big.scores[b, i]) for i, s in enumerate(seqs)}
+            best = sorted(seqs[1:], key=lambda s: (-score[s], len(s), s))
+            for n in range(1, len(seqs) + 1):
+                small = _tree(lp, n)
+                got = _rank_seqs(small, b)
+                assert got == [()] + sorted(best[:n - 1], key=lambda s: (len(s), s)), (n, got)
+                assert [float(small.scores[b, i]) for i in range(n)] == [score[s] for s in got]
+
+
+def _old_bin_index(cal, scores):
+    return (scores[..., None] < cal.score_edges).sum(-1)
+
+
+def test_score_bins_count_the_edges_above():
+    cal = A.AcceptanceCalibrator("score", score_edges=[math.log(0.3), math.log(0.2), -3.0])
+    edges = cal.score_edges.tolist()
+    scores = torch.tensor([0.0, -0.1, *edges, -3.0000002, -50.0, -math.inf,
+                           *(torch.rand(40) * -6).tolist()], dtype=torch.float32)
+    assert torch.equal(cal.bin_index(None, scores), _old_bin_index(cal, scores))
+    assert cal.bin_index(None, scores)[:6].tolist() == [0, 0, 0, 1, 2, 3]     # [edge j, edge j-1)
+
+
+@pytest.mark.parametrize("bins", [None, "depth", "score"])
+def test_choose_from_topk_equals_choose_on_the_curve(bins):
+    """The per-round chooser straight from the top-K gives the index ``choose_budget`` gives on
+    the built tree's curve: random sizes (1 and sizes past the implicit tree included), costs with
+    exact ties, ties in the log-probs, inactive sequences, batch 1-4."""
+    gen = torch.Generator().manual_seed(7)
+    checked = 0
+    for trial in range(60):
+        b, d, k = (int(torch.randint(1, hi, (1,), generator=gen)) for hi in (5, 6, 5))
+        lp = _random_lp(gen, b, d, k, ties=trial % 2 == 1)
+        sizes = sorted({int(x) for x in torch.randint(1, 70, (4,), generator=gen)}
+                       | ({1} if trial % 5 == 0 else set()))
+        costs = torch.randint(1, 5, (len(sizes),), generator=gen).float() / 2
+        active = None if trial % 3 == 0 else torch.rand(b, generator=gen) < 0.7
+        cal = None if bins is None else _calibrator(gen, bins=bins)
+        tree = _tree(lp, max(sizes))
+        want = A.choose_budget(A.expected_accept_curve(tree, cal), sizes, costs, active)
+        got = A.choose_budget_from_topk(lp, sizes, costs, cal, active)
+        assert got.dtype == torch.int64 and got.dim() == 0
+        assert int(got) == int(want), (trial, sizes, costs)
+        assert int(A.choose_budget_from_topk(lp, torch.tensor(sizes), A.CostModel(
+            dict(zip(sizes, costs.tolist()))), cal, active)) == int(want)
+        checked += 1
+    assert checked == 60
+    with pytest.raises(ValueError, match="sizes"):
+        A.choose_budget_from_topk(lp, [], costs)
+    with pytest.raises(ValueError, match="sizes"):
+        A.choose_budget_from_topk(lp, [0, 4], costs[:2])
+
+
 def test_cost_model_accepts_dicts_and_callables_and_validates():
     cm = A.CostModel({4: 0.01, 8: 0.02})
     assert cm(8) == 0.02 and cm.table([4]) == {4: 0.01}
