@@ -43,7 +43,7 @@ from jetspec_kernels.adaptive import AcceptanceCalibrator, choose_budget, expect
 from jetspec_kernels.tree import Tree
 
 COLUMNS = ["part", "device", "batch", "config", "tokens_per_s", "tokens_per_round", "mean_size",
-           "seconds", "tokens", "rounds", "spread", "note"]
+           "seconds", "tokens", "rounds", "spread", "choose_ms", "calibrate_ms", "note"]
 # A Qwen3-8B verify forward on an H200: 7.57e9 parameters (36 layers + lm_head, bf16), streamed
 # at the measured 4.3 TB/s or computed at 60 % of the measured 790 TFLOP/s, plus about 0.8 ms for
 # the draft head, the tree and the round's glue (bench/NOTES.md, "Headline shapes").
@@ -242,8 +242,8 @@ def end_to_end(target, head, batch, prompts, warm, sizes, reps, new_tokens, topk
     for cfg in configs:                          # warm-up (untimed), auto learns its first rounds
         for g in warm_groups:
             run(cfg, g)
-    acc = {c: dict(tok=0, secs=0.0, rounds=0, seq_rounds=0, acc=0, size=0, rates=[], out=[])
-           for c in configs}
+    acc = {c: dict(tok=0, secs=0.0, rounds=0, seq_rounds=0, acc=0, size=0, rates=[], out=[],
+                   choose=0.0, calibrate=0.0) for c in configs}
     for rep in range(reps):
         per_rep = {c: [0, 0.0] for c in configs}
         for gi, g in enumerate(groups):          # configurations interleaved call by call, rotated
@@ -257,6 +257,8 @@ def end_to_end(target, head, batch, prompts, warm, sizes, reps, new_tokens, topk
                 a["seq_rounds"] += len(st.accept_lengths)
                 a["acc"] += sum(st.accept_lengths)
                 a["size"] += sum(st.budget_sizes)
+                for stage in ("choose", "calibrate"):
+                    a[stage] += st.stage_seconds.get(stage, 0.0)
                 if rep == 0:
                     a["out"].extend(o.tokens)
         for cfg, (tok, secs) in per_rep.items():
@@ -268,7 +270,10 @@ def end_to_end(target, head, batch, prompts, warm, sizes, reps, new_tokens, topk
     for cfg in configs:
         a = acc[cfg]
         lo, hi = min(a["rates"]), max(a["rates"])
-        rows.append(dict(part="measured", batch=batch, config=str(cfg),
+        # Host time of the adaptive round's own work (auto only), ms per round.
+        per_round = {f"{s}_ms": 1e3 * a[s] / a["rounds"] for s in ("choose", "calibrate")
+                     if cfg == "auto"}
+        rows.append(dict(part="measured", batch=batch, config=str(cfg), **per_round,
                          tokens_per_s=a["tok"] / a["secs"],
                          tokens_per_round=1 + a["acc"] / a["seq_rounds"],
                          mean_size=a["size"] / a["rounds"], seconds=a["secs"], tokens=a["tok"],
@@ -399,12 +404,18 @@ def _print(rows: list[dict]) -> None:
         key = (r["part"], r["batch"])
         if key != last:
             print(f"-- {r['part']}, batch {r['batch']}")
-            print(f"{'config':>7} {'tokens/s':>9} {'tok/round':>9} {'mean n':>7} {'spread':>10}  note")
+            print(f"{'config':>7} {'tokens/s':>9} {'tok/round':>9} {'mean n':>7} {'spread':>10} "
+                  f"{'choose ms':>9} {'calib ms':>8}  note")
             last = key
         tps = r.get("tokens_per_s")
         print(f"{r['config']:>7} {'' if tps is None else f'{tps:9.1f}':>9} "
               f"{r.get('tokens_per_round', math.nan):9.2f} {r.get('mean_size', math.nan):7.1f} "
-              f"{r.get('spread', ''):>10}  {r.get('note', '')}")
+              f"{r.get('spread', ''):>10} {_ms(r.get('choose_ms')):>9} {_ms(r.get('calibrate_ms')):>8}"
+              f"  {r.get('note', '')}")
+
+
+def _ms(v) -> str:
+    return "" if v is None else f"{v:.3f}"
 
 
 if __name__ == "__main__":
