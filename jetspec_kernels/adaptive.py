@@ -251,8 +251,9 @@ def expected_accept_curve_from_topk(topk_logprobs: torch.Tensor, n_max: int,
 
 
 def _level_scores(lp: torch.Tensor, m: int) -> list[torch.Tensor]:
-    """float32 [B, w_j] for depth j + 1 = 1 .. min(D, m): the scores of the m - j best depth-(j+1)
-    nodes of the implicit tree of ``lp`` [B, D, K] (all of them if fewer; unordered).
+    """float32 [B, w_j] for depth j + 1 = 1 .. L = min(D, m): scores of depth-(j+1) nodes of the
+    implicit tree of ``lp`` [B, D, K] (unordered) that include the m - j best (all of them if
+    fewer; the last depth is not cut, the caller's selection over all depths does that).
 
     Every depth-d node has the same K children, so the best depth-(d+1) scores are among the sums
     of the best depth-d scores and row d's K log-probs, and at most m - d depth-(d+1) nodes fit
@@ -261,10 +262,11 @@ def _level_scores(lp: torch.Tensor, m: int) -> list[torch.Tensor]:
     rows = lp.unsqueeze(2).unbind(1)                     # D views [B, 1, K]
     cur = lp[:, 0]
     levels = []
-    for j in range(min(lp.shape[1], m)):
+    last = min(lp.shape[1], m) - 1
+    for j in range(last + 1):
         if j:
             cur = (cur.unsqueeze(2) + rows[j]).flatten(1)
-        if cur.shape[1] > m - j:
+        if cur.shape[1] > m - j and j < last:
             cur = cur.topk(m - j, dim=1, sorted=False).values
         levels.append(cur)
     return levels
