@@ -357,9 +357,14 @@ def choose_budget(curve: torch.Tensor, sizes, costs, active: torch.Tensor | None
     idx = torch.as_tensor(sizes, device=dev).long() - 1
     if isinstance(costs, CostModel):
         costs = costs.tensor(sizes.tolist() if torch.is_tensor(sizes) else sizes, dev)
-    tokens = 1.0 + curve[:, idx]
+    return _best_rate(curve[:, idx], costs, active)
+
+
+def _best_rate(expected: torch.Tensor, costs: torch.Tensor, active) -> torch.Tensor:
+    """``argmax_s sum_b (1 + expected[b, s]) / costs[s]`` over the ``active`` rows (all if None)."""
+    tokens = 1.0 + expected
     if active is not None:
-        tokens = tokens * active[:, None].to(tokens.dtype)
+        tokens = torch.where(active[:, None], tokens, 0.0)
     return torch.argmax(tokens.sum(0) / costs)
 
 
@@ -367,8 +372,8 @@ def choose_budget(curve: torch.Tensor, sizes, costs, active: torch.Tensor | None
 def choose_budget_from_topk(topk_logprobs: torch.Tensor, sizes, costs,
                             calibrator: AcceptanceCalibrator | None = None,
                             active: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`choose_budget` on :func:`expected_accept_curve_from_topk`, the same index, in a
-    third of the torch ops (the per-round choice of ``generate(budget="auto")``).
+    """:func:`choose_budget` on :func:`expected_accept_curve_from_topk`, the same index, in fewer
+    torch ops (the per-round choice of ``generate(budget="auto")``).
 
     The best ``max(sizes) - 1`` non-root scores are sorted once; without a calibrator or with
     score bins a node's calibrated probability depends on its score alone, so tied scores add the
@@ -411,10 +416,7 @@ def choose_budget_from_topk(topk_logprobs: torch.Tensor, sizes, costs,
     cols, pad = _size_columns(sizes, curve.shape[1], dev)
     if pad:                      # a size 1 reads E = 0 from a zero column
         curve = torch.nn.functional.pad(curve, (1, 0))
-    tokens = 1.0 + curve[:, cols]
-    if active is not None:
-        tokens = torch.where(active[:, None], tokens, 0.0)
-    return torch.argmax(tokens.sum(0) / costs)
+    return _best_rate(curve[:, cols], costs, active)
 
 
 @functools.lru_cache(maxsize=64)
