@@ -108,7 +108,8 @@ class DraftHead:
         cfg = self.config
         b, m, _ = taps.shape
         nkv, dh, eps = cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
-        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps, self.dtype)
+        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps,
+                       self.dtype)
         pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
         for li, w in enumerate(self.layers):
             k = F.linear(ctx, w["self_attn.k_proj.weight"]).view(b, m, nkv, dh)
@@ -150,8 +151,8 @@ class DraftHead:
         for li, w in enumerate(self.layers):
             kc, vc = state.cache.layer(li)
 
-            def attend(q, k, v, w):
-                q = qk_norm_rope_append(q, k, v, w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"],
+            def attend(q, k, v, lw):
+                q = qk_norm_rope_append(q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
                                         pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps, block_table=table)
                 return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
 

@@ -151,8 +151,8 @@ class Qwen3:
         for li, w in enumerate(self.layers):
             kc, vc = cache.layer(li)
 
-            def attend(q, k, v, w):
-                q = qk_norm_rope_append(q, k, v, w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"],
+            def attend(q, k, v, lw):
+                q = qk_norm_rope_append(q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
                                         positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
                                         block_table=cache.block_table, cache_start=write_start)
                 return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
