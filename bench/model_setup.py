@@ -46,17 +46,6 @@ class Models:
     label: str
 
 
-def _random(shapes: dict, prefix: str, device, dtype, gen) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, shape in shapes.items():
-        if len(shape) == 1:
-            t = 1.0 + 0.1 * torch.randn(shape, device=device, generator=gen)
-        else:
-            t = torch.randn(shape, device=device, generator=gen) / shape[-1] ** 0.5   # fan-in
-        out[prefix + key] = t.to(dtype)
-    return out
-
-
 def _configs(size: str):
     from dataclasses import asdict
 
@@ -106,7 +95,7 @@ def build(device: torch.device, dtype: torch.dtype, *, size: str, with_target: b
     target_dir, head_dir : Hugging Face Qwen3 / JetSpec head checkpoint directories, optional
     """
     models, _ = import_models()
-    from jetspec_kernels.models.qwen3 import layer_shapes, target_layer_shapes
+    from jetspec_kernels.models.init import init_weights, layer_shapes, target_layer_shapes
 
     gen = torch.Generator(device=device).manual_seed(seed)
     tcfg, dcfg = _configs(size)
@@ -122,7 +111,8 @@ def build(device: torch.device, dtype: torch.dtype, *, size: str, with_target: b
             w = {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head,
                  "model.norm.weight": torch.ones(tcfg.hidden_size, device=device, dtype=dtype)}
             for i in range(tcfg.num_hidden_layers):
-                w.update(_random(target_layer_shapes(tcfg, i), f"model.layers.{i}.", device, dtype, gen))
+                w.update(init_weights(target_layer_shapes(tcfg, i), gen, prefix=f"model.layers.{i}.",
+                                      device=device, dtype=dtype))
             target = models.Qwen3(tcfg, w)
     if head_dir:
         head = models.DraftHead.from_pretrained(head_dir, dtype=dtype, device=device)
@@ -133,7 +123,8 @@ def build(device: torch.device, dtype: torch.dtype, *, size: str, with_target: b
              "hidden_norm.weight": torch.ones(dcfg.hidden_size, device=device, dtype=dtype),
              "norm.weight": torch.ones(dcfg.hidden_size, device=device, dtype=dtype)}
         for i in range(dcfg.num_hidden_layers):
-            w.update(_random(layer_shapes(dcfg), f"layers.{i}.", device, dtype, gen))
+            w.update(init_weights(layer_shapes(dcfg), gen, prefix=f"layers.{i}.", device=device,
+                                  dtype=dtype))
         head = models.DraftHead(dcfg, w)
     label = f"target {target_dir or size}, head {head_dir or size}"
     return Models(head=head, embed_weight=embed, lm_head_weight=lm_head, target=target, label=label)

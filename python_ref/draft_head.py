@@ -5,7 +5,8 @@ import math
 import torch
 
 from ._common import compute_dtype
-from .rope import apply_rope, rms_norm
+from .layers import decoder_layer, layer_weights, qk_norm_rope
+from .rope import rms_norm
 
 __all__ = ["target_layer_ids", "draft_head_forward"]
 
@@ -88,28 +89,18 @@ def draft_head_forward(weights, cfg, target_hidden, anchor_tokens, embed_weight,
     vis[:, :T] = True
     vis[:, T:] = torch.ones(S, S, dtype=torch.bool, device=dev).tril() if causal else True
 
-    for li in range(n_layers):
-        p = f"layers.{li}."
-        x = rms_norm(h, W[p + "input_layernorm.weight"], eps)
-        q = _linear(x, W[p + "self_attn.q_proj.weight"]).view(B, S, nq, Dh)
-        kv_in = torch.cat([ctx, x], dim=1)                                  # [B, T+S, H]
-        k = _linear(kv_in, W[p + "self_attn.k_proj.weight"]).view(B, T + S, nkv, Dh)
-        v = _linear(kv_in, W[p + "self_attn.v_proj.weight"]).view(B, T + S, nkv, Dh)
-        q = apply_rope(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), pos_blk, theta)
-        k = apply_rope(rms_norm(k, W[p + "self_attn.k_norm.weight"], eps), pos_all, theta)
-
+    def attend(q, k, v, w):
+        q, k = qk_norm_rope(q, k, w, eps, pos_blk, pos_all, theta)
         attn = torch.zeros(B, S, nq, Dh, dtype=cd, device=dev)
         for hq in range(nq):
             hk = hq // group
             s = torch.einsum("bsd,btd->bst", q[:, :, hq], k[:, :, hk]) / math.sqrt(Dh)
             s = s.masked_fill(~vis, -math.inf)
             attn[:, :, hq] = torch.softmax(s, dim=-1) @ v[:, :, hk]
-        h = h + _linear(attn.reshape(B, S, nq * Dh), W[p + "self_attn.o_proj.weight"])
+        return attn
 
-        x = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
-        gate = _linear(x, W[p + "mlp.gate_proj.weight"])
-        up = _linear(x, W[p + "mlp.up_proj.weight"])
-        h = h + _linear(torch.nn.functional.silu(gate) * up, W[p + "mlp.down_proj.weight"])
+    for li in range(n_layers):
+        h = decoder_layer(h, layer_weights(W, f"layers.{li}."), attend, eps, context=ctx)
 
     h = rms_norm(h, W["norm.weight"], eps)
     return _linear(h[:, 1:], lm_head_weight.to(cd))

@@ -16,20 +16,27 @@ from ._common import cache_indices, compute_dtype
 __all__ = ["rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
 
 
-def rms_norm(x, weight, eps=1e-6):
+def rms_norm(x, weight, eps=1e-6, dtype=None):
     """RMSNorm over the last dim: ``x * rsqrt(mean(x**2) + eps) * weight``.
 
     Parameters
     ----------
     x : ``[..., D]``; weight : ``[D]``; eps : float
+    dtype : None for the reference form, else the Hugging Face form: x is normalised in float32,
+        cast to ``dtype``, then multiplied by ``weight`` as it is (what the models run, so their
+        bf16 results match transformers').
 
     Returns
     -------
-    ``[..., D]`` in the compute dtype (float64 if x is float64, else float32).
+    ``[..., D]``: dtype None -> in the compute dtype (float64 if x is float64, else float32);
+    else in the promotion of ``weight.dtype`` and ``dtype``.
     """
-    cd = compute_dtype(x)
+    cd = compute_dtype(x) if dtype is None else torch.float32
     xf = x.to(cd)
-    return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(cd)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if dtype is None:
+        return xf * weight.to(cd)
+    return weight * xf.to(dtype)
 
 
 def rope_inv_freq(head_dim, theta):

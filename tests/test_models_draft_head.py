@@ -117,3 +117,65 @@ def test_config_defaults_and_errors():
     no_ids["num_target_layers"] = 0
     with pytest.raises(ValueError, match="target_layer_ids"):
         DraftConfig.from_dict(no_ids)
+
+
+def oracle_layer(x, w, eps, theta, q_pos, context=None, causal=True):
+    """python_ref's decoder_layer with a plain float64 attention: block rows at RoPE positions
+    ``q_pos`` see the ``context`` rows (positions 0..T-1) and the block (causally or fully)."""
+    t, n = (0 if context is None else context.shape[1]), x.shape[1]
+    k_pos = torch.cat([torch.arange(t), q_pos])
+    vis = torch.ones(n, t + n, dtype=torch.bool)
+    if causal:
+        vis[:, t:] = torch.ones(n, n, dtype=torch.bool).tril()
+
+    def attend(q, k, v, lw):
+        q, k = ref.qk_norm_rope(q, k, lw, eps, q_pos, k_pos, theta)
+        g = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+        s = torch.einsum("bnhd,bmhd->bhnm", q, k) / q.shape[-1] ** 0.5
+        return torch.einsum("bhnm,bmhd->bnhd", s.masked_fill(~vis, float("-inf")).softmax(-1), v)
+
+    return ref.decoder_layer(x, w, attend, eps, context=context)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_layer_is_the_same_layer(causal):
+    """The target's layer, the draft head's layer and the training modules' layers, on the same
+    weights and inputs, match python_ref's decoder_layer (so none of them can drift alone)."""
+    from jetspec_kernels.models import Qwen3
+    from jetspec_kernels.models.tiny import random_qwen3_weights
+    from jetspec_kernels.train.modules import head_forward, target_forward
+
+    tcfg = tiny_qwen3_config(num_hidden_layers=1)
+    tw = random_qwen3_weights(tcfg, seed=21)
+    layer = {k.removeprefix("model.layers.0."): v for k, v in tw.items() if k.startswith("model.layers.0.")}
+    layer64 = {k: v.double() for k, v in layer.items()}
+    eps, theta = tcfg.rms_norm_eps, tcfg.rope_theta
+    embed, lm_head = tw["model.embed_tokens.weight"], tw["lm_head.weight"]
+    tokens = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(22))
+    want = oracle_layer(embed.double()[tokens], layer64, eps, theta, torch.arange(10))
+
+    target = Qwen3(tcfg, tw)
+    cache = target.new_cache(2, 10)
+    pos = torch.arange(10, dtype=torch.int32).expand(2, 10).contiguous()
+    _, got = target.forward(tokens, pos, cache, torch.zeros(2, dtype=torch.int32), taps=[0])
+    assert rel(got, want) < 1e-5
+    assert rel(target_forward(tw, tcfg, tokens, taps=[0])[1], want) < 1e-5
+
+    # The draft head's layer: the same layer weights, context rows in front of the block.
+    dcfg = tiny_draft_config(tcfg, target_layer_ids=[0], causal_head=causal)
+    dw = dict(random_draft_weights(dcfg, seed=23), **{"layers.0." + k: v for k, v in layer.items()})
+    p, s = 6, dcfg.block_size
+    taps = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(24))
+    ctx = ref.rms_norm(taps[:, :p].double() @ dw["fc.weight"].double().t(), dw["hidden_norm.weight"], eps)
+    block = torch.full((2, s), dcfg.mask_token_id)
+    block[:, 0] = tokens[:, p]
+    h = oracle_layer(embed.double()[block], layer64, eps, theta, p + torch.arange(s), ctx, causal)
+    want_hidden = ref.rms_norm(h, dw["norm.weight"], eps)[:, 1:]
+
+    head = DraftHead(dcfg, dw)
+    state = head.new_state(2, p + s)
+    head.append_context(state, taps[:, :p], torch.full((2,), p, dtype=torch.int32))
+    assert rel(head.draft_hidden(state, tokens[:, p], embed), want_hidden) < 1e-5
+    got_logits = head_forward(dw, dcfg, taps, tokens, torch.full((2, 1), p), embed, lm_head)[:, 0]
+    assert rel(got_logits, want_hidden @ lm_head.double().t()) < 1e-5

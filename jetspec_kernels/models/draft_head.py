@@ -17,10 +17,12 @@ import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
+from ..python_ref.layers import decoder_layer
+from ..python_ref.rope import rms_norm
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import DraftConfig, read_config
+from .init import LAYER_KEYS, layer_shapes
 from .kv_cache import KVCache
-from .qwen3 import LAYER_KEYS, layer_shapes, rms_norm
 
 __all__ = ["DraftHead", "DraftState"]
 
@@ -106,7 +108,8 @@ class DraftHead:
         cfg = self.config
         b, m, _ = taps.shape
         nkv, dh, eps = cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
-        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps)
+        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps,
+                       self.dtype)
         pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
         for li, w in enumerate(self.layers):
             k = F.linear(ctx, w["self_attn.k_proj.weight"]).view(b, m, nkv, dh)
@@ -134,8 +137,7 @@ class DraftHead:
         """
         cfg = self.config
         b = anchor_tokens.shape[0]
-        s, nq, nkv, dh, eps = cfg.block_size, cfg.num_attention_heads, cfg.num_key_value_heads, \
-            cfg.head_dim, cfg.rms_norm_eps
+        s, eps = cfg.block_size, cfg.rms_norm_eps
         dev = anchor_tokens.device
         if embed_weight.dim() != 2 or embed_weight.shape[1] != cfg.hidden_size:
             raise ValueError(f"embed_weight must have shape [V, {cfg.hidden_size}] (the draft head's "
@@ -145,21 +147,17 @@ class DraftHead:
         x = F.embedding(block, embed_weight).to(self.dtype)
         pos = (state.ctx_len[:, None] + torch.arange(s, device=dev, dtype=torch.int32)).contiguous()
         tail = "causal" if cfg.causal_head else "full"
+        table = state.cache.block_table
         for li, w in enumerate(self.layers):
-            a = rms_norm(x, w["input_layernorm.weight"], eps)
-            q = F.linear(a, w["self_attn.q_proj.weight"]).view(b, s, nq, dh)
-            k = F.linear(a, w["self_attn.k_proj.weight"]).view(b, s, nkv, dh)
-            v = F.linear(a, w["self_attn.v_proj.weight"]).view(b, s, nkv, dh)
             kc, vc = state.cache.layer(li)
-            q = qk_norm_rope_append(q, k, v, w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"],
-                                    pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
-                                    block_table=state.cache.block_table)
-            o = tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=state.cache.block_table)
-            x = x + F.linear(o.reshape(b, s, nq * dh), w["self_attn.o_proj.weight"])
-            a = rms_norm(x, w["post_attention_layernorm.weight"], eps)
-            mlp = F.silu(F.linear(a, w["mlp.gate_proj.weight"])) * F.linear(a, w["mlp.up_proj.weight"])
-            x = x + F.linear(mlp, w["mlp.down_proj.weight"])
-        return rms_norm(x[:, 1:], self.norm_weight, eps)
+
+            def attend(q, k, v, lw):
+                q = qk_norm_rope_append(q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
+                                        pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps, block_table=table)
+                return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
+
+            x = decoder_layer(x, w, attend, eps, dtype=self.dtype)
+        return rms_norm(x[:, 1:], self.norm_weight, eps, self.dtype)
 
     def cached_logits(self, state: DraftState, anchor_tokens: torch.Tensor, *,
                       embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:

@@ -17,45 +17,16 @@ import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
+from ..python_ref.layers import decoder_layer, swiglu
+from ..python_ref.rope import rms_norm
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, Qwen3MoeConfig, read_config
+from .init import target_layer_shapes
 from .kv_cache import KVCache
-from .moe import fuse_expert_weights, grouped_experts, moe_shapes, route
+from .moe import fuse_expert_weights, grouped_experts, route
 
-__all__ = ["Qwen3", "rms_norm", "LAYER_KEYS"]
-
-# Per-layer tensors, named as in Hugging Face checkpoints (after "model.layers.{i}.").
-LAYER_KEYS = (
-    "input_layernorm.weight", "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)
-
-
-def layer_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    """Expected shape of each per-layer tensor of a Qwen3-style layer with config ``cfg``."""
-    h, dh, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.num_attention_heads * dh, cfg.num_key_value_heads * dh
-    return {
-        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
-        "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
-        "self_attn.q_norm.weight": (dh,), "self_attn.k_norm.weight": (dh,),
-        "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
-    }
-
-
-def target_layer_shapes(cfg: Qwen3Config, layer: int) -> dict[str, tuple[int, ...]]:
-    """Expected shape of each tensor of target layer ``layer``: :func:`layer_shapes`, or for a
-    sparse layer of a Qwen3-MoE config the attention and norms plus the router and fused experts."""
-    shapes = layer_shapes(cfg)
-    if not (isinstance(cfg, Qwen3MoeConfig) and cfg.is_sparse(layer)):
-        return shapes
-    out = {k: v for k, v in shapes.items() if not k.startswith("mlp.")}
-    out.update(moe_shapes(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size))
-    return out
+__all__ = ["Qwen3"]
 
 
 def _fuse_experts(cfg: Qwen3Config, weights: dict, prefix: str, where: str) -> None:
@@ -66,22 +37,6 @@ def _fuse_experts(cfg: Qwen3Config, weights: dict, prefix: str, where: str) -> N
         if cfg.is_sparse(i):
             fuse_expert_weights(weights, f"{prefix}layers.{i}.", cfg.num_experts, cfg.hidden_size,
                                 cfg.moe_intermediate_size, where)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in fp32 and returned in ``x.dtype`` (as Hugging Face does).
-
-    Parameters
-    ----------
-    x : [..., H]; weight : [H]
-
-    Returns
-    -------
-    [..., H] in x.dtype.
-    """
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 class Qwen3:
@@ -189,36 +144,30 @@ class Qwen3:
         tapped : [B, N, len(taps) * H] or None
         """
         cfg = self.config
-        b, n = tokens.shape
-        nq, nkv, dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x = F.embedding(tokens.long(), self.embed_weight)
         for li, w in enumerate(self.layers):
-            a = rms_norm(x, w["input_layernorm.weight"], eps)
-            q = F.linear(a, w["self_attn.q_proj.weight"]).view(b, n, nq, dh)
-            k = F.linear(a, w["self_attn.k_proj.weight"]).view(b, n, nkv, dh)
-            v = F.linear(a, w["self_attn.v_proj.weight"]).view(b, n, nkv, dh)
             kc, vc = cache.layer(li)
-            q = qk_norm_rope_append(q, k, v, w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"],
-                                    positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
-                                    block_table=cache.block_table, cache_start=write_start)
-            o = tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
-                               block_table=cache.block_table)
-            x = x + F.linear(o.reshape(b, n, nq * dh), w["self_attn.o_proj.weight"])
-            a = rms_norm(x, w["post_attention_layernorm.weight"], eps)
-            x = x + self._mlp(a, w)
+
+            def attend(q, k, v, lw):
+                q = qk_norm_rope_append(q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
+                                        positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+                                        block_table=cache.block_table, cache_start=write_start)
+                return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
+                                      block_table=cache.block_table)
+
+            x = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype)
             if li in taps:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
-        return rms_norm(x, self.norm_weight, eps), tapped
+        return rms_norm(x, self.norm_weight, eps, self.dtype), tapped
 
     def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
         """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
         if "mlp.gate.weight" not in w:
-            mlp = F.silu(F.linear(a, w["mlp.gate_proj.weight"])) * F.linear(a, w["mlp.up_proj.weight"])
-            return F.linear(mlp, w["mlp.down_proj.weight"])
+            return swiglu(a, w)
         cfg = self.config
         flat = a.reshape(-1, a.shape[-1])
         weights, experts = route(flat, w["mlp.gate.weight"], cfg.num_experts_per_tok, cfg.norm_topk_prob)

@@ -14,7 +14,8 @@ import torch
 from .checkpoint import save_safetensors
 from .config import DraftConfig, Qwen3Config
 from .draft_head import DraftHead
-from .qwen3 import Qwen3, layer_shapes
+from .init import init_weights, layer_shapes
+from .qwen3 import Qwen3
 
 __all__ = ["tiny_qwen3_config", "tiny_draft_config", "random_qwen3_weights", "random_draft_weights",
            "tiny_models", "save_qwen3", "save_draft_head"]
@@ -43,16 +44,6 @@ def tiny_draft_config(target: Qwen3Config, **overrides) -> DraftConfig:
     return DraftConfig(**base)
 
 
-def _layer(cfg: Qwen3Config, gen: torch.Generator, prefix: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, shape in layer_shapes(cfg).items():
-        if len(shape) == 1:   # norm weights: around 1 so that they matter but stay tame
-            out[prefix + key] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        else:
-            out[prefix + key] = torch.randn(shape, generator=gen) / shape[1] ** 0.5
-    return out
-
-
 def random_qwen3_weights(cfg: Qwen3Config, seed: int = 0, *,
                          logit_scale: float = 1.0) -> dict[str, torch.Tensor]:
     """Random Hugging Face-keyed Qwen3 weights (float32). ``logit_scale`` sharpens the output
@@ -60,7 +51,7 @@ def random_qwen3_weights(cfg: Qwen3Config, seed: int = 0, *,
     gen = torch.Generator().manual_seed(seed)
     w = {"model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen)}
     for i in range(cfg.num_hidden_layers):
-        w.update(_layer(cfg, gen, f"model.layers.{i}."))
+        w.update(init_weights(layer_shapes(cfg), gen, prefix=f"model.layers.{i}."))
     w["model.norm.weight"] = 1.0 + 0.1 * torch.randn(cfg.hidden_size, generator=gen)
     if cfg.tie_word_embeddings:
         w["model.norm.weight"] *= logit_scale / cfg.hidden_size ** 0.5
@@ -78,7 +69,7 @@ def random_draft_weights(cfg: DraftConfig, seed: int = 1) -> dict[str, torch.Ten
          "hidden_norm.weight": 1.0 + 0.1 * torch.randn(cfg.hidden_size, generator=gen),
          "norm.weight": 1.0 + 0.1 * torch.randn(cfg.hidden_size, generator=gen)}
     for i in range(cfg.num_hidden_layers):
-        w.update(_layer(cfg, gen, f"layers.{i}."))
+        w.update(init_weights(layer_shapes(cfg), gen, prefix=f"layers.{i}."))
     return w
 
 

@@ -15,36 +15,32 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..python_ref.rope import rope_cos_sin
-
 from ..models.config import DraftConfig, Qwen3Config
-from ..models.qwen3 import LAYER_KEYS, layer_shapes
+from ..models.init import init_weights, layer_shapes
+from ..python_ref.layers import decoder_layer, layer_weights, qk_norm_rope
+from ..python_ref.rope import rms_norm
 
 __all__ = ["init_target_weights", "init_head_weights", "target_forward", "head_forward"]
 
+_STD = 0.02
 
-def _init_layer(cfg: Qwen3Config, gen: torch.Generator, prefix: str, n_layers: int) -> dict:
+
+def _init_layers(cfg: Qwen3Config, gen: torch.Generator, prefix: str) -> dict[str, torch.Tensor]:
     out = {}
-    for key, shape in layer_shapes(cfg).items():
-        if len(shape) == 1:
-            out[prefix + key] = torch.ones(shape)
-        else:
-            std = 0.02
-            if key in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-                std /= math.sqrt(2 * n_layers)        # GPT-2 style residual scaling
-            out[prefix + key] = torch.randn(shape, generator=gen) * std
+    for i in range(cfg.num_hidden_layers):
+        out.update(init_weights(layer_shapes(cfg), gen, prefix=f"{prefix}layers.{i}.", std=_STD,
+                                num_layers=cfg.num_hidden_layers))
     return out
 
 
 def init_target_weights(cfg: Qwen3Config, seed: int) -> dict[str, torch.Tensor]:
     """Freshly initialised Hugging Face-keyed Qwen3 weights (float32; tied embeddings honoured)."""
     gen = torch.Generator().manual_seed(seed)
-    w = {"model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * 0.02,
+    w = {"model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * _STD,
          "model.norm.weight": torch.ones(cfg.hidden_size)}
-    for i in range(cfg.num_hidden_layers):
-        w.update(_init_layer(cfg, gen, f"model.layers.{i}.", cfg.num_hidden_layers))
+    w.update(_init_layers(cfg, gen, "model."))
     if not cfg.tie_word_embeddings:
-        w["lm_head.weight"] = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * 0.02
+        w["lm_head.weight"] = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * _STD
     return w
 
 
@@ -54,40 +50,15 @@ def init_head_weights(cfg: DraftConfig, seed: int) -> dict[str, torch.Tensor]:
     width = len(cfg.target_layer_ids) * cfg.target_hidden_size
     w = {"fc.weight": torch.randn(cfg.hidden_size, width, generator=gen) / math.sqrt(width),
          "hidden_norm.weight": torch.ones(cfg.hidden_size), "norm.weight": torch.ones(cfg.hidden_size)}
-    for i in range(cfg.num_hidden_layers):
-        w.update(_init_layer(cfg, gen, f"layers.{i}.", cfg.num_hidden_layers))
+    w.update(_init_layers(cfg, gen, ""))
     return w
 
 
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(x, cos, sin):
-    """x [B, T, Hh, Dh]; cos/sin [B, T, Dh/2] (rotate-half form)."""
-    h = x.shape[-1] // 2
-    c, s = cos[:, :, None], sin[:, :, None]
-    x1, x2 = x[..., :h], x[..., h:]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-
-
-def _qkv(w, p, cfg, x_q, x_kv, cs_q, cs_kv):
-    """Normed, roped q [B, Hq, Tq, Dh] from x_q and k, v [B, Hkv, Tk, Dh] from x_kv."""
-    b, tq, _ = x_q.shape
-    tk = x_kv.shape[1]
-    nq, nkv, dh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
-    q = F.linear(x_q, w[p + "self_attn.q_proj.weight"]).view(b, tq, nq, dh)
-    k = F.linear(x_kv, w[p + "self_attn.k_proj.weight"]).view(b, tk, nkv, dh)
-    v = F.linear(x_kv, w[p + "self_attn.v_proj.weight"]).view(b, tk, nkv, dh)
-    q = _rope(_rms(q, w[p + "self_attn.q_norm.weight"], eps), *cs_q)
-    k = _rope(_rms(k, w[p + "self_attn.k_norm.weight"], eps), *cs_kv)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-
-def _mlp(w, p, x, eps):
-    a = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
-    return F.linear(F.silu(F.linear(a, w[p + "mlp.gate_proj.weight"])) * F.linear(a, w[p + "mlp.up_proj.weight"]),
-                    w[p + "mlp.down_proj.weight"])
+def _sdpa(q, k, v, **mask):
+    """Attention on [B, T, H, Dh] tensors (GQA): torch's fused SDPA, which wants heads first."""
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       enable_gqa=True, **mask)
+    return o.transpose(1, 2)
 
 
 def target_forward(w: dict, cfg: Qwen3Config, tokens: torch.Tensor, taps=()):
@@ -107,20 +78,19 @@ def target_forward(w: dict, cfg: Qwen3Config, tokens: torch.Tensor, taps=()):
     b, t = tokens.shape
     eps = cfg.rms_norm_eps
     pos = torch.arange(t).expand(b, t)
-    cs = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+
+    def attend(q, k, v, lw):
+        q, k = qk_norm_rope(q, k, lw, eps, pos, pos, cfg.rope_theta)
+        return _sdpa(q, k, v, is_causal=True)
+
     x = F.embedding(tokens, w["model.embed_tokens.weight"])
     kept = {}
     for li in range(cfg.num_hidden_layers):
-        p = f"model.layers.{li}."
-        a = _rms(x, w[p + "input_layernorm.weight"], eps)
-        q, k, v = _qkv(w, p, cfg, a, a, cs, cs)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + F.linear(o.transpose(1, 2).reshape(b, t, -1), w[p + "self_attn.o_proj.weight"])
-        x = x + _mlp(w, p, x, eps)
+        x = decoder_layer(x, layer_weights(w, f"model.layers.{li}."), attend, eps)
         kept[li] = x
     tapped = torch.cat([kept[i] for i in taps], dim=-1) if taps else None
     head = w["model.embed_tokens.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
-    return F.linear(_rms(x, w["model.norm.weight"], eps), head), tapped
+    return F.linear(rms_norm(x, w["model.norm.weight"], eps), head), tapped
 
 
 def head_forward(w: dict, cfg: DraftConfig, tapped: torch.Tensor, tokens: torch.Tensor,
@@ -146,11 +116,9 @@ def head_forward(w: dict, cfg: DraftConfig, tapped: torch.Tensor, tokens: torch.
     block = torch.full((b, nb, s), cfg.mask_token_id, dtype=torch.long)
     block[:, :, 0] = tokens.gather(1, anchors)
     x = F.embedding(block.view(b, nb * s), embed_weight)
-    ctx = _rms(F.linear(tapped, w["fc.weight"]), w["hidden_norm.weight"], eps)
+    ctx = rms_norm(F.linear(tapped, w["fc.weight"]), w["hidden_norm.weight"], eps)
     blk_pos = (anchors[:, :, None] + torch.arange(s)).view(b, nb * s)
-    cs_blk = rope_cos_sin(blk_pos, cfg.head_dim, cfg.rope_theta)
-    cs_ctx = rope_cos_sin(torch.arange(t).expand(b, t), cfg.head_dim, cfg.rope_theta)
-    cs_all = tuple(torch.cat([c, d], dim=1) for c, d in zip(cs_ctx, cs_blk))
+    all_pos = torch.cat([torch.arange(t).expand(b, t), blk_pos], dim=1)
     # visibility [B, NB*S, T + NB*S]: context keys before the anchor, own block (causal or full)
     see_ctx = torch.arange(t)[None, None, :] < anchors.repeat_interleave(s, dim=1)[:, :, None]
     same = torch.arange(nb).repeat_interleave(s)
@@ -159,12 +127,12 @@ def head_forward(w: dict, cfg: DraftConfig, tapped: torch.Tensor, tokens: torch.
     if cfg.causal_head:
         see_blk = see_blk & (row[None, :] <= row[:, None])
     mask = torch.cat([see_ctx, see_blk.expand(b, -1, -1)], dim=2)[:, None]
+
+    def attend(q, k, v, lw):
+        q, k = qk_norm_rope(q, k, lw, eps, blk_pos, all_pos, cfg.rope_theta)
+        return _sdpa(q, k, v, attn_mask=mask)
+
     for li in range(cfg.num_hidden_layers):
-        p = f"layers.{li}."
-        a = _rms(x, w[p + "input_layernorm.weight"], eps)
-        q, k, v = _qkv(w, p, cfg, a, torch.cat([ctx, a], dim=1), cs_blk, cs_all)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        x = x + F.linear(o.transpose(1, 2).reshape(b, nb * s, -1), w[p + "self_attn.o_proj.weight"])
-        x = x + _mlp(w, p, x, eps)
-    h = _rms(x.view(b, nb, s, -1)[:, :, 1:], w["norm.weight"], eps)
+        x = decoder_layer(x, layer_weights(w, f"layers.{li}."), attend, eps, context=ctx)
+    h = rms_norm(x.view(b, nb, s, -1)[:, :, 1:], w["norm.weight"], eps)
     return F.linear(h, lm_head_weight)
