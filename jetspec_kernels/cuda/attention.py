@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from . import _util as U
-from .supports import attention_kernel, supports
+from .supports import attention_kernel, attention_kernel_reason, supports
 
 MAX_SPLITS = 32
 
@@ -122,13 +122,16 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     ``kernel`` is "auto" (wgmma where the GPU runs sm_90a code and Dh is 64 or 128, else
     mma.sync), "mma", "wgmma" or "tma" (the warp-specialised TMA kernel; paged caches need a page
     size that is a multiple of 8); an sm_90a kernel where it cannot run is a RuntimeError from _C.
-    None reads ``JETSPEC_ATTN_KERNEL`` (default "auto"). A call :func:`supports` refuses is a
-    BackendUnavailableError.
+    None reads ``JETSPEC_ATTN_KERNEL`` (default "auto"). A kernel that cannot take the shapes is
+    a ValueError; other inputs :func:`supports` refuses are a BackendUnavailableError.
     """
     kernel = attention_kernel(kernel)
     kernels = U.enum("AttnKernel")
     if kernel not in kernels:
         raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
+    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
+    if reason:
+        raise ValueError(reason)
     U.require(supports("tree_attention", q=q, k_cache=k_cache, v_cache=v_cache,
                        block_table=block_table, kernel=kernel))
     if num_splits is None:

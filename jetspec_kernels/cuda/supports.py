@@ -36,6 +36,19 @@ def attention_kernel(kernel: str | None) -> str:
     return os.environ.get("JETSPEC_ATTN_KERNEL", "auto") if kernel is None else kernel
 
 
+def attention_kernel_reason(kernel: str, q, k_cache, block_table) -> str | None:
+    """Why the attention kernel named ``kernel`` cannot take these shapes (None if it can)."""
+    dh = q.shape[-1]
+    wgmma_dims = U.limit("wgmma_head_dims")
+    if kernel in ("wgmma", "tma") and dh not in wgmma_dims:
+        return f"kernel={kernel!r} takes head dims {wgmma_dims}, got {dh}"
+    multiple = U.limit("attn_tma_page_multiple")
+    if kernel == "tma" and block_table is not None and k_cache.shape[1] % multiple:
+        return (f"kernel='tma' needs a page size (k_cache.shape[1]) that is a multiple of "
+                f"{multiple}, got {k_cache.shape[1]}")
+    return None
+
+
 def _tree_attention(q, k_cache=None, v_cache=None, block_table=None, kernel=None, **_):
     dh = q.shape[-1]
     dims = U.limit("attn_head_dims")
@@ -45,15 +58,7 @@ def _tree_attention(q, k_cache=None, v_cache=None, block_table=None, kernel=None
                                                      v_cache=v_cache)
     if reason:
         return reason
-    kernel = attention_kernel(kernel)
-    wgmma_dims = U.limit("wgmma_head_dims")
-    if kernel in ("wgmma", "tma") and dh not in wgmma_dims:
-        return f"kernel={kernel!r} takes head dims {wgmma_dims}, got {dh}"
-    multiple = U.limit("attn_tma_page_multiple")
-    if kernel == "tma" and block_table is not None and k_cache.shape[1] % multiple:
-        return (f"kernel='tma' needs a page size (k_cache.shape[1]) that is a multiple of "
-                f"{multiple}, got {k_cache.shape[1]}")
-    return None
+    return attention_kernel_reason(attention_kernel(kernel), q, k_cache, block_table)
 
 
 def _hidden_topk(hidden, lm_head_weight=None, **_):
