@@ -15,7 +15,7 @@ import functools
 import importlib
 import os
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -192,21 +192,29 @@ def kernel(name: str, fn: str):
     return impl
 
 
+def supports(name: str, fn: str, **call) -> str | None:
+    """Why backend ``name`` cannot run interface function ``fn`` with these arguments (passed by
+    name), or None when it can: the backend module's own ``supports(fn, **call)``; a backend
+    without one takes every validated call."""
+    check = getattr(importlib.import_module(_BACKEND_MODULES[name]), "supports", None)
+    return None if check is None else check(fn, **call)
+
+
 def select(device: torch.device, fn: str, backend: str | None = None,
-           unsupported: Callable[[str], str | None] | None = None):
+           call: dict[str, Any] | None = None):
     """The implementation of interface function ``fn`` for tensors on ``device``.
 
-    ``unsupported(name)`` says why backend ``name`` cannot take this call's inputs (None if it
-    can). ``auto`` takes the first candidate that can run the call; an explicit backend that
-    cannot raises :class:`BackendUnavailableError` with the reason.
+    ``call`` holds the call's arguments by name: each candidate is asked whether it
+    :func:`supports` them. ``auto`` takes the first candidate that can run the call; an explicit
+    backend that cannot raises :class:`BackendUnavailableError` with the reason.
     """
     name = _current if backend is None else _check_name(backend)
     candidates = _auto_candidates(device, fn) if name == "auto" else (name,)
     reasons = []
     for cand in candidates:
         reason = unavailable_reason(cand, device)
-        if reason is None and unsupported is not None:
-            reason = unsupported(cand)
+        if reason is None and call is not None:
+            reason = supports(cand, fn, **call)
         if reason is None:
             try:
                 impl = kernel(cand, fn)

@@ -103,8 +103,9 @@ def test_auto_passes_a_missing_kernel_to_the_next_backend(monkeypatch):
 def test_select_reports_every_reason(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
+    monkeypatch.setattr(bk, "supports", lambda name, fn, **call: f"no {name}")
     with pytest.raises(jk.BackendUnavailableError) as info:
-        bk.select(torch.device("cpu"), "tree_attention", "auto", lambda name: f"no {name}")
+        bk.select(torch.device("cpu"), "tree_attention", "auto", {})
     assert "backend 'triton' is not available: no triton" in str(info.value)
     assert "backend 'reference' is not available: no reference" in str(info.value)
 
@@ -153,7 +154,9 @@ def test_ops_on_a_device_that_is_not_current(backend):
 
 def test_hidden_topk_input_limits_per_backend():
     """The cuda hidden_topk takes fp16/bf16 with H % 8 == 0; auto sends the rest to triton."""
-    from jetspec_kernels.ops.draft_tree import _hidden_unsupported
+    def _hidden_unsupported(name, hidden, lm_head_weight=None):
+        return bk.supports(name, "hidden_topk", hidden=hidden, lm_head_weight=lm_head_weight)
+
     assert _hidden_unsupported("cuda", torch.empty(1, 2, 64, dtype=torch.bfloat16)) is None
     assert "float16/bfloat16" in _hidden_unsupported("cuda", torch.empty(1, 2, 64))
     assert "multiple of 8" in _hidden_unsupported("cuda", torch.empty(1, 2, 60, dtype=torch.half))
@@ -201,7 +204,8 @@ def test_auto_keeps_cuda_tensors_off_unverified_cuda_kernels(fake_gpu_backends, 
     monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset(bk.INTERFACE_FUNCTIONS))
     assert bk.resolve(dev) == "cuda"
     # an op the verified cuda backend cannot take still goes on to triton
-    assert bk.select(dev, "tree_attention", "auto", lambda n: "fp32" if n == "cuda" else None)() == "triton"
+    monkeypatch.setattr(bk, "supports", lambda n, fn, **call: "fp32" if n == "cuda" else None)
+    assert bk.select(dev, "tree_attention", "auto", {})() == "triton"
 
 
 def test_hardware_verified_ops_are_recorded_in_notes():

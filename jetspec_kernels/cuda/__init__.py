@@ -9,4 +9,5 @@ from .commit import commit_kv  # noqa: F401
 from .draft_tree import build_tree, hidden_topk, log_softmax_topk  # noqa: F401
 from .pack_mask import pack_mask  # noqa: F401
 from .rope import qk_norm_rope_append  # noqa: F401
+from .supports import supports  # noqa: F401
 from .verify import verify_tree  # noqa: F401

@@ -1,4 +1,4 @@
-"""Helpers shared by the cuda backend wrappers: stream handle, dtype codes, strides, alignment."""
+"""Helpers shared by the cuda backend wrappers: _C, stream handle, dtype codes, strides, alignment."""
 from __future__ import annotations
 
 import contextlib
@@ -8,8 +8,21 @@ import torch
 
 from ..backend import BackendUnavailableError
 
-# jetspec::DType in csrc/include/jetspec/common.cuh
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+def ext():
+    """The ``_C`` module, imported on first use (the package imports without it)."""
+    from .. import _C
+    return _C
+
+
+def enum(name: str) -> dict[str, int]:
+    """``_C.ENUMS[name]``: the codes of a limits.h enum by their Python names."""
+    return ext().ENUMS[name]
+
+
+def limit(name: str):
+    """``_C.LIMITS[name]``: a number (or tuple) of csrc/include/jetspec/limits.h."""
+    return ext().LIMITS[name]
 
 
 def on_device(t: torch.Tensor):
@@ -25,7 +38,8 @@ def stream() -> int:
 
 
 def dtype_code(t: torch.Tensor) -> int:
-    return DTYPE_CODES[t.dtype]
+    """jetspec::DType code of ``t``'s dtype."""
+    return enum("DType")[str(t.dtype).removeprefix("torch.")]
 
 
 def ptr(t: torch.Tensor | None) -> int:
@@ -51,3 +65,9 @@ def sm_count(index: int) -> int:
 
 def unavailable(what: str) -> BackendUnavailableError:
     return BackendUnavailableError(f"backend 'cuda' is not available: {what}")
+
+
+def require(reason: str | None) -> None:
+    """Raise :func:`unavailable` for a ``supports`` answer that is not None (direct calls)."""
+    if reason is not None:
+        raise unavailable(reason)

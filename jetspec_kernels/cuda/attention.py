@@ -3,30 +3,36 @@ mma.sync kernel for head dim 256 and on other GPUs; kernel="tma" picks the warp-
 kernel (TMA loads, mbarrier ring), not yet the default until measured on a GPU."""
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
 from . import _util as U
+from .supports import attention_kernel, attention_kernel_reason, supports
 
-_TAILS = {"mask": 0, "causal": 1, "full": 2}
-_ROWS_PER_CTA = 64  # kAttnRows in csrc/include/jetspec/attention.cuh
 MAX_SPLITS = 32
-KERNELS = {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}  # AttnKernel in csrc/include/jetspec/params.h
-WGMMA_HEAD_DIMS = (64, 128)
+
+
+def __getattr__(name):
+    # KERNELS (kernel name -> AttnKernel code) and WGMMA_HEAD_DIMS are _C's (limits.h).
+    if name == "KERNELS":
+        return U.enum("AttnKernel")
+    if name == "WGMMA_HEAD_DIMS":
+        return U.limit("wgmma_head_dims")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
     """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
-    warpgroups (128 rows, one CTA per SM by registers) when a (sequence, kv head) has more than
-    64 packed rows (tree_attention_tma in attention_tma.cuh); every other launch is 64 rows, two
-    CTAs per SM (the mma.sync and cp.async wgmma kernels fit two at Dh 128 and 256; whether the
-    one-warpgroup TMA kernel's 181 registers at Dh 128 do is for a GPU run to show,
-    bench/NOTES.md)."""
-    if kernel == "tma" and n * group > _ROWS_PER_CTA:
-        return 2 * _ROWS_PER_CTA, 1
-    return _ROWS_PER_CTA, 2
+    warpgroups (one CTA per SM by registers) when a (sequence, kv head) has more packed rows than
+    one warpgroup holds (tree_attention_tma in attention_tma.cuh); every other launch is one
+    warpgroup's rows, at the CTAs per SM the kernels are sized for (the mma.sync and cp.async
+    wgmma kernels fit two at Dh 128 and 256; whether the one-warpgroup TMA kernel does at Dh 128
+    is for a GPU run to show, bench/NOTES.md). The numbers are _C's (limits.h)."""
+    rows = U.limit("attn_rows")
+    if kernel == "tma" and n * group > rows:
+        return U.limit("attn_tma_wide_rows"), U.limit("attn_tma_wide_ctas_per_sm")
+    return rows, U.limit("attn_ctas_per_sm")
 
 
 def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
@@ -84,13 +90,17 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
             part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
         _C.tree_attention(
-            U.ptr(q), U.strides3(q), U.ptr(k_cache), U.ptr(v_cache), U.strides3(k_cache),
-            U.strides3(v_cache), U.ptr(block_table), 0 if block_table is None else block_table.stride(0),
-            k_cache.shape[1], k_cache.shape[0], U.ptr(prefix_lens), U.ptr(tree_mask),
-            0 if tree_mask is None else tree_mask.stride(0), 0 if tree_mask is None else tree_mask.stride(1),
-            _TAILS[mode], U.ptr(out_buf), U.strides3(out_buf), U.ptr(lse_buf), U.ptr(part_o),
-            U.ptr(part_lse), b, n, hq, hkv, num_splits, float(scale), U.dtype_code(q), dh, kernel,
-            U.stream())
+            q=U.ptr(q), sq=U.strides3(q), k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache),
+            sk=U.strides3(k_cache), sv=U.strides3(v_cache), block_table=U.ptr(block_table),
+            bt_stride=0 if block_table is None else block_table.stride(0),
+            page_size=k_cache.shape[1], cache_outer=k_cache.shape[0],
+            prefix_lens=U.ptr(prefix_lens), tree_mask=U.ptr(tree_mask),
+            sm0=0 if tree_mask is None else tree_mask.stride(0),
+            sm1=0 if tree_mask is None else tree_mask.stride(1), tail=U.enum("AttnTail")[mode],
+            out=U.ptr(out_buf), so=U.strides3(out_buf), lse=U.ptr(lse_buf), part_o=U.ptr(part_o),
+            part_lse=U.ptr(part_lse), batch=b, n=n, hq=hq, hkv=hkv, splits=num_splits,
+            scale=float(scale), dtype=U.dtype_code(q), head_dim=dh, kernel=kernel,
+            stream=U.stream())
         if out_buf is not out:
             out.copy_(out_buf)
         if lse_buf is not lse:
@@ -112,23 +122,21 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     ``kernel`` is "auto" (wgmma where the GPU runs sm_90a code and Dh is 64 or 128, else
     mma.sync), "mma", "wgmma" or "tma" (the warp-specialised TMA kernel; paged caches need a page
     size that is a multiple of 8); an sm_90a kernel where it cannot run is a RuntimeError from _C.
-    None reads ``JETSPEC_ATTN_KERNEL`` (default "auto").
+    None reads ``JETSPEC_ATTN_KERNEL`` (default "auto"). A kernel that cannot take the shapes is
+    a ValueError; other inputs :func:`supports` refuses are a BackendUnavailableError.
     """
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise U.unavailable(f"tree_attention needs float16/bfloat16 inputs (mma.sync), got "
-                            f"{str(q.dtype).replace('torch.', '')}; use backend='triton'")
-    if kernel is None:
-        kernel = os.environ.get("JETSPEC_ATTN_KERNEL", "auto")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-    if kernel in ("wgmma", "tma") and q.shape[3] not in WGMMA_HEAD_DIMS:
-        raise ValueError(f"kernel={kernel!r} takes head dims {WGMMA_HEAD_DIMS}, got {q.shape[3]}")
-    if kernel == "tma" and block_table is not None and k_cache.shape[1] % 8:
-        raise ValueError(f"kernel='tma' needs a page size (k_cache.shape[1]) that is a multiple of "
-                         f"8, got {k_cache.shape[1]}")
+    kernel = attention_kernel(kernel)
+    kernels = U.enum("AttnKernel")
+    if kernel not in kernels:
+        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
+    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
+    if reason:
+        raise ValueError(reason)
+    U.require(supports("tree_attention", q=q, k_cache=k_cache, v_cache=v_cache,
+                       block_table=block_table, kernel=kernel))
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
                                    q.device, kernel)
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
-                    out, lse, int(num_splits), KERNELS[kernel])
+                    out, lse, int(num_splits), kernels[kernel])

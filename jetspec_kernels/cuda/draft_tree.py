@@ -6,8 +6,7 @@ import torch
 
 from ..tree import mask_words
 from . import _util as U
-
-_ALGORITHMS = {"topn": 0, "accum_logp": 1}
+from .supports import supports
 
 
 @torch.library.custom_op("jetspec::log_softmax_topk", mutates_args=())
@@ -18,8 +17,10 @@ def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
         tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
         logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)
         ws = torch.empty(_C.topk_workspace_bytes(b * d, v, k), device=logits.device, dtype=torch.uint8)
-        _C.log_softmax_topk(U.ptr(logits), logits.stride(0), logits.stride(1), U.ptr(tokens),
-                            U.ptr(logprobs), U.ptr(ws), b, d, v, k, U.dtype_code(logits), U.stream())
+        _C.log_softmax_topk(logits=U.ptr(logits), s0=logits.stride(0), s1=logits.stride(1),
+                            tokens=U.ptr(tokens), logprobs=U.ptr(logprobs), workspace=U.ptr(ws),
+                            batch=b, depth=d, vocab=v, k=k, dtype=U.dtype_code(logits),
+                            stream=U.stream())
         return tokens, logprobs
 
 
@@ -53,9 +54,11 @@ def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
         logprobs = torch.empty(b, d, k, device=hidden.device, dtype=torch.float32)
         ws = torch.empty(_C.hidden_topk_workspace_bytes(b * d, v, k), device=hidden.device,
                          dtype=torch.uint8)
-        _C.hidden_topk(U.ptr(hidden), hidden.stride(0), hidden.stride(1), U.ptr(lm_head_weight),
-                       lm_head_weight.stride(0), U.ptr(tokens), U.ptr(logprobs), U.ptr(ws), b, d, h, v,
-                       k, U.dtype_code(hidden), U.stream())
+        _C.hidden_topk(hidden=U.ptr(hidden), sh0=hidden.stride(0), sh1=hidden.stride(1),
+                       weight=U.ptr(lm_head_weight), sw0=lm_head_weight.stride(0),
+                       tokens=U.ptr(tokens), logprobs=U.ptr(logprobs), workspace=U.ptr(ws),
+                       batch=b, depth=d, hidden_dim=h, vocab=v, k=k,
+                       dtype=U.dtype_code(hidden), stream=U.stream())
         return tokens, logprobs
 
 
@@ -69,11 +72,9 @@ def _(hidden, lm_head_weight, k):
 def hidden_topk(hidden, lm_head_weight, k):
     """hidden fp16/bf16 [B, D, H], lm_head_weight [V, H] -> (tokens int32 [B, D, K], logprobs
     float32 [B, D, K]): the top-K of log_softmax(hidden @ lm_head_weight.T) in fp32, without
-    materialising the logits."""
-    if hidden.dtype not in (torch.float16, torch.bfloat16) or hidden.shape[-1] % 8:
-        raise U.unavailable(f"hidden_topk needs float16/bfloat16 inputs with H % 8 == 0 (mma.sync, "
-                            f"cp.async), got {str(hidden.dtype).replace('torch.', '')} H="
-                            f"{hidden.shape[-1]}; use backend='triton'")
+    materialising the logits. A ``hidden`` that :func:`supports` refuses is a
+    BackendUnavailableError (lm_head_weight's row alignment is checked on its pointer)."""
+    U.require(supports("hidden_topk", hidden=hidden))
     return _hidden_topk(hidden, lm_head_weight, int(k))
 
 
@@ -95,9 +96,11 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
         scores = torch.empty(b, n, device=dev, dtype=torch.float32)
         num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
         mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
-        _C.build_tree(U.ptr(tt), U.ptr(tl), U.ptr(root), U.ptr(tokens), U.ptr(parents), U.ptr(depths),
-                      U.ptr(scores), U.ptr(num_nodes), U.ptr(mask), b, d, k, n, w,
-                      _ALGORITHMS[algorithm], U.stream())
+        _C.build_tree(topk_tokens=U.ptr(tt), topk_logprobs=U.ptr(tl), root_tokens=U.ptr(root),
+                      tokens=U.ptr(tokens), parents=U.ptr(parents), depths=U.ptr(depths),
+                      scores=U.ptr(scores), num_nodes=U.ptr(num_nodes), mask=U.ptr(mask),
+                      batch=b, depth=d, k=k, budget=n, words=w,
+                      algorithm=U.enum("TreeAlgorithm")[algorithm], stream=U.stream())
         return tokens, parents, depths, scores, num_nodes, mask
 
 

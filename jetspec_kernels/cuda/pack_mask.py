@@ -16,7 +16,8 @@ def _pack_mask(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
         mask = torch.empty(b, n, w, dtype=torch.int32, device=parents.device)
-        _C.pack_mask(parents.data_ptr(), num_nodes.data_ptr(), mask.data_ptr(), b, n, w, U.stream())
+        _C.pack_mask(parents=U.ptr(parents), num_nodes=U.ptr(num_nodes), mask=U.ptr(mask), batch=b,
+                     n=n, words=w, stream=U.stream())
         return mask
 
 

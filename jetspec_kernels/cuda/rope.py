@@ -6,8 +6,7 @@ from typing import Optional
 import torch
 
 from . import _util as U
-
-MAX_HEAD_DIM = 512  # 2 * 32 lanes * kRopeMaxPairsPerLane
+from .supports import supports
 
 
 def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
@@ -23,11 +22,14 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
         start = None if cache_start is None else cache_start.contiguous()
         table = None if block_table is None else block_table.contiguous()
         _C.qk_norm_rope_append(
-            U.ptr(q), U.ptr(k), U.ptr(v), U.ptr(qw), U.ptr(kw), U.ptr(pos), U.ptr(start), U.ptr(q_out),
-            U.ptr(k_cache), U.ptr(v_cache), U.ptr(table), [0, 0, 0] if q is None else U.strides3(q),
-            U.strides3(k), U.strides3(v), U.strides3(k_cache), U.strides3(v_cache),
-            0 if table is None else table.stride(0), b, n, hq, hkv, dh, k_cache.shape[1],
-            float(rope_theta), float(eps), U.dtype_code(k), U.dtype_code(k_cache), U.stream())
+            q=U.ptr(q), k=U.ptr(k), v=U.ptr(v), q_norm_w=U.ptr(qw), k_norm_w=U.ptr(kw),
+            positions=U.ptr(pos), cache_start=U.ptr(start), q_out=U.ptr(q_out),
+            k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache), block_table=U.ptr(table),
+            sq=[0, 0, 0] if q is None else U.strides3(q), sk=U.strides3(k), sv=U.strides3(v),
+            sc=U.strides3(k_cache), svc=U.strides3(v_cache),
+            bt_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq, hkv=hkv, dh=dh,
+            page_size=k_cache.shape[1], theta=float(rope_theta), eps=float(eps),
+            dtype=U.dtype_code(k), cache_dtype=U.dtype_code(k_cache), stream=U.stream())
 
 
 @torch.library.custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))
@@ -81,9 +83,7 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     q_out : q.dtype ``[B, N, Hq, Dh]``, or None when q is None. The caches receive the normed,
     rotated k and the raw v.
     """
-    if k.shape[-1] > MAX_HEAD_DIM:
-        raise U.unavailable(f"qk_norm_rope_append supports head dims up to {MAX_HEAD_DIM}, "
-                            f"got {k.shape[-1]}")
+    U.require(supports("qk_norm_rope_append", k=k))
     if q is None:
         _kv_norm_rope_append(k, v, k_norm_w, positions, k_cache, v_cache, float(rope_theta),
                              float(eps), block_table, cache_start)

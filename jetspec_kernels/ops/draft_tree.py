@@ -4,32 +4,12 @@ from __future__ import annotations
 import torch
 
 from .. import backend as _backend
+from ..limits import MAX_BUDGET, MAX_TOPK
 from ..tree import Tree
 from . import _checks as C
 
 ALGORITHMS = ("topn", "accum_logp")
-MAX_BUDGET = 4096
-MAX_TOPK = 64
 TOKEN_DTYPES = (torch.int32, torch.int64)
-HIDDEN_KERNEL_DTYPES = {"cuda": (torch.float16, torch.bfloat16)}
-HIDDEN_KERNEL_MULTIPLE = {"cuda": 8}  # H % 8 == 0: 16-byte cp.async rows
-HIDDEN_KERNEL_ROW_ALIGN = {"cuda": 16}  # bytes: lm_head_weight rows are loaded with cp.async
-
-
-def _hidden_unsupported(name: str, hidden, lm_head_weight=None) -> str | None:
-    """Why backend ``name``'s hidden_topk cannot take ``hidden`` / ``lm_head_weight`` (None if it
-    can)."""
-    dtypes = HIDDEN_KERNEL_DTYPES.get(name)
-    if dtypes is not None and hidden.dtype not in dtypes:
-        return f"hidden_topk needs float16/bfloat16 inputs, got {str(hidden.dtype).replace('torch.', '')}"
-    multiple = HIDDEN_KERNEL_MULTIPLE.get(name)
-    if multiple is not None and hidden.shape[-1] % multiple:
-        return f"hidden_topk needs the hidden size to be a multiple of {multiple}, got {hidden.shape[-1]}"
-    align = HIDDEN_KERNEL_ROW_ALIGN.get(name)
-    if align is not None and lm_head_weight is not None and C.misaligned_rows(lm_head_weight, align):
-        return (f"hidden_topk needs lm_head_weight rows on {align}-byte boundaries, got strides "
-                f"{tuple(lm_head_weight.stride())} and storage offset {lm_head_weight.storage_offset()}")
-    return None
 
 
 def _check_common(root_tokens, budget, topk, algorithm, *, batch, vocab, device):
@@ -103,7 +83,7 @@ def checked_topk(draft, lm_head_weight, root_tokens, *, budget: int, topk: int, 
         return _backend.select(draft.device, "log_softmax_topk", backend)(draft, topk)
     check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk, algorithm)
     kernel = _backend.select(draft.device, "hidden_topk", backend,
-                             lambda name: _hidden_unsupported(name, draft, lm_head_weight))
+                             dict(hidden=draft, lm_head_weight=lm_head_weight))
     return kernel(draft, lm_head_weight, topk)
 
 

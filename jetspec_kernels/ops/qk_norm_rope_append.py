@@ -83,6 +83,6 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     """
     check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                               rope_theta, eps, block_table, cache_start)
-    return _backend.select(k.device, "qk_norm_rope_append", backend)(
+    return _backend.select(k.device, "qk_norm_rope_append", backend, dict(k=k))(
         q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, float(rope_theta), float(eps),
         block_table, cache_start)

@@ -10,25 +10,6 @@ from ..tree import mask_words
 from . import _checks as C
 
 TAILS = ("causal", "full")
-KERNEL_HEAD_DIMS = {"cuda": (64, 128, 256), "triton": (16, 32, 64, 128, 256)}
-KERNEL_DTYPES = {"cuda": (torch.float16, torch.bfloat16)}
-KERNEL_ROW_ALIGN = {"cuda": 16}  # bytes: K/V rows are loaded with cp.async / TMA
-
-
-def _unsupported(name: str, q, k_cache, v_cache) -> str | None:
-    """Why backend ``name`` cannot take these inputs (None if it can)."""
-    dims = KERNEL_HEAD_DIMS.get(name)
-    if dims is not None and q.shape[-1] not in dims:
-        return f"tree_attention does not support q head dim {q.shape[-1]} (supported: {dims})"
-    dtypes = KERNEL_DTYPES.get(name)
-    if dtypes is not None and q.dtype not in dtypes:
-        return f"tree_attention needs float16/bfloat16 inputs, got {str(q.dtype).replace('torch.', '')}"
-    align = KERNEL_ROW_ALIGN.get(name)
-    for arg, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if align is not None and C.misaligned_rows(t, align):
-            return (f"tree_attention needs {arg} rows on {align}-byte boundaries, got strides "
-                    f"{tuple(t.stride())} and storage offset {t.storage_offset()}")
-    return None
 
 
 def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
@@ -85,7 +66,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse,
                          return_lse)
     impl = _backend.select(q.device, "tree_attention", backend,
-                           lambda name: _unsupported(name, q, k_cache, v_cache))
+                           dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table))
     dh = q.shape[-1]
     if out is None:
         out = torch.empty_like(q)

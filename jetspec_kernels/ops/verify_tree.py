@@ -9,16 +9,15 @@ from . import _checks as C
 from ..python_ref.sampling import MAX_TOP_P_VOCAB
 
 SEED_DTYPES = (torch.int64, torch.int32)
-# Trees larger than this go to another backend (csrc verify.cuh: kWalkMaxNodes, staged in 48 KB).
-MAX_NODES = {"cuda": 4096}
 
 
-def _unsupported(name: str, n: int) -> str | None:
-    """Why backend ``name``'s verify_tree cannot take a tree of capacity ``n`` (None if it can)."""
-    limit = MAX_NODES.get(name)
-    if limit is not None and n > limit:
-        return f"verify_tree takes trees of at most {limit} nodes, got N={n}"
-    return None
+def __getattr__(name):
+    # MAX_NODES: the per-backend tree size limit this module once held, still importable; the
+    # cuda backend's is _C's (limits.h kWalkMaxNodes) and cuda.supports applies it.
+    if name == "MAX_NODES":
+        from ..cuda import _util
+        return {"cuda": _util.limit("walk_max_nodes")}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_tree(tree) -> None:
@@ -199,8 +198,7 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     """
     temperature, seed, offset, top_k, top_p = check_verify_tree(
         tree, target_logits, target_tokens, temperature, seed, offset, top_k, top_p)
-    parts = _backend.select(tree.tokens.device, "verify_tree", backend,
-                            lambda name: _unsupported(name, tree.tokens.shape[1]))(
+    parts = _backend.select(tree.tokens.device, "verify_tree", backend, dict(tokens=tree.tokens))(
         tree.tokens, tree.parents, tree.num_nodes, tree.max_depth, target_logits, target_tokens,
         temperature, seed, offset, top_k, top_p)
     return Verdict(*parts)

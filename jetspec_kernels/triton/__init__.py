@@ -16,6 +16,17 @@ _FUNCTIONS = {
     "verify_tree": "verify",
     "commit_kv": "commit",
 }
+ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def supports(op: str, **call) -> str | None:
+    """None when the triton backend's ``op`` takes these arguments (by name, as in the backend
+    interface; absent ones are not checked), else why not."""
+    q = call.get("q")
+    if op == "tree_attention" and q is not None and q.shape[-1] not in ATTENTION_HEAD_DIMS:
+        return (f"tree_attention does not support q head dim {q.shape[-1]} "
+                f"(supported: {ATTENTION_HEAD_DIMS})")
+    return None
 
 
 def __getattr__(name):

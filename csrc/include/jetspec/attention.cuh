@@ -12,10 +12,6 @@
 
 namespace jetspec {
 
-enum AttnTail : int { kTailMask = 0, kTailCausal = 1, kTailFull = 2 };
-
-
-constexpr int kAttnRows = 64;     // packed rows per warpgroup (per CTA, except the TMA kernel's)
 constexpr int kAttnThreads = 128;
 
 // This thread's index in its consumer warpgroup (the TMA kernel runs one or two of them; the

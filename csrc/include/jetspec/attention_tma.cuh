@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kTmaThreads<WGS>, 1)
 inline int attention_tma_chunk(const AttnParams& p) {
   if (p.block_table == nullptr) return kWgmmaBlockN;
   const int chunk = std::gcd(p.page_size, kWgmmaBlockN);
-  return chunk % 8 == 0 ? chunk : 0;
+  return chunk % kAttnTmaPageMultiple == 0 ? chunk : 0;
 }
 
 // Launches the TMA kernel (two consumer warpgroups when a (sequence, kv head) has more than 64

@@ -3,7 +3,7 @@
 //
 // topn (256 threads): the best-first order taken in batches, the algorithm of
 // jetspec_kernels/triton/tree_build.py (its docstring has the argument). Nodes live at their
-// output (breadth-first) positions, so a child's spec-order key is
+// output (breadth-first) positions, so a child's spec-order key (TopnKey) is
 //   q(score) << 30 | depth << 18 | parent position << 6 | rank
 // with q = the 31-bit magnitude of the (<= 0) score: one int64 comparison applies the whole
 // tie rule. A step looks at a window of the next kTopnWindow children of every node and takes
@@ -24,8 +24,6 @@
 
 namespace jetspec {
 
-constexpr int kTreeTopn = 0;
-constexpr int kTreeAccumLogp = 1;
 constexpr int kTopnThreads = 256;
 constexpr int kTopnWindow = 8;  // children per node examined per step
 constexpr long long kNoKey = 0x7fffffffffffffffLL;
@@ -88,24 +86,79 @@ __device__ __forceinline__ void write_tree(const BuildTreeParams& p, int b, int 
 
 // ---- topn -------------------------------------------------------------------------------------
 
-// Shared memory: two node layouts (score, depth, parent, rank, children taken so far) plus the
-// per-step scratch (exclusive count of new children, first-child position, new position, count).
-inline size_t topn_smem_bytes(int budget) { return static_cast<size_t>(budget) * 29 + 16; }
-
 struct TopnNodes {
   float* score;
   int16_t *depth, *parent;
   uint8_t *rank, *taken;
 };
 
-__device__ __forceinline__ long long score_q(float s) {
-  return static_cast<long long>(__float_as_int(s) & 0x7fffffff);
-}
+// topn's dynamic shared memory for a budget of `cap` nodes: two node layouts (score, depth,
+// parent, rank, children taken so far) plus the per-step scratch (exclusive count of new
+// children, new position of the first child, new position, children taken this step). Carved
+// floats, then int32, int16, bytes, so each group stays aligned.
+struct TopnSmem {
+  TopnNodes a, b;        // two layouts (no array: a dynamic index would put them on the stack)
+  int32_t* excl;         // new children before slot s
+  int16_t *child0;       // new position of slot s's first child
+  int16_t *newpos;       // new position of the node at slot s
+  uint8_t* cnt;          // children taken from slot s's window this step
 
-__device__ __forceinline__ long long child_key(float score, int depth, int parent, int rank) {
-  return (score_q(score) << 30) | (static_cast<long long>(depth) << 18) |
-         (static_cast<long long>(parent) << 6) | rank;
-}
+  static constexpr size_t kNodeBytes = 2 * sizeof(float) + sizeof(int32_t) + 6 * sizeof(int16_t) +
+                                       5 * sizeof(uint8_t);
+  static size_t bytes(int cap) { return static_cast<size_t>(cap) * kNodeBytes + 16; }
+
+  __device__ __forceinline__ static TopnSmem carve(unsigned char* raw, int cap) {
+    TopnSmem m;
+    float* f32 = reinterpret_cast<float*>(raw);
+    m.a.score = f32;
+    m.b.score = f32 + cap;
+    m.excl = reinterpret_cast<int32_t*>(f32 + 2 * cap);
+    int16_t* i16 = reinterpret_cast<int16_t*>(m.excl + cap);
+    m.a.depth = i16;
+    m.a.parent = i16 + cap;
+    m.b.depth = i16 + 2 * cap;
+    m.b.parent = i16 + 3 * cap;
+    m.child0 = i16 + 4 * cap;
+    m.newpos = i16 + 5 * cap;
+    uint8_t* u8 = reinterpret_cast<uint8_t*>(i16 + 6 * cap);
+    m.a.rank = u8;
+    m.a.taken = u8 + cap;
+    m.b.rank = u8 + 2 * cap;
+    m.b.taken = u8 + 3 * cap;
+    m.cnt = u8 + 4 * cap;
+    return m;
+  }
+};
+
+// The topn key of a candidate child (DESIGN.md 4a; triton/tree_build.py: _q, _topn_key,
+// _topn_key_q_depth, _q_depth_key):
+//   q(score) << 30 | depth << 18 | parent position << 6 | rank
+// q is the 31-bit magnitude of the (<= 0) score; depth and position take 12 bits (budget <=
+// kMaxBudget), the rank 6 (K <= kMaxTopk). The smallest key is the spec's next node. Its top
+// part (q, depth) compares with q_depth(), a bound on any child of a node.
+struct TopnKey {
+  static constexpr int kQShift = 30, kDepthShift = 18, kPosShift = 6, kDepthBits = 12;
+  static constexpr int kMaxDepthField = (1 << kDepthBits) - 1;
+  static_assert(kMaxBudget <= (1 << kDepthBits) && kMaxTopk <= (1 << kPosShift),
+                "the topn key's position and rank fields");
+
+  __device__ __forceinline__ static long long q(float score) {
+    return static_cast<long long>(__float_as_int(score) & 0x7fffffff);
+  }
+  __device__ __forceinline__ static long long encode(float score, int depth, int pos, int rank) {
+    return (q(score) << kQShift) | (static_cast<long long>(depth) << kDepthShift) |
+           (static_cast<long long>(pos) << kPosShift) | rank;
+  }
+  // The (q, depth) part of a key, comparable with q_depth(score, depth).
+  __device__ __forceinline__ static long long q_depth_of(long long key) {
+    return key >> kDepthShift;
+  }
+  // Depth clamped to its 12 bits: d reaches 4096 only for a 4095-deep chain, where clamping
+  // keeps the bound a lower bound (and nothing deeper fits the 4096-node cap anyway).
+  __device__ __forceinline__ static long long q_depth(float score, int depth) {
+    return (q(score) << kDepthBits) | min(depth, kMaxDepthField);
+  }
+};
 
 // All threads get op over every thread's v. `red` (kTopnThreads / 32 entries) is free on entry.
 template <typename T, typename Op>
@@ -250,25 +303,11 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
   const int cap = p.budget, D = p.depth, K = p.k, b = blockIdx.x, tid = threadIdx.x;
   const float* lp = p.topk_logprobs + static_cast<int64_t>(b) * D * K;
 
-  // Carve: floats, int32, int16, then bytes (each group stays aligned).
-  TopnNodes na, nb;  // two layouts (no array: a dynamic index would put them on the stack)
-  float* f32 = reinterpret_cast<float*>(smem_raw);
-  na.score = f32;
-  nb.score = f32 + cap;
-  int32_t* excl = reinterpret_cast<int32_t*>(f32 + 2 * cap);  // new children before slot s
-  int16_t* i16 = reinterpret_cast<int16_t*>(excl + cap);
-  na.depth = i16;
-  na.parent = i16 + cap;
-  nb.depth = i16 + 2 * cap;
-  nb.parent = i16 + 3 * cap;
-  int16_t* child0 = i16 + 4 * cap;  // new position of slot s's first child
-  int16_t* newpos = i16 + 5 * cap;  // new position of the node at slot s
-  uint8_t* u8 = reinterpret_cast<uint8_t*>(i16 + 6 * cap);
-  na.rank = u8;
-  na.taken = u8 + cap;
-  nb.rank = u8 + 2 * cap;
-  nb.taken = u8 + 3 * cap;
-  uint8_t* cnt = u8 + 4 * cap;  // children taken from slot s's window this step
+  const TopnSmem sm = TopnSmem::carve(smem_raw, cap);
+  const TopnNodes na = sm.a, nb = sm.b;
+  int32_t* excl = sm.excl;
+  int16_t *child0 = sm.child0, *newpos = sm.newpos;
+  uint8_t* cnt = sm.cnt;
 
   const int target = tree_node_target(cap, D, K);
   const int window = K < kTopnWindow ? K : kTopnWindow;
@@ -289,7 +328,7 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
     // increase with the rank, so its first entry is its minimum.
     auto key_at = [=](int s, int i) {
       const int r = t.taken[s] + i;
-      return child_key(__fadd_rn(t.score[s], lp[t.depth[s] * K + r]), t.depth[s] + 1, s, r);
+      return TopnKey::encode(__fadd_rn(t.score[s], lp[t.depth[s] * K + r]), t.depth[s] + 1, s, r);
     };
     long long heap_min = kNoKey, best_child = kNoKey, hidden = kNoKey;
     for (int s = tid; s < n; s += kTopnThreads) {
@@ -299,9 +338,7 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
       heap_min = k0 < heap_min ? k0 : heap_min;
       if (d + 1 < D) {  // bound 1: the best child any window entry can have (q | depth only)
         const float c0 = __fadd_rn(t.score[s], lp[d * K + c]);
-        // Depth in 12 bits: d + 2 reaches 4096 only for a 4095-deep chain, where clamping keeps
-        // the bound a lower bound (and nothing deeper fits the 4096-node cap anyway).
-        const long long bk = (score_q(__fadd_rn(c0, lp[(d + 1) * K])) << 12) | min(d + 2, 4095);
+        const long long bk = TopnKey::q_depth(__fadd_rn(c0, lp[(d + 1) * K]), d + 2);
         best_child = bk < best_child ? bk : best_child;
       }
       if (c + window < K) {  // bound 2: the first child hidden behind the window (full key)
@@ -321,7 +358,7 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
       if (d < D) {
         for (int i = 0; i < window && c + i < K; ++i) {
           const long long key = key_at(s, i);
-          if (!(key == heap_min || ((key >> 18) < best_child && key < hidden))) break;
+          if (!(key == heap_min || (TopnKey::q_depth_of(key) < best_child && key < hidden))) break;
           ++take;
         }
       }
@@ -474,15 +511,15 @@ inline Status build_tree(const BuildTreeParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   if (p.batch == 0) return cudaSuccess;
   // Keys pack the parent position in 12 bits and the rank in 6: budget <= 4096, K <= 64.
-  JETSPEC_RETURN_IF_FAILED(check_range("budget", p.budget, 1, 4096));
-  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, 64));
+  JETSPEC_RETURN_IF_FAILED(check_range("budget", p.budget, 1, kMaxBudget));
+  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, kMaxTopk));
   JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 1));
   if (p.words != ceil_div(p.budget, 32))
     return bad_input("words ", p.words, " is not ceil(budget / 32) = ", ceil_div(p.budget, 32));
   if (p.algorithm != kTreeTopn && p.algorithm != kTreeAccumLogp)
     return bad_input("algorithm ", p.algorithm, " is not 0 (topn) or 1 (accum_logp)");
   const bool topn = p.algorithm == kTreeTopn;
-  const size_t smem = topn ? topn_smem_bytes(p.budget) : accum_smem_bytes(p.budget);
+  const size_t smem = topn ? TopnSmem::bytes(p.budget) : accum_smem_bytes(p.budget);
   if (smem > 48 * 1024) {
     JETSPEC_RETURN_IF_FAILED(cuda_context(
         cudaFuncSetAttribute(topn ? build_tree_topn_kernel : build_tree_accum_kernel,

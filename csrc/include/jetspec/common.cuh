@@ -38,9 +38,6 @@ namespace jetspec {
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Element types the kernels are instantiated for; the bindings pass one of these codes.
-enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
 // "<name> <code> (<type>) is not supported (<taken>)": an element type code the launcher does not
 // take; taken lists those it does, e.g. "1 float16, 2 bfloat16".
 inline Status bad_dtype(const char* name, int code, const char* taken) {

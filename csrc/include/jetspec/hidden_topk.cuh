@@ -40,7 +40,7 @@ struct HiddenTopkPlan {
 inline Status hidden_topk_plan(long long rows, int vocab, int k, HiddenTopkPlan* plan) {
   JETSPEC_RETURN_IF_FAILED(check_range("rows", rows, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("vocab", vocab, 1));
-  JETSPEC_RETURN_IF_FAILED(check_range("k", k, 1, 64));
+  JETSPEC_RETURN_IF_FAILED(check_range("k", k, 1, kMaxTopk));
   int dev = 0, sms = 0, per_block = 0, per_sm = 0;
   JETSPEC_RETURN_IF_ERROR(cudaGetDevice(&dev));
   JETSPEC_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -305,9 +305,9 @@ Status hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7fffffffLL) return bad_input("batch * depth = ", rows, " exceeds 2147483647");
-  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, 64));
+  JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, kMaxTopk));
   if (p.k > p.vocab) return bad_input("k ", p.k, " exceeds vocab ", p.vocab);
-  if (p.hidden_dim < 8 || p.hidden_dim % 8 != 0)
+  if (p.hidden_dim < kHiddenTopkMultiple || p.hidden_dim % kHiddenTopkMultiple != 0)
     return bad_input("hidden_dim ", p.hidden_dim, " is not a positive multiple of 8");
   HiddenTopkPlan plan;
   JETSPEC_RETURN_IF_FAILED(hidden_topk_plan(rows, p.vocab, p.k, &plan));

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "jetspec/limits.h"
+
 namespace jetspec {
 
 // Strides (in elements) of a 4-d tensor such as q [B, N, H, D] or a cache [B|P, L|page, H, D];
@@ -137,11 +139,6 @@ struct BuildTreeParams {
 };
 
 // tree_attention (attention.cuh); tail: 0 packed mask, 1 causal, 2 full.
-// Which attention kernel: auto (wgmma where the device and head dim allow, else mma.sync), or
-// one of them: mma.sync, wgmma with cp.async loads, or the warp-specialised wgmma kernel with TMA
-// loads (either sm_90a kernel where it cannot run is an error).
-enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnTma = 3 };
-
 struct AttnParams {
   const void* q;             // [B, N, Hq, D]
   Strides4 sq;

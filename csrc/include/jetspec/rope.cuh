@@ -9,7 +9,8 @@
 
 namespace jetspec {
 
-constexpr int kRopeMaxPairsPerLane = 8;  // head dims up to 2 * 32 * 8 = 512
+constexpr int kRopeMaxPairsPerLane = 8;
+static_assert(2 * 32 * kRopeMaxPairsPerLane == kRopeMaxHeadDim, "head dims up to 2 * 32 * 8");
 
 
 // Query heads processed by the kernel: none when q is null.
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 
 template <typename T, typename TC>
 Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
-  JETSPEC_RETURN_IF_FAILED(check_range("dh", p.dh, 0, 2 * 32 * kRopeMaxPairsPerLane));
+  JETSPEC_RETURN_IF_FAILED(check_range("dh", p.dh, 0, kRopeMaxHeadDim));
   if (p.dh % 2 != 0) return bad_input("dh ", p.dh, " is not even (RoPE rotates halves)");
   if (p.q != nullptr && p.q_out == nullptr) return bad_input("q needs q_out");
   if (p.q != nullptr && p.q_norm_w == nullptr) return bad_input("q needs q_norm_w");

@@ -318,7 +318,6 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
 }
 
 constexpr int kWalkThreads = 256;
-constexpr int kWalkMaxNodes = 4096;  // tokens, parents and targets staged in 48 KB
 
 // One CTA per sequence. All threads stage the valid nodes' tokens, parents and targets (the best
 // of each node's splits, or the given target tokens) in shared memory; then warp 0 walks: at node

@@ -1,0 +1,61 @@
+// The enums and limits of the launchers' contract, in one torch-free, CUDA-free header: the
+// kernels use them, bindings.cpp exports them as _C.ENUMS / _C.LIMITS, and the Python side reads
+// them from there (tests/test_cuda_boundary.py checks that jetspec_kernels/limits.py agrees).
+#pragma once
+
+namespace jetspec {
+
+// Element types the kernels are instantiated for; the bindings pass one of these codes.
+enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// What the N tail keys of tree_attention show each query: the packed tree mask, causal, or all.
+enum AttnTail : int { kTailMask = 0, kTailCausal = 1, kTailFull = 2 };
+
+// Which attention kernel: auto (wgmma where the device and head dim allow, else mma.sync), or
+// one of them: mma.sync, wgmma with cp.async loads, or the warp-specialised wgmma kernel with TMA
+// loads (either sm_90a kernel where it cannot run is an error).
+enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnTma = 3 };
+
+enum TreeAlgorithm : int { kTreeTopn = 0, kTreeAccumLogp = 1 };
+
+// An enumerator's Python-side name (the strings the ops take, e.g. tail="causal").
+struct EnumName {
+  const char* name;
+  int value;
+};
+
+inline constexpr EnumName kDTypeNames[] = {
+    {"float32", kFloat32}, {"float16", kFloat16}, {"bfloat16", kBFloat16}};
+inline constexpr EnumName kAttnTailNames[] = {
+    {"mask", kTailMask}, {"causal", kTailCausal}, {"full", kTailFull}};
+inline constexpr EnumName kAttnKernelNames[] = {
+    {"auto", kAttnAuto}, {"mma", kAttnMma}, {"wgmma", kAttnWgmma}, {"tma", kAttnTma}};
+inline constexpr EnumName kTreeAlgorithmNames[] = {
+    {"topn", kTreeTopn}, {"accum_logp", kTreeAccumLogp}};
+
+// build_tree: the topn key packs a parent position in 12 bits and a rank in 6 (TopnKey).
+constexpr int kMaxBudget = 4096;
+constexpr int kMaxTopk = 64;
+// verify_walk: tokens, parents and targets of at most this many nodes are staged in 48 KB.
+constexpr int kWalkMaxNodes = 4096;
+// qk_norm_rope_append: 32 lanes x kRopeMaxPairsPerLane rotated pairs per head.
+constexpr int kRopeMaxHeadDim = 512;
+
+// tree_attention: head dims of the mma.sync kernel and of the sm_90a wgmma / TMA kernels.
+inline constexpr int kAttnHeadDims[] = {64, 128, 256};
+inline constexpr int kWgmmaHeadDims[] = {64, 128};
+// Packed rows per warpgroup (per CTA, except the wide TMA kernel's) and the CTAs per SM the
+// one-warpgroup kernels are sized for; the TMA kernel takes two warpgroups, one CTA per SM,
+// when a (sequence, kv head) has more than kAttnRows packed rows.
+constexpr int kAttnRows = 64;
+constexpr int kAttnCtasPerSm = 2;
+constexpr int kAttnTmaWideRows = 2 * kAttnRows;
+constexpr int kAttnTmaWideCtasPerSm = 1;
+// The TMA kernel loads whole 8-row boxes of a paged cache.
+constexpr int kAttnTmaPageMultiple = 8;
+// cp.async / TMA rows: K/V and lm_head_weight rows start on these boundaries (bytes), and
+// hidden_topk's hidden size is a multiple of kHiddenTopkMultiple (16-byte rows of fp16/bf16).
+constexpr int kRowAlignBytes = 16;
+constexpr int kHiddenTopkMultiple = 8;
+
+}  // namespace jetspec

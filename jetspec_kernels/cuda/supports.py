@@ -1,0 +1,94 @@
+"""What the cuda backend can run: the one place that answers it (backend.select asks here).
+
+``supports(op, **call)`` takes the interface function's arguments by name (CONTRIBUTING.md,
+backend interface; extra ones are ignored, absent ones are not checked) and returns None when the
+cuda kernels take the call, else the reason. The limits are _C's (csrc/include/jetspec/limits.h).
+"""
+from __future__ import annotations
+
+import os
+
+from ..ops._checks import misaligned_rows
+from . import _util as U
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _half(op: str, t) -> str | None:
+    if _dtype(t) not in ("float16", "bfloat16"):
+        return f"{op} needs float16/bfloat16 inputs, got {_dtype(t)}"
+    return None
+
+
+def _aligned(op: str, **tensors) -> str | None:
+    align = U.limit("row_align_bytes")
+    for name, t in tensors.items():
+        if t is not None and misaligned_rows(t, align):
+            return (f"{op} needs {name} rows on {align}-byte boundaries, got strides "
+                    f"{tuple(t.stride())} and storage offset {t.storage_offset()}")
+    return None
+
+
+def attention_kernel(kernel: str | None) -> str:
+    """The attention kernel a call asks for: ``kernel``, else ``JETSPEC_ATTN_KERNEL``, else auto."""
+    return os.environ.get("JETSPEC_ATTN_KERNEL", "auto") if kernel is None else kernel
+
+
+def attention_kernel_reason(kernel: str, q, k_cache, block_table) -> str | None:
+    """Why the attention kernel named ``kernel`` cannot take these shapes (None if it can)."""
+    dh = q.shape[-1]
+    wgmma_dims = U.limit("wgmma_head_dims")
+    if kernel in ("wgmma", "tma") and dh not in wgmma_dims:
+        return f"kernel={kernel!r} takes head dims {wgmma_dims}, got {dh}"
+    multiple = U.limit("attn_tma_page_multiple")
+    if kernel == "tma" and block_table is not None and k_cache.shape[1] % multiple:
+        return (f"kernel='tma' needs a page size (k_cache.shape[1]) that is a multiple of "
+                f"{multiple}, got {k_cache.shape[1]}")
+    return None
+
+
+def _tree_attention(q, k_cache=None, v_cache=None, block_table=None, kernel=None, **_):
+    dh = q.shape[-1]
+    dims = U.limit("attn_head_dims")
+    if dh not in dims:
+        return f"tree_attention does not support q head dim {dh} (supported: {dims})"
+    reason = _half("tree_attention", q) or _aligned("tree_attention", k_cache=k_cache,
+                                                     v_cache=v_cache)
+    if reason:
+        return reason
+    return attention_kernel_reason(attention_kernel(kernel), q, k_cache, block_table)
+
+
+def _hidden_topk(hidden, lm_head_weight=None, **_):
+    multiple = U.limit("hidden_topk_multiple")
+    reason = _half("hidden_topk", hidden)
+    if reason is None and hidden.shape[-1] % multiple:
+        reason = (f"hidden_topk needs the hidden size to be a multiple of {multiple} "
+                  f"(H % {multiple} == 0), got {hidden.shape[-1]}")
+    return reason or _aligned("hidden_topk", lm_head_weight=lm_head_weight)
+
+
+def _qk_norm_rope_append(k, **_):
+    limit = U.limit("rope_max_head_dim")
+    if k.shape[-1] > limit:
+        return f"qk_norm_rope_append supports head dims up to {limit}, got {k.shape[-1]}"
+    return None
+
+
+def _verify_tree(tokens, **_):
+    limit = U.limit("walk_max_nodes")
+    if tokens.shape[1] > limit:
+        return f"verify_tree takes trees of at most {limit} nodes, got N={tokens.shape[1]}"
+    return None
+
+
+_CHECKS = {"tree_attention": _tree_attention, "hidden_topk": _hidden_topk,
+           "qk_norm_rope_append": _qk_norm_rope_append, "verify_tree": _verify_tree}
+
+
+def supports(op: str, **call) -> str | None:
+    """None when the cuda backend's ``op`` takes these arguments (by name), else why not."""
+    check = _CHECKS.get(op)
+    return None if check is None else check(**call)

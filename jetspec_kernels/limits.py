@@ -1,0 +1,8 @@
+"""Limits of the public contract that the ops check for every backend (no torch, no ``_C``).
+
+csrc/include/jetspec/limits.h holds the same numbers for the kernels; tests/test_cuda_boundary.py
+checks that ``_C.LIMITS`` agrees.
+"""
+
+MAX_BUDGET = 4096  # draft tree capacity N: the topn key packs a parent position in 12 bits
+MAX_TOPK = 64      # children per node K: the topn key packs a rank in 6 bits

@@ -1,0 +1,202 @@
+"""The Python/C++ boundary: ``_C``'s launchers take named, typed arguments (a field list per
+launcher, checked against params.h), ``_C``'s enums and limits are the ones Python uses, and
+each backend's ``supports`` answers what it can run."""
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels import backend as bk
+from jetspec_kernels import limits
+from helpers import sim_module
+from test_cuda_errors import ARGS, Buffers, attention_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sim():
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    return sim_module()
+
+
+def kwargs(sim, op, B, **changes):
+    """The baseline call of ``op`` (test_cuda_errors) as keyword arguments."""
+    names = [f[0] for f in sim.FIELDS[op]["fields"]]
+    return dict(zip(names, ARGS[op](B, **changes)))
+
+
+@pytest.mark.parametrize("op", sorted(ARGS))
+def test_keyword_calls_work_in_any_order(sim, op):
+    B = Buffers()
+    kw = kwargs(sim, op, B)
+    getattr(sim, op)(**dict(reversed(kw.items())))
+
+
+def test_argument_errors_name_the_argument(sim):
+    B = Buffers()
+    kw = kwargs(sim, "tree_attention", B)
+    prefix = r"^jetspec_kernels\._C\.tree_attention: "
+    with pytest.raises(TypeError, match=prefix + "missing argument 'page_size'$"):
+        sim.tree_attention(**{k: v for k, v in kw.items() if k != "page_size"})
+    with pytest.raises(TypeError, match=prefix + "unexpected argument 'pagesize'$"):
+        sim.tree_attention(**kw, pagesize=16)
+    with pytest.raises(TypeError, match=prefix + "got multiple values for argument 'q'$"):
+        sim.tree_attention(kw["q"], **kw)
+    with pytest.raises(TypeError, match=prefix + "argument 'page_size' must be int, got float$"):
+        sim.tree_attention(**{**kw, "page_size": 16.0})
+    with pytest.raises(TypeError, match=prefix + "argument 'q' must be int .*, got str$"):
+        sim.tree_attention(**{**kw, "q": "0"})
+    with pytest.raises(TypeError, match=prefix + "argument 'scale' must be float, got NoneType$"):
+        sim.tree_attention(**{**kw, "scale": None})
+    with pytest.raises(TypeError, match=prefix + r"argument 'sk' must be list\[int\].*, got int$"):
+        sim.tree_attention(**{**kw, "sk": 3})
+    with pytest.raises(TypeError, match=prefix + "takes 30 arguments, got 31 positional$"):
+        sim.tree_attention(*kw.values(), 0)
+    with pytest.raises(TypeError, match=r"verify_walk: argument 'n' must be int, got bool$"):
+        sim.verify_walk(**{**kwargs(sim, "verify_walk", B), "n": True})
+    with pytest.raises(TypeError, match=r"verify_sample_filter: argument 'vec' must be bool, got int"):
+        sim.verify_sample_filter(**{**kwargs(sim, "verify_sample_filter", B), "vec": 1})
+    build = kwargs(sim, "build_tree", B)
+    sim.build_tree(**build, steps=0)  # the one optional argument
+    with pytest.raises(TypeError, match=r"build_tree: missing argument 'budget'$"):
+        sim.build_tree(**{k: v for k, v in build.items() if k != "budget"})
+
+
+def test_page_size_and_cache_outer_are_taken_by_name(sim):
+    """Swapping the two keywords' order changes nothing: each lands in its own field."""
+    gen = torch.Generator().manual_seed(0)
+    h = torch.float16
+    q = torch.randn(1, 4, 2, 64, generator=gen).to(h)
+    pages = torch.randn(3, 16, 1, 64, generator=gen).to(h)     # 3 pages of 16 rows
+    vpages = torch.randn(3, 16, 1, 64, generator=gen).to(h)
+    table = torch.tensor([[2, 0]], dtype=torch.int32)
+    prefix = torch.tensor([20], dtype=torch.int32)
+    outs = []
+    for order in (("page_size", "cache_outer"), ("cache_outer", "page_size")):
+        out = torch.zeros_like(q)
+        sizes = {"page_size": 16, "cache_outer": 3}
+        kw = dict(q=q.data_ptr(), sq=list(q.stride()[:3]), k_cache=pages.data_ptr(),
+                  v_cache=vpages.data_ptr(), sk=list(pages.stride()[:3]),
+                  sv=list(vpages.stride()[:3]), block_table=table.data_ptr(), bt_stride=2,
+                  **{name: sizes[name] for name in order}, prefix_lens=prefix.data_ptr(),
+                  tree_mask=0, sm0=0, sm1=0, tail=1, out=out.data_ptr(), so=list(out.stride()[:3]),
+                  lse=0, part_o=0, part_lse=0, batch=1, n=4, hq=2, hkv=1, splits=1, scale=0.125,
+                  dtype=1, head_dim=64, kernel=1, stream=0)
+        sim.tree_attention(**kw)
+        outs.append(out)
+    k = torch.cat([pages[2], pages[0]])[None]
+    v = torch.cat([vpages[2], vpages[0]])[None]
+    want = jk.tree_attention(q.float(), k.float(), v.float(), prefix, tail="causal", scale=0.125,
+                             backend="reference")
+    for out in outs:
+        assert (out.float() - want).abs().max() < 2e-2
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_python_enums_and_limits_are_C_s(sim):
+    """limits.py (the contract limits ops check without _C) and every enum/limit the cuda
+    backend reads agree with limits.h as _C exports it."""
+    from jetspec_kernels.cuda import _util as U
+    from jetspec_kernels.cuda import attention as A
+    from jetspec_kernels.ops import draft_tree, verify_tree
+    for module in (sim, pytest.importorskip("jetspec_kernels._C")):
+        assert module.LIMITS["max_budget"] == limits.MAX_BUDGET == draft_tree.MAX_BUDGET
+        assert module.LIMITS["max_topk"] == limits.MAX_TOPK == draft_tree.MAX_TOPK
+        assert module.ENUMS["TreeAlgorithm"] == {name: i for i, name in
+                                                 enumerate(draft_tree.ALGORITHMS)}
+        assert set(module.ENUMS["AttnTail"]) == {"mask", *jk.ops.tree_attention.TAILS}
+        assert module.ENUMS["DType"] == {"float32": 0, "float16": 1, "bfloat16": 2}
+        for name, values in module.ENUMS.items():  # the py::enum_ types carry the same codes
+            assert {k: int(v) for k, v in getattr(module, name).__members__.items()} == values
+    C = pytest.importorskip("jetspec_kernels._C")
+    assert A.KERNELS == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}
+    assert A.WGMMA_HEAD_DIMS == C.LIMITS["wgmma_head_dims"] == (64, 128)
+    assert verify_tree.MAX_NODES == {"cuda": C.LIMITS["walk_max_nodes"]}
+    assert U.dtype_code(torch.empty(0, dtype=torch.bfloat16)) == 2
+    assert A.cta_shape(16, 4, "auto") == (C.LIMITS["attn_rows"], C.LIMITS["attn_ctas_per_sm"])
+    assert A.cta_shape(17, 4, "tma") == (C.LIMITS["attn_tma_wide_rows"], 1)
+
+
+def params_members():
+    """{struct name: member names} of csrc/include/jetspec/params.h."""
+    text = (ROOT / "csrc" / "include" / "jetspec" / "params.h").read_text()
+    out = {}
+    for name, body in re.findall(r"struct (\w+) \{(.*?)\n\};", text, re.S):
+        body = re.sub(r"//[^\n]*", "", body)
+        members = []
+        for decl in body.split(";"):
+            decl = decl.strip()
+            if decl:
+                # "const int32_t* tokens", "int64_t s0, s1", "int16_t *depth, *parent"
+                first, *rest = decl.split(",")
+                members += [re.sub(r"[*\s]", "", p) for p in [first.split()[-1], *rest]]
+        out[name] = members
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(ARGS))
+def test_field_lists_match_params(sim, op):
+    """Each Params member is filled by exactly one field of the same name or is derived."""
+    spec = sim.FIELDS[op]
+    names = [f[0] for f in spec["fields"]]
+    assert len(set(names)) == len(names)
+    required = [f[0] for f in spec["fields"] if not f[3]]
+    assert len(ARGS[op](Buffers())) == len(required)
+    in_params = [f[0] for f in spec["fields"] if f[2]]
+    if not spec["params"]:
+        assert not in_params and not spec["derived"]
+        return
+    members = params_members()[spec["params"]]
+    assert sorted(in_params + list(spec["derived"])) == sorted(members)
+
+
+def test_field_lists_are_the_baseline_keywords(sim):
+    """tests/test_cuda_errors.py builds each baseline call as a dict in positional order; its
+    keys are the field names (so the lists were not reordered)."""
+    import inspect
+
+    import test_cuda_errors as E
+    for op, build in ARGS.items():
+        src = inspect.getsource(build)
+        keys = re.findall(r"(\w+)=", src.split("a.update")[0].split("dict(", 1)[1])
+        assert keys == [f[0] for f in sim.FIELDS[op]["fields"]][:len(keys)], op
+    assert E.ARGS is ARGS
+
+
+def cpu(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def test_cuda_supports_answers():
+    """The cases the old per-backend tables in ops/ covered, now cuda.supports' answers."""
+    pytest.importorskip("jetspec_kernels._C")
+    s = jk.cuda.supports
+    q, kv = cpu(1, 2, 4, 128), cpu(1, 16, 2, 128)
+    assert s("tree_attention", q=q, k_cache=kv, v_cache=kv, kernel="auto") is None
+    assert "head dim 96" in s("tree_attention", q=cpu(1, 2, 4, 96), k_cache=kv, v_cache=kv)
+    assert "float16/bfloat16" in s("tree_attention", q=q.float(), k_cache=kv, v_cache=kv)
+    wide = cpu(1, 16, 2, 136)[..., 1:129]
+    assert "v_cache rows on 16-byte" in s("tree_attention", q=q, k_cache=kv, v_cache=wide)
+    q256, kv256 = cpu(1, 2, 4, 256), cpu(1, 16, 2, 256)
+    assert s("tree_attention", q=q256, k_cache=kv256, v_cache=kv256, kernel="mma") is None
+    assert "head dims (64, 128)" in s("tree_attention", q=q256, k_cache=kv256, v_cache=kv256,
+                                      kernel="wgmma")
+    paged = cpu(4, 12, 2, 128)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    assert "multiple of 8, got 12" in s("tree_attention", q=q, k_cache=paged, v_cache=paged,
+                                        block_table=table, kernel="tma")
+    assert s("tree_attention", q=q, k_cache=paged, v_cache=paged, block_table=table,
+             kernel="mma") is None
+    assert "at most 4096 nodes, got N=4097" in s("verify_tree", tokens=cpu(1, 4097,
+                                                                           dtype=torch.int32))
+    assert s("verify_tree", tokens=cpu(1, 4096, dtype=torch.int32)) is None
+    assert "head dims up to 512" in s("qk_norm_rope_append", k=cpu(1, 1, 1, 514))
+    assert s("build_tree", topk_tokens=None) is None  # no limits past the contract
+    assert bk.supports("reference", "tree_attention", q=cpu(1, 1, 1, 8)) is None
+    assert "head dim 8" in bk.supports("triton", "tree_attention", q=cpu(1, 1, 1, 8))
+    assert bk.supports("triton", "tree_attention", q=q256) is None
