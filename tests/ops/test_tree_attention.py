@@ -1,8 +1,9 @@
-"""Triton tree_attention against python_ref.tree_attention computed in float64.
+"""tree_attention against python_ref.tree_attention (float64), on every backend.
 
-CPU runs go through the Triton interpreter (fp32 / fp16, small shapes); the bf16 and Qwen3-8B-shape
-checks are marked ``gpu``. Outputs are NaN-poisoned before every launch, and cache slots that no
-query may read are NaN too, so a stray read or a missed write fails the comparison.
+The cuda checks run each of the mma / wgmma / tma kernels in the simulator (and on a GPU, gpu);
+the triton checks launch the Triton kernel (under the interpreter on a CPU, fp32 / fp16 and small
+shapes; bf16 and the Qwen3-8B shapes are gpu-marked). Outputs are NaN-poisoned before every
+launch, and cache slots no query may read are NaN too, so a stray read or a missed write fails.
 """
 import math
 
@@ -10,12 +11,195 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
-from jetspec_kernels import python_ref as R
+from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
 from jetspec_kernels.triton import attention as TA
-from helpers import rel_l2
+from helpers import TOL, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
 
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+ATTN_CASES = [
+    # (dtype, dh, B, N, Hq, Hkv, tail, paged, splits)
+    (torch.float16, 128, 2, 37, 8, 2, "mask", False, 1),
+    (torch.bfloat16, 128, 2, 37, 8, 2, "mask", True, 3),
+    (torch.float16, 64, 1, 16, 4, 4, "causal", False, 2),
+    (torch.bfloat16, 64, 3, 70, 4, 1, "full", True, 1),
+    (torch.float16, 256, 2, 20, 4, 2, "causal", True, 4),
+    (torch.bfloat16, 256, 1, 64, 2, 1, "mask", False, 1),
+]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
+def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
+    if kernel != "mma" and dh not in cu().attention.WGMMA_HEAD_DIMS:
+        pytest.skip("the sm_90a kernels take head dims 64 and 128")
+    gen = torch.Generator().manual_seed(dh + n + splits)
+    lmax = 320
+    prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
+    q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).to(dtype)
+    mask = None
+    if tail == "mask":
+        parents, num_nodes = random_tree(b, n, gen)
+        mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    table = None
+    if is_paged:
+        k, table = paged(k, 16, gen)
+        v, _ = paged(v, 16, gen, table)
+    args = [x.to(dev) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full((b, hq, n), float("nan"), device=dev)
+    scale = 1.0 / math.sqrt(dh)
+    cu().tree_attention(args[0], args[1], args[2], args[3], args[4], tail, args[5], scale, out, lse,
+                        num_splits=splits, kernel=kernel)
+    sync(dev)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, tail,
+                                      table, scale)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert rel_l2(out, o_ref) < TOL[dtype]
+    assert rel_l2(lse, l_ref) < TOL[dtype]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("dh", [64, 128])
+def test_tree_attention_one_hot_probe(dev, kernel, dh):
+    """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
+    On failure the message lists, for the first wrong rows, which key's V each row got: a
+    layout bug in one operand shows up as a recognisable permutation."""
+    gen = torch.Generator().manual_seed(dh)
+    n = 64
+    perm = torch.randperm(n, generator=gen)
+    q = torch.zeros(1, n, 1, dh)
+    q[0, torch.arange(n), 0, perm] = 8.0
+    k = torch.zeros(1, n, 1, dh)
+    k[0, torch.arange(n), 0, torch.arange(n)] = 8.0
+    v = torch.randn(1, n, 1, dh, generator=gen)
+    q, k, v = q.half(), k.half(), v.half()
+    prefix = torch.zeros(1, dtype=torch.int32)
+    out = torch.full((1, n, 1, dh), float("nan"), dtype=torch.float16, device=dev)
+    cu().tree_attention(q.to(dev), k.to(dev), v.to(dev), prefix.to(dev), None, "full", None, 1.0,
+                        out, None, kernel=kernel)
+    sync(dev)
+    got = out.cpu().float()[0, :, 0]
+    want = v.float()[0, perm, 0]
+    err = (got - want).abs().max(dim=1).values
+    bad = (err > 1e-2).nonzero().flatten().tolist()
+    if bad:
+        dist = torch.cdist(got.nan_to_num(1e4), v.float()[0, :, 0])
+        seen = {i: (int(perm[i]), int(dist[i].argmin()), float(dist[i].min())) for i in bad[:12]}
+        pytest.fail(f"{len(bad)}/{n} rows wrong; row: (wanted key, nearest V row, distance) "
+                    f"{seen}")
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("page_size", [None, 16, 24, 128])
+def test_tree_attention_nan_past_end(dev, kernel, page_size):
+    """Cache rows past each sequence's end (and pages no sequence owns) hold NaN, as a cache from
+    torch.empty may: keys there are masked, and their V rows must not reach the output through
+    0 * NaN. Lengths end mid-block; page 24 makes the TMA kernel copy 8-row chunks and 128 copies
+    blocks from inside a page."""
+    gen = torch.Generator().manual_seed(11)
+    b, n, hq, hkv, dh, lmax = 3, 21, 8, 2, 128, 384
+    prefix = torch.tensor([0, 130, 301], dtype=torch.int32)
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    parents, num_nodes = random_tree(b, n, gen)
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, "mask",
+                                      None, 0.1)
+    for bb in range(b):
+        k[bb, prefix[bb] + n:] = float("nan")
+        v[bb, prefix[bb] + n:] = float("nan")
+    table = None
+    if page_size is not None:
+        k, table = paged(k, page_size, gen)
+        v, _ = paged(v, page_size, gen, table)
+        spare = torch.full((2,) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype)
+        k, v = torch.cat([k, spare]), torch.cat([v, spare])  # pages no sequence owns
+    args = [x.to(dev) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full((b, hq, n), float("nan"), device=dev)
+    cu().tree_attention(args[0], args[1], args[2], args[3], args[4], "mask", args[5], 0.1, out,
+                        lse, num_splits=2, kernel=kernel)
+    sync(dev)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
+
+
+@backends("sim", "cuda")
+def test_tree_attention_tma_page_size(dev):
+    """The TMA kernel copies whole 8-row swizzle atoms, so it refuses other page sizes by name."""
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.float16, device=dev)
+    k = torch.zeros(4, 12, 1, 64, dtype=torch.float16, device=dev)
+    table = torch.arange(4, dtype=torch.int32, device=dev).view(1, 4)
+    prefix = torch.tensor([20], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="page size"):
+        cu().tree_attention(q, k, k, prefix, None, "causal", table, 0.125, q.clone(), None,
+                            kernel="tma")
+
+
+@backends("sim")
+def test_tree_attention_kernel_choice(monkeypatch):
+    """Where the runtime picked no sm_90a code (the simulator told binaryVersion 80), auto falls
+    back to mma.sync and an explicit wgmma is an error; bad kernel names are ValueErrors (the
+    simulator's binaryVersion is what this test changes: sim only)."""
+    gen = torch.Generator().manual_seed(4)
+    b, n, hq, hkv, dh = 1, 9, 2, 1, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, 40, hkv, dh, generator=gen).half()
+    v = torch.randn(b, 40, hkv, dh, generator=gen).half()
+    prefix = torch.tensor([31], dtype=torch.int32)
+    o_ref, _ = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal", None,
+                                  0.125)
+    monkeypatch.setenv("JETSPEC_SIM_BINARY_VERSION", "80")
+    out = torch.full_like(q, float("nan"))
+    cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)
+    assert rel_l2(out, o_ref) < TOL[torch.float16]
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
+    with pytest.raises(ValueError, match="kernel"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="fast")
+    monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)
+    q256 = torch.zeros(b, n, hq, 256, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dims"):
+        cu().tree_attention(q256, q256, q256, prefix, None, "causal", None, 0.125, q256.clone(),
+                            None, kernel="wgmma")
+
+
+@backends("sim", "cuda")
+def test_tree_attention_strided_outputs_and_empty(dev):
+    """out and lse as views into larger buffers (written through their strides), and N = 0."""
+    gen = torch.Generator().manual_seed(5)
+    b, n, hq, hkv, dh, lmax = 2, 19, 4, 2, 64, 96
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    prefix = torch.tensor([40, 77], dtype=torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal",
+                                      None, 0.125)
+    out_buf = torch.full((b, n, hq + 1, dh), float("nan"), device=dev, dtype=torch.float16)
+    lse_buf = torch.full((b, hq, n + 5), float("nan"), device=dev)
+    out, lse = out_buf[:, :, 1:], lse_buf[:, :, 2:n + 2]
+    q, k, v, prefix = q.to(dev), k.to(dev), v.to(dev), prefix.to(dev)
+    cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, lse)
+    sync(dev)
+    assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
+    assert out_buf[:, :, 0].isnan().all() and lse_buf[:, :, :2].isnan().all()
+    assert lse_buf[:, :, n + 2:].isnan().all()
+    empty = torch.empty(b, 0, hq, dh, device=dev, dtype=torch.float16)
+    cu().tree_attention(q[:, :0], k, v, prefix, None, "causal", None, 0.125, empty, None)
+
+
+# ---------------------------------------------------------------- the triton kernel
 
 
 def tree_masks(B, N, depth, topk, gen, device="cpu"):
@@ -52,8 +236,7 @@ def make_case(B, N, Hq, Hkv, Dh, prefix_lens, dtype, *, mode="tree", page_size=N
     else:
         max_pages = -(-capacity // page_size)
         num_pages = B * max_pages + 2
-        perm = torch.randperm(num_pages, generator=gen)
-        block_table = perm[:B * max_pages].view(B, max_pages).to(torch.int32)
+        block_table = shuffled_table(B, max_pages, gen, spare=2)
         k = torch.full((num_pages, page_size, Hkv, Dh), float("nan"), dtype=dtype)
         v = k.clone()
         for b, n in enumerate(lengths):
@@ -120,6 +303,7 @@ CASES = [
 ]
 
 
+@backends("triton")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("B,N,Hq,Hkv,Dh,prefix,mode,page_size,q_layout", CASES)
 def test_matches_reference(B, N, Hq, Hkv, Dh, prefix, mode, page_size, q_layout, dtype):
@@ -136,6 +320,7 @@ def _widen_rows(cache, extra):
     return wide[..., :cache.shape[-1]]
 
 
+@backends("triton")
 @pytest.mark.parametrize("padded", ["v_cache", "k_cache"])
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_k_and_v_with_different_strides(padded, page_size):
@@ -149,6 +334,7 @@ def test_k_and_v_with_different_strides(padded, page_size):
     assert_close(case, out, lse, scale)
 
 
+@backends("triton")
 def test_causal_with_several_query_tiles():
     # N * G = 320 packed rows: three 128-row tiles, so each tile's causal tail ends at its own
     # last row (tiles that stopped at the first tile's last row lost keys: rel-L2 0.4).
@@ -157,6 +343,7 @@ def test_causal_with_several_query_tiles():
     assert_close(case, out, lse, scale)
 
 
+@backends("triton")
 def test_tree_smaller_than_budget_has_padding_rows():
     # depth 2, top-2: 7 real nodes in a capacity of 13; rows 7.. are padding (own bit only).
     case = make_case(2, 13, 4, 2, 16, [12, 30], torch.float32, mode="tree", page_size=16,
@@ -167,6 +354,7 @@ def test_tree_smaller_than_budget_has_padding_rows():
     assert_close(case, out, lse, scale)
 
 
+@backends("triton")
 @pytest.mark.parametrize("num_splits", [1, 3, 16])
 def test_split_counts_agree(num_splits):
     # 16 splits of a <= 90-key prefix leave most splits empty: the merge must ignore them.
@@ -175,6 +363,7 @@ def test_split_counts_agree(num_splits):
     assert_close(case, out, lse, scale)
 
 
+@backends("triton")
 def test_long_prefix_uses_several_splits():
     B, N, Hq, Hkv = 1, 5, 2, 1
     case = make_case(B, N, Hq, Hkv, 16, [300], torch.float16, mode="causal", seed=8)
@@ -185,6 +374,7 @@ def test_long_prefix_uses_several_splits():
     assert_close(case, out, lse, scale)
 
 
+@backends("triton")
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_without_lse_and_custom_scale(num_splits):
     case = make_case(2, 7, 4, 2, 16, [10, 3], torch.float32, mode="tree", seed=9)
@@ -194,6 +384,7 @@ def test_without_lse_and_custom_scale(num_splits):
     assert_close(case, out, None, scale)
 
 
+@backends("triton")
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_row_without_visible_key_is_zero_not_nan(num_splits):
     # Row 0 of sequence 0 has an empty mask and no prefix: out = 0, lse = -inf (as python_ref).
@@ -207,6 +398,7 @@ def test_row_without_visible_key_is_zero_not_nan(num_splits):
     assert rel_l2(lse[:, :, 1:], ref_lse[:, :, 1:]) < 1e-5 and rel_l2(lse[1], ref_lse[1]) < 1e-5
 
 
+@backends("triton")
 def test_public_api_dispatch():
     case = make_case(2, 6, 4, 2, 32, [14, 2], torch.float16, mode="tree", page_size=16, seed=11)
     out = torch.full_like(case["q"], float("nan"))
@@ -217,6 +409,7 @@ def test_public_api_dispatch():
     assert_close(case, out, lse, 1.0 / math.sqrt(32))
 
 
+@backends("triton")
 def test_split_choice_fills_an_h200():
     sms = 132
     gpu_min = TA._MIN_KEYS_PER_SPLIT["cuda"]
@@ -229,6 +422,7 @@ def test_split_choice_fills_an_h200():
     assert TA.choose_num_splits(1, 1, 1, 10 ** 7, sms, gpu_min) == TA._MAX_SPLITS
 
 
+@backends("triton")
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,N,prefix,page_size,mode", [
     (1, 16, [32768], 16, "tree"),
