@@ -206,7 +206,7 @@ def tree_masks(B, N, depth, topk, gen, device="cpu"):
     """Ancestor masks of real draft trees (python_ref.draft_tree on random logits): int32 [B, N, W]."""
     logits = torch.randn(B, depth, 64, generator=gen) * 3.0
     roots = torch.zeros(B, dtype=torch.int32)
-    t = R.draft_tree(logits, roots, N, topk)
+    t = ref.draft_tree(logits, roots, N, topk)
     return t["mask"].to(torch.int32).to(device)
 
 
@@ -253,7 +253,7 @@ def make_case(B, N, Hq, Hkv, Dh, prefix_lens, dtype, *, mode="tree", page_size=N
 
 
 def reference(case, scale):
-    return R.tree_attention(case["q"].double(), case["k_cache"].double(), case["v_cache"].double(),
+    return ref.tree_attention(case["q"].double(), case["k_cache"].double(), case["v_cache"].double(),
                             case["prefix_lens"], case["tree_mask"], case["tail"],
                             case["block_table"], scale)
 
