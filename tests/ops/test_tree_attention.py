@@ -253,9 +253,9 @@ def make_case(B, N, Hq, Hkv, Dh, prefix_lens, dtype, *, mode="tree", page_size=N
 
 
 def reference(case, scale):
-    return ref.tree_attention(case["q"].double(), case["k_cache"].double(), case["v_cache"].double(),
-                            case["prefix_lens"], case["tree_mask"], case["tail"],
-                            case["block_table"], scale)
+    return ref.tree_attention(case["q"].double(), case["k_cache"].double(),
+                              case["v_cache"].double(), case["prefix_lens"], case["tree_mask"],
+                              case["tail"], case["block_table"], scale)
 
 
 def run_backend(case, scale=None, num_splits=None, with_lse=True, out_layout="contiguous"):
