@@ -10,6 +10,25 @@ from jetspec_kernels.triton import rope
 from helpers import DEV, TOL, backends, cu, paged, rel_l2, shuffled_table, sync
 
 
+def sentinel_caches(shape, cache_dtype, is_paged, gen):
+    """K and V caches [B, L, H, D] of the sentinel -7 (paged in pages of 8 with a shuffled table
+    when ``is_paged``) -> (k cache, v cache, block table or None)."""
+    kc = torch.full(shape, -7.0).to(cache_dtype)
+    table = None
+    if is_paged:
+        kc, table = paged(kc, 8, gen)
+    return kc, kc.clone(), table
+
+
+def assert_sentinel_writes(kd, vd, kc, vc, kc_ref, vc_ref, tol):
+    """The slots python_ref wrote (``kc_ref`` off the sentinel) match within ``tol``; the others
+    still hold ``kc`` / ``vc`` exactly."""
+    written = kc_ref != -7.0
+    assert rel_l2(kd.cpu()[written], kc_ref[written]) < tol
+    assert rel_l2(vd.cpu()[written], vc_ref[written]) < tol
+    assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
+
+
 @backends("sim", "cuda")
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),
                                                (torch.float16, torch.float16),
@@ -27,12 +46,7 @@ def test_qk_norm_rope_append(dev, dtype, cache_dtype, is_paged):
     kw = torch.rand(dh, generator=gen) + 0.5
     positions = torch.tensor([[3, 4, 5, 6, 7], [40000, 40001, 40001, 40002, 40003]], dtype=torch.int32)
     start = torch.tensor([10, 30], dtype=torch.int32)
-    kc = torch.full((b, lmax, hkv, dh), -7.0).to(cache_dtype)
-    table = None
-    if is_paged:
-        kc, table = paged(kc, 8, gen)
-    vc = kc.clone()
-    # Compare written slots with the tolerance, untouched ones (sentinel -7) exactly.
+    kc, vc, table = sentinel_caches((b, lmax, hkv, dh), cache_dtype, is_paged, gen)
     kc_ref, vc_ref = kc.double(), vc.double()
     q_ref = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
                                     positions, kc_ref, vc_ref, 1e6, 1e-6, table, start)
@@ -43,10 +57,7 @@ def test_qk_norm_rope_append(dev, dtype, cache_dtype, is_paged):
     sync(dev)
     assert q_out.dtype == dtype
     assert rel_l2(q_out, q_ref) < TOL[dtype]
-    written = kc_ref != -7.0
-    assert rel_l2(kd.cpu()[written], kc_ref[written]) < TOL[cache_dtype]
-    assert rel_l2(vd.cpu()[written], vc_ref[written]) < TOL[cache_dtype]
-    assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
+    assert_sentinel_writes(kd, vd, kc, vc, kc_ref, vc_ref, TOL[cache_dtype])
 
 
 @backends("sim", "cuda")
@@ -70,11 +81,7 @@ def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start)
     else:
         positions[1] -= 40000 - 50
         start = None
-    kc = torch.full((b, lmax, hkv, dh), -7.0).to(cache_dtype)
-    table = None
-    if is_paged:
-        kc, table = paged(kc, 8, gen)
-    vc = kc.clone()
+    kc, vc, table = sentinel_caches((b, lmax, hkv, dh), cache_dtype, is_paged, gen)
     kc_ref, vc_ref = kc.double(), vc.double()
     assert ref.qk_norm_rope_append(None, k.double(), v.double(), None, kw.double(), positions,
                                    kc_ref, vc_ref, 1e6, 1e-6, table, start) is None
@@ -84,11 +91,8 @@ def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start)
                                    positions.to(dev), kd, vd, 1e6, 1e-6, to(table), to(start))
     sync(dev)
     assert got is None
-    written = kc_ref != -7.0
-    assert int(written.sum()) == b * n * hkv * dh
-    assert rel_l2(kd.cpu()[written], kc_ref[written]) < TOL[cache_dtype]
-    assert rel_l2(vd.cpu()[written], vc_ref[written]) < TOL[cache_dtype]
-    assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
+    assert int((kc_ref != -7.0).sum()) == b * n * hkv * dh
+    assert_sentinel_writes(kd, vd, kc, vc, kc_ref, vc_ref, TOL[cache_dtype])
     from torch.library import opcheck
     opcheck(torch.ops.jetspec.kv_norm_rope_append.default,
             (k.to(dev), v.to(dev), kw.to(dev), positions.to(dev), kd, vd, 1e6, 1e-6, to(table),
