@@ -118,7 +118,7 @@ step gpu_tests 150 260 "'$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprov
   --junitxml='$RES/gpu_tests.xml'" gpu
 if ((DRY)) || ! grep -q "^gpu_tests$(printf '\t')PASS" "$STEPS"; then
   step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs \
-    tests/test_cuda_ops.py --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
+    tests/ops -k cuda --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
 fi
 step gpu_tests_tma 40 250 "'$PY' -m pytest --gpu-only --tma only -q -p no:cacheprovider -rs tests \
   --junitxml='$RES/gpu_tests_tma.xml'" gpu

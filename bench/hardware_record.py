@@ -29,10 +29,15 @@ DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16
 
 def classify(entry: dict) -> tuple[str, str, str | None]:
     """(op, backend, dtype or None) of one recorded test. ``entry`` has ``file``, ``test`` (the
-    function name) and ``params`` (parameter name -> str of its value)."""
+    function name) and ``params`` (parameter name -> str of its value). In tests/ops the file
+    names the op when the test's name does not, and every test has a ``backend`` parameter."""
     test, params = entry["test"], entry.get("params", {})
-    op = next((fn for frag, fn in OP_OF_TEST if frag in test), f"other: {test}")
-    name = Path(entry["file"]).name
+    path = Path(entry["file"])
+    name = path.name
+    op = next((fn for frag, fn in OP_OF_TEST if frag in test), None)
+    if op is None and path.parent.name == "ops":
+        op = next((fn for frag, fn in OP_OF_TEST if frag in name), None)
+    op = op or f"other: {test}"
     if "backend" in params:
         backend = params["backend"]
     elif name.startswith("test_cuda"):

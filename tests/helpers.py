@@ -1,10 +1,13 @@
-"""Helpers shared by tests: relative L2 error and the eps-aware comparison of draft trees."""
+"""Helpers shared by tests: relative L2 error and tolerances, the eps-aware comparison of draft
+trees, input builders (random trees, paged caches, filter cases) and the CUDA simulator switch."""
 from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from functools import lru_cache
 
+import pytest
 import torch
 
 
@@ -195,3 +198,133 @@ def kept_by_thresholds(logits, temperature, thr_x, thr_id):
     v = torch.arange(logits.shape[-1])
     tx, ti = thr_x[..., None].cpu(), thr_id[..., None].cpu()
     return (x.cpu() > tx) | ((x.cpu() == tx) & (v <= ti))
+
+
+# ---- shared by the op tests (tests/ops) and the other files that build the same inputs ----
+
+# The house tolerances: relative L2 error against float64 python_ref, per dtype.
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# Where the triton and reference tests put their tensors.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+VERIFY_KEYS = ("accept_len", "path", "bonus", "emitted")
+
+
+def backends(*names):
+    """Parametrise a test over the op backends ``names`` (reference, triton, sim, cuda): the
+    ``backend`` fixture of tests/ops/conftest.py sets each up; cuda is gpu-marked."""
+    params = [pytest.param(n, marks=pytest.mark.gpu) if n == "cuda" else n for n in names]
+
+    def mark(fn):
+        fn = pytest.mark.parametrize("backend", params, indirect=True)(fn)
+        return pytest.mark.usefixtures("backend")(fn)
+    return mark
+
+
+def random_tree(b, n, gen, min_nodes=None, pad=True):
+    """Random parents int32 [b, n] (parents[i] < i) and ragged num_nodes int32 [b], drawn from
+    ``min_nodes`` (default max(1, n // 2)) to n; ``pad`` sets the parents past num_nodes to -1."""
+    parents = torch.full((b, n), -1, dtype=torch.int32)
+    for i in range(1, n):
+        parents[:, i] = torch.randint(0, i, (b,), generator=gen, dtype=torch.int32)
+    low = max(1, n // 2) if min_nodes is None else min_nodes
+    num_nodes = torch.randint(low, n + 1, (b,), generator=gen, dtype=torch.int32)
+    if pad:
+        for bb in range(b):
+            parents[bb, num_nodes[bb]:] = -1
+    return parents, num_nodes
+
+
+def shuffled_table(b, pages, gen, spare=0):
+    """A block table int32 [b, pages]: a random permutation of ``b * pages + spare`` pool pages
+    (``spare`` pages then belong to no sequence)."""
+    perm = torch.randperm(b * pages + spare, generator=gen)
+    return perm[:b * pages].view(b, pages).to(torch.int32)
+
+
+def paged(cache, page_size, gen, table=None):
+    """[B, L, H, D] -> (paged cache, block table); a shuffled table unless one is given."""
+    b, l, h, d = cache.shape
+    pages = l // page_size
+    if table is None:
+        table = shuffled_table(b, pages, gen)
+    out = torch.empty(b * pages, page_size, h, d, dtype=cache.dtype)
+    for bb in range(b):
+        for p in range(pages):
+            out[table[bb, p]] = cache[bb, p * page_size:(p + 1) * page_size]
+    return out, table
+
+
+def steering_logits(tokens, parents, num_nodes, V, gen, boost=25.0, dtype=torch.float32):
+    """Random target logits [B, N, V] where most nodes favour one of their children's tokens, so
+    the walk goes deep; some nodes keep random logits so it also stops early."""
+    B, N = tokens.shape
+    logits = torch.randn(B, N, V, generator=gen)
+    for b in range(B):
+        for i in range(int(num_nodes[b])):
+            kids = [c for c in range(int(num_nodes[b])) if int(parents[b, c]) == i]
+            if kids and torch.rand((), generator=gen) < 0.85:
+                c = kids[int(torch.randint(0, len(kids), (), generator=gen))]
+                logits[b, i, int(tokens[b, c])] += boost
+    return logits.to(dtype)
+
+
+def cu():
+    """The cuda backend's Python wrappers (jetspec_kernels.cuda)."""
+    import jetspec_kernels.cuda as c
+    return c
+
+
+def sync(dev):
+    """Wait for the GPU when ``dev`` is "cuda" (the simulator runs synchronously)."""
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+class DeviceGuardCheck:
+    """Fails a simulated test whose op calls _C, or takes the stream, outside ``U.on_device``: on a
+    GPU that call would launch on (and plan for) whatever device is current, not the tensors'."""
+
+    def __init__(self):
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def on_device(self, t):
+        assert isinstance(t, torch.Tensor)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def stream(self):
+        assert self.depth > 0, "U.stream() outside U.on_device"
+        return 0
+
+    def wrap(self, module):
+        check = self
+
+        class Guarded:
+            def __getattr__(self, name):
+                fn = getattr(module, name)
+                if not callable(fn):
+                    return fn
+
+                def call(*args, **kwargs):
+                    assert check.depth > 0, f"_C.{name} called outside U.on_device"
+                    return fn(*args, **kwargs)
+                return call
+        return Guarded()
+
+
+def use_sim(monkeypatch):
+    """Install the simulated kernels as _C for CPU tensors (skips the test without g++)."""
+    import jetspec_kernels
+    from jetspec_kernels.cuda import _util as U
+
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    guard = DeviceGuardCheck()
+    monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(sim_module()), raising=False)
+    monkeypatch.setattr(U, "on_device", guard.on_device)
+    monkeypatch.setattr(U, "stream", guard.stream)
+    monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices

@@ -223,6 +223,15 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
     assert "== hardware record" in out.stdout
     assert "cuda ops whose every GPU test passed: tree_attention, qk_norm_rope_append" in out.stdout
 
+    # tests/ops: the backend is a parameter, and the file names the op when the test does not
+    assert hr.classify(e("test_matches_reference", "passed", file="tests/ops/test_tree_attention.py",
+                         backend="triton", dtype=torch.float16)) == ("tree_attention", "triton", "fp16")
+    assert hr.classify(e("test_graph_replay", "passed", file="tests/ops/test_every_op.py",
+                         backend="cuda")) == ("other: test_graph_replay", "cuda", None)
+    assert hr.classify(e("test_topn_steps_match_model", "passed",
+                         file="tests/test_cuda_build_tree_steps.py", backend="cuda"))[0] == \
+        "other: test_topn_steps_match_model"
+
 
 def test_conftest_writes_the_hardware_record(tmp_path):
     """tests/conftest.py appends one JSON line per test when JETSPEC_HW_RECORD is set."""

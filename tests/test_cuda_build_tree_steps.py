@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from jetspec_kernels import python_ref as ref
+from helpers import sim_module
 from tree_steps_model import topn_steps
 
 FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes", "mask")
@@ -23,8 +24,7 @@ def backend(request):
         return _C, "cuda", torch.cuda.current_stream().cuda_stream
     if shutil.which("g++") is None:
         pytest.skip("the CUDA simulator needs g++")
-    from cuda_sim.build import load
-    return load(), "cpu", 0
+    return sim_module(), "cpu", 0
 
 
 def run_build_tree(backend, lp, budget, algorithm=0):

@@ -6,7 +6,7 @@ qkv projection, logits of a padded vocabulary, outputs and hidden states with pa
 strides, index tables sliced from wider buffers) and on contiguous copies of the same values.
 The answers, caches written in place included, must be identical; a layout a backend cannot
 load is refused up front (and ``auto`` passes it on). Backends: reference, triton (the
-interpreter on a CPU), cuda in the simulator (as in test_cuda_ops.py) and on a GPU (gpu).
+interpreter on a CPU), cuda in the simulator (as in tests/ops) and on a GPU (gpu).
 """
 import dataclasses
 import zlib
@@ -18,9 +18,7 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels import backend as _backend
-from helpers import poisoned_empty
-from test_cuda_ops import paged, random_tree, use_sim
-from test_triton_verify import steering_logits
+from helpers import paged, poisoned_empty, random_tree, steering_logits, use_sim
 
 NAN = float("nan")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from jetspec_kernels import python_ref as R
-from helpers import rel_l2 as rel
+from helpers import rel_l2 as rel, shuffled_table
 
 
 def random_tree_parents(N, gen):
@@ -74,8 +74,7 @@ def make_caches(keys, vals, Lmax, paged, page_size, gen):
         return kc, vc, None
     max_pages = (Lmax + page_size - 1) // page_size
     num_pages = B * max_pages + 3
-    perm = torch.randperm(num_pages, generator=gen)
-    bt = perm[:B * max_pages].view(B, max_pages).to(torch.int32)
+    bt = shuffled_table(B, max_pages, gen, spare=3)
     kc = torch.full((num_pages, page_size, Hkv, Dh), float("nan"), dtype=dt)
     vc = kc.clone()
     for b in range(B):

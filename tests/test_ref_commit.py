@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from jetspec_kernels import python_ref as R
+from helpers import shuffled_table
 
 B, N, Hkv, Dh = 4, 6, 2, 3
 MAXD = 3                       # path has MAXD + 1 columns
@@ -33,7 +34,7 @@ def setup(paged, gen):
         return logical_k.clone(), logical_v.clone(), None, logical_k, logical_v, L
     max_pages = (L + PAGE - 1) // PAGE
     num_pages = B * max_pages + 2
-    bt = torch.randperm(num_pages, generator=gen)[:B * max_pages].view(B, max_pages).to(torch.int32)
+    bt = shuffled_table(B, max_pages, gen, spare=2)
     kc = torch.full((num_pages, PAGE, Hkv, Dh), -7.0, dtype=torch.float64)
     vc = kc.clone()
     for b in range(B):

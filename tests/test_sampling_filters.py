@@ -5,7 +5,7 @@ boundaries, renormalisation after top-k, the "off" values); the filtered Gumbel 
 distribution; argument checks; and the decoding loop: per-sequence controls in one batch, and a
 chi-square test of the joint law of the first three tokens of ``generate`` against the exact
 filtered distribution computed from the target, which the same samples must reject unfiltered.
-Backend parity (triton, cuda) is in test_triton_verify.py and test_cuda_ops.py.
+Backend parity (triton, cuda) is in tests/ops/test_verify_tree.py.
 """
 import math
 

@@ -58,8 +58,8 @@ def main(names) -> int:
         try:
             env = dict(os.environ, JETSPEC_SIM_WATCHDOG_S="60")
             r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p",
-                                "no:cacheprovider", "tests/test_cuda_ops.py", "-k",
-                                "tree_attention and sim and tma"],
+                                "no:cacheprovider", "tests/ops/test_tree_attention.py",
+                                "-k", "sim and tma"],
                                cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
         finally:
             F.write_text(orig)

@@ -1,5 +1,6 @@
-"""Triton draft-tree path vs python_ref: log-softmax top-K (from logits and fused from hidden
-states), tree building (topn, accum_logp; bit-exact from top-K), pack_mask, and draft_tree."""
+"""The draft-tree path against python_ref: log-softmax top-K (from logits, and fused from hidden
+states: hidden_topk / draft_tree_from_hidden) and tree building (topn, accum_logp; bit-exact from
+top-K), on the cuda kernels (simulator, and a GPU: gpu) and Triton."""
 import pytest
 import torch
 
@@ -7,12 +8,160 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.triton import tree_build as triton_tree
 from jetspec_kernels.triton import topk as triton_topk
-from helpers import (TREE_FIELDS, assert_padding, poisoned_empty, rel_l2, tree_difference,
-                     tree_fields)
+from helpers import (DEV, TOL, TREE_FIELDS, assert_padding, backends, cu, poisoned_empty, rel_l2,
+                     sync, tree_difference, tree_fields)
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_log_softmax_topk(dev, dtype):
+    gen = torch.Generator().manual_seed(11)
+    # 5 vocabulary chunks of 4096 (the last partial) in the simulator, 38 on a GPU.
+    b, d, v, k = 2, 3, 151936 if dev == "cuda" else 18000, 8
+    logits = (torch.randn(b, d, v, generator=gen) * 3).to(dtype)
+    logits[0, 0, 100:110] = logits[0, 0].max()  # ties within a chunk: lower token first
+    logits[1, 2, 4090:4100] = logits[1, 2].max()  # ties across two chunks
+    tt, tl = cu().log_softmax_topk(logits.to(dev), k)
+    want_t, want_l = ref.log_softmax_topk(logits.double(), k)
+    assert torch.equal(tt.cpu(), want_t)
+    # 16-bit inputs are exact in fp32 and the log-softmax is fp32 for every input dtype.
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("staged", [True, False])
+def test_log_softmax_topk_many_chunks(dev, monkeypatch, staged):
+    """34 vocabulary chunks: the merge's sum of exp then has partials from two warps, which a
+    missing barrier before the cross-warp sum gets wrong. The merge stages its 340 candidates in
+    shared memory, or (a simulated 1 KB per block) reads them from global memory."""
+    if not staged:
+        if dev == "cuda":
+            pytest.skip("the simulator's shared memory per block is what this case changes")
+        monkeypatch.setenv("JETSPEC_SIM_SMEM_PER_BLOCK", "1024")
+    gen = torch.Generator().manual_seed(12)
+    logits = torch.randn(1, 2, 33 * 4096 + 5, generator=gen) * 3
+    tt, tl = cu().log_softmax_topk(logits.to(dev), 10)
+    want_t, want_l = ref.log_softmax_topk(logits.double(), 10)
+    assert torch.equal(tt.cpu(), want_t)
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+
+
+# (dtype, B, D, H, V, k, simulated SMs): one m16 tile with a hidden-size tail (72 = 64 + 8) and
+# a partial vocab tile; 21 rows (one 64-row tile); 65 rows (two) and a 4-entry last tile; k = 33
+# (two list slots per lane); a 1-SM plan, so that each CTA folds several vocab tiles; and H = 200
+# (4 pipeline steps a tile, with no barrier between them) so that stages are refilled mid-tile.
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+HIDDEN_CASES = [(F16, 1, 5, 72, 1000, 8, 132), (BF16, 1, 5, 72, 1000, 8, 132),
+                (BF16, 3, 7, 64, 2000, 5, 132), (F16, 5, 13, 128, 260, 4, 132),
+                (BF16, 1, 3, 64, 700, 33, 132),
+                (F16, 2, 3, 64, 1500, 6, 1), (BF16, 2, 3, 64, 1500, 6, 1),
+                (F16, 1, 4, 200, 700, 5, 1)]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype,b,d,h,v,k,sms", HIDDEN_CASES)
+def test_hidden_topk(dev, monkeypatch, dtype, b, d, h, v, k, sms):
+    monkeypatch.setenv("JETSPEC_SIM_SM_COUNT", str(sms))
+    gen = torch.Generator().manual_seed(h + v + k)
+    hidden = torch.randn(b, d, h, generator=gen).to(dtype)
+    weight = (torch.randn(v, h, generator=gen) / 4).to(dtype)
+    # Nine equal logits, seven in the first tile (inserted there out of id order: lane 4 holds
+    # token 100), the others in later tiles / CTAs; for k < 9 the cut falls inside the tie, and
+    # the lower token ids must win.
+    weight[[2, 3, 5, 40, 77, 100, 129, v - 1]] = weight[v // 2].clone()
+    hidden[0, 0] = weight[2] * 4  # make the tied logits the largest of row (0, 0)
+    with poisoned_empty():
+        tt, tl = cu().hidden_topk(hidden.to(dev), weight.to(dev), k)
+    sync(dev)
+    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, k)
+    assert torch.equal(tt.cpu(), want_t)
+    # 16-bit inputs are exact in fp32; only the accumulation order differs from float64.
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+
+
+@backends("cuda")
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 6])  # 15 rows (one 16-row tile) and 90 rows (two 64-row tiles)
+def test_hidden_topk_qwen3_shape(dev, b):
+    """Qwen3-8B's lm_head (V=151936, H=4096, bf16) with the device's real launch plan."""
+    gen = torch.Generator(device=dev).manual_seed(b)
+    hidden = torch.randn(b, 15, 4096, device=dev, generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(151936, 4096, device=dev, generator=gen) / 64).to(torch.bfloat16)
+    tt, tl = cu().hidden_topk(hidden, weight, 8)
+    want_t, want_l = ref.log_softmax_topk((hidden.float() @ weight.float().T).double(), 8)
+    assert torch.equal(tt.cpu(), want_t.cpu())
+    assert rel_l2(tl, want_l) < TOL[torch.float32]
+
+
+@backends("sim", "cuda")
+def test_hidden_topk_strided_and_unsupported(dev):
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, 6, 64, generator=gen).half()[1::2, ::3]  # strided B and D
+    weight = torch.randn(300, 64, generator=gen).half()
+    tt, tl = cu().hidden_topk(hidden.to(dev), weight.to(dev), 4)
+    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, 4)
+    assert torch.equal(tt.cpu(), want_t) and rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+    with pytest.raises(jk.BackendUnavailableError, match="float16/bfloat16"):
+        cu().hidden_topk(hidden.float().to(dev), weight.float().to(dev), 4)
+    with pytest.raises(jk.BackendUnavailableError, match="H % 8"):
+        cu().hidden_topk(hidden[..., :60].to(dev), weight[:, :60].to(dev), 4)
+    with pytest.raises(ValueError, match="lm_head_weight rows must start on 16-byte"):
+        # sliced on the device: .to() of a non-dense view makes a fresh (aligned) copy
+        cu().hidden_topk(hidden.to(dev)[..., :56], weight.to(dev)[:, 1:57], 4)
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("algorithm", ["topn", "accum_logp"])
+# (8, 2, 1) and (40, 3, 2): budget above the implicit tree size (3 and 13 nodes), where a lane
+# caching another lane's node once made accum_logp pop a max-depth leaf forever.
+@pytest.mark.parametrize("budget,k,d", [(64, 4, 15), (256, 8, 15), (7, 3, 2), (100, 64, 3),
+                                        (8, 2, 1), (40, 3, 2), (600, 5, 6)])
+def test_build_tree(dev, algorithm, budget, k, d):
+    gen = torch.Generator().manual_seed(budget + k)
+    b = 3
+    lp = torch.log_softmax(torch.randn(b, d, 200, generator=gen), -1)
+    lp, idx = lp.sort(-1, descending=True)
+    lp, idx = lp[..., :k].contiguous(), idx[..., :k].to(torch.int32).contiguous()
+    lp[1] = lp[1].round(decimals=1)  # exact score ties exercise the tie rules
+    lp[1] = lp[1].sort(-1, descending=True).values
+    root = torch.tensor([5, 6, 7], dtype=torch.int32)
+    want = ref.build_tree(idx, lp, root, budget, algorithm)
+    with poisoned_empty():
+        got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+    sync(dev)
+    for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
+        assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), key
+
+
+@backends("sim", "cuda")
+def test_build_tree_random_configs(dev):
+    """Many small trees with heavy score ties (log-probs on a 0.25 grid) and -inf log-probs."""
+    gen = torch.Generator().manual_seed(123)
+    for trial in range(30):
+        d = int(torch.randint(1, 7, (1,), generator=gen))
+        k = int(torch.randint(1, 10, (1,), generator=gen))
+        budget = int(torch.randint(1, 160, (1,), generator=gen))
+        lp = -(torch.rand(2, d, k, generator=gen) * 3 / 0.25).round() * 0.25
+        if trial % 5 == 0:
+            lp[0, :, k // 2 + 1:] = float("-inf")
+        lp = lp.sort(-1, descending=True).values.contiguous()
+        idx = torch.randint(0, 1000, (2, d, k), generator=gen, dtype=torch.int32)
+        root = torch.tensor([3, 4], dtype=torch.int32)
+        for algorithm in ("topn", "accum_logp"):
+            want = ref.build_tree(idx, lp, root, budget, algorithm)
+            with poisoned_empty():
+                got = cu().build_tree(idx.to(dev), lp.to(dev), root.to(dev), budget, algorithm)
+            sync(dev)
+            for key, g in zip(("tokens", "parents", "depths", "scores", "num_nodes", "mask"), got):
+                assert torch.equal(g.cpu(), want[key].cpu().to(g.dtype)), (trial, algorithm, key)
+
+
+# ---------------------------------------------------------------- the triton kernels
+
+
 ALGS = ("topn", "accum_logp")
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def sorted_logprobs(gen, B, D, K, levels=None):
@@ -37,15 +186,6 @@ def separated_logits(gen, B, D, V, K, dtype):
     return x.to(dtype)
 
 
-def random_tree(gen, B, N):
-    parents = torch.full((B, N), -1, dtype=torch.int32)
-    num = torch.randint(1, N + 1, (B,), generator=gen, dtype=torch.int32)
-    for b in range(B):
-        for i in range(1, int(num[b])):
-            parents[b, i] = int(torch.randint(0, i, (1,), generator=gen))
-    return parents, num
-
-
 def check_tree_exact(got, want):
     g, w = tree_fields(got), tree_fields(want)
     for key in TREE_FIELDS:
@@ -54,6 +194,7 @@ def check_tree_exact(got, want):
 
 
 # ------------------------------------------------------------------------------ top-K
+@backends("triton")
 @pytest.mark.parametrize("B,D,V,k,block_v,dtype", [
     (3, 5, 1000, 7, None, torch.float32),
     (1, 3, 5003, 3, 512, torch.float16),
@@ -61,7 +202,7 @@ def check_tree_exact(got, want):
     (1, 1, 1000, 1, 64, torch.float16),
     (1, 3, 1000, 64, 256, torch.float32),
 ])
-def test_log_softmax_topk(B, D, V, k, block_v, dtype):
+def test_log_softmax_topk_blocks(B, D, V, k, block_v, dtype):
     gen = torch.Generator().manual_seed(B * 100 + V + k)
     x = (torch.randn(B, D, V, generator=gen) * 3).to(dtype)
     x[0, 0, 7] = x[0, 0, 3] = x[0, 0].max() + 1  # a tied maximum: the lower id comes first
@@ -74,6 +215,7 @@ def test_log_softmax_topk(B, D, V, k, block_v, dtype):
     assert tok[0, 0, 0] == 3 and (k == 1 or tok[0, 0, 1] == 7)
 
 
+@backends("triton")
 def test_log_softmax_topk_strided_rows():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(4, 6, 1000, generator=gen)[1::2, ::2]  # strided B and D, contiguous V
@@ -83,12 +225,13 @@ def test_log_softmax_topk_strided_rows():
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
 
 
+@backends("triton")
 @pytest.mark.parametrize("B,D,H,V,k,dtype", [
     (3, 5, 40, 1000, 7, torch.float32),
     (1, 3, 64, 5003, 3, torch.float16),
     (2, 9, 96, 1000, 1, torch.float16),
 ])
-def test_hidden_topk(B, D, H, V, k, dtype):
+def test_hidden_topk_triton_shapes(B, D, H, V, k, dtype):
     gen = torch.Generator().manual_seed(H + V)
     hidden = torch.randn(B, D, H, generator=gen).to(dtype)
     weight = torch.randn(V, H, generator=gen).to(dtype)
@@ -100,6 +243,7 @@ def test_hidden_topk(B, D, H, V, k, dtype):
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
 
 
+@backends("triton")
 def test_draft_tree_from_hidden_public_api():
     gen = torch.Generator().manual_seed(11)
     hidden = torch.randn(2, 3, 32, generator=gen)
@@ -112,6 +256,7 @@ def test_draft_tree_from_hidden_public_api():
 
 
 # ------------------------------------------------------------------------------ trees
+@backends("triton")
 @pytest.mark.parametrize("algorithm", ALGS)
 @pytest.mark.parametrize("B,D,K,budget", [
     (1, 1, 1, 1), (3, 1, 3, 2), (3, 3, 2, 10), (1, 5, 7, 37), (3, 3, 3, 64),
@@ -145,6 +290,7 @@ def build_exact(lp, seed, budget, algorithm="topn"):
     assert_padding(tree_fields(got), budget)
 
 
+@backends("triton")
 @pytest.mark.parametrize("levels,zeros", [(1, False), (2, True), (1, True)])
 @pytest.mark.parametrize("B,D,K,budget", [(2, 6, 4, 100), (1, 4, 8, 200), (2, 9, 2, 64)])
 def test_topn_batch_ties_across_depths(B, D, K, budget, levels, zeros):
@@ -158,6 +304,7 @@ def test_topn_batch_ties_across_depths(B, D, K, budget, levels, zeros):
     build_exact(lp.sort(dim=-1, descending=True).values.contiguous(), D * K, budget)
 
 
+@backends("triton")
 @pytest.mark.parametrize("B,D,K,budget", [(2, 5, 3, 64), (1, 3, 16, 256), (2, 2, 64, 128)])
 def test_topn_all_equal_logprobs(B, D, K, budget):
     """Every sibling ties: order is by depth, then rank sequence (breadth-first), and the budget
@@ -166,6 +313,7 @@ def test_topn_all_equal_logprobs(B, D, K, budget):
     build_exact(lp, D * K, budget)
 
 
+@backends("triton")
 @pytest.mark.parametrize("D,budget", [(40, 64), (70, 64), (1, 2)])
 def test_topn_k1_chain(D, budget):
     gen = torch.Generator().manual_seed(D)
@@ -173,6 +321,7 @@ def test_topn_k1_chain(D, budget):
     build_exact(lp, D, budget)
 
 
+@backends("triton")
 def test_topn_neg_inf_logprobs():
     """Impossible candidates (-inf) tie with each other at every depth: depth, then rank order."""
     gen = torch.Generator().manual_seed(9)
@@ -184,6 +333,7 @@ def test_topn_neg_inf_logprobs():
     build_exact(lp, 10, 150, algorithm="accum_logp")
 
 
+@backends("triton")
 @pytest.mark.parametrize("D,K,levels", [(6, 4, 2), (5, 5, 1)])
 def test_topn_budget_4096(D, K, levels):
     """Largest budget (window of one child a parent); D 5 K 5 has 3906 nodes < 4096: padding."""
@@ -192,6 +342,7 @@ def test_topn_budget_4096(D, K, levels):
     build_exact(lp, D + K, 4096)
 
 
+@backends("triton")
 @pytest.mark.parametrize("seed", range(8))
 def test_topn_random_shapes(seed):
     gen = torch.Generator().manual_seed(100 + seed)
@@ -203,6 +354,7 @@ def test_topn_random_shapes(seed):
     build_exact(lp, seed, budget)
 
 
+@backends("triton")
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_build_tree_continuous_and_strided(algorithm):
     gen = torch.Generator().manual_seed(3)
@@ -213,6 +365,7 @@ def test_build_tree_continuous_and_strided(algorithm):
     check_tree_exact(got, ref.build_tree(tok, lp, root, 45, algorithm))
 
 
+@backends("triton")
 @pytest.mark.parametrize("algorithm", ALGS)
 @pytest.mark.parametrize("B,D,V,K,budget,dtype", [
     (3, 5, 1000, 3, 37, torch.float32),
@@ -231,6 +384,7 @@ def test_draft_tree_separated_bit_exact(B, D, V, K, budget, dtype, algorithm):
     check_tree_exact(got, ref.draft_tree(logits.float(), root, budget, K, algorithm))
 
 
+@backends("triton")
 @pytest.mark.parametrize("algorithm", ALGS)
 @pytest.mark.parametrize("B,D,V,K,budget,dtype,tied", [
     (3, 3, 1000, 3, 37, torch.float32, False),
@@ -268,6 +422,7 @@ def hand_tree(tokens, parents, scores):
             "mask": torch.zeros(1, n, 1, dtype=torch.int32)}
 
 
+@backends("triton")
 def test_tree_difference_accepts_only_ties():
     a = hand_tree([0, 1, 2, 3], [-1, 0, 0, 0], [0.0, -1.0, -2.0, -3.0])
     assert tree_difference(a, a, 1e-6) is None
@@ -287,28 +442,10 @@ def test_tree_difference_accepts_only_ties():
     assert tree_difference(a, hand_tree([0, 1, 2], [-1, 0, 0], [0, -1, -2]), 1e-4) is not None
 
 
-# ------------------------------------------------------------------------------ pack_mask
-@pytest.mark.parametrize("B,N", [(1, 1), (3, 37), (2, 64), (1, 70)])
-def test_pack_mask(B, N):
-    gen = torch.Generator().manual_seed(N)
-    parents, num = random_tree(gen, B, N)
-    with poisoned_empty():
-        got = jk.pack_mask(parents.to(DEV), num.to(DEV), backend="triton")
-    assert got.dtype == torch.int32
-    assert torch.equal(got.cpu(), ref.pack_mask(parents, num))
-
-
-def test_pack_mask_deep_chain_sets_bit_31():
-    parents = (torch.arange(64, dtype=torch.int32) - 1).reshape(1, 64)
-    num = torch.tensor([64], dtype=torch.int32)
-    got = triton_tree.pack_mask(parents.to(DEV), num.to(DEV)).cpu()
-    assert torch.equal(got, ref.pack_mask(parents, num))
-    assert got[0, 63, 0] == -1 and got[0, 63, 1] == -1  # all 32 bits set: two's complement
-
-
 # ------------------------------------------------------------------------------ bf16
 # log_softmax_topk and build_tree have no tl.dot, so bf16 runs under the interpreter (a small
 # shape); hidden_topk's bf16 tl.dot does not (the interpreter multiplies raw bits): GPU only.
+@backends("triton")
 @pytest.mark.parametrize("algorithm", ALGS)
 @pytest.mark.parametrize("B,D,V,K,budget", [
     pytest.param(2, 4, 3001, 4, 20, id="small"),
@@ -334,6 +471,7 @@ def test_bf16_logits(B, D, V, K, budget, algorithm):
     check_tree_exact(exact, ref.build_tree(tok.cpu(), lp.cpu(), root, budget, algorithm))
 
 
+@backends("triton")
 @pytest.mark.gpu
 def test_gpu_bf16_hidden_topk():
     gen = torch.Generator().manual_seed(1)
@@ -345,6 +483,7 @@ def test_gpu_bf16_hidden_topk():
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
 
 
+@backends("triton")
 @pytest.mark.gpu
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_gpu_large_budget(algorithm):

@@ -1,4 +1,5 @@
-"""Triton commit_kv vs python_ref: in-place K/V compaction (bit-exact) and the hidden-row gather."""
+"""commit_kv against python_ref: in-place K/V compaction (bit-exact) and the hidden-row gather, on
+the cuda kernel (simulator, and a GPU: gpu) and Triton."""
 import pytest
 import torch
 
@@ -6,8 +7,38 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Verdict
 from jetspec_kernels.triton import commit
+from helpers import DEV, backends, cu, paged, poisoned_empty, shuffled_table, sync
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("is_paged", [False, True])
+# Rows of whole 16-byte units (16-byte copies) or not (element copies).
+@pytest.mark.parametrize("dh,hdim", [(16, 24), (6, 20)])
+def test_commit_kv(dev, cache_dtype, is_paged, dh, hdim):
+    gen = torch.Generator().manual_seed(9)
+    b, lmax, hkv, cols = 2, 64, 2, 5
+    kc = torch.randn(b, lmax, hkv, dh, generator=gen).to(cache_dtype)
+    table = None
+    if is_paged:
+        kc, table = paged(kc, 8, gen)
+    vc = torch.randn(kc.shape, generator=gen).to(cache_dtype)
+    prefix = torch.tensor([3, 20], dtype=torch.int32)
+    path = torch.tensor([[0, 2, 3, 7, -1], [0, 1, 5, 6, 9]], dtype=torch.int32)
+    accept = torch.tensor([3, 4], dtype=torch.int32)
+    hidden = torch.randn(b, 12, hdim, generator=gen).to(torch.bfloat16)
+    kr, vr = kc.clone(), vc.clone()
+    want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
+    kd, vd = kc.to(dev), vc.to(dev)
+    with poisoned_empty():
+        lens, rows = cu().commit_kv(kd, vd, prefix.to(dev), path.to(dev), accept.to(dev),
+                                    None if table is None else table.to(dev), hidden.to(dev))
+    sync(dev)
+    assert torch.equal(lens.cpu(), want_lens) and torch.equal(rows.cpu(), want_rows)
+    assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
+
+
+# ---------------------------------------------------------------- the triton kernel
 
 
 def random_paths(B, M, N, gen, forced=None):
@@ -32,8 +63,7 @@ def make_caches(B, cap, HKV, DH, dtype, page, fused, gen):
         lead, table = (B, cap), None
     else:
         pages = -(-cap // page)
-        table = torch.randperm(B * pages + 2, generator=gen)[:B * pages].view(B, pages)
-        table, lead = table.to(torch.int32), (B * pages + 2, page)
+        table, lead = shuffled_table(B, pages, gen, spare=2), (B * pages + 2, page)
     if fused:
         kv = torch.randn(*lead, 2, HKV, DH, generator=gen).to(dtype)
         return kv[:, :, 0], kv[:, :, 1], table
@@ -74,6 +104,7 @@ def run_case(B, M, N, HKV, DH, dtype, page, fused, seed, forced=None, hidden_dim
 FORCED = {0: [0], 1: [0, 1, 2, 3, 4], 2: [0, 3, 7, 8], 3: [0, 2, 3, 4]}
 
 
+@backends("triton")
 @pytest.mark.parametrize("B,HKV,DH,dtype,page,fused", [
     (5, 2, 64, torch.float32, None, False),
     (5, 1, 16, torch.float16, 1, False),
@@ -87,10 +118,12 @@ def test_parity_with_reference(B, HKV, DH, dtype, page, fused):
     assert acc[:4].tolist() == [0, 4, 3, 3]
 
 
+@backends("triton")
 def test_random_paths_many_sequences():
     run_case(9, 8, 24, 2, 16, torch.float32, 1, False, seed=3, hidden_dim=7)
 
 
+@backends("triton")
 def test_paths_from_real_verification():
     gen = torch.Generator().manual_seed(4)
     B, D, V, budget = 3, 5, 60, 16
@@ -104,6 +137,7 @@ def test_paths_from_real_verification():
              forced=forced, hidden_dim=33)
 
 
+@backends("triton")
 def test_public_api_dispatches_to_triton():
     gen = torch.Generator().manual_seed(6)
     B, M, N = 4, 5, 13
@@ -123,6 +157,7 @@ def test_public_api_dispatches_to_triton():
     assert none.hidden is None and torch.equal(none.prefix_lens, want.prefix_lens)
 
 
+@backends("triton")
 @pytest.mark.parametrize("page", [None, 16])
 def test_bf16_qwen_shapes(page):
     """No tl.dot in the kernel, so bf16 runs under the interpreter too (about 1.5 s a case)."""

@@ -1,15 +1,105 @@
-"""Triton qk_norm_rope_append vs python_ref (float64), under the interpreter (bf16 included) and
-on a GPU (Qwen3-8B shapes)."""
+"""qk_norm_rope_append (and its K/V-only form) against python_ref (float64), on the cuda kernel
+(simulator, and a GPU: gpu) and Triton (the interpreter, bf16 included; Qwen3-8B shapes on a
+GPU)."""
 import pytest
 import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.triton import rope
-from helpers import rel_l2
+from helpers import DEV, TOL, backends, cu, paged, rel_l2, shuffled_table, sync
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+def sentinel_caches(shape, cache_dtype, is_paged, gen):
+    """K and V caches [B, L, H, D] of the sentinel -7 (paged in pages of 8 with a shuffled table
+    when ``is_paged``) -> (k cache, v cache, block table or None)."""
+    kc = torch.full(shape, -7.0).to(cache_dtype)
+    table = None
+    if is_paged:
+        kc, table = paged(kc, 8, gen)
+    return kc, kc.clone(), table
+
+
+def assert_sentinel_writes(kd, vd, kc, vc, kc_ref, vc_ref, tol):
+    """The slots python_ref wrote (``kc_ref`` off the sentinel) match within ``tol``; the others
+    still hold ``kc`` / ``vc`` exactly."""
+    written = kc_ref != -7.0
+    assert rel_l2(kd.cpu()[written], kc_ref[written]) < tol
+    assert rel_l2(vd.cpu()[written], vc_ref[written]) < tol
+    assert torch.equal(kd.cpu()[~written], kc[~written]) and torch.equal(vd.cpu()[~written], vc[~written])
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),
+                                               (torch.float16, torch.float16),
+                                               (torch.bfloat16, torch.bfloat16),
+                                               (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("is_paged", [False, True])
+def test_qk_norm_rope_append(dev, dtype, cache_dtype, is_paged):
+    gen = torch.Generator().manual_seed(3)
+    # 15 heads: warp head-groups of 8 q heads, then 4 q + 3 k heads (a group mixing both).
+    b, n, hq, hkv, dh, lmax = 2, 5, 12, 3, 128, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
+    k = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    qw = torch.rand(dh, generator=gen) + 0.5
+    kw = torch.rand(dh, generator=gen) + 0.5
+    positions = torch.tensor([[3, 4, 5, 6, 7], [40000, 40001, 40001, 40002, 40003]], dtype=torch.int32)
+    start = torch.tensor([10, 30], dtype=torch.int32)
+    kc, vc, table = sentinel_caches((b, lmax, hkv, dh), cache_dtype, is_paged, gen)
+    kc_ref, vc_ref = kc.double(), vc.double()
+    q_ref = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
+                                    positions, kc_ref, vc_ref, 1e6, 1e-6, table, start)
+    kd, vd = kc.to(dev), vc.to(dev)
+    q_out = cu().qk_norm_rope_append(q.to(dev), k.to(dev), v.to(dev), qw.to(dev), kw.to(dev),
+                                     positions.to(dev), kd, vd, 1e6, 1e-6,
+                                     None if table is None else table.to(dev), start.to(dev))
+    sync(dev)
+    assert q_out.dtype == dtype
+    assert rel_l2(q_out, q_ref) < TOL[dtype]
+    assert_sentinel_writes(kd, vd, kc, vc, kc_ref, vc_ref, TOL[cache_dtype])
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float32)])
+@pytest.mark.parametrize("is_paged", [False, True])
+@pytest.mark.parametrize("with_start", [False, True])
+def test_kv_only_norm_rope_append(dev, dtype, cache_dtype, is_paged, with_start):
+    """q=None: no q output, caches identical in content to python_ref's K/V-only append."""
+    gen = torch.Generator().manual_seed(5)
+    b, n, hkv, dh, lmax = 3, 6, 2, 128, 64
+    k = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, n, hkv, dh, generator=gen).to(dtype)
+    kw = torch.rand(dh, generator=gen) + 0.5
+    positions = torch.tensor([[3, 4, 5, 6, 7, 8], [40000, 40001, 40002, 40003, 40004, 40005],
+                              [0, 1, 2, 3, 4, 5]], dtype=torch.int32)
+    if with_start:
+        positions[1] = torch.tensor([40000, 40001, 40001, 40002, 40002, 40003])
+        start = torch.tensor([10, 30, 0], dtype=torch.int32)
+    else:
+        positions[1] -= 40000 - 50
+        start = None
+    kc, vc, table = sentinel_caches((b, lmax, hkv, dh), cache_dtype, is_paged, gen)
+    kc_ref, vc_ref = kc.double(), vc.double()
+    assert ref.qk_norm_rope_append(None, k.double(), v.double(), None, kw.double(), positions,
+                                   kc_ref, vc_ref, 1e6, 1e-6, table, start) is None
+    kd, vd = kc.to(dev), vc.to(dev)
+    to = lambda t: None if t is None else t.to(dev)
+    got = cu().qk_norm_rope_append(None, k.to(dev), v.to(dev), None, kw.to(dev),
+                                   positions.to(dev), kd, vd, 1e6, 1e-6, to(table), to(start))
+    sync(dev)
+    assert got is None
+    assert int((kc_ref != -7.0).sum()) == b * n * hkv * dh
+    assert_sentinel_writes(kd, vd, kc, vc, kc_ref, vc_ref, TOL[cache_dtype])
+    from torch.library import opcheck
+    opcheck(torch.ops.jetspec.kv_norm_rope_append.default,
+            (k.to(dev), v.to(dev), kw.to(dev), positions.to(dev), kd, vd, 1e6, 1e-6, to(table),
+             to(start)))
+
+
+# ---------------------------------------------------------------- the triton kernel
 
 
 def make_inputs(B, N, HQ, HKV, DH, dtype, layout, gen):
@@ -32,8 +122,7 @@ def make_cache(B, cap, HKV, DH, dtype, page, gen):
         shape, table = (B, cap, HKV, DH), None
     else:
         pages = -(-cap // page)
-        table = torch.randperm(B * pages + 3, generator=gen)[:B * pages].view(B, pages)
-        table = table.to(torch.int32)
+        table = shuffled_table(B, pages, gen, spare=3)
         shape = (B * pages + 3, page, HKV, DH)
     kc = torch.full(shape, float("nan"), dtype=dtype)
     return kc, kc.clone(), table
@@ -96,6 +185,7 @@ CASES = [
 ]
 
 
+@backends("triton")
 @pytest.mark.parametrize("i", range(len(CASES)),
                          ids=["-".join(map(str, c)).replace("torch.", "") for c in CASES])
 def test_parity_with_reference(i):
@@ -106,17 +196,20 @@ def test_parity_with_reference(i):
 KV_ONLY_CASES = [CASES[i] for i in (0, 1, 2, 4, 5, 6)]
 
 
+@backends("triton")
 @pytest.mark.parametrize("i", range(len(KV_ONLY_CASES)),
                          ids=["-".join(map(str, c)).replace("torch.", "") for c in KV_ONLY_CASES])
 def test_kv_only_parity_with_reference(i):
     run_case(*KV_ONLY_CASES[i], seed=100 + i, with_q=False)
 
 
+@backends("triton")
 def test_weights_in_another_dtype_and_small_theta():
     run_case(3, 5, 8, 2, 64, torch.float16, torch.float16, "contiguous", None, True, 5000, seed=7,
              w_dtype=torch.float32, theta=10000.0)
 
 
+@backends("triton")
 def test_public_api_dispatches_to_triton():
     gen = torch.Generator().manual_seed(3)
     B, N, HQ, HKV, DH = 3, 5, 4, 2, 64
@@ -137,6 +230,7 @@ def test_public_api_dispatches_to_triton():
     assert rel_l2(kc[written], kr[written]) < 1e-5
 
 
+@backends("triton")
 def test_public_api_kv_only_returns_none_and_fills_cache():
     gen = torch.Generator().manual_seed(4)
     B, N, HKV, DH, page = 2, 6, 2, 32, 4
@@ -162,12 +256,14 @@ BF16_SHAPES = [pytest.param((3, 7, 12, 4, 128), id="small"),
                pytest.param((4, 64, 32, 8, 128), id="qwen", marks=pytest.mark.gpu)]
 
 
+@backends("triton")
 @pytest.mark.parametrize("shape", BF16_SHAPES)
 @pytest.mark.parametrize("page", [None, 16])
 def test_bf16(shape, page):
     run_case(*shape, torch.bfloat16, torch.bfloat16, "fused", page, True, 32768, seed=1)
 
 
+@backends("triton")
 @pytest.mark.parametrize("shape", BF16_SHAPES)
 @pytest.mark.parametrize("page", [None, 16])
 def test_bf16_kv_only(shape, page):
@@ -175,6 +271,7 @@ def test_bf16_kv_only(shape, page):
              with_q=False)
 
 
+@backends("triton")
 @pytest.mark.gpu
 def test_fp32_long_positions_on_gpu():
     run_case(2, 33, 16, 4, 128, torch.float32, torch.float32, "contiguous", 16, False, 40000,

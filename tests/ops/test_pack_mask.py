@@ -1,0 +1,46 @@
+"""pack_mask against python_ref.pack_mask on every backend: random trees with ragged node counts,
+full chains (bit 31 and every word of a row set), several mask words."""
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels import python_ref as ref
+from helpers import backends, cu, poisoned_empty, random_tree, sync
+
+
+def pack_mask_on(backend, parents, num_nodes):
+    """``backend``'s pack_mask of int32 parents [B, N] and num_nodes [B] -> mask on the CPU
+    (triton through the public op; the cuda kernels through their wrapper)."""
+    p, n = parents.to(backend.device), num_nodes.to(backend.device)
+    with poisoned_empty():
+        if backend.name == "triton":
+            got = jk.pack_mask(p, n, backend="triton")
+        else:
+            got = cu().pack_mask(p, n)
+    sync(backend.device)
+    return got.cpu()
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("b,n", [(1, 1), (3, 31), (2, 32), (3, 33), (2, 100), (3, 37), (2, 64),
+                                 (1, 70)])
+def test_pack_mask(backend, b, n):
+    """Random trees, ragged node counts (padding rows keep only their own bit), a full chain
+    (bit 31 and every word of a row set), several mask words."""
+    gen = torch.Generator().manual_seed(b * 1000 + n)
+    parents, num_nodes = random_tree(b, n, gen)
+    parents[0, 1:] = torch.arange(n - 1, dtype=torch.int32)  # a chain: every bit of a row set
+    num_nodes[0] = n
+    want = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    got = pack_mask_on(backend, parents, num_nodes)
+    assert got.dtype == torch.int32
+    assert torch.equal(got, want)
+
+
+@backends("triton", "sim", "cuda")
+def test_pack_mask_deep_chain_sets_bit_31(backend):
+    parents = (torch.arange(64, dtype=torch.int32) - 1).reshape(1, 64)
+    num = torch.tensor([64], dtype=torch.int32)
+    got = pack_mask_on(backend, parents, num)
+    assert torch.equal(got, ref.pack_mask(parents, num))
+    assert got[0, 63, 0] == -1 and got[0, 63, 1] == -1  # all 32 bits set: two's complement

@@ -1,0 +1,439 @@
+"""tree_attention against python_ref.tree_attention (float64), on every backend.
+
+The cuda checks run each of the mma / wgmma / tma kernels in the simulator (and on a GPU, gpu);
+the triton checks launch the Triton kernel (under the interpreter on a CPU, fp32 / fp16 and small
+shapes; bf16 and the Qwen3-8B shapes are gpu-marked). Outputs are NaN-poisoned before every
+launch, and cache slots no query may read are NaN too, so a stray read or a missed write fails.
+"""
+import math
+
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels import python_ref as ref
+from jetspec_kernels.ops.tree_attention import check_tree_attention
+from jetspec_kernels.triton import attention as TA
+from helpers import TOL, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
+
+
+ATTN_CASES = [
+    # (dtype, dh, B, N, Hq, Hkv, tail, paged, splits)
+    (torch.float16, 128, 2, 37, 8, 2, "mask", False, 1),
+    (torch.bfloat16, 128, 2, 37, 8, 2, "mask", True, 3),
+    (torch.float16, 64, 1, 16, 4, 4, "causal", False, 2),
+    (torch.bfloat16, 64, 3, 70, 4, 1, "full", True, 1),
+    (torch.float16, 256, 2, 20, 4, 2, "causal", True, 4),
+    (torch.bfloat16, 256, 1, 64, 2, 1, "mask", False, 1),
+]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
+def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
+    if kernel != "mma" and dh not in cu().attention.WGMMA_HEAD_DIMS:
+        pytest.skip("the sm_90a kernels take head dims 64 and 128")
+    gen = torch.Generator().manual_seed(dh + n + splits)
+    lmax = 320
+    prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
+    q = torch.randn(b, n, hq, dh, generator=gen).to(dtype)
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).to(dtype)
+    mask = None
+    if tail == "mask":
+        parents, num_nodes = random_tree(b, n, gen)
+        mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    table = None
+    if is_paged:
+        k, table = paged(k, 16, gen)
+        v, _ = paged(v, 16, gen, table)
+    args = [x.to(dev) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full((b, hq, n), float("nan"), device=dev)
+    scale = 1.0 / math.sqrt(dh)
+    cu().tree_attention(args[0], args[1], args[2], args[3], args[4], tail, args[5], scale, out, lse,
+                        num_splits=splits, kernel=kernel)
+    sync(dev)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, tail,
+                                      table, scale)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert rel_l2(out, o_ref) < TOL[dtype]
+    assert rel_l2(lse, l_ref) < TOL[dtype]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("dh", [64, 128])
+def test_tree_attention_one_hot_probe(dev, kernel, dh):
+    """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
+    On failure the message lists, for the first wrong rows, which key's V each row got: a
+    layout bug in one operand shows up as a recognisable permutation."""
+    gen = torch.Generator().manual_seed(dh)
+    n = 64
+    perm = torch.randperm(n, generator=gen)
+    q = torch.zeros(1, n, 1, dh)
+    q[0, torch.arange(n), 0, perm] = 8.0
+    k = torch.zeros(1, n, 1, dh)
+    k[0, torch.arange(n), 0, torch.arange(n)] = 8.0
+    v = torch.randn(1, n, 1, dh, generator=gen)
+    q, k, v = q.half(), k.half(), v.half()
+    prefix = torch.zeros(1, dtype=torch.int32)
+    out = torch.full((1, n, 1, dh), float("nan"), dtype=torch.float16, device=dev)
+    cu().tree_attention(q.to(dev), k.to(dev), v.to(dev), prefix.to(dev), None, "full", None, 1.0,
+                        out, None, kernel=kernel)
+    sync(dev)
+    got = out.cpu().float()[0, :, 0]
+    want = v.float()[0, perm, 0]
+    err = (got - want).abs().max(dim=1).values
+    bad = (err > 1e-2).nonzero().flatten().tolist()
+    if bad:
+        dist = torch.cdist(got.nan_to_num(1e4), v.float()[0, :, 0])
+        seen = {i: (int(perm[i]), int(dist[i].argmin()), float(dist[i].min())) for i in bad[:12]}
+        pytest.fail(f"{len(bad)}/{n} rows wrong; row: (wanted key, nearest V row, distance) "
+                    f"{seen}")
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("page_size", [None, 16, 24, 128])
+def test_tree_attention_nan_past_end(dev, kernel, page_size):
+    """Cache rows past each sequence's end (and pages no sequence owns) hold NaN, as a cache from
+    torch.empty may: keys there are masked, and their V rows must not reach the output through
+    0 * NaN. Lengths end mid-block; page 24 makes the TMA kernel copy 8-row chunks and 128 copies
+    blocks from inside a page."""
+    gen = torch.Generator().manual_seed(11)
+    b, n, hq, hkv, dh, lmax = 3, 21, 8, 2, 128, 384
+    prefix = torch.tensor([0, 130, 301], dtype=torch.int32)
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    parents, num_nodes = random_tree(b, n, gen)
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, "mask",
+                                      None, 0.1)
+    for bb in range(b):
+        k[bb, prefix[bb] + n:] = float("nan")
+        v[bb, prefix[bb] + n:] = float("nan")
+    table = None
+    if page_size is not None:
+        k, table = paged(k, page_size, gen)
+        v, _ = paged(v, page_size, gen, table)
+        spare = torch.full((2,) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype)
+        k, v = torch.cat([k, spare]), torch.cat([v, spare])  # pages no sequence owns
+    args = [x.to(dev) if x is not None else None for x in (q, k, v, prefix, mask, table)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full((b, hq, n), float("nan"), device=dev)
+    cu().tree_attention(args[0], args[1], args[2], args[3], args[4], "mask", args[5], 0.1, out,
+                        lse, num_splits=2, kernel=kernel)
+    sync(dev)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
+
+
+@backends("sim", "cuda")
+def test_tree_attention_tma_page_size(dev):
+    """The TMA kernel copies whole 8-row swizzle atoms, so it refuses other page sizes by name."""
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.float16, device=dev)
+    k = torch.zeros(4, 12, 1, 64, dtype=torch.float16, device=dev)
+    table = torch.arange(4, dtype=torch.int32, device=dev).view(1, 4)
+    prefix = torch.tensor([20], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="page size"):
+        cu().tree_attention(q, k, k, prefix, None, "causal", table, 0.125, q.clone(), None,
+                            kernel="tma")
+
+
+@backends("sim")
+def test_tree_attention_kernel_choice(monkeypatch):
+    """Where the runtime picked no sm_90a code (the simulator told binaryVersion 80), auto falls
+    back to mma.sync and an explicit wgmma is an error; bad kernel names are ValueErrors (the
+    simulator's binaryVersion is what this test changes: sim only)."""
+    gen = torch.Generator().manual_seed(4)
+    b, n, hq, hkv, dh = 1, 9, 2, 1, 64
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, 40, hkv, dh, generator=gen).half()
+    v = torch.randn(b, 40, hkv, dh, generator=gen).half()
+    prefix = torch.tensor([31], dtype=torch.int32)
+    o_ref, _ = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal", None,
+                                  0.125)
+    monkeypatch.setenv("JETSPEC_SIM_BINARY_VERSION", "80")
+    out = torch.full_like(q, float("nan"))
+    cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)
+    assert rel_l2(out, o_ref) < TOL[torch.float16]
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
+    with pytest.raises(ValueError, match="kernel"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="fast")
+    monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
+    with pytest.raises(RuntimeError, match="tree_attention"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)
+    q256 = torch.zeros(b, n, hq, 256, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dims"):
+        cu().tree_attention(q256, q256, q256, prefix, None, "causal", None, 0.125, q256.clone(),
+                            None, kernel="wgmma")
+
+
+@backends("sim", "cuda")
+def test_tree_attention_strided_outputs_and_empty(dev):
+    """out and lse as views into larger buffers (written through their strides), and N = 0."""
+    gen = torch.Generator().manual_seed(5)
+    b, n, hq, hkv, dh, lmax = 2, 19, 4, 2, 64, 96
+    q = torch.randn(b, n, hq, dh, generator=gen).half()
+    k = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    v = torch.randn(b, lmax, hkv, dh, generator=gen).half()
+    prefix = torch.tensor([40, 77], dtype=torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None, "causal",
+                                      None, 0.125)
+    out_buf = torch.full((b, n, hq + 1, dh), float("nan"), device=dev, dtype=torch.float16)
+    lse_buf = torch.full((b, hq, n + 5), float("nan"), device=dev)
+    out, lse = out_buf[:, :, 1:], lse_buf[:, :, 2:n + 2]
+    q, k, v, prefix = q.to(dev), k.to(dev), v.to(dev), prefix.to(dev)
+    cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, lse)
+    sync(dev)
+    assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
+    assert out_buf[:, :, 0].isnan().all() and lse_buf[:, :, :2].isnan().all()
+    assert lse_buf[:, :, n + 2:].isnan().all()
+    empty = torch.empty(b, 0, hq, dh, device=dev, dtype=torch.float16)
+    cu().tree_attention(q[:, :0], k, v, prefix, None, "causal", None, 0.125, empty, None)
+
+
+# ---------------------------------------------------------------- the triton kernel
+
+
+def tree_masks(B, N, depth, topk, gen, device="cpu"):
+    """Ancestor masks of real draft trees (python_ref.draft_tree on random logits): int32 [B, N, W]."""
+    logits = torch.randn(B, depth, 64, generator=gen) * 3.0
+    roots = torch.zeros(B, dtype=torch.int32)
+    t = ref.draft_tree(logits, roots, N, topk)
+    return t["mask"].to(torch.int32).to(device)
+
+
+def make_case(B, N, Hq, Hkv, Dh, prefix_lens, dtype, *, mode="tree", page_size=None,
+              q_layout="contiguous", seed=0, device="cpu", tree_depth=6, tree_topk=3):
+    """Random q, NaN-padded contiguous or paged caches (shuffled block table) and a tail spec."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    if q_layout == "transposed":          # [B, Hq, N, Dh] storage viewed as [B, N, Hq, Dh]
+        q = rnd(B, Hq, N, Dh).transpose(1, 2)
+    elif q_layout == "sliced":            # a head slice of a wider projection
+        q = rnd(B, N, Hq + 3, Dh)[:, :, 2:Hq + 2]
+    else:
+        q = rnd(B, N, Hq, Dh)
+    lengths = [p + N for p in prefix_lens]
+    capacity = max(lengths) + 3
+    if page_size is None:
+        k = torch.full((B, capacity, Hkv, Dh), float("nan"), dtype=dtype)
+        v = k.clone()
+        for b, n in enumerate(lengths):
+            k[b, :n] = rnd(n, Hkv, Dh)
+            v[b, :n] = rnd(n, Hkv, Dh)
+        block_table = None
+    else:
+        max_pages = -(-capacity // page_size)
+        num_pages = B * max_pages + 2
+        block_table = shuffled_table(B, max_pages, gen, spare=2)
+        k = torch.full((num_pages, page_size, Hkv, Dh), float("nan"), dtype=dtype)
+        v = k.clone()
+        for b, n in enumerate(lengths):
+            pos = torch.arange(n)
+            pages = block_table[b].long()[pos // page_size]
+            k[pages, pos % page_size] = rnd(n, Hkv, Dh)
+            v[pages, pos % page_size] = rnd(n, Hkv, Dh)
+    mask = tree_masks(B, N, tree_depth, tree_topk, gen) if mode == "tree" else None
+    tail = "causal" if mode == "tree" else mode
+    prefix = torch.tensor(prefix_lens, dtype=torch.int32)
+    to = (lambda t: None if t is None else t.to(device))
+    return dict(q=to(q), k_cache=to(k), v_cache=to(v), prefix_lens=to(prefix), tree_mask=to(mask),
+                tail=tail, block_table=to(block_table))
+
+
+def reference(case, scale):
+    return ref.tree_attention(case["q"].double(), case["k_cache"].double(),
+                              case["v_cache"].double(), case["prefix_lens"], case["tree_mask"],
+                              case["tail"], case["block_table"], scale)
+
+
+def run_backend(case, scale=None, num_splits=None, with_lse=True, out_layout="contiguous"):
+    """Validate like the ops layer, then launch into NaN-poisoned out / lse."""
+    q = case["q"]
+    B, N, Hq, Dh = q.shape
+    scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    check_tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
+                         case["tree_mask"], case["tail"], case["block_table"], scale, None)
+    if out_layout == "transposed":
+        out = torch.full((B, Hq, N, Dh), float("nan"), dtype=q.dtype, device=q.device).transpose(1, 2)
+    else:
+        out = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+    lse = (torch.full((B, Hq, N), float("nan"), dtype=torch.float32, device=q.device)
+           if with_lse else None)
+    TA.launch_tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
+                             case["tree_mask"], case["tail"], case["block_table"], scale, out, lse,
+                             num_splits=num_splits)
+    return out, lse, scale
+
+
+def assert_close(case, out, lse, scale):
+    ref_out, ref_lse = reference(case, scale)
+    tol = TOL[case["q"].dtype]
+    assert out.dtype == case["q"].dtype
+    assert not torch.isnan(out).any()
+    err = rel_l2(out, ref_out)
+    assert err < tol, f"out rel-L2 {err:.3g} >= {tol}"
+    if lse is not None:
+        assert lse.dtype == torch.float32 and not torch.isnan(lse).any()
+        err = rel_l2(lse, ref_lse)
+        assert err < tol, f"lse rel-L2 {err:.3g} >= {tol}"
+
+
+# (B, N, Hq, Hkv, Dh, prefix_lens, mode, page_size, q_layout)
+CASES = [
+    (3, 5, 4, 2, 16, [0, 7, 45], "causal", None, "contiguous"),
+    (3, 13, 4, 1, 32, [33, 0, 5], "tree", 16, "contiguous"),
+    (2, 37, 2, 2, 16, [50, 3], "tree", 1, "transposed"),
+    (1, 8, 8, 2, 64, [21], "full", 16, "sliced"),
+    (2, 6, 2, 1, 128, [9, 40], "tree", None, "contiguous"),
+    (3, 9, 4, 4, 16, [17, 64, 0], "full", None, "transposed"),
+    (2, 16, 4, 1, 32, [31, 70], "causal", 1, "sliced"),
+    (1, 70, 2, 1, 16, [12], "tree", None, "contiguous"),   # three mask words, the last partial
+]
+
+
+@backends("triton")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("B,N,Hq,Hkv,Dh,prefix,mode,page_size,q_layout", CASES)
+def test_matches_reference(B, N, Hq, Hkv, Dh, prefix, mode, page_size, q_layout, dtype):
+    case = make_case(B, N, Hq, Hkv, Dh, prefix, dtype, mode=mode, page_size=page_size,
+                     q_layout=q_layout, seed=B * 100 + N)
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+def _widen_rows(cache, extra):
+    """``cache`` copied into rows ``extra`` elements wider (NaN padding), viewed back to its width."""
+    wide = torch.full((*cache.shape[:-1], cache.shape[-1] + extra), float("nan"), dtype=cache.dtype)
+    wide[..., :cache.shape[-1]] = cache
+    return wide[..., :cache.shape[-1]]
+
+
+@backends("triton")
+@pytest.mark.parametrize("padded", ["v_cache", "k_cache"])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_k_and_v_with_different_strides(padded, page_size):
+    # Engines pad one cache's rows, or keep K and V in differently shaped pools: each cache must
+    # be read with its own strides (V read with K's strides gave rel-L2 1.35).
+    case = make_case(3, 7, 4, 2, 16, [5, 30, 0], torch.float32, mode="tree", page_size=page_size,
+                     seed=12)
+    case[padded] = _widen_rows(case[padded], 16)
+    assert case["k_cache"].stride() != case["v_cache"].stride()
+    out, lse, scale = run_backend(case, num_splits=2)
+    assert_close(case, out, lse, scale)
+
+
+@backends("triton")
+def test_causal_with_several_query_tiles():
+    # N * G = 320 packed rows: three 128-row tiles, so each tile's causal tail ends at its own
+    # last row (tiles that stopped at the first tile's last row lost keys: rel-L2 0.4).
+    case = make_case(1, 40, 8, 1, 16, [9], torch.float32, mode="causal", seed=13)
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+@backends("triton")
+def test_tree_smaller_than_budget_has_padding_rows():
+    # depth 2, top-2: 7 real nodes in a capacity of 13; rows 7.. are padding (own bit only).
+    case = make_case(2, 13, 4, 2, 16, [12, 30], torch.float32, mode="tree", page_size=16,
+                     tree_depth=2, tree_topk=2, seed=5)
+    mask = case["tree_mask"]
+    assert (mask[:, 7:, 0] == (1 << torch.arange(7, 13, dtype=torch.int32))).all()
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+@backends("triton")
+@pytest.mark.parametrize("num_splits", [1, 3, 16])
+def test_split_counts_agree(num_splits):
+    # 16 splits of a <= 90-key prefix leave most splits empty: the merge must ignore them.
+    case = make_case(2, 11, 4, 2, 32, [90, 37], torch.float32, mode="tree", page_size=16, seed=7)
+    out, lse, scale = run_backend(case, num_splits=num_splits)
+    assert_close(case, out, lse, scale)
+
+
+@backends("triton")
+def test_long_prefix_uses_several_splits():
+    B, N, Hq, Hkv = 1, 5, 2, 1
+    case = make_case(B, N, Hq, Hkv, 16, [300], torch.float16, mode="causal", seed=8)
+    splits = TA.choose_num_splits(B, Hkv, 1, case["k_cache"].shape[1] - N, TA._CPU_SM_COUNT,
+                                  TA._MIN_KEYS_PER_SPLIT["cpu"])
+    assert splits > 1
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+
+
+@backends("triton")
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_without_lse_and_custom_scale(num_splits):
+    case = make_case(2, 7, 4, 2, 16, [10, 3], torch.float32, mode="tree", seed=9)
+    out, lse, scale = run_backend(case, scale=0.37, num_splits=num_splits, with_lse=False,
+                                  out_layout="transposed")
+    assert lse is None
+    assert_close(case, out, None, scale)
+
+
+@backends("triton")
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_row_without_visible_key_is_zero_not_nan(num_splits):
+    # Row 0 of sequence 0 has an empty mask and no prefix: out = 0, lse = -inf (as python_ref).
+    case = make_case(2, 4, 2, 1, 16, [0, 6], torch.float32, mode="tree", seed=10)
+    case["tree_mask"][0, 0, 0] = 0
+    out, lse, scale = run_backend(case, num_splits=num_splits)
+    assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0]))
+    assert torch.isneginf(lse[0, :, 0]).all()
+    ref_out, ref_lse = reference(case, scale)
+    assert rel_l2(out, ref_out) < 1e-5
+    assert rel_l2(lse[:, :, 1:], ref_lse[:, :, 1:]) < 1e-5 and rel_l2(lse[1], ref_lse[1]) < 1e-5
+
+
+@backends("triton")
+def test_public_api_dispatch():
+    case = make_case(2, 6, 4, 2, 32, [14, 2], torch.float16, mode="tree", page_size=16, seed=11)
+    out = torch.full_like(case["q"], float("nan"))
+    got, lse = jk.tree_attention(case["q"], case["k_cache"], case["v_cache"], case["prefix_lens"],
+                                 case["tree_mask"], block_table=case["block_table"],
+                                 return_lse=True, out=out, backend="triton")
+    assert got is out
+    assert_close(case, out, lse, 1.0 / math.sqrt(32))
+
+
+@backends("triton")
+def test_split_choice_fills_an_h200():
+    sms = 132
+    gpu_min = TA._MIN_KEYS_PER_SPLIT["cuda"]
+    # Qwen3-8B, B=1, N=16: one tile of 64 packed rows per kv head; 32K prefix must fill the GPU.
+    s = TA.choose_num_splits(1, 8, 1, 32768, sms, gpu_min)
+    assert 8 * s >= sms
+    # Large batches already fill it; short prefixes cannot feed splits.
+    assert TA.choose_num_splits(16, 8, 8, 32768, sms, gpu_min) == 1
+    assert TA.choose_num_splits(1, 8, 1, 200, sms, gpu_min) == 1
+    assert TA.choose_num_splits(1, 1, 1, 10 ** 7, sms, gpu_min) == TA._MAX_SPLITS
+
+
+@backends("triton")
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,prefix,page_size,mode", [
+    (1, 16, [32768], 16, "tree"),
+    (2, 64, [4096, 1000], None, "tree"),
+    (4, 128, [2048, 17, 0, 999], 16, "causal"),
+    (1, 256, [1024], None, "tree"),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_qwen3_8b_shapes_on_gpu(B, N, prefix, page_size, mode, dtype):
+    case = make_case(B, N, 32, 8, 128, prefix, dtype, mode=mode, page_size=page_size,
+                     device="cuda", tree_depth=15, tree_topk=7, seed=N)
+    out, lse, scale = run_backend(case)
+    torch.cuda.synchronize()
+    assert_close(case, out, lse, scale)
