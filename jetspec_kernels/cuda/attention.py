@@ -8,18 +8,9 @@ from typing import Optional
 import torch
 
 from . import _util as U
-from .supports import attention_kernel, attention_kernel_reason, supports
+from .supports import attention_kernel, attention_kernel_reason
 
 MAX_SPLITS = 32
-
-
-def __getattr__(name):
-    # KERNELS (kernel name -> AttnKernel code) and WGMMA_HEAD_DIMS are _C's (limits.h).
-    if name == "KERNELS":
-        return U.enum("AttnKernel")
-    if name == "WGMMA_HEAD_DIMS":
-        return U.limit("wgmma_head_dims")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
@@ -123,7 +114,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     mma.sync), "mma", "wgmma" or "tma" (the warp-specialised TMA kernel; paged caches need a page
     size that is a multiple of 8); an sm_90a kernel where it cannot run is a RuntimeError from _C.
     None reads ``JETSPEC_ATTN_KERNEL`` (default "auto"). A kernel that cannot take the shapes is
-    a ValueError; other inputs :func:`supports` refuses are a BackendUnavailableError.
+    a ValueError. Other limits are not re-checked here: ``backend.select`` asked :func:`supports`
+    before choosing this backend, and _C refuses bad input to a direct call (ValueError).
     """
     kernel = attention_kernel(kernel)
     kernels = U.enum("AttnKernel")
@@ -132,8 +124,6 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     reason = attention_kernel_reason(kernel, q, k_cache, block_table)
     if reason:
         raise ValueError(reason)
-    U.require(supports("tree_attention", q=q, k_cache=k_cache, v_cache=v_cache,
-                       block_table=block_table, kernel=kernel))
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,

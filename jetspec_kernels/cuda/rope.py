@@ -6,7 +6,6 @@ from typing import Optional
 import torch
 
 from . import _util as U
-from .supports import supports
 
 
 def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
@@ -83,7 +82,6 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     q_out : q.dtype ``[B, N, Hq, Dh]``, or None when q is None. The caches receive the normed,
     rotated k and the raw v.
     """
-    U.require(supports("qk_norm_rope_append", k=k))
     if q is None:
         _kv_norm_rope_append(k, v, k_norm_w, positions, k_cache, v_cache, float(rope_theta),
                              float(eps), block_table, cache_start)

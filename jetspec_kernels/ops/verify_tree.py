@@ -11,15 +11,6 @@ from ..python_ref.sampling import MAX_TOP_P_VOCAB
 SEED_DTYPES = (torch.int64, torch.int32)
 
 
-def __getattr__(name):
-    # MAX_NODES: the per-backend tree size limit this module once held, still importable; the
-    # cuda backend's is _C's (limits.h kWalkMaxNodes) and cuda.supports applies it.
-    if name == "MAX_NODES":
-        from ..cuda import _util
-        return {"cuda": _util.limit("walk_max_nodes")}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def check_tree(tree) -> None:
     """Shapes, dtypes and devices of a Tree's fields (values are the producer's responsibility,
     checked here only where value checks run)."""

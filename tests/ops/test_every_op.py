@@ -33,7 +33,7 @@ def test_opcheck(dev):
     q, kc, vc, prefix, out, lse, logits, hid, root = _round_inputs(dev, gen)
     b, n, _, dh = q.shape
     hkv = kc.shape[2]
-    for name, kernel in cu().attention.KERNELS.items():
+    for name, kernel in cu()._util.enum("AttnKernel").items():
         if name != "tma":  # test_opcheck_tma: a TMA fault must not take the other ops with it
             opcheck(torch.ops.jetspec.tree_attention.default,
                     (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, kernel))
@@ -110,7 +110,7 @@ def test_opcheck_tma(dev, n):
     q, kc, vc, prefix, out, lse = _tma_inputs(dev, torch.Generator().manual_seed(1), n)
     opcheck(torch.ops.jetspec.tree_attention.default,
             (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2,
-             cu().attention.KERNELS["tma"]))
+             cu()._util.enum("AttnKernel")["tma"]))
 
 
 def _capture(fn):

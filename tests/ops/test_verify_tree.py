@@ -167,10 +167,9 @@ def test_verify_tree_filters_survive_nan_logits(dev):
 
 @backends("sim", "cuda")
 def test_verify_tree_walk_limit(dev):
-    # The walk stages at most MAX_NODES["cuda"] nodes; a larger tree is an error from the launcher
+    # The walk stages at most walk_max_nodes nodes; a larger tree is an error from the launcher
     # (and `auto` never sends one there).
-    from jetspec_kernels.ops.verify_tree import MAX_NODES
-    n = MAX_NODES["cuda"]
+    n = cu()._util.limit("walk_max_nodes")
     tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
     parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
