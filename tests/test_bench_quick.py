@@ -288,3 +288,44 @@ def test_adaptive_budget_counterfactual_matches_a_real_decode():
         for n in (2, 5, 16, 40):
             small = generate(target, head, prompts, max_new_tokens=2, budget=n)
             assert small.stats.accept_lengths[:3] == table[:, n - 1].tolist(), n
+
+
+def test_adaptive_oracle_replay_is_exact_and_its_optimum_optimal(tmp_path, capsys):
+    """bench/adaptive_oracle.py: replaying fixed sizes over the position table takes exactly the
+    rounds real decodes take (batch 1 and batch 2), the dynamic-programming optimum equals a brute
+    force over every sequence of sizes and beats no fixed size by less than zero, and --quick
+    writes its rows."""
+    from bench import adaptive_oracle as ao
+    from jetspec_kernels.decode import generate
+    from jetspec_kernels.train.assets import load_tiny
+
+    target, heads = load_tiny()
+    head = heads["head_causal"]
+    prompts, _ = ao._prompts(2, 40, seed=5)
+    new, sizes = 9, (2, 4, 16)
+    costs = {2: 1.0, 4: 1.25, 16: 2.0}
+    with bc.using_backend("reference"):
+        rounds, accepted, greedy = ao.position_table(target, head, prompts, new, 32, 8)
+        for groups in ([[0], [1]], [[0, 1]]):
+            for n in sizes:
+                real = [generate(target, head, [prompts[i] for i in g], max_new_tokens=new,
+                                 budget=n) for g in groups]
+                replayed = [ao.simulate(rounds, accepted, g, new, costs, sizes, n) for g in groups]
+                assert [o.stats.rounds for o in real] == [r[1] for r in replayed], (groups, n)
+                assert [t for o in real for t in o.tokens] == greedy
+    for b in (0, 1):
+        def brute(pos):      # every schedule of sizes, recursively
+            if pos >= new:
+                return 0.0
+            return min(costs[n] + brute(pos + 1 + int(accepted[pos][b, n - 1])) for n in sizes)
+        best, _, _ = ao.best_policy_b1(accepted, b, new, costs, sizes)
+        assert best == pytest.approx(brute(1))
+        fixed = [ao.simulate(rounds, accepted, [b], new, costs, sizes, n)[0] for n in sizes]
+        assert best <= min(fixed) + 1e-12
+    assert ao.main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "adaptive_oracle.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["batch"], r["policy"]) for r in rows} == {
+        *((b, p) for b in ("1", "2") for p in ("4", "16", "auto", "marginal", "clairvoyant")),
+        ("1", "optimal"), ("2", "bound")}
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows)
