@@ -73,6 +73,10 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="comma list of jetspec backends (default: cuda,triton on CUDA; "
                         "reference,triton on CPU)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--graphs", action="store_true",
+                   help="CUDA: time each call replayed from a CUDA graph (kernel time without "
+                        "the host's launch overhead; L2 warm); writes <bench>_graphs.csv. "
+                        "Ignored on the CPU")
     return p
 
 
@@ -86,6 +90,7 @@ class Options:
     backends: list[str]
     plot: bool
     args: argparse.Namespace
+    graphs: bool = False
 
     @property
     def cuda(self) -> bool:
@@ -104,7 +109,8 @@ def options(p: argparse.ArgumentParser, argv=None) -> Options:
         backends = ["cuda", "triton"] if dev.type == "cuda" else ["reference", "triton"]
     out = args.out if args.out is not None else RESULTS_ROOT / device_name(dev)
     return Options(quick=args.quick, device=dev, out=Path(out), backends=backends,
-                   plot=not args.no_plot, args=args)
+                   plot=not args.no_plot, args=args,
+                   graphs=bool(getattr(args, "graphs", False)) and dev.type == "cuda")
 
 
 def backend_status(opts: Options) -> dict[str, str | None]:
@@ -130,7 +136,8 @@ def sync(device: torch.device) -> None:
 
 
 def time_fn(fn: Callable[[], object], device: torch.device, *, quick: bool = False,
-            cold_l2: bool = True, reps: int | None = None, max_s: float = 2.0) -> float:
+            cold_l2: bool = True, reps: int | None = None, max_s: float = 2.0,
+            graph: bool = False) -> float:
     """Median time of ``fn()`` in seconds.
 
     Parameters
@@ -140,7 +147,13 @@ def time_fn(fn: Callable[[], object], device: torch.device, *, quick: bool = Fal
     quick : shorter warm-up and repetition budget
     cold_l2 : CUDA only; True -> ``triton.testing.do_bench`` (flushes L2 before each call)
     reps : CPU only; timed runs (default 5, 3 when quick), cut short after ``max_s`` seconds
+    graph : CUDA only; ``triton.testing.do_bench_cudagraph``: many calls captured in one graph
+        and replayed (no launch overhead, L2 warm); ``fn`` must be capturable (no host sync)
     """
+    if device.type == "cuda" and graph:
+        from triton.testing import do_bench_cudagraph
+
+        return do_bench_cudagraph(fn, rep=10 if quick else 20, return_mode="median") * 1e-3
     if device.type == "cuda":
         if cold_l2:
             from triton.testing import do_bench
@@ -285,7 +298,7 @@ class Table:
 
     def __init__(self, bench: str, opts: Options, ceilings: Ceilings, baselines: list[str],
                  extra_columns: list[str] | None = None):
-        self.bench = bench
+        self.bench = bench + ("_graphs" if opts.graphs else "")
         self.opts = opts
         self.ceilings = ceilings
         self.baselines = list(baselines)
@@ -323,7 +336,8 @@ class Table:
         from jetspec_kernels import BackendUnavailableError
 
         try:
-            t = time_fn(fn, self.opts.device, quick=self.opts.quick, cold_l2=cold_l2, reps=reps)
+            t = time_fn(fn, self.opts.device, quick=self.opts.quick, cold_l2=cold_l2, reps=reps,
+                        graph=self.opts.graphs)
         except BackendUnavailableError as e:
             return self.add(shape, backend, None, flops=flops, nbytes=nbytes, status="skip",
                             note=str(e))
@@ -368,6 +382,8 @@ class Table:
         lines = [f"== {self.bench} on {device_name(self.opts.device)} "
                  f"({'quick' if self.opts.quick else 'full'} sweep) ==",
                  self.ceilings.describe(), *self.header_lines,
+                 *(["times: calls replayed from a CUDA graph (triton.testing.do_bench_cudagraph; "
+                    "no launch overhead, L2 warm)"] if self.opts.graphs else []),
                  "x_<baseline> = baseline time / row time (> 1: faster than the baseline)",
                  "  ".join(c.rjust(w) for c, w in zip(shown, width))]
         lines += ["  ".join(v.rjust(w) for v, w in zip(row, width)) for row in cells]

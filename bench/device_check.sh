@@ -9,7 +9,7 @@
 #   for sm_90a only; `python -m jetspec_kernels info`; the gpu tests (--gpu-only; the TMA attention kernel's
 #   tests in a process of their own); compute-sanitizer memcheck
 #   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
-#   allows); the quick GPU sweep of every bench; ncu (SpeedOfLight, Occupancy, LaunchStats) on one
+#   allows); the quick GPU sweep of every bench (draft_tree and verify also in CUDA graphs); ncu (SpeedOfLight, Occupancy, LaunchStats) on one
 #   launch of each kernel at the headline shapes (bench/profile_kernels.py). A step that would not
 #   fit is skipped and says so.
 # Output ($OUT, default bench/results/device_check): summary.txt (the table printed last),
@@ -132,10 +132,14 @@ else
   printf 'sanitizers\tSKIP\t0\tcompute-sanitizer is not on PATH\n' >>"$STEPS"
 fi
 
-# 4. The quick sweep of every bench (CPU in a dry run).
-step bench_tree_attention 75 140 "'$PY' bench/bench_tree_attention.py $BENCH_FLAGS --out '$RES'"
-step bench_draft_tree 50 100 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --out '$RES'"
-step bench_verify 40 60 "'$PY' bench/bench_verify.py $BENCH_FLAGS --out '$RES'"
+# 4. The quick sweep of every bench (CPU in a dry run). The small ops (tree, verify, commit,
+#    rope) are timed twice: eagerly (what a caller without graphs pays, host overhead included)
+#    and replayed from CUDA graphs (--graphs: their kernels, as the decode loop runs them).
+step bench_tree_attention 75 200 "'$PY' bench/bench_tree_attention.py $BENCH_FLAGS --out '$RES'"
+step bench_draft_tree 50 160 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --out '$RES'"
+step bench_draft_tree_graphs 40 120 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --graphs --no-plot --out '$RES'" gpu
+step bench_verify 40 80 "'$PY' bench/bench_verify.py $BENCH_FLAGS --out '$RES'"
+step bench_verify_graphs 30 60 "'$PY' bench/bench_verify.py $BENCH_FLAGS --graphs --no-plot --out '$RES'" gpu
 step bench_draft_head 40 30 "'$PY' bench/bench_draft_head.py $BENCH_FLAGS --out '$RES'"
 step bench_decode 60 0 "'$PY' bench/bench_decode.py $BENCH_FLAGS --out '$RES'"
 

@@ -95,6 +95,37 @@ def test_roofline_floor_and_speedups(tmp_path):
     assert math.isnan(t.rows[2]["median_us"]) and t.rows[2]["status"] == "skip"
 
 
+def test_graphs_option_times_cuda_calls_from_a_graph(tmp_path, monkeypatch):
+    """--graphs: ignored on the CPU (same table name); on CUDA every Table row is timed by
+    triton.testing.do_bench_cudagraph and the table is written as <bench>_graphs.csv."""
+    import triton.testing
+
+    p = bc.parser("unit")
+    cpu = bc.options(p, ["--graphs", "--device", "cpu", "--out", str(tmp_path)])
+    assert not cpu.graphs and bc.Table("unit", cpu, None, []).bench == "unit"
+    calls = []
+
+    def fake(fn, rep=20, return_mode="mean", **kw):
+        calls.append((rep, return_mode))
+        fn()
+        return 0.5                                   # ms
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", fake)
+    monkeypatch.setattr(bc, "device_name", lambda dev: "fake_gpu")     # no CUDA on this machine
+    gpu = bc.Options(quick=True, device=torch.device("cuda"), out=tmp_path, backends=["cuda"],
+                     plot=False, args=None, graphs=True)
+    ceil = bc.Ceilings(bandwidth=1e12, flops=1e14, flops_dtype="bf16", datasheet_bandwidth=None,
+                       datasheet_flops=None)
+    t = bc.Table("unit", gpu, ceil, [])
+    ran = []
+    row = t.run("s", "cuda", lambda: ran.append(1), flops=1e9, nbytes=1e6)
+    assert calls == [(10, "median")] and ran == [1]
+    assert row["status"] == "ok" and row["median_us"] == pytest.approx(500.0)
+    assert t.bench == "unit_graphs" and "CUDA graph" in t.render()
+    assert bc.time_fn(lambda: None, torch.device("cpu"), graph=True, reps=1) >= 0  # CPU: ignored
+    assert len(calls) == 1
+
+
 def test_tree_baselines_match_reference():
     from bench.bench_draft_tree import host_tree_from_topk, vec_tree_from_topk
 
