@@ -8,7 +8,6 @@
 // compiled by the driver for any newer device ('a': that exact device; 'f': its family).
 #pragma once
 #include <cctype>
-#include <sstream>
 #include <string>
 
 namespace jetspec {
@@ -58,13 +57,17 @@ inline bool parse_arch_entry(std::string a, ArchEntry* e) {
 }
 
 // Calls f(entry) for each well-formed entry; stops and returns true when f does.
+// Splits by hand: nvcc compiles this header too, and iostreams in nvcc-compiled host code crashed
+// on the H200 machine's toolchain (bench/NOTES.md, first GPU run).
 template <typename F>
 bool arch_list_any(const std::string& list, F f) {
-  std::stringstream ss(list);
-  std::string a;
-  while (std::getline(ss, a, ',')) {
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
     ArchEntry e;
-    if (parse_arch_entry(a, &e) && f(e)) return true;
+    if (parse_arch_entry(list.substr(start, comma - start), &e) && f(e)) return true;
+    start = comma + 1;
   }
   return false;
 }
