@@ -220,6 +220,13 @@ def backends(*names):
     return mark
 
 
+def skip_on_interpreter(backend, reason):
+    """Skip a ``triton`` case under TRITON_INTERPRET (no GPU), where it would cost ``reason``; the
+    same case still runs on triton on a GPU and on every other backend."""
+    if backend.name == "triton" and DEV == "cpu":
+        pytest.skip(f"triton under the interpreter: {reason} (runs on a GPU)")
+
+
 def random_tree(b, n, gen, min_nodes=None, pad=True):
     """Random parents int32 [b, n] (parents[i] < i) and ragged num_nodes int32 [b], drawn from
     ``min_nodes`` (default max(1, n // 2)) to n; ``pad`` sets the parents past num_nodes to -1."""

@@ -1,5 +1,5 @@
 """verify_tree (target tokens, filtered sampling and the acceptance walk) against python_ref,
-bit-exact integer outputs, on the cuda kernels (simulator, and a GPU: gpu) and Triton."""
+bit-exact integer outputs, on Triton and the cuda kernels (simulator, and a GPU: gpu)."""
 import pytest
 import torch
 
@@ -8,211 +8,61 @@ from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Tree
 from jetspec_kernels.triton import verify
 from helpers import (DEV, VERIFY_KEYS, backends, cu, filter_case, kept_by_thresholds,
-                     poisoned_empty, random_tree, steering_logits, sync)
+                     poisoned_empty, random_tree, skip_on_interpreter, steering_logits, sync)
 
 
-@backends("sim", "cuda")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-# (B, N, V, misaligned): one vocab split; a B = 1 verify in 3 splits (with a tie across splits
-# and a NaN logit); 2 splits over logits whose rows are not 16-byte aligned (scalar loads).
-@pytest.mark.parametrize("b,n,v,misaligned", [(3, 40, 1000, False), (1, 9, 9000, False),
-                                              (2, 7, 9001, True)])
-def test_verify_tree(dev, dtype, temperature, b, n, v, misaligned):
-    gen = torch.Generator().manual_seed(5)
-    parents, num_nodes = random_tree(b, n, gen)
-    tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)  # frequent matches
-    logits = torch.randn(b, n, v + misaligned, generator=gen).to(dtype)[..., misaligned:]
-    logits[..., :4] += 4.0
-    logits[0, 0, [3, v - 2]] = 40.0  # node 0: equal maxima in the first and last split
-    logits[0, 1, v // 2] = float("nan")  # NaN is the maximum (torch.argmax)
-    seed = torch.tensor([1, 2, 3], dtype=torch.int64)[:b]
-    offset = torch.tensor([7, 7, 2 ** 40], dtype=torch.int64)[:b]
-    max_depth = 8
-    want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits.float(),
-                           temperature=temperature, seed=seed, offset=offset)
-    with poisoned_empty():
-        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), max_depth,
-                               logits.to(dev), None, temperature, seed.to(dev), offset.to(dev))
-    sync(dev)
-    for key, g in zip(VERIFY_KEYS, got):
-        assert torch.equal(g.cpu(), want[key].cpu()), key
+def verify_on(backend, tokens, parents, num_nodes, max_depth, logits=None, target=None,
+              temperature=0.0, seed=None, offset=None, top_k=None, top_p=None, num_splits=None,
+              block_v=None):
+    """``backend``'s verify_tree on poisoned outputs -> the outputs on the CPU in VERIFY_KEYS order.
 
-
-@backends("sim", "cuda")
-@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
-def test_verify_tree_empty_rows(dev, target):
-    """num_nodes 0 (value checks off): the root is still verified, so the row is a one-node
-    tree: accept_len 0 and the bonus is the target's token at node 0 (given, or from logits)."""
-    gen = torch.Generator().manual_seed(6)
-    b, n, v = 4, 33, 300
-    parents, num_nodes = random_tree(b, n, gen)
-    num_nodes[1] = 0
-    num_nodes[2] = 1
-    tokens = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
-    seed = torch.tensor([1, 2, 3, 4], dtype=torch.int64)
-    offset = torch.zeros(b, dtype=torch.int64)
-    temperature = 0.8 if target == "sampled" else 0.0
-    if target == "tokens":
-        tgt = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
-        logits = None
-    else:
-        logits = torch.randn(b, n, v, generator=gen)
-        logits[..., :3] += 3.0
-        tgt = ref.sample_tokens(logits, temperature, seed, offset)
-    want = ref.verify_tree(tokens, parents, num_nodes, 6, target_tokens=tgt)
-    to = lambda t: None if t is None else t.to(dev)
-    with poisoned_empty():
-        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 6, to(logits),
-                               tgt.to(dev) if logits is None else None, temperature,
-                               to(seed), to(offset))
-    sync(dev)
-    for key, g in zip(VERIFY_KEYS, got):
-        assert torch.equal(g.cpu(), want[key].cpu()), key
-    assert got[0][1] == 0 and got[2][1] == tgt[1, 0] and got[1][1, 0] == 0
-
-
-@backends("sim", "cuda")
-def test_verify_tree_uniform_clamp(dev):
-    """Seed 39114, offset 0, sequence 0, node 0, v 7 hashes to h >> 8 == 2**24 - 1, whose uniform
-    rounds to 1.0 in float32 unless clamped to 1 - 2**-24: an infinite Gumbel would make v 7 win
-    over token 3's clear lead. One-node trees, so the bonus is the sample at node 0."""
-    tokens = torch.zeros(2, 1, dtype=torch.int32)
-    parents = torch.full((2, 1), -1, dtype=torch.int32)
-    num_nodes = torch.ones(2, dtype=torch.int32)
-    logits = torch.zeros(2, 1, 8)
-    logits[:, 0, 3] = 30.0
-    seed = torch.tensor([39114, 39114], dtype=torch.int64)
-    offset = torch.zeros(2, dtype=torch.int64)
-    want = ref.verify_tree(tokens, parents, num_nodes, 0, target_logits=logits, temperature=1.0,
-                           seed=seed, offset=offset)
-    assert want["bonus"].tolist() == [3, 3]
-    with poisoned_empty():
-        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), 0,
-                               logits.to(dev), None, 1.0, seed.to(dev), offset.to(dev))
-    sync(dev)
-    for key, g in zip(VERIFY_KEYS, got):
-        assert torch.equal(g.cpu(), want[key].cpu()), key
-
-
-@backends("sim", "cuda")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-# (N, V, misaligned): vector loads; a vocabulary in several phase-1 splits (and a two-pass id
-# select among ties); rows off 16 bytes (scalar loads).
-@pytest.mark.parametrize("n,v,misaligned", [(5, 300, False), (4, 9000, False), (3, 1001, True)])
-def test_verify_tree_filters(dev, dtype, n, v, misaligned):
-    """Per-sequence temperature (one sequence greedy), top-k and top-p with exact ties at both
-    boundaries (helpers.filter_case): the thresholds keep exactly python_ref.filter_keep's
-    tokens, and every node's sample (one-node trees) and whole-tree verdicts are python_ref's."""
-    gen = torch.Generator().manual_seed(n * 7 + v)
-    logits, temp, top_k, top_p = filter_case(gen, n, v + misaligned, dtype)
-    logits = logits[..., misaligned:]
-    to = lambda t: None if t is None else t.to(dev)
-    sampled = temp > 0
-    x = logits.float() / temp[:, None, None]
-    for k_, p_ in ((top_k, None), (None, top_p), (top_k, top_p)):
+    triton runs its launcher on -7 outputs, with ``num_splits`` / ``block_v`` forcing step 1's
+    vocabulary splits and tile width (None: chosen for the device); sim and cuda run the cuda
+    wrapper, whose phase-1 splits follow the (simulated) device and V, so those two triton
+    knobs do not apply there."""
+    dev = backend.device
+    to = lambda t: t.to(dev) if torch.is_tensor(t) else t
+    args = [to(t) for t in (tokens, parents, num_nodes)]
+    if backend.name == "triton":
+        B = tokens.shape[0]
+        outs = [torch.full(s, -7, dtype=torch.int32, device=dev)
+                for s in ((B,), (B, max_depth + 1), (B,), (B, max_depth + 1))]
         with poisoned_empty():
-            thr = cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), to(k_), to(p_))
-        sync(dev)
-        kept = kept_by_thresholds(logits, temp, *thr)
-        assert torch.equal(kept[sampled], ref.filter_keep(x, k_, p_)[sampled]), (k_, p_)
-
-    b = logits.shape[0]
-    rep = lambda t: t.repeat_interleave(n)           # every node its own one-node tree
-    rows = logits.reshape(b * n, 1, v)
-    zeros = torch.zeros(b * n, 1, dtype=torch.int32)
-    seed = torch.arange(b * n, dtype=torch.int64) * 7919 + 3
-    offset = torch.arange(b * n, dtype=torch.int64) % 5
-    kw = dict(temperature=rep(temp), seed=seed, offset=offset, top_k=rep(top_k), top_p=rep(top_p))
-    want = ref.verify_tree(zeros, zeros - 1, zeros[:, 0] + 1, 0, target_logits=rows, **kw)
-    with poisoned_empty():
-        got = cu().verify_tree(zeros.to(dev), (zeros - 1).to(dev), (zeros[:, 0] + 1).to(dev), 0,
-                               rows.to(dev), None, *(to(kw[k]) for k in ("temperature", "seed",
-                                                                         "offset", "top_k", "top_p")))
+            verify.launch(*args, max_depth, to(logits), to(target), to(temperature), to(seed),
+                          to(offset), *outs, num_splits=num_splits, block_v=block_v,
+                          top_k=to(top_k), top_p=to(top_p))
+    else:
+        with poisoned_empty():
+            outs = cu().verify_tree(*args, max_depth, to(logits), to(target), to(temperature),
+                                    to(seed), to(offset), to(top_k), to(top_p))
     sync(dev)
-    assert torch.equal(got[2].cpu(), want["bonus"].cpu())
-    unfiltered = ref.verify_tree(zeros, zeros - 1, zeros[:, 0] + 1, 0, target_logits=rows,
-                                 temperature=rep(temp), seed=seed, offset=offset)
-    assert not torch.equal(want["bonus"], unfiltered["bonus"]), "the filters should change samples"
-
-    parents, num_nodes = random_tree(b, n, gen)
-    tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)
-    seed, offset = seed[:b], offset[:b]
-    want = ref.verify_tree(tokens, parents, num_nodes, n - 1, target_logits=logits,
-                           temperature=temp, seed=seed, offset=offset, top_k=top_k, top_p=top_p)
-    with poisoned_empty():
-        got = cu().verify_tree(tokens.to(dev), parents.to(dev), num_nodes.to(dev), n - 1,
-                               logits.to(dev), None, temp.to(dev), seed.to(dev), offset.to(dev),
-                               top_k.to(dev), top_p.to(dev))
-    sync(dev)
-    for key, g in zip(VERIFY_KEYS, got):
-        assert torch.equal(g.cpu(), want[key].cpu()), key
-
-
-@backends("sim", "cuda")
-def test_verify_tree_filters_survive_nan_logits(dev):
-    """NaN logits are outside the contract (the result is unspecified), but the filter's search
-    must still finish without a trap: its integer divisions are guarded."""
-    gen = torch.Generator().manual_seed(9)
-    logits = torch.randn(2, 3, 500, generator=gen)
-    logits[0, 0, ::7] = float("nan")
-    logits[1, 1] = float("nan")
-    temp = torch.tensor([1.0, 0.5])
-    for k_, p_ in ((torch.tensor([5, 0], dtype=torch.int32), None), (None, torch.tensor([0.5, 0.3])),
-                   (torch.tensor([5, 0], dtype=torch.int32), torch.tensor([0.5, 0.3]))):
-        cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
-                                      None if p_ is None else p_.to(dev))
-    sync(dev)
-
-
-@backends("sim", "cuda")
-def test_verify_tree_walk_limit(dev):
-    # The walk stages at most walk_max_nodes nodes; a larger tree is an error from the launcher
-    # (and `auto` never sends one there).
-    n = cu()._util.limit("walk_max_nodes")
-    tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
-    parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
-    num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
-    with pytest.raises(ValueError, match=rf"verify_walk: n {n + 1} exceeds {n}$"):
-        cu().verify_tree(tokens, parents, num_nodes, 1, None, tokens, 0.0, None, None)
-    with poisoned_empty():
-        got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None,
-                               tokens[:, :n], 0.0, None, None)
-    sync(dev)
-    assert got[0].cpu().tolist() == [0] and got[2].cpu().tolist() == [0]
-
-
-# ---------------------------------------------------------------- the triton kernels
-
-
-def run_triton(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
-               seed=None, offset=None, num_splits=None, block_v=None, top_k=None, top_p=None):
-    """The kernels on poisoned (-7) outputs and partials; returns the outputs on the CPU in
-    VERIFY_KEYS order."""
-    B = tokens.shape[0]
-    to = lambda t: None if t is None else t.to(DEV)
-    outs = [torch.full(s, -7, dtype=torch.int32, device=DEV)
-            for s in ((B,), (B, max_depth + 1), (B,), (B, max_depth + 1))]
-    if torch.is_tensor(temperature):
-        temperature = temperature.to(DEV)
-    with poisoned_empty():
-        verify.launch(to(tokens), to(parents), to(num_nodes), max_depth, to(logits), to(target),
-                      temperature, to(seed), to(offset), *outs, num_splits=num_splits,
-                      block_v=block_v, top_k=to(top_k), top_p=to(top_p))
     return [o.cpu() for o in outs]
 
 
-def check(tokens, parents, num_nodes, max_depth, logits=None, target=None, temperature=0.0,
-          seed=None, offset=None, num_splits=None, top_k=None, top_p=None):
-    got = run_triton(tokens, parents, num_nodes, max_depth, logits, target, temperature, seed,
-                     offset, num_splits, top_k=top_k, top_p=top_p)
+def check(backend, tokens, parents, num_nodes, max_depth, logits=None, target=None,
+          temperature=0.0, seed=None, offset=None, num_splits=None, top_k=None, top_p=None,
+          block_v=None):
+    """``backend``'s outputs equal python_ref's, int32, bit for bit; returns python_ref's dict."""
+    got = verify_on(backend, tokens, parents, num_nodes, max_depth, logits, target, temperature,
+                    seed, offset, top_k, top_p, num_splits, block_v)
     want = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=logits,
                            target_tokens=target, temperature=temperature, seed=seed, offset=offset,
                            top_k=top_k, top_p=top_p)
     for key, g in zip(VERIFY_KEYS, got):
         assert g.dtype == torch.int32
-        assert torch.equal(g, want[key].to(torch.int32)), f"{key}: {g} != {want[key]}"
+        assert torch.equal(g, want[key].cpu().to(torch.int32)), f"{key}: {g} != {want[key]}"
     return want
+
+
+def thresholds_on(backend, logits, temperature, top_k=None, top_p=None):
+    """``backend``'s filter step on its own (poisoned outputs) -> (thr_x, thr_id) on the CPU."""
+    dev = backend.device
+    to = lambda t: None if t is None else t.to(dev)
+    fn = verify.filter_thresholds if backend.name == "triton" else cu().verify.filter_thresholds
+    with poisoned_empty():
+        thr = fn(logits.to(dev), temperature.to(dev), to(top_k), to(top_p))
+    sync(dev)
+    return tuple(t.cpu() for t in thr)
 
 
 def real_tree(B, D, V, budget, topk, gen):
@@ -236,6 +86,327 @@ def random_tree_tokens(B, N, V, gen):
     return tokens, parents, num_nodes
 
 
+# ------------------------------------------------------------- target tokens from logits
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def random_logits_case(dtype, b, n, v, misaligned, nan=True):
+    """Random padded trees of tokens < 4 (frequent matches), logits with a tie of maxima in the
+    first and last vocabulary split of node 0 and (``nan``) a NaN (the maximum, as torch.argmax)
+    at node 1, rows off 16 bytes when ``misaligned`` (scalar loads)."""
+    gen = torch.Generator().manual_seed(5)
+    parents, num_nodes = random_tree(b, n, gen)
+    tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)
+    logits = torch.randn(b, n, v + misaligned, generator=gen).to(dtype)[..., misaligned:]
+    logits[..., :4] += 4.0
+    logits[0, 0, [3, v - 2]] = 40.0
+    if nan:
+        logits[0, 1, v // 2] = float("nan")
+    seed = torch.tensor([1, 2, 3], dtype=torch.int64)[:b]
+    offset = torch.tensor([7, 7, 2 ** 40], dtype=torch.int64)[:b]
+    return dict(tokens=tokens, parents=parents, num_nodes=num_nodes, max_depth=8, logits=logits,
+                seed=seed, offset=offset)
+
+
+def real_logits_case(dtype, B, D, V, budget, topk, gen_seed, splits, seed=None, offset=None):
+    """python_ref draft trees with steering target logits (deep walks); random seed / offset
+    unless given; ``splits`` forces the triton kernels' vocabulary splits."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, budget, topk, gen)
+    logits = steering_logits(tokens, parents, num_nodes, V, gen, dtype=dtype)
+    if seed is None:
+        seed = torch.randint(0, 2**62, (B,), generator=gen)
+        offset = torch.randint(0, 2**40, (B,), generator=gen)
+    return dict(tokens=tokens, parents=parents, num_nodes=num_nodes, max_depth=max_depth,
+                logits=logits, seed=seed, offset=offset, num_splits=splits)
+
+
+# (case builder, its arguments, temperatures): the old cuda test_verify_tree shapes (one vocab
+# split; a B = 1 verify in 3 splits with a tie across splits and a NaN logit; 2 splits over rows
+# not 16-byte aligned) in fp32/fp16/bf16; the old triton real-tree cases (splits 1, 3, 2), its
+# fp16 sampling case and its bf16 ones (no tl.dot: bf16 runs under the interpreter; the Qwen
+# vocabulary on a GPU only).
+LOGIT_CASES = [
+    *(pytest.param(random_logits_case, (dt, b, n, v, mis), t,
+                   id=f"random-{str(dt)[6:]}-{b}x{n}x{v}{'-misaligned' if mis else ''}-T{t}")
+      for b, n, v, mis in ((3, 40, 1000, False), (1, 9, 9000, False), (2, 7, 9001, True))
+      for dt in (F32, F16, BF16) for t in (0.0, 0.7)),
+    *(pytest.param(real_logits_case, (F32, 3, 6, 700, budget, topk, budget + splits, splits), t,
+                   id=f"real-{budget}-{topk}-splits{splits}-T{t}")
+      for budget, topk, splits in ((13, 3, 1), (20, 4, 3), (37, 2, 2)) for t in (0.0, 0.8)),
+    pytest.param(real_logits_case, (F16, 3, 5, 500, 16, 3, 11, 2, torch.tensor([3, 4, 5]),
+                                    torch.tensor([0, 0, 1])), 1.0, id="real-fp16-T1.0"),
+    *(pytest.param(real_logits_case, (BF16, 3, 6, 2001, 24, 3, 0, None), t,
+                   id=f"real-bf16-small-T{t}") for t in (0.0, 1.0)),
+    *(pytest.param(real_logits_case, (BF16, 4, 15, 151936, 64, 7, 0, None), t,
+                   id=f"real-bf16-qwen_vocab-T{t}", marks=pytest.mark.gpu) for t in (0.0, 1.0)),
+]
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("make,args,temperature", LOGIT_CASES)
+def test_verify_tree_logits(backend, make, args, temperature, request):
+    """Greedy and sampled target tokens from logits, then the walk: bit-exact python_ref."""
+    if backend.name == "sim" and "qwen_vocab" in request.node.callspec.id:
+        pytest.skip("the Qwen vocabulary is too large for the simulator (runs on triton and cuda)")
+    if make is random_logits_case and backend.name == "triton":
+        # NaN logits are outside the contract: python_ref and the cuda kernels take a NaN as the
+        # maximum (torch.argmax), triton's target step skips it. Triton runs the case without it.
+        args = (*args, False)
+    case = make(*args)
+    want = check(backend, case["tokens"], case["parents"], case["num_nodes"], case["max_depth"],
+                 logits=case["logits"], temperature=temperature, seed=case["seed"],
+                 offset=case["offset"], num_splits=case.get("num_splits"))
+    if make is real_logits_case and args[0] == F32:
+        assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
+
+
+# ------------------------------------------------------------- rows with num_nodes 0
+def padded_rows_case(target):
+    """The old cuda case: 4 padded random trees of 33 nodes over tokens < 3, V 300, max_depth 6;
+    target tokens random (``tokens``) or from random logits."""
+    gen = torch.Generator().manual_seed(6)
+    b, n, v = 4, 33, 300
+    parents, num_nodes = random_tree(b, n, gen)
+    num_nodes[1] = 0
+    num_nodes[2] = 1
+    tokens = torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
+    seed = torch.tensor([1, 2, 3, 4], dtype=torch.int64)
+    offset = torch.zeros(b, dtype=torch.int64)
+    temperature = 0.8 if target == "sampled" else 0.0
+    if target == "tokens":
+        logits, per_node = None, torch.randint(0, 3, (b, n), generator=gen, dtype=torch.int32)
+    else:
+        logits = torch.randn(b, n, v, generator=gen)
+        logits[..., :3] += 3.0
+        per_node = ref.sample_tokens(logits, temperature, seed, offset)
+    return tokens, parents, num_nodes, 6, logits, per_node, temperature, seed, offset, None
+
+
+def junk_rows_case(target):
+    """The old triton case: 4 trees of 9 nodes over tokens < 3 with junk past num_nodes,
+    steering logits, max_depth 4, 2 vocabulary splits (triton)."""
+    gen = torch.Generator().manual_seed(8)
+    B, N, V = 4, 9, 300
+    tokens, parents, num_nodes = random_tree_tokens(B, N, 3, gen)
+    num_nodes[1] = 0
+    num_nodes[2] = 1
+    seed, offset = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 0, 0, 0])
+    temperature = 0.8 if target == "sampled" else 0.0
+    logits = steering_logits(tokens, parents, num_nodes, V, gen)
+    per_node = ref.sample_tokens(logits, temperature, seed, offset)
+    return tokens, parents, num_nodes, 4, logits, per_node, temperature, seed, offset, 2
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("case", [padded_rows_case, junk_rows_case], ids=["padded", "junk"])
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+def test_verify_tree_empty_rows(backend, case, target):
+    """num_nodes 0 (value checks off): the root is still verified, so the row is a one-node
+    tree: accept_len 0, path [0, -1, ...] and the bonus is the target's token at node 0 (given,
+    or from logits)."""
+    (tokens, parents, num_nodes, max_depth, logits, per_node, temperature, seed, offset,
+     splits) = case(target)
+    if target == "tokens":
+        kw = dict(target=per_node)
+        if logits is not None:       # the junk case's target tokens are its greedy samples
+            assert torch.equal(per_node, ref.sample_tokens(logits, 0.0))
+    else:
+        kw = dict(logits=logits)
+    want = check(backend, tokens, parents, num_nodes, max_depth, temperature=temperature,
+                 seed=seed, offset=offset, num_splits=splits, **kw)
+    from_tokens = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_tokens=per_node)
+    for key in VERIFY_KEYS:                 # the walk over the sampled tokens is the same walk
+        assert torch.equal(want[key], from_tokens[key]), key
+    assert want["accept_len"][1] == 0 and want["bonus"][1] == per_node[1, 0]
+    assert want["path"][1, 0] == 0
+
+
+# ------------------------------------------------------------- the uniform's clamp
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("rows", [1, 2])
+def test_uniform_clamp(backend, rows):
+    """Seed 39114, offset 0, sequence 0, node 0, v 7 hashes to h >> 8 == 2**24 - 1, whose uniform
+    rounds to 1.0 in float32 unless clamped to 1 - 2**-24: an infinite Gumbel would make v 7 win
+    over token 3's clear lead. One-node trees, so the bonus is the sample at node 0 (``rows`` 2:
+    a second sequence with the same seed). triton also exposes u and the per-node sample."""
+    seed = torch.full((rows,), 39114, dtype=torch.int64)
+    offset = torch.zeros(rows, dtype=torch.int64)
+    logits = torch.zeros(rows, 1, 8)
+    logits[:, 0, 3] = 30.0
+    if backend.name == "triton":    # the cuda backend has no uniform or per-node sample entry
+        u = verify.gumbel_uniform(seed[:1].to(DEV), offset[:1].to(DEV), 1, 8).cpu()
+        assert torch.equal(u, ref.gumbel_uniform(seed[:1], offset[:1], 1, 8))
+        assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
+        got = verify.sample_tokens(logits[:1].to(DEV), 1.0, seed[:1].to(DEV),
+                                   offset[:1].to(DEV)).cpu()
+        assert torch.equal(got, ref.sample_tokens(logits[:1], 1.0, seed[:1], offset[:1]))
+        assert got.item() == 3
+    zeros = torch.zeros(rows, 1, dtype=torch.int32)
+    want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=logits, temperature=1.0,
+                 seed=seed, offset=offset)
+    assert want["bonus"].tolist() == [3] * rows
+
+
+# ------------------------------------------------------------- walks over target tokens
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("N,max_depth", [(1, 0), (5, 4), (37, 3), (37, 36), (64, 9)])
+def test_target_tokens_random_trees(backend, N, max_depth):
+    gen = torch.Generator().manual_seed(N * 100 + max_depth)
+    B, V = 5, 3                                        # tiny vocab: long walks and many ties
+    tokens, parents, num_nodes = random_tree_tokens(B, N, V, gen)
+    target = torch.randint(0, V, (B, N), generator=gen, dtype=torch.int32)
+    check(backend, tokens, parents, num_nodes, max_depth, target=target)
+
+
+@backends("triton", "sim", "cuda")
+def test_sibling_token_ties_lowest_index_wins(backend):
+    #        0
+    #   1(5) 2(5) 3(7)        num_nodes = 7; node 7 is padding-beyond-num_nodes junk
+    #   5(9) 4(9)<-2  6(9)<-1
+    tokens = torch.tensor([[1, 5, 5, 7, 9, 9, 9, 5]], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0, 0, 2, 1, 1, 0]], dtype=torch.int32)
+    num_nodes = torch.tensor([7], dtype=torch.int32)
+    target = torch.tensor([[5, 9, 3, 3, 3, 4, 2, 8]], dtype=torch.int32)
+    want = check(backend, tokens, parents, num_nodes, 3, target=target)
+    assert want["path"].tolist() == [[0, 1, 5, -1]]
+    assert want["emitted"].tolist() == [[5, 9, 4, -1]]
+    target[0, 0] = 7
+    check(backend, tokens, parents, num_nodes, 3, target=target)
+    target[0, 0] = 8                                   # only junk node 7 (beyond num_nodes) has 8
+    tokens[0, 7] = 8
+    want = check(backend, tokens, parents, num_nodes, 3, target=target)
+    assert int(want["accept_len"][0]) == 0
+
+
+@backends("sim", "cuda")
+def test_verify_tree_walk_limit(dev):
+    # The cuda walk stages at most walk_max_nodes nodes; a larger tree is an error from the
+    # launcher (and `auto` never sends one there). triton has no such limit.
+    n = cu()._util.limit("walk_max_nodes")
+    tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
+    parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
+    num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match=rf"verify_walk: n {n + 1} exceeds {n}$"):
+        cu().verify_tree(tokens, parents, num_nodes, 1, None, tokens, 0.0, None, None)
+    with poisoned_empty():
+        got = cu().verify_tree(tokens[:, :n], parents[:, :n], num_nodes - 1, 1, None,
+                               tokens[:, :n], 0.0, None, None)
+    sync(dev)
+    assert got[0].cpu().tolist() == [0] and got[2].cpu().tolist() == [0]
+
+
+# ------------------------------------------------------------- top-k / top-p filters
+# (dtype, N, V, misaligned, generator seed): the old cuda cases (vector loads; a vocabulary in
+# several phase-1 splits and a two-pass id select among ties; rows off 16 bytes: scalar loads)
+# and the old triton ones (step 0 alone; V 700: two tiles of step 0). Under the interpreter the
+# triton filter step costs 4 to 38 s a case, so there triton runs only its own cases.
+CUDA_FILTER_CASES = [(dt, n, v, mis, n * 7 + v)
+                     for n, v, mis in ((5, 300, False), (4, 9000, False), (3, 1001, True))
+                     for dt in (F32, F16, BF16)]
+TRITON_FILTER_CASES = [(dt, 4, v, False, v) for dt, v in ((F32, 64), (BF16, 64), (F32, 700))]
+filter_id = lambda c: f"{str(c[0])[6:]}-{c[1]}x{c[2]}{'-misaligned' if c[3] else ''}-seed{c[4]}"
+FILTER_CASES = [pytest.param(*c, id=filter_id(c)) for c in CUDA_FILTER_CASES + TRITON_FILTER_CASES]
+INTERPRETER_COST = "the filter step costs 4 to 38 s a case"
+
+
+def filter_logits(n, v, misaligned, dtype, gen_seed):
+    gen = torch.Generator().manual_seed(gen_seed)
+    logits, temp, top_k, top_p = filter_case(gen, n, v + misaligned, dtype)
+    return gen, logits[..., misaligned:], temp, top_k, top_p
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype,n,v,misaligned,gen_seed", FILTER_CASES)
+def test_filter_thresholds(backend, dtype, n, v, misaligned, gen_seed):
+    """Per-sequence temperature (one sequence greedy), top-k and top-p with exact ties at both
+    boundaries (helpers.filter_case): the thresholds keep exactly python_ref.filter_keep's
+    tokens, node for node."""
+    if (dtype, n, v, misaligned, gen_seed) in CUDA_FILTER_CASES:
+        skip_on_interpreter(backend, INTERPRETER_COST)
+    _, logits, temp, top_k, top_p = filter_logits(n, v, misaligned, dtype, gen_seed)
+    sampled = temp > 0
+    x = logits.float() / temp[:, None, None]
+    for k_, p_ in ((top_k, None), (None, top_p), (top_k, top_p)):
+        kept = kept_by_thresholds(logits, temp, *thresholds_on(backend, logits, temp, k_, p_))
+        want = ref.filter_keep(x, k_, p_)
+        assert torch.equal(kept[sampled], want[sampled]), (k_, p_)
+    assert want[0, 0].sum() == 3 and want[0, 1].sum() == 2 and want[3].sum(-1).eq(1).all()
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype,n,v,misaligned,gen_seed", FILTER_CASES[:9])
+def test_filtered_verdicts(backend, dtype, n, v, misaligned, gen_seed):
+    """Every node's filtered sample (one-node trees; greedy for the temperature-0 sequence)
+    and whole-tree verdicts with per-sequence temperature, top-k and top-p are python_ref's."""
+    skip_on_interpreter(backend, INTERPRETER_COST)
+    gen, logits, temp, top_k, top_p = filter_logits(n, v, misaligned, dtype, gen_seed)
+    b = logits.shape[0]
+    rep = lambda t: t.repeat_interleave(n)           # every node its own one-node tree
+    rows = logits.reshape(b * n, 1, v)
+    zeros = torch.zeros(b * n, 1, dtype=torch.int32)
+    seed = torch.arange(b * n, dtype=torch.int64) * 7919 + 3
+    offset = torch.arange(b * n, dtype=torch.int64) % 5
+    want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows,
+                 temperature=rep(temp), seed=seed, offset=offset, top_k=rep(top_k),
+                 top_p=rep(top_p))
+    unfiltered = ref.verify_tree(zeros, zeros - 1, zeros[:, 0] + 1, 0, target_logits=rows,
+                                 temperature=rep(temp), seed=seed, offset=offset)
+    assert not torch.equal(want["bonus"], unfiltered["bonus"]), "the filters should change samples"
+
+    parents, num_nodes = random_tree(b, n, gen)
+    tokens = torch.randint(0, 4, (b, n), generator=gen, dtype=torch.int32)
+    check(backend, tokens, parents, num_nodes, n - 1, logits=logits, temperature=temp,
+          seed=seed[:b], offset=offset[:b], top_k=top_k, top_p=top_p)
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_filtered_samples_and_verdicts_equal_reference(backend, num_splits):
+    """Deep whole-tree verdicts (steering logits) with per-sequence temperature, top-k and top-p
+    in one batch (triton: step 1 in 1 or 3 vocabulary splits of 128); triton also compares every
+    node's filtered sample (greedy for the temperature-0 sequence) with python_ref's."""
+    gen = torch.Generator().manual_seed(num_splits)
+    N, V = 6, 300
+    logits, temp, top_k, top_p = filter_case(gen, N, V)
+    B = logits.shape[0]
+    seed = torch.randint(0, 2**62, (B,), generator=gen)
+    offset = torch.randint(0, 2**40, (B,), generator=gen)
+    want = ref.sample_tokens(logits, temp, seed, offset, top_k, top_p)
+    if backend.name == "triton":    # the cuda backend has no per-node sample entry
+        got = verify.sample_tokens(logits.to(DEV), temp.to(DEV), seed.to(DEV), offset.to(DEV),
+                                   top_k.to(DEV), top_p.to(DEV)).cpu()
+        assert torch.equal(got, want)
+    assert torch.equal(want[1], ref.sample_tokens(logits, 0.0)[1])          # greedy sequence
+    assert not torch.equal(want, ref.sample_tokens(logits, temp, seed, offset))
+    tokens, parents, num_nodes = random_tree_tokens(B, N, 4, gen)
+    logits = torch.maximum(logits, steering_logits(tokens, parents, num_nodes, V, gen, boost=40.0))
+    want = check(backend, tokens, parents, num_nodes, N - 1, logits=logits, temperature=temp,
+                 seed=seed, offset=offset, num_splits=num_splits, block_v=128, top_k=top_k,
+                 top_p=top_p)
+    assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
+
+
+@backends("sim", "cuda")
+def test_verify_tree_filters_survive_nan_logits(dev):
+    """NaN logits are outside the contract (the result is unspecified), but the filter's search
+    must still finish without a trap: its integer divisions are guarded."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(2, 3, 500, generator=gen)
+    logits[0, 0, ::7] = float("nan")
+    logits[1, 1] = float("nan")
+    temp = torch.tensor([1.0, 0.5])
+    for k_, p_ in ((torch.tensor([5, 0], dtype=torch.int32), None), (None, torch.tensor([0.5, 0.3])),
+                   (torch.tensor([5, 0], dtype=torch.int32), torch.tensor([0.5, 0.3]))):
+        cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
+                                      None if p_ is None else p_.to(dev))
+    sync(dev)
+
+
+# ------------------------------------------------------------- triton's own entry points
+# gumbel_uniform, sample_tokens and the forced splits / tile widths exist on triton only.
+
+
 @backends("triton")
 def test_uniform_bit_exact():
     seed = torch.tensor([0, 1, -1, 2**40 + 12345, 2**63 - 1], dtype=torch.int64)
@@ -244,25 +415,6 @@ def test_uniform_bit_exact():
     want = ref.gumbel_uniform(seed, offset, 3, 4099)
     assert torch.equal(got, want)
     assert float(got.min()) > 0.0 and float(got.max()) < 1.0
-
-
-@backends("triton")
-def test_uniform_clamp_below_one():
-    """Seed 39114, offset 0, b 0, node 0, v 7 reaches h >> 8 == 2**24 - 1, which rounds to 1.0 in
-    float32 unless clamped: u, the sample and a one-node walk's bonus must match python_ref, and
-    an infinite Gumbel at v 7 must not beat token 3's lead."""
-    seed, offset = torch.tensor([39114], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
-    u = verify.gumbel_uniform(seed.to(DEV), offset.to(DEV), 1, 8).cpu()
-    assert torch.equal(u, ref.gumbel_uniform(seed, offset, 1, 8))
-    assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
-    logits = torch.zeros(1, 1, 8)
-    logits[0, 0, 3] = 30.0
-    got = verify.sample_tokens(logits.to(DEV), 1.0, seed.to(DEV), offset.to(DEV)).cpu()
-    assert torch.equal(got, ref.sample_tokens(logits, 1.0, seed, offset)) and got.item() == 3
-    zeros = torch.zeros(1, 1, dtype=torch.int32)
-    want = check(zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=logits, temperature=1.0,
-                 seed=seed, offset=offset)
-    assert want["bonus"].tolist() == [3]
 
 
 @backends("triton")
@@ -279,7 +431,7 @@ def test_sample_tokens_equal_reference(dtype, temperature):
 
 
 @backends("triton")
-def test_greedy_ties_go_to_lower_id():
+def test_greedy_ties_go_to_lower_id(backend):
     gen = torch.Generator().manual_seed(5)
     B, N, V = 3, 6, 2100
     logits = torch.randint(0, 3, (B, N, V), generator=gen).float()
@@ -294,85 +446,10 @@ def test_greedy_ties_go_to_lower_id():
     rows = logits.view(B * N, 1, V)
     zeros = torch.zeros(B * N, 1, dtype=torch.int32)
     for splits, block_v in ((1, 256), (2, 2048), (5, 256), (9, 128)):
-        got = run_triton(zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows, num_splits=splits,
-                         block_v=block_v)
+        got = verify_on(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows,
+                        num_splits=splits, block_v=block_v)
         assert torch.equal(got[2], want.flatten()), (splits, block_v)
         assert torch.equal(got[3][:, 0], want.flatten())
-
-
-@backends("triton")
-@pytest.mark.parametrize("budget,topk,splits", [(13, 3, 1), (20, 4, 3), (37, 2, 2)])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_real_trees_match_reference(budget, topk, splits, temperature):
-    gen = torch.Generator().manual_seed(budget + splits)
-    B, D, V = 3, 6, 700
-    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, budget, topk, gen)
-    logits = steering_logits(tokens, parents, num_nodes, V, gen)
-    seed = torch.randint(0, 2**62, (B,), generator=gen)
-    offset = torch.randint(0, 2**40, (B,), generator=gen)
-    want = check(tokens, parents, num_nodes, max_depth, logits=logits, temperature=temperature,
-                 seed=seed, offset=offset, num_splits=splits)
-    assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
-
-
-@backends("triton")
-def test_fp16_logits_sampling():
-    gen = torch.Generator().manual_seed(11)
-    B, D, V = 3, 5, 500
-    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, 16, 3, gen)
-    logits = steering_logits(tokens, parents, num_nodes, V, gen, dtype=torch.float16)
-    check(tokens, parents, num_nodes, max_depth, logits=logits, temperature=1.0,
-          seed=torch.tensor([3, 4, 5]), offset=torch.tensor([0, 0, 1]), num_splits=2)
-
-
-@backends("triton")
-def test_sibling_token_ties_lowest_index_wins():
-    #        0
-    #   1(5) 2(5) 3(7)        num_nodes = 7; node 7 is padding-beyond-num_nodes junk
-    #   5(9) 4(9)<-2  6(9)<-1
-    tokens = torch.tensor([[1, 5, 5, 7, 9, 9, 9, 5]], dtype=torch.int32)
-    parents = torch.tensor([[-1, 0, 0, 0, 2, 1, 1, 0]], dtype=torch.int32)
-    num_nodes = torch.tensor([7], dtype=torch.int32)
-    target = torch.tensor([[5, 9, 3, 3, 3, 4, 2, 8]], dtype=torch.int32)
-    want = check(tokens, parents, num_nodes, 3, target=target)
-    assert want["path"].tolist() == [[0, 1, 5, -1]]
-    assert want["emitted"].tolist() == [[5, 9, 4, -1]]
-    target[0, 0] = 7
-    check(tokens, parents, num_nodes, 3, target=target)
-    target[0, 0] = 8                                   # only junk node 7 (beyond num_nodes) has 8
-    tokens[0, 7] = 8
-    want = check(tokens, parents, num_nodes, 3, target=target)
-    assert int(want["accept_len"][0]) == 0
-
-
-@backends("triton")
-@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
-def test_empty_rows_verify_the_root(target):
-    """num_nodes 0 (value checks off): the root is still verified; the row acts as a one-node
-    tree, so its bonus is the target's token at node 0 (given, or from its logits)."""
-    gen = torch.Generator().manual_seed(8)
-    B, N, V = 4, 9, 300
-    tokens, parents, num_nodes = random_tree_tokens(B, N, 3, gen)
-    num_nodes[1] = 0
-    num_nodes[2] = 1
-    seed, offset = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 0, 0, 0])
-    temperature = 0.8 if target == "sampled" else 0.0
-    logits = steering_logits(tokens, parents, num_nodes, V, gen)
-    per_node = ref.sample_tokens(logits, temperature, seed, offset)
-    kw = dict(target=per_node) if target == "tokens" else dict(logits=logits)
-    want = check(tokens, parents, num_nodes, 4, temperature=temperature, seed=seed, offset=offset,
-                 num_splits=2, **kw)
-    assert want["accept_len"][1] == 0 and want["bonus"][1] == per_node[1, 0]
-
-
-@backends("triton")
-@pytest.mark.parametrize("N,max_depth", [(1, 0), (5, 4), (37, 3), (37, 36), (64, 9)])
-def test_target_tokens_random_trees(N, max_depth):
-    gen = torch.Generator().manual_seed(N * 100 + max_depth)
-    B, V = 5, 3                                        # tiny vocab: long walks and many ties
-    tokens, parents, num_nodes = random_tree_tokens(B, N, V, gen)
-    target = torch.randint(0, V, (B, N), generator=gen, dtype=torch.int32)
-    check(tokens, parents, num_nodes, max_depth, target=target)
 
 
 @backends("triton")
@@ -391,55 +468,6 @@ def test_sampling_distribution_tiny_vocab():
 
 
 @backends("triton")
-@pytest.mark.parametrize("dtype,V", [(torch.float32, 64), (torch.bfloat16, 64),
-                                     (torch.float32, 700)])   # 700: two tiles of step 0
-def test_filter_thresholds_keep_reference_set(dtype, V):
-    """Step 0 alone, per-sequence controls with exact ties at the top-k and top-p boundaries
-    (helpers.filter_case): the kept sets are python_ref.filter_keep's, node for node."""
-    gen = torch.Generator().manual_seed(V)
-    logits, temp, top_k, top_p = filter_case(gen, 4, V, dtype)
-    sampled = temp > 0
-    x = logits.float() / temp[:, None, None]
-    to = lambda t: None if t is None else t.to(DEV)
-    for k_, p_ in ((top_k, None), (None, top_p), (top_k, top_p)):
-        with poisoned_empty():
-            thr = verify.filter_thresholds(logits.to(DEV), temp.to(DEV), to(k_), to(p_))
-        kept = kept_by_thresholds(logits, temp, *thr)
-        want = ref.filter_keep(x, k_, p_)
-        assert torch.equal(kept[sampled], want[sampled]), (k_, p_)
-    assert want[0, 0].sum() == 3 and want[0, 1].sum() == 2 and want[3].sum(-1).eq(1).all()
-
-
-@backends("triton")
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_filtered_samples_and_verdicts_equal_reference(num_splits):
-    """Every node's filtered sample (greedy for the temperature-0 sequence) equals python_ref's,
-    and so do whole-tree verdicts (step 1 in 1 or 3 vocabulary splits), per-sequence
-    temperature, top-k and top-p in one batch."""
-    gen = torch.Generator().manual_seed(num_splits)
-    N, V = 6, 300
-    logits, temp, top_k, top_p = filter_case(gen, N, V)
-    B = logits.shape[0]
-    seed = torch.randint(0, 2**62, (B,), generator=gen)
-    offset = torch.randint(0, 2**40, (B,), generator=gen)
-    got = verify.sample_tokens(logits.to(DEV), temp.to(DEV), seed.to(DEV), offset.to(DEV),
-                               top_k.to(DEV), top_p.to(DEV)).cpu()
-    want = ref.sample_tokens(logits, temp, seed, offset, top_k, top_p)
-    assert torch.equal(got, want)
-    assert torch.equal(want[1], ref.sample_tokens(logits, 0.0)[1])          # greedy sequence
-    assert not torch.equal(want, ref.sample_tokens(logits, temp, seed, offset))
-    tokens, parents, num_nodes = random_tree_tokens(B, N, 4, gen)
-    logits = torch.maximum(logits, steering_logits(tokens, parents, num_nodes, V, gen, boost=40.0))
-    got = run_triton(tokens, parents, num_nodes, N - 1, logits, None, temp, seed, offset,
-                     num_splits, block_v=128, top_k=top_k, top_p=top_p)
-    want = ref.verify_tree(tokens, parents, num_nodes, N - 1, target_logits=logits,
-                           temperature=temp, seed=seed, offset=offset, top_k=top_k, top_p=top_p)
-    for key, g in zip(VERIFY_KEYS, got):
-        assert torch.equal(g, want[key]), key
-    assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
-
-
-@backends("triton")
 def test_public_api_dispatches_to_triton():
     gen = torch.Generator().manual_seed(2)
     B, D, V = 3, 4, 300
@@ -455,24 +483,3 @@ def test_public_api_dispatches_to_triton():
         want = jk.verify_tree(tree, logits, backend="reference", **kw)
         for g, w in zip(got, want):
             assert g.dtype == torch.int32 and torch.equal(g, w)
-
-
-@backends("triton")
-@pytest.mark.parametrize("B,D,V,budget,topk", [
-    pytest.param(3, 6, 2001, 24, 3, id="small"),     # no tl.dot: bf16 runs under the interpreter
-    pytest.param(4, 15, 151936, 64, 7, id="qwen_vocab", marks=pytest.mark.gpu),
-])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_bf16_logits(B, D, V, budget, topk, temperature):
-    gen = torch.Generator().manual_seed(0)
-    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, budget, topk, gen)
-    logits = steering_logits(tokens, parents, num_nodes, V, gen, dtype=torch.bfloat16)
-    seed = torch.randint(0, 2**62, (B,), generator=gen)
-    offset = torch.randint(0, 2**40, (B,), generator=gen)
-    got = run_triton(tokens, parents, num_nodes, max_depth, logits, None, temperature, seed,
-                     offset)
-    want = ref.verify_tree(tokens.to(DEV), parents.to(DEV), num_nodes.to(DEV), max_depth,
-                           target_logits=logits.to(DEV), temperature=temperature,
-                           seed=seed.to(DEV), offset=offset.to(DEV))
-    for key, g in zip(VERIFY_KEYS, got):
-        assert torch.equal(g, want[key].cpu().to(torch.int32)), key
