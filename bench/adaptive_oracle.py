@@ -41,7 +41,8 @@ if __package__ in (None, ""):
 import torch
 
 from bench import common as bc
-from bench.bench_adaptive_budget import Recorder, _order, _prompts, _rows, counterfactual
+from bench.bench_adaptive_budget import (TREE_FIELDS, Recorder, _prompts, _rows, budget_subtree,
+                                         counterfactual)
 from jetspec_kernels.adaptive import AcceptanceCalibrator, choose_budget, expected_accept_curve
 from jetspec_kernels.tree import Tree
 
@@ -79,8 +80,7 @@ def position_table(target, head, prompts, new_tokens: int, record: int, topk: in
 def _stack(rounds, accepted, pos, rows):
     """The round each sequence of ``rows`` is at (positions ``pos``), as one batch."""
     parts = [_rows(rounds[p].tree, [b]) for b, p in zip(rows, pos)]
-    tree = Tree(*(torch.cat([getattr(t, f) for t in parts]) for f in
-                  ("tokens", "parents", "depths", "scores", "num_nodes", "mask")),
+    tree = Tree(*(torch.cat([getattr(t, f) for t in parts]) for f in TREE_FIELDS),
                 max_depth=parts[0].max_depth)
     acc = torch.stack([accepted[p][b] for b, p in zip(rows, pos)])
     path = torch.cat([rounds[p].path[b:b + 1] for b, p in zip(rows, pos)])
@@ -114,14 +114,8 @@ def simulate(rounds, accepted, rows, new_tokens: int, costs: dict, sizes, policy
             else:        # marginal: most expected tokens net of the time at the running rate
                 gain = ((1 + curve[:, [s - 1 for s in sizes]]) * active[:, None]).sum(0)
                 n = sizes[int(torch.argmax(gain - state.tokens / state.secs * cost_t))]
-            keep = torch.zeros_like(tree.scores, dtype=torch.bool)
-            keep[:, 0] = True
-            keep.scatter_(1, _order(tree.scores)[:, :n - 1] + 1, True)
-            cut = Tree(tree.tokens, tree.parents, tree.depths,
-                       torch.where(keep, tree.scores, torch.full_like(tree.scores, -math.inf)),
-                       tree.num_nodes, tree.mask, tree.max_depth)
             got = acc[:, n - 1]
-            cal.update(cut, SimpleNamespace(accept_len=got.to(torch.int32), path=path), active)
+            cal.update(budget_subtree(tree, n), SimpleNamespace(accept_len=got.to(torch.int32), path=path), active)
             state.tokens += float(((1 + got) * active).sum())
             state.secs += costs[n]
         step = (1 + acc[:, n - 1]) * active

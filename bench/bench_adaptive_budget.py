@@ -102,6 +102,17 @@ def _order(scores: torch.Tensor) -> torch.Tensor:
     return torch.sort(scores[:, 1:].float(), dim=1, descending=True, stable=True).indices
 
 
+def budget_subtree(tree: Tree, n: int) -> Tree:
+    """What a calibrator sees of the budget-n topn tree inside ``tree``: the root and the n - 1
+    best non-root nodes keep their scores, every other node gets -inf (contributes nothing)."""
+    keep = torch.zeros_like(tree.scores, dtype=torch.bool)
+    keep[:, 0] = True
+    keep.scatter_(1, _order(tree.scores)[:, :n - 1] + 1, True)
+    scores = torch.where(keep, tree.scores, torch.full_like(tree.scores, -math.inf))
+    return Tree(tree.tokens, tree.parents, tree.depths, scores, tree.num_nodes, tree.mask,
+                tree.max_depth)
+
+
 def counterfactual(rnd) -> torch.Tensor:
     """int64 [B, N]: column n - 1 = accepted length of the budget-n topn tree in this round (the
     n - 1 best non-root nodes; its accepted path is the big tree's, cut at the first node ranked
@@ -150,12 +161,8 @@ def replay(rounds, accepted, costs: dict, sizes, *, max_depth: int, groups=None)
             seqs += int(act.sum())
             size_sum += n
             nr += 1
-            # What the calibrator would see: the budget-n tree (the n - 1 best nodes), path cut.
-            keep = torch.zeros_like(tree.scores, dtype=torch.bool)
-            keep[:, 0] = True
-            keep.scatter_(1, _order(tree.scores)[:, :n - 1] + 1, True)
-            tree.scores = torch.where(keep, tree.scores, torch.full_like(tree.scores, -math.inf))
-            cal.update(tree, SimpleNamespace(accept_len=got.to(torch.int32), path=r.path[rows]), act)
+            cal.update(budget_subtree(tree, n),
+                       SimpleNamespace(accept_len=got.to(torch.int32), path=r.path[rows]), act)
     out["auto"] = (tok / secs, tok / seqs, size_sum / nr)
     return out
 

@@ -110,7 +110,7 @@ def options(p: argparse.ArgumentParser, argv=None) -> Options:
     out = args.out if args.out is not None else RESULTS_ROOT / device_name(dev)
     return Options(quick=args.quick, device=dev, out=Path(out), backends=backends,
                    plot=not args.no_plot, args=args,
-                   graphs=bool(getattr(args, "graphs", False)) and dev.type == "cuda")
+                   graphs=args.graphs and dev.type == "cuda")
 
 
 def backend_status(opts: Options) -> dict[str, str | None]:

@@ -9,8 +9,8 @@
 #   for sm_90a only; `python -m jetspec_kernels info`; the gpu tests (--gpu-only; the TMA attention kernel's
 #   tests in a process of their own); compute-sanitizer memcheck
 #   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
-#   allows); the quick GPU sweep of every bench (draft_tree and verify also in CUDA graphs); ncu (SpeedOfLight, Occupancy, LaunchStats) on one
-#   launch of each kernel at the headline shapes (bench/profile_kernels.py). A step that would not
+#   allows); the quick GPU sweep of every bench (draft_tree and verify also in CUDA graphs);
+#   ncu (SpeedOfLight, Occupancy, LaunchStats) on one launch of each kernel at the headline shapes (bench/profile_kernels.py). A step that would not
 #   fit is skipped and says so.
 # Output ($OUT, default bench/results/device_check): summary.txt (the table printed last),
 # device_check.tar.gz (every log, CSV and PNG, steps.tsv), nvidia-smi.txt. No network is needed:
