@@ -5,7 +5,7 @@ Public API (see DESIGN.md section 4 and each function's docstring):
     tree_attention, qk_norm_rope_append, verify_tree, commit_kv,
     Tree, Verdict, Commit,
     AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
-    expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive.py),
+    expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive/),
     set_backend, get_backend, available_backends, set_value_checks.
 """
 from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
