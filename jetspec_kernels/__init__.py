@@ -13,7 +13,8 @@ from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, choose_bu
 from .backend import BackendUnavailableError, available_backends, get_backend, set_backend
 from .ops._checks import set_value_checks
 from .ops.commit_kv import commit_kv
-from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk, pack_mask
+from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk
+from .ops.pack_mask import pack_mask
 from .ops.qk_norm_rope_append import qk_norm_rope_append
 from .ops.tree_attention import tree_attention
 from .ops.verify_tree import verify_tree

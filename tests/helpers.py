@@ -3,6 +3,7 @@ trees, input builders (random trees, paged caches, filter cases) and the CUDA si
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import shutil
 from functools import lru_cache
@@ -279,6 +280,12 @@ def cu():
     """The cuda backend's Python wrappers (jetspec_kernels.cuda)."""
     import jetspec_kernels.cuda as c
     return c
+
+
+def backend_module(backend: str, fn: str):
+    """The module ``jetspec_kernels.<backend>.<fn>`` (the package's attribute ``fn`` is the
+    function), for its other names: launchers, launch plans, samplers."""
+    return importlib.import_module(f"jetspec_kernels.{backend}.{fn}")
 
 
 def sync(dev):

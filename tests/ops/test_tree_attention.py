@@ -13,8 +13,9 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
-from jetspec_kernels.triton import attention as TA
-from helpers import TOL, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
+from helpers import TOL, backend_module, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
+
+TA = backend_module("triton", "tree_attention")
 
 
 ATTN_CASES = [

@@ -1,4 +1,4 @@
-"""Triton draft-tree construction from per-depth top-K: ``topn``, ``accum_logp`` and the mask.
+"""Triton ``build_tree``: the draft tree from per-depth top-K (``topn``, ``accum_logp``) and its mask.
 
 One program per sequence (grid ``[B]``) holds the tree in vectors of ``NP = next_pow2(budget)``
 slots, runs the selection loop on the device, and writes every output element, the packed
@@ -18,8 +18,7 @@ position). Per step: four reductions, one scan, two barriers. A K = 1 chain take
 the set of inserted, unpopped slots; the key pops the best score, ties to the earliest inserted. A
 popped node of depth < D appends ``min(K, budget - n)`` children in rank order with one vector load.
 
-The mask (shared with :func:`pack_mask`) is built by an ancestor walk over tiles of rows: every
-row sets the bit of its current node and steps to the parent until all rows reach the root.
+The mask is written by ``triton/pack_mask.py``'s tile (an ancestor walk over tiles of rows).
 
 Step counts, floor and predicted time: ``bench/NOTES.md``.
 
@@ -34,7 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["build_tree", "pack_mask"]
+from .pack_mask import mask_layout, mask_tile
+
+__all__ = ["build_tree"]
 
 _INF_KEY = tl.constexpr(2**63 - 1)
 # topn: heap-window entries per step (NP * KB of them); bounds the registers of one program
@@ -52,14 +53,6 @@ def _tree_size(D, K, cap):
     return min(total, cap)
 
 
-def _mask_layout(n):
-    """(W, WP, ROWS): mask words, their power-of-two padding, and rows per mask tile."""
-    w = triton.cdiv(n, 32)
-    wp = triton.next_power_of_2(w)
-    rows = max(1, min(triton.next_power_of_2(n), 4096 // wp))
-    return w, wp, rows
-
-
 def _warps(np_):
     return max(1, min(8, np_ // 256))
 
@@ -68,39 +61,6 @@ def _topn_warps(entries):
     # sm_90 ptxas (triton 3.9): 64x8 / 256x8 / 512x4 windows fit in 94 / 180 / 177 registers
     # at 4 / 8 / 8 warps with no spill; 4096x1 spills least (440 bytes) at 16 warps
     return max(4, min(16, entries // 256))
-
-
-@triton.jit
-def _mask_tile(par_row, num, mask_row, r0, N, W, ROWS: tl.constexpr, WP: tl.constexpr):
-    """Write mask rows ``r0 .. r0+ROWS-1`` of one tree from its parents (``par_row``)."""
-    rows = r0 + tl.arange(0, ROWS)
-    ok = rows < N
-    ww = tl.arange(0, WP)[None, :]
-    words = tl.zeros([ROWS, WP], tl.int64)
-    node = tl.where(ok, rows, -1)
-    first = ok
-    while tl.max(node, axis=0) >= 0:
-        live = node >= 0
-        nd = tl.maximum(node, 0)
-        bit = tl.where(live, tl.full([ROWS], 1, tl.int64) << (nd % 32).to(tl.int64), 0)
-        words = words | tl.where(ww == (nd // 32)[:, None], bit[:, None], 0)
-        # a padding row (i >= num) stops after its own bit
-        walk = live & ((rows < num) | ~first)
-        nxt = tl.load(par_row + node, mask=walk, other=-1)
-        node = tl.where(walk, nxt, -1)
-        first = rows < 0
-    # the int64 -> int32 cast keeps the low 32 bits: bit 31 becomes the sign
-    tl.store(mask_row + rows[:, None].to(tl.int64) * W + ww, words.to(tl.int32),
-             mask=ok[:, None] & (ww < W))
-
-
-@triton.jit
-def _pack_mask_kernel(par_ptr, num_ptr, mask_ptr, N, W, ROWS: tl.constexpr, WP: tl.constexpr):
-    """Grid ``[B, cdiv(N, ROWS)]``: one tile of mask rows."""
-    b = tl.program_id(0).to(tl.int64)
-    num = tl.load(num_ptr + b)
-    _mask_tile(par_ptr + b * N, num, mask_ptr + b * N * W, tl.program_id(1) * ROWS, N, W,
-               ROWS, WP)
 
 
 @triton.jit
@@ -324,7 +284,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
     # the mask walk reads the parents this program just wrote
     tl.debug_barrier()
     for r0 in range(0, budget, ROWS):
-        _mask_tile(par_ptr + row, n_target, mask_ptr + row * W, r0, budget, W, ROWS, WP)
+        mask_tile(par_ptr + row, n_target, mask_ptr + row * W, r0, budget, W, ROWS, WP)
 
 
 def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
@@ -346,7 +306,7 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
     B, D, K = topk_tokens.shape
     N = int(budget)
     dev = topk_tokens.device
-    W, WP, ROWS = _mask_layout(N)
+    W, WP, ROWS = mask_layout(N)
     tokens = torch.empty(B, N, dtype=torch.int32, device=dev)
     parents = torch.empty(B, N, dtype=torch.int32, device=dev)
     depths = torch.empty(B, N, dtype=torch.int32, device=dev)
@@ -364,27 +324,3 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
                            TOPN=algorithm == "topn", NP=NP, KB=KB, ROWS=ROWS, WP=WP,
                            num_warps=_topn_warps(NP * KB) if algorithm == "topn" else _warps(NP))
     return tokens, parents, depths, scores, num_nodes, mask
-
-
-def pack_mask(parents, num_nodes):
-    """Bit-packed ancestor-or-self mask.
-
-    Parameters
-    ----------
-    parents : int32 ``[B, N]``, ``-1`` for the root and padding, ``parents[b, i] < i``
-    num_nodes : int32 ``[B]``; rows ``i >= num_nodes[b]`` get only their own bit
-
-    Returns
-    -------
-    mask : int32 ``[B, N, ceil(N / 32)]``; bit ``j % 32`` of word ``j // 32`` of row i is set iff
-    j is i or an ancestor of i
-    """
-    B, N = parents.shape
-    W, WP, ROWS = _mask_layout(N)
-    parents = parents.contiguous()
-    mask = torch.empty(B, N, W, dtype=torch.int32, device=parents.device)
-    if B and N:
-        _pack_mask_kernel[(B, triton.cdiv(N, ROWS))](parents, num_nodes.contiguous(), mask,
-                                                     N, W, ROWS=ROWS, WP=WP, num_warps=4)
-    return mask
-
