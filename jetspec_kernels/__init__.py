@@ -11,7 +11,7 @@ Public API (see DESIGN.md section 4 and each function's docstring):
 from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
                        expected_accept_curve, expected_accept_curve_from_topk)
 from .backend import BackendUnavailableError, available_backends, get_backend, set_backend
-from .ops._checks import set_value_checks
+from .checks import set_value_checks
 from .ops.commit_kv import commit_kv
 from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk
 from .ops.pack_mask import pack_mask

@@ -271,11 +271,11 @@ def _level_scores(lp: torch.Tensor, m: int) -> list[torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=64)
-def _levels(widths: tuple, device: torch.device):
-    """int32 depths [C] (depth j + 1 repeated widths[j] times) and their :func:`_tie_key`.
+def _levels(level_sizes: tuple, device: torch.device):
+    """int32 depths [C] (depth j + 1 repeated level_sizes[j] times) and their :func:`_tie_key`.
     Cached: the first (eager) round makes them, so CUDA-graph captures copy nothing from the host."""
-    depths = torch.repeat_interleave(torch.arange(1, len(widths) + 1, dtype=torch.int32),
-                                     torch.tensor(widths))
+    depths = torch.repeat_interleave(torch.arange(1, len(level_sizes) + 1, dtype=torch.int32),
+                                     torch.tensor(level_sizes))
     return tuple(t.to(device) for t in (depths, *_tie_key(depths)))
 
 
@@ -362,10 +362,10 @@ def choose_budget_from_topk(topk_logprobs: torch.Tensor, sizes, costs,
 
 
 @functools.lru_cache(maxsize=64)
-def _size_columns(sizes: tuple, width: int, device: torch.device) -> tuple[torch.Tensor, bool]:
-    """int64 [S]: the column of E(n) for each size in a cumulative sum of ``width`` nodes (flat
+def _size_columns(sizes: tuple, curve_cols: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """int64 [S]: the column of E(n) for each size in a cumulative sum of ``curve_cols`` nodes (flat
     past it), and whether a zero column must come first (some size is 1). Cached like
     :func:`_levels`."""
     pad = min(sizes) == 1
-    cols = [min(n - 1, width) - (not pad) for n in sizes]
+    cols = [min(n - 1, curve_cols) - (not pad) for n in sizes]
     return torch.tensor(cols, dtype=torch.int64, device=device), pad

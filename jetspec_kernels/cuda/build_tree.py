@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import mask_words
-from . import _util as U
+from . import extension as ext
 
 
 @torch.library.custom_op("jetspec::build_tree", mutates_args=())
@@ -12,7 +12,7 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
                 budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
     from .. import _C
-    with U.on_device(topk_tokens):
+    with ext.on_device(topk_tokens):
         b, d, k = topk_tokens.shape
         dev = topk_tokens.device
         n, w = budget, mask_words(budget)
@@ -25,11 +25,11 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
         scores = torch.empty(b, n, device=dev, dtype=torch.float32)
         num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
         mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
-        _C.build_tree(topk_tokens=U.ptr(tt), topk_logprobs=U.ptr(tl), root_tokens=U.ptr(root),
-                      tokens=U.ptr(tokens), parents=U.ptr(parents), depths=U.ptr(depths),
-                      scores=U.ptr(scores), num_nodes=U.ptr(num_nodes), mask=U.ptr(mask),
+        _C.build_tree(topk_tokens=ext.ptr(tt), topk_logprobs=ext.ptr(tl), root_tokens=ext.ptr(root),
+                      tokens=ext.ptr(tokens), parents=ext.ptr(parents), depths=ext.ptr(depths),
+                      scores=ext.ptr(scores), num_nodes=ext.ptr(num_nodes), mask=ext.ptr(mask),
                       batch=b, depth=d, k=k, budget=n, words=w,
-                      algorithm=U.enum("TreeAlgorithm")[algorithm], stream=U.stream())
+                      algorithm=ext.enum("TreeAlgorithm")[algorithm], stream=ext.stream())
         return tokens, parents, depths, scores, num_nodes, mask
 
 

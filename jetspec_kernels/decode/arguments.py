@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import backend as _backend
-from ..ops import _checks as checks
+from .. import checks
 from ..adaptive import AcceptanceCalibrator, CostModel, parse_budget
 from ..limits import MAX_TOPK
 from ..ops.draft_tree import ALGORITHMS

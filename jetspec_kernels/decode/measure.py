@@ -6,7 +6,7 @@ import torch
 
 from ..adaptive import AcceptanceCalibrator, CostModel
 from ..adaptive.round_costs import time_rounds
-from ..ops import _checks as checks
+from .. import checks
 from .arguments import checked_generate_args, graphs_default
 from .graphs import StepRunner
 from .speculative import start_speculative, verdict_cols

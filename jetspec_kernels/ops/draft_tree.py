@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from .. import backend as _backend
+from .. import checks
 from ..limits import MAX_BUDGET, MAX_TOPK
 from ..tree import Tree
-from . import _checks as C
 
 ALGORITHMS = ("topn", "accum_logp")
 TOKEN_DTYPES = (torch.int32, torch.int64)
@@ -14,12 +14,12 @@ TOKEN_DTYPES = (torch.int32, torch.int64)
 
 def _check_common(root_tokens, budget, topk, algorithm, *, batch, vocab, device):
     """Checks shared by the draft_tree ops; ``vocab`` None: unknown (draft_tree_from_topk)."""
-    C.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
-    C.value_range("root_tokens", root_tokens, 0, C.INT32_MAX if vocab is None else vocab - 1)
-    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
+    checks.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
+    checks.value_range("root_tokens", root_tokens, 0, checks.INT32_MAX if vocab is None else vocab - 1)
+    checks.integer("budget", budget, lo=1, hi=MAX_BUDGET)
     if topk is not None:
-        C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
-    C.choice("algorithm", algorithm, ALGORITHMS)
+        checks.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
+    checks.choice("algorithm", algorithm, ALGORITHMS)
 
 
 def _nonempty(name: str, t, dim: int, what: str) -> None:
@@ -28,7 +28,7 @@ def _nonempty(name: str, t, dim: int, what: str) -> None:
 
 
 def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
-    C.tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=3)
+    checks.tensor("logits", logits, dtypes=checks.FLOAT_DTYPES, ndim=3)
     b, _, v = logits.shape
     _nonempty("logits", logits, 1, "at least one draft depth")
     _nonempty("logits", logits, 2, "a non-empty vocabulary")
@@ -36,17 +36,17 @@ def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
 
 
 def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
-    C.tensor("topk_tokens", topk_tokens, dtypes=TOKEN_DTYPES, ndim=3)
+    checks.tensor("topk_tokens", topk_tokens, dtypes=TOKEN_DTYPES, ndim=3)
     b, d, k = topk_tokens.shape
-    C.tensor("topk_logprobs", topk_logprobs, dtypes=(torch.float32,), shape=[b, d, k],
+    checks.tensor("topk_logprobs", topk_logprobs, dtypes=(torch.float32,), shape=[b, d, k],
              device=topk_tokens.device)
     _nonempty("topk_tokens", topk_tokens, 1, "at least one draft depth")
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"topk_tokens must hold K in [1, {MAX_TOPK}] candidates in dim 2, got shape "
                          f"{list(topk_tokens.shape)}")
     _check_common(root_tokens, budget, None, algorithm, batch=b, vocab=None, device=topk_tokens.device)
-    C.value_range("topk_tokens", topk_tokens, 0, C.INT32_MAX)
-    if C.values_checked(topk_logprobs) and topk_logprobs.numel():
+    checks.value_range("topk_tokens", topk_tokens, 0, checks.INT32_MAX)
+    if checks.values_checked(topk_logprobs) and topk_logprobs.numel():
         if not bool((topk_logprobs <= 0).all()):
             raise ValueError("topk_logprobs must be log-probabilities (<= 0)")
         if k > 1 and not bool((topk_logprobs[..., 1:] <= topk_logprobs[..., :-1]).all()):
@@ -54,9 +54,9 @@ def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, 
 
 
 def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm):
-    C.tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=3)
+    checks.tensor("hidden", hidden, dtypes=checks.FLOAT_DTYPES, ndim=3)
     b, _, h = hidden.shape
-    C.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
+    checks.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
     if lm_head_weight.shape[1] != h:
         raise ValueError(f"lm_head_weight must have shape [V, {h}] to match hidden, got "
                          f"{list(lm_head_weight.shape)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import backend as _backend
-from . import _checks as C
+from .. import checks
 
 
 def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor:
@@ -19,13 +19,13 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
     -------
     mask : int32 [B, N, ceil(N / 32)]
     """
-    C.tensor("parents", parents, dtypes=C.INDEX_DTYPES, ndim=2)
+    checks.tensor("parents", parents, dtypes=checks.INDEX_DTYPES, ndim=2)
     b, n = parents.shape
     if n < 1:
         raise ValueError(f"parents must have at least one column (the root), got shape {list(parents.shape)}")
-    C.tensor("num_nodes", num_nodes, dtypes=C.INDEX_DTYPES, shape=[b], device=parents.device)
-    C.value_range("num_nodes", num_nodes, 0, n)
-    if C.values_checked(parents) and parents.numel():
+    checks.tensor("num_nodes", num_nodes, dtypes=checks.INDEX_DTYPES, shape=[b], device=parents.device)
+    checks.value_range("num_nodes", num_nodes, 0, n)
+    if checks.values_checked(parents) and parents.numel():
         idx = torch.arange(n, device=parents.device)
         valid = idx[None, :] < num_nodes[:, None]
         bad = valid & (idx[None, :] > 0) & ((parents < 0) | (parents >= idx[None, :]))

@@ -160,7 +160,8 @@ def _kth_key(key, valid, k):
 
 
 @triton.jit
-def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stride_ld,
+def _tree_kernel(tt_ptr, lp_ptr, root_ptr, tokens_batch_stride, tokens_row_stride,
+                 logprobs_batch_stride, logprobs_row_stride,
                  D, K, budget, n_target,
                  tok_ptr, par_ptr, dep_ptr, sc_ptr, num_ptr, mask_ptr, W,
                  TOPN: tl.constexpr, NP: tl.constexpr, KB: tl.constexpr, ROWS: tl.constexpr,
@@ -168,8 +169,8 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
     b = tl.program_id(0).to(tl.int64)
     row = b * budget
     slot = tl.arange(0, NP)
-    lp_row = lp_ptr + b * stride_lb
-    tt_row = tt_ptr + b * stride_tb
+    lp_row = lp_ptr + b * logprobs_batch_stride
+    tt_row = tt_ptr + b * tokens_batch_stride
     sc = tl.where(slot == 0, 0.0, float("-inf"))          # node score
     dep = tl.where(slot == 0, 0, -1)                        # node depth, -1 = empty slot
     rk = tl.zeros([NP], tl.int32)                           # rank among its siblings
@@ -191,22 +192,22 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             # the heap window: children nc .. nc+KB-1 of every node, keyed in spec order
             r = nc[:, None] + j
             vis = grow[:, None] & (r < K)
-            lpv = tl.load(lp_row + dep[:, None] * stride_ld + r, mask=vis, other=0.0)
+            lpv = tl.load(lp_row + dep[:, None] * logprobs_row_stride + r, mask=vis, other=0.0)
             csc = sc[:, None] + lpv
             key = _topn_key(csc, dep[:, None] + 1, slot[:, None], r)
             key = tl.where(vis, key, _INF_KEY)
             hmin = tl.min(tl.min(key, axis=1), axis=0)
             # bound 1: the best child of any window entry (primary key q | depth only)
             first = grow & (nc < K)
-            c0 = sc + tl.load(lp_row + dep * stride_ld + nc, mask=first, other=0.0)
+            c0 = sc + tl.load(lp_row + dep * logprobs_row_stride + nc, mask=first, other=0.0)
             has_bc = first & (dep + 1 < D)
-            bc = c0 + tl.load(lp_row + (dep + 1) * stride_ld, mask=has_bc, other=0.0)
+            bc = c0 + tl.load(lp_row + (dep + 1) * logprobs_row_stride, mask=has_bc, other=0.0)
             bc_key = tl.where(has_bc, _q_depth_key(bc, dep + 2), _INF_KEY)
             bc_min = tl.min(bc_key, axis=0)
             # bound 2: the first child hidden behind the window (full key)
             hr = nc + KB
             has_h = grow & (hr < K)
-            hsc = sc + tl.load(lp_row + dep * stride_ld + hr, mask=has_h, other=0.0)
+            hsc = sc + tl.load(lp_row + dep * logprobs_row_stride + hr, mask=has_h, other=0.0)
             h_key = _topn_key(hsc, dep + 1, slot, hr)
             h_min = tl.min(tl.where(has_h, h_key, _INF_KEY), axis=0)
             take = vis & ((key == hmin) | ((_topn_key_q_depth(key) < bc_min) & (key < h_min)))
@@ -257,7 +258,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             m = tl.where(d < D, tl.minimum(K, budget - n), 0)
             new = (slot >= n) & (slot < n + m)
             r = slot - n
-            lpv = tl.load(lp_row + d * stride_ld + r, mask=new, other=0.0)
+            lpv = tl.load(lp_row + d * logprobs_row_stride + r, mask=new, other=0.0)
             sc = tl.where(new, score + lpv, sc)
             dep = tl.where(new, d + 1, dep)
             par = tl.where(new, i, par)
@@ -269,7 +270,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
 
     valid = slot < n_target
     root = tl.load(root_ptr + b)
-    tok = tl.load(tt_row + (dep - 1) * stride_td + rk, mask=valid & (dep > 0), other=0)
+    tok = tl.load(tt_row + (dep - 1) * tokens_row_stride + rk, mask=valid & (dep > 0), other=0)
     tok = tl.where(dep == 0, root, tok)
     tl.store(tok_ptr + row + out, tok, mask=valid)
     tl.store(par_ptr + row + out, parent, mask=valid)

@@ -15,7 +15,8 @@ __all__ = ["hidden_topk"]
 
 
 @triton.jit
-def _hidden_partial_kernel(h_ptr, w_ptr, stride_hb, stride_hd, stride_wv, D, H, V, M, C,
+def _hidden_partial_kernel(h_ptr, w_ptr, hidden_batch_stride, hidden_row_stride, weight_row_stride,
+                           D, H, V, M, C,
                            pm_ptr, ps_ptr, pk_ptr, K, KP: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                            IEEE: tl.constexpr):
@@ -26,10 +27,10 @@ def _hidden_partial_kernel(h_ptr, w_ptr, stride_hb, stride_hd, stride_wv, D, H, 
     rows_ok = rows < M
     b = rows // D
     d = rows % D
-    h_row = h_ptr + b.to(tl.int64) * stride_hb + d.to(tl.int64) * stride_hd
+    h_row = h_ptr + b.to(tl.int64) * hidden_batch_stride + d.to(tl.int64) * hidden_row_stride
     tok = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
     tok_ok = tok < V
-    w_col = w_ptr + tok.to(tl.int64) * stride_wv
+    w_col = w_ptr + tok.to(tl.int64) * weight_row_stride
     acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
     for h0 in range(0, H, BLOCK_H):
         hh = h0 + tl.arange(0, BLOCK_H)

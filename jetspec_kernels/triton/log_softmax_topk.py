@@ -86,7 +86,8 @@ def write_partials(x, tok, valid, rows, rows_ok, chunk, C, pm_ptr, ps_ptr, pk_pt
 
 
 @triton.jit
-def _logits_partial_kernel(x_ptr, stride_b, stride_d, D, V, C, pm_ptr, ps_ptr, pk_ptr,
+def _logits_partial_kernel(x_ptr, logits_batch_stride, logits_row_stride, D, V, C,
+                           pm_ptr, ps_ptr, pk_ptr,
                            K, KP: tl.constexpr, BLOCK_V: tl.constexpr):
     """Grid ``[B*D, C]``: partial (max, sumexp, top-K) of one vocabulary chunk of one row."""
     row = tl.program_id(0)
@@ -95,7 +96,7 @@ def _logits_partial_kernel(x_ptr, stride_b, stride_d, D, V, C, pm_ptr, ps_ptr, p
     d = row % D
     tok = chunk * BLOCK_V + tl.arange(0, BLOCK_V)[None, :]
     valid = tok < V
-    base = x_ptr + b.to(tl.int64) * stride_b + d.to(tl.int64) * stride_d
+    base = x_ptr + b.to(tl.int64) * logits_batch_stride + d.to(tl.int64) * logits_row_stride
     x = tl.load(base + tok, mask=valid, other=float("-inf")).to(tl.float32)
     rows = tl.full([1], 0, tl.int32) + row
     write_partials(x, tok, valid, rows, rows >= 0, chunk, C, pm_ptr, ps_ptr, pk_ptr, K, KP)

@@ -33,7 +33,7 @@ ATTN_CASES = [
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel != "mma" and dh not in cu()._util.limit("wgmma_head_dims"):
+    if kernel != "mma" and dh not in cu().extension.limit("wgmma_head_dims"):
         pytest.skip("the sm_90a kernels take head dims 64 and 128")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320

@@ -286,7 +286,7 @@ def test_sibling_token_ties_lowest_index_wins(backend):
 def test_verify_tree_walk_limit(dev):
     # The cuda walk stages at most walk_max_nodes nodes; a larger tree is an error from the
     # launcher (and `auto` never sends one there). triton has no such limit.
-    n = cu()._util.limit("walk_max_nodes")
+    n = cu().extension.limit("walk_max_nodes")
     tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
     parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
