@@ -35,9 +35,6 @@ _BACKEND_MODULES = {
 # nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the commit that
 # records its passing run.
 HARDWARE_VERIFIED: dict[str, frozenset[str]] = {
-    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): passed, and not slower than triton there.
-    # verify_tree passed too, but its kernels changed after the run (top-k / top-p filters,
-    # per-sequence temperature): it returns with a passing rerun.
     "cuda": frozenset({"log_softmax_topk", "build_tree", "pack_mask"}),
 }
 

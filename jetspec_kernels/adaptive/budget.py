@@ -13,8 +13,8 @@ sums kept as device tensors), and :func:`choose_budget` picks
 ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device with the round costs ``c`` of a
 :class:`~jetspec_kernels.adaptive.round_costs.CostModel`; :func:`choose_budget_from_topk` does the
 same straight from the per-depth top-K in fewer ops (the decoding loop's per-round choice).
-The per-round functions run in ``torch.inference_mode`` (a quarter less host time on the CPU);
-they return inference tensors, and the calibrator's sums are only ever changed inside it.
+The per-round functions run in ``torch.inference_mode`` (less host time: bench/NOTES.md, adaptive
+budget); they return inference tensors, and the calibrator's sums are only ever changed inside it.
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def parse_budget(budget, *, topk: int, depth: int) -> tuple[tuple[int, ...], boo
 
     Parameters
     ----------
-    budget : int in [1, 4096] (a fixed size), ``"auto"`` (:data:`DEFAULT_SIZES` capped by what the
-        head can draft), or a non-empty list/tuple of such ints (the candidate sizes)
+    budget : int in [1, MAX_BUDGET] (a fixed size), ``"auto"`` (:data:`DEFAULT_SIZES` capped by
+        what the head can draft), or a non-empty list/tuple of such ints (the candidate sizes)
     topk, depth : the draft's children per node and depths per round; the implicit tree has
         ``1 + K + ... + K**D`` nodes, and larger "auto" candidates would build the same tree
 

@@ -1,6 +1,7 @@
 """cuda backend: tree_attention (fp16/bf16): a wgmma kernel on sm_90a for head dims 64/128, the
 mma.sync kernel for head dim 256 and on other GPUs; kernel="tma" picks the warp-specialised sm_90a
-kernel (TMA loads, mbarrier ring), not yet the default until measured on a GPU."""
+kernel (TMA loads, mbarrier ring); which kernel auto picks follows the hardware record
+(docs/DESIGN.md section 2, bench/NOTES.md)."""
 from __future__ import annotations
 
 from typing import Optional

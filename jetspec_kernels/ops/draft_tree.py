@@ -97,9 +97,9 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
         Row d holds the draft's logits for depth d + 1 (log-softmax is taken in fp32).
     root_tokens : int32/int64 [B]
         The anchor (last committed token) of each sequence; becomes node 0.
-    budget : int in [1, 4096]
+    budget : int in [1, MAX_BUDGET] (jetspec_kernels.limits)
         Tree capacity N (root included).
-    topk : int in [1, min(64, V)]
+    topk : int in [1, min(MAX_TOPK, V)]
         Children per node (the per-depth top-K).
     algorithm : "topn" | "accum_logp"
         "topn": the budget best nodes by cumulative log-prob; "accum_logp": JetSpec's heap rule.

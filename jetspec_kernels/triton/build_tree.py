@@ -20,11 +20,8 @@ popped node of depth < D appends ``min(K, budget - n)`` children in rank order w
 
 The mask is written by ``triton/pack_mask.py``'s tile (an ancestor walk over tiles of rows).
 
-Step counts, floor and predicted time: ``bench/NOTES.md``.
-
-Checked offline for sm_90 (no GPU needed): ``triton.compile(ASTSource(_tree_kernel, signature,
-constexprs), target=GPUTarget("cuda", 90, 64), options={"num_warps": ...})`` and
-``cuobjdump -res-usage`` on the cubin (triton 3.9's bundled ptxas), budgets 1 to 4096.
+Step counts, floor, predicted time and register use on sm_90 (``bench/triton_resources.py``, run by
+``tests/test_triton_sm90_resources.py``): ``bench/NOTES.md``.
 """
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ def _warps(np_):
 
 
 def _topn_warps(entries):
-    # sm_90 ptxas (triton 3.9): 64x8 / 256x8 / 512x4 windows fit in 94 / 180 / 177 registers
-    # at 4 / 8 / 8 warps with no spill; 4096x1 spills least (440 bytes) at 16 warps
+    # enough warps that the window fits in registers on sm_90 (bench/NOTES.md, build_tree topn)
     return max(4, min(16, entries // 256))
 
 
@@ -296,7 +292,7 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
     topk_tokens : int32 ``[B, D, K]``, last dim contiguous; row d = children of depth-d nodes
     topk_logprobs : float32 ``[B, D, K]``, ``<= 0``, sorted descending along K
     root_tokens : int32 ``[B]``
-    budget : int in ``[1, 4096]``, tree capacity N
+    budget : int in ``[1, MAX_BUDGET]`` (jetspec_kernels.limits), tree capacity N
     algorithm : ``"topn"`` or ``"accum_logp"`` (DESIGN.md section 4)
 
     Returns

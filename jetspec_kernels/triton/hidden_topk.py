@@ -55,7 +55,7 @@ def hidden_topk(hidden, lm_head_weight, k, *, block_v=None):
     ----------
     hidden : float32/float16/bfloat16 ``[B, D, H]``, last dim contiguous
     lm_head_weight : same dtype ``[V, H]``, last dim contiguous
-    k : int, ``1 <= k <= min(64, V)``
+    k : int, ``1 <= k <= min(MAX_TOPK, V)`` (jetspec_kernels.limits)
     block_v : int, optional
         Vocabulary entries per program (a power of two >= 16; default 128).
 

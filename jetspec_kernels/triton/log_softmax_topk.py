@@ -153,7 +153,7 @@ def log_softmax_topk(logits, k, *, block_v=None):
     Parameters
     ----------
     logits : float32/float16/bfloat16 ``[B, D, V]``, last dim contiguous
-    k : int, ``1 <= k <= min(64, V)``
+    k : int, ``1 <= k <= min(MAX_TOPK, V)`` (jetspec_kernels.limits)
     block_v : int, optional
         Vocabulary chunk per program (a power of two >= 16); default ``min(4096, next_pow2(V))``.
 

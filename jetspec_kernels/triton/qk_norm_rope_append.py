@@ -118,11 +118,8 @@ def _f32_split(x: float) -> tuple[float, float]:
 
 
 def _heads_per_tile(heads: int, half_p: int) -> int:
-    """Heads per tile: all of them when small, else 512 elements per half-tile.
-
-    At 4 warps, 1024 or more elements per half-tile spill on sm_90a (255 registers and a 624 B
-    stack at Dh 128); 512 uses 70 registers (bench/triton_resources.py).
-    """
+    """Heads per tile: all of them when small, else 512 elements per half-tile (larger tiles
+    spill registers on sm_90a at 4 warps: bench/NOTES.md, "Triton kernels compiled offline")."""
     return min(triton.next_power_of_2(max(heads, 1)), max(1, 512 // half_p))
 
 

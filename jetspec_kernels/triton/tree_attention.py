@@ -232,12 +232,9 @@ def _merge_splits(
 
 
 def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows.
-
-    The CUDA choices were checked for register spills by compiling for sm_90a offline (ptxas,
-    with 16-divisible strides as the launcher specialises them): 4 warps at BLOCK_M = 128 or
-    Dh >= 128 spill, 8 do not; 3 stages at 128 x 128 spill a little, 2 do not.
-    """
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows; the CUDA
+    choices are the ones that do not spill registers on sm_90a (bench/NOTES.md, "Triton kernels
+    compiled offline")."""
     block_m = min(128 if head_dim <= 128 else 64, max(16, triton.next_power_of_2(rows)))
     if device.type != "cuda":
         return block_m, 32, 4, 1
