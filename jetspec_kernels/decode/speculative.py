@@ -15,7 +15,8 @@ import torch
 
 from ..adaptive import choose_budget_from_topk
 from ..ops.commit_kv import commit_kv
-from ..ops.draft_tree import _build, checked_topk, draft_tree, draft_tree_from_hidden
+from ..ops.draft_tree import (checked_topk, draft_tree, draft_tree_from_hidden,
+                              tree_from_checked_topk)
 from ..ops.verify_tree import verify_tree
 from ..tree import Tree
 from .output import TokenBuffer
@@ -102,8 +103,9 @@ class SpeculativeDecode:
         t, st, cache = self.target, self.stages, self.cache
         if self.adaptive:
             with st("tree"):
-                self.tree = _build(None, self.topk_tokens, self.topk_logprobs, self.anchor, size,
-                                   self.algorithm)
+                self.tree = tree_from_checked_topk(self.topk_tokens, self.topk_logprobs,
+                                                   self.anchor, budget=size,
+                                                   algorithm=self.algorithm)
         tree = self.tree
         greedy = self.sampling.greedy
         with st("verify"):

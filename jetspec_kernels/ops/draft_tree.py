@@ -67,7 +67,11 @@ def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, to
                   device=hidden.device)
 
 
-def _build(backend, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) -> Tree:
+def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int, algorithm: str,
+                           backend: str | None = None) -> Tree:
+    """The second half of :func:`draft_tree` (the first is :func:`checked_topk`): the tree of
+    ``budget`` nodes from per-depth top-K whose arguments were already checked (int32
+    [B, D, K] tokens, float32 [B, D, K] log-probs, root tokens [B]); no checks run here."""
     parts = _backend.select(topk_tokens.device, "build_tree", backend)(
         topk_tokens, topk_logprobs, root_tokens.to(torch.int32), budget, algorithm)
     return Tree(*parts, max_depth=min(topk_tokens.shape[1], budget - 1))
@@ -112,7 +116,8 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
     """
     tk, lp = checked_topk(logits, None, root_tokens, budget=budget, topk=topk, algorithm=algorithm,
                           backend=backend)
-    return _build(backend, tk, lp, root_tokens, budget, algorithm)
+    return tree_from_checked_topk(tk, lp, root_tokens, budget=budget, algorithm=algorithm,
+                                  backend=backend)
 
 
 def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int,
@@ -132,7 +137,8 @@ def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int
     Tree (bit-exact across backends).
     """
     check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm)
-    return _build(backend, topk_tokens.to(torch.int32), topk_logprobs, root_tokens, budget, algorithm)
+    return tree_from_checked_topk(topk_tokens.to(torch.int32), topk_logprobs, root_tokens,
+                                  budget=budget, algorithm=algorithm, backend=backend)
 
 
 def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, topk: int,
@@ -148,4 +154,5 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
     """
     tk, lp = checked_topk(hidden, lm_head_weight, root_tokens, budget=budget, topk=topk,
                           algorithm=algorithm, backend=backend)
-    return _build(backend, tk, lp, root_tokens, budget, algorithm)
+    return tree_from_checked_topk(tk, lp, root_tokens, budget=budget, algorithm=algorithm,
+                                  backend=backend)
