@@ -47,8 +47,9 @@ def main(argv=None) -> int:
     except ImportError:
         return 0
     driver = _C.driver_version()
-    print(f"  _C links the CUDA {_backend._cuda_version(_C.runtime_version())} runtime; driver: "
-          + (f"CUDA {_backend._cuda_version(driver)}" if driver else "none found"))
+    from .cuda.availability import cuda_version
+    print(f"  _C links the CUDA {cuda_version(_C.runtime_version())} runtime; driver: "
+          + (f"CUDA {cuda_version(driver)}" if driver else "none found"))
     wgmma = "has" if _C.wgmma_built() else "lacks"
     print(f"  _C built for {_C.built_archs()}: {wgmma} the sm_90a wgmma attention kernels "
           f"(auto; kernel='tma' for the warp-specialised TMA one)")

@@ -26,6 +26,9 @@ _BACKEND_MODULES = {
     "triton": "jetspec_kernels.triton",
     "cuda": "jetspec_kernels.cuda",
 }
+# What the cuda backend needs of the machine (_C, driver, architectures): asked by name, like the
+# backends themselves.
+_CUDA_AVAILABILITY = "jetspec_kernels.cuda.availability"
 
 
 # Interface functions (CONTRIBUTING.md, backend interface) whose ``cuda`` kernels are auto's choice
@@ -35,9 +38,6 @@ _BACKEND_MODULES = {
 # nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the commit that
 # records its passing run.
 HARDWARE_VERIFIED: dict[str, frozenset[str]] = {
-    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): passed, and not slower than triton there.
-    # verify_tree passed too, but its kernels changed after the run (top-k / top-p filters,
-    # per-sequence temperature): it returns with a passing rerun.
     "cuda": frozenset({"log_softmax_topk", "build_tree", "pack_mask"}),
 }
 
@@ -82,16 +82,6 @@ def _triton_import_error() -> str | None:
     return None
 
 
-@lru_cache(maxsize=None)
-def _cuda_module_error() -> str | None:
-    try:
-        from . import _C  # noqa: F401
-    except ImportError as e:
-        return ("the CUDA extension jetspec_kernels._C is not built (it is built at install "
-                f"time when nvcc is found; import said: {e})")
-    return None
-
-
 def unavailable_reason(name: str, device: torch.device) -> str | None:
     """Why backend ``name`` cannot run on ``device``, or None when it can."""
     if name == "reference":
@@ -108,45 +98,8 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "cuda":
         if device.type != "cuda":
             return f"tensors are on {device.type}, the cuda backend needs CUDA tensors"
-        err = _cuda_module_error() or _cuda_driver_reason()
-        if err:
-            return err
-        return _cuda_arch_reason(device.index if device.index is not None else torch.cuda.current_device())
+        return importlib.import_module(_CUDA_AVAILABILITY).unavailable_reason(device)
     raise ValueError(f"unknown backend {name!r}")
-
-
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{v % 1000 // 10}"
-
-
-def driver_runtime_reason(driver: int, runtime: int) -> str | None:
-    """Why a CUDA runtime of version ``runtime`` cannot run under a driver that supports CUDA
-    ``driver`` (both 1000 * major + 10 * minor, as cudaDriverGetVersion gives them), or None.
-    A runtime runs on any driver of its major version or newer (minor version compatibility)."""
-    if driver <= 0:
-        return "no CUDA driver was found"
-    if driver // 1000 < runtime // 1000:
-        return (f"the CUDA driver supports CUDA {_cuda_version(driver)} but _C links the CUDA "
-                f"{_cuda_version(runtime)} runtime, which needs a driver for CUDA "
-                f"{runtime // 1000}.0 or newer (cudaErrorInsufficientDriver); update the driver, "
-                f"or rebuild _C with a CUDA {driver // 1000}.x toolkit")
-    return None
-
-
-@lru_cache(maxsize=None)
-def _cuda_driver_reason() -> str | None:
-    from . import _C
-    return driver_runtime_reason(_C.driver_version(), _C.runtime_version())
-
-
-@lru_cache(maxsize=None)
-def _cuda_arch_reason(index: int) -> str | None:
-    from . import _C
-    major, minor = torch.cuda.get_device_capability(index)
-    if not _C.supports_arch(major * 10 + minor):
-        return (f"_C was built for sm_{_C.built_archs()} but the device is "
-                f"sm_{major}{minor} (rebuild with JETSPEC_CUDA_ARCHS)")
-    return None
 
 
 def hardware_verified(name: str, fn: str | None) -> bool:

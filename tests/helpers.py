@@ -3,6 +3,7 @@ trees, input builders (random trees, paged caches, filter cases) and the CUDA si
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import shutil
 from functools import lru_cache
@@ -281,6 +282,12 @@ def cu():
     return c
 
 
+def backend_module(backend: str, fn: str):
+    """The module ``jetspec_kernels.<backend>.<fn>`` (the package's attribute ``fn`` is the
+    function), for its other names: launchers, launch plans, samplers."""
+    return importlib.import_module(f"jetspec_kernels.{backend}.{fn}")
+
+
 def sync(dev):
     """Wait for the GPU when ``dev`` is "cuda" (the simulator runs synchronously)."""
     if dev == "cuda":
@@ -288,7 +295,7 @@ def sync(dev):
 
 
 class DeviceGuardCheck:
-    """Fails a simulated test whose op calls _C, or takes the stream, outside ``U.on_device``: on a
+    """Fails a simulated test whose op calls _C, or takes the stream, outside ``ext.on_device``: on a
     GPU that call would launch on (and plan for) whatever device is current, not the tensors'."""
 
     def __init__(self):
@@ -304,7 +311,7 @@ class DeviceGuardCheck:
             self.depth -= 1
 
     def stream(self):
-        assert self.depth > 0, "U.stream() outside U.on_device"
+        assert self.depth > 0, "ext.stream() outside ext.on_device"
         return 0
 
     def wrap(self, module):
@@ -317,7 +324,7 @@ class DeviceGuardCheck:
                     return fn
 
                 def call(*args, **kwargs):
-                    assert check.depth > 0, f"_C.{name} called outside U.on_device"
+                    assert check.depth > 0, f"_C.{name} called outside ext.on_device"
                     return fn(*args, **kwargs)
                 return call
         return Guarded()
@@ -326,12 +333,12 @@ class DeviceGuardCheck:
 def use_sim(monkeypatch):
     """Install the simulated kernels as _C for CPU tensors (skips the test without g++)."""
     import jetspec_kernels
-    from jetspec_kernels.cuda import _util as U
+    from jetspec_kernels.cuda import extension as ext
 
     if shutil.which("g++") is None:
         pytest.skip("the CUDA simulator needs g++")
     guard = DeviceGuardCheck()
     monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(sim_module()), raising=False)
-    monkeypatch.setattr(U, "on_device", guard.on_device)
-    monkeypatch.setattr(U, "stream", guard.stream)
-    monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices
+    monkeypatch.setattr(ext, "on_device", guard.on_device)
+    monkeypatch.setattr(ext, "stream", guard.stream)
+    monkeypatch.setattr(ext, "sm_count", lambda index: 132)  # an H200's split-KV choices

@@ -101,8 +101,8 @@ def test_page_size_and_cache_outer_are_taken_by_name(sim):
 def test_python_enums_and_limits_are_C_s(sim):
     """limits.py (the contract limits ops check without _C) and every enum/limit the cuda
     backend reads agree with limits.h as _C exports it."""
-    from jetspec_kernels.cuda import _util as U
-    from jetspec_kernels.cuda import attention as A
+    from jetspec_kernels.cuda import extension as ext
+    from jetspec_kernels.cuda.tree_attention import cta_shape
     from jetspec_kernels.ops import draft_tree
     for module in (sim, pytest.importorskip("jetspec_kernels._C")):
         assert module.LIMITS["max_budget"] == limits.MAX_BUDGET == draft_tree.MAX_BUDGET
@@ -114,12 +114,12 @@ def test_python_enums_and_limits_are_C_s(sim):
         for name, values in module.ENUMS.items():  # the py::enum_ types carry the same codes
             assert {k: int(v) for k, v in getattr(module, name).__members__.items()} == values
     C = pytest.importorskip("jetspec_kernels._C")
-    assert U.enum("AttnKernel") == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}
-    assert U.limit("wgmma_head_dims") == C.LIMITS["wgmma_head_dims"] == (64, 128)
-    assert U.limit("walk_max_nodes") == C.LIMITS["walk_max_nodes"] == 4096
-    assert U.dtype_code(torch.empty(0, dtype=torch.bfloat16)) == 2
-    assert A.cta_shape(16, 4, "auto") == (C.LIMITS["attn_rows"], C.LIMITS["attn_ctas_per_sm"])
-    assert A.cta_shape(17, 4, "tma") == (C.LIMITS["attn_tma_wide_rows"], 1)
+    assert ext.enum("AttnKernel") == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}
+    assert ext.limit("wgmma_head_dims") == C.LIMITS["wgmma_head_dims"] == (64, 128)
+    assert ext.limit("walk_max_nodes") == C.LIMITS["walk_max_nodes"] == 4096
+    assert ext.dtype_code(torch.empty(0, dtype=torch.bfloat16)) == 2
+    assert cta_shape(16, 4, "auto") == (C.LIMITS["attn_rows"], C.LIMITS["attn_ctas_per_sm"])
+    assert cta_shape(17, 4, "tma") == (C.LIMITS["attn_tma_wide_rows"], 1)
 
 
 def params_members():

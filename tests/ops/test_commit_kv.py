@@ -6,8 +6,9 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Verdict
-from jetspec_kernels.triton import commit
-from helpers import DEV, backends, cu, paged, poisoned_empty, shuffled_table, sync
+from helpers import DEV, backend_module, backends, cu, paged, poisoned_empty, shuffled_table, sync
+
+commit = backend_module("triton", "commit_kv")
 
 
 @backends("sim", "cuda")

@@ -6,8 +6,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from jetspec_kernels.triton import tree_build as triton_tree
-from jetspec_kernels.triton import topk as triton_topk
+import jetspec_kernels.triton as triton_backend
 from helpers import (DEV, TOL, TREE_FIELDS, assert_padding, backends, cu, poisoned_empty, rel_l2,
                      sync, tree_difference, tree_fields)
 
@@ -207,7 +206,7 @@ def test_log_softmax_topk_blocks(B, D, V, k, block_v, dtype):
     x = (torch.randn(B, D, V, generator=gen) * 3).to(dtype)
     x[0, 0, 7] = x[0, 0, 3] = x[0, 0].max() + 1  # a tied maximum: the lower id comes first
     with poisoned_empty():
-        tok, lp = triton_topk.log_softmax_topk(x.to(DEV), k, block_v=block_v)
+        tok, lp = triton_backend.log_softmax_topk(x.to(DEV), k, block_v=block_v)
     want_tok, want_lp = ref.log_softmax_topk(x.double(), k)
     assert tok.dtype == torch.int32 and lp.dtype == torch.float32
     assert torch.equal(tok.cpu(), want_tok)
@@ -219,7 +218,7 @@ def test_log_softmax_topk_blocks(B, D, V, k, block_v, dtype):
 def test_log_softmax_topk_strided_rows():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(4, 6, 1000, generator=gen)[1::2, ::2]  # strided B and D, contiguous V
-    tok, lp = triton_topk.log_softmax_topk(x.to(DEV), 4, block_v=128)
+    tok, lp = triton_backend.log_softmax_topk(x.to(DEV), 4, block_v=128)
     want_tok, want_lp = ref.log_softmax_topk(x.double(), 4)
     assert torch.equal(tok.cpu(), want_tok)
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
@@ -236,7 +235,7 @@ def test_hidden_topk_triton_shapes(B, D, H, V, k, dtype):
     hidden = torch.randn(B, D, H, generator=gen).to(dtype)
     weight = torch.randn(V, H, generator=gen).to(dtype)
     with poisoned_empty():
-        tok, lp = triton_topk.hidden_topk(hidden.to(DEV), weight.to(DEV), k)
+        tok, lp = triton_backend.hidden_topk(hidden.to(DEV), weight.to(DEV), k)
     want_tok, want_lp = ref.log_softmax_topk(hidden.double() @ weight.double().T, k)
     assert torch.equal(tok.cpu(), want_tok)
     # fp16 inputs are exact in fp32; only the accumulation order differs from float64
@@ -361,7 +360,7 @@ def test_build_tree_continuous_and_strided(algorithm):
     lp = sorted_logprobs(gen, 5, 4, 6).transpose(0, 1).contiguous().transpose(0, 1)
     tok = torch.randint(0, 1000, (5, 4, 6), generator=gen, dtype=torch.int32)
     root = torch.arange(5, dtype=torch.int32)
-    got = triton_tree.build_tree(tok.to(DEV), lp.to(DEV), root.to(DEV), 45, algorithm)
+    got = triton_backend.build_tree(tok.to(DEV), lp.to(DEV), root.to(DEV), 45, algorithm)
     check_tree_exact(got, ref.build_tree(tok, lp, root, 45, algorithm))
 
 
@@ -456,7 +455,7 @@ def test_bf16_logits(B, D, V, K, budget, algorithm):
     logits = (torch.randn(B, D, V, generator=gen) * 4).to(torch.bfloat16)
     root = torch.randint(0, V, (B,), generator=gen, dtype=torch.int32)
     with poisoned_empty():
-        tok, lp = triton_topk.log_softmax_topk(logits.to(DEV), K)
+        tok, lp = triton_backend.log_softmax_topk(logits.to(DEV), K)
     want_tok, want_lp = ref.log_softmax_topk(logits.double(), K)
     assert torch.equal(tok.cpu(), want_tok)
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
@@ -477,7 +476,7 @@ def test_gpu_bf16_hidden_topk():
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(1, 15, 256, generator=gen).to(torch.bfloat16)
     weight = (torch.randn(151936, 256, generator=gen) / 16).to(torch.bfloat16)
-    tok, lp = triton_topk.hidden_topk(hidden.cuda(), weight.cuda(), 8)
+    tok, lp = triton_backend.hidden_topk(hidden.cuda(), weight.cuda(), 8)
     want_tok, want_lp = ref.log_softmax_topk(hidden.double() @ weight.double().T, 8)
     assert torch.equal(tok.cpu(), want_tok)
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
@@ -491,5 +490,5 @@ def test_gpu_large_budget(algorithm):
     lp = sorted_logprobs(gen, 2, 20, 16, levels=4)
     tok = torch.randint(0, 151936, (2, 20, 16), generator=gen, dtype=torch.int32)
     root = torch.tensor([1, 2], dtype=torch.int32)
-    got = triton_tree.build_tree(tok.cuda(), lp.cuda(), root.cuda(), 4096, algorithm)
+    got = triton_backend.build_tree(tok.cuda(), lp.cuda(), root.cuda(), 4096, algorithm)
     check_tree_exact(got, ref.build_tree(tok, lp, root, 4096, algorithm))

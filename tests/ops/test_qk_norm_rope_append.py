@@ -6,8 +6,9 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from jetspec_kernels.triton import rope
-from helpers import DEV, TOL, backends, cu, paged, rel_l2, shuffled_table, sync
+from helpers import DEV, TOL, backend_module, backends, cu, paged, rel_l2, shuffled_table, sync
+
+rope = backend_module("triton", "qk_norm_rope_append")
 
 
 def sentinel_caches(shape, cache_dtype, is_paged, gen):

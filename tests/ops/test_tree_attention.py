@@ -13,8 +13,9 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
-from jetspec_kernels.triton import attention as TA
-from helpers import TOL, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
+from helpers import TOL, backend_module, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
+
+TA = backend_module("triton", "tree_attention")
 
 
 ATTN_CASES = [
@@ -32,7 +33,7 @@ ATTN_CASES = [
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel != "mma" and dh not in cu()._util.limit("wgmma_head_dims"):
+    if kernel != "mma" and dh not in cu().extension.limit("wgmma_head_dims"):
         pytest.skip("the sm_90a kernels take head dims 64 and 128")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320

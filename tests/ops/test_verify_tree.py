@@ -6,9 +6,11 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Tree
-from jetspec_kernels.triton import verify
-from helpers import (DEV, VERIFY_KEYS, backends, cu, filter_case, kept_by_thresholds,
-                     poisoned_empty, random_tree, skip_on_interpreter, steering_logits, sync)
+from helpers import (DEV, VERIFY_KEYS, backend_module, backends, cu, filter_case,
+                     kept_by_thresholds, poisoned_empty, random_tree, skip_on_interpreter,
+                     steering_logits, sync)
+
+verify = backend_module("triton", "verify_tree")
 
 
 def verify_on(backend, tokens, parents, num_nodes, max_depth, logits=None, target=None,
@@ -58,7 +60,8 @@ def thresholds_on(backend, logits, temperature, top_k=None, top_p=None):
     """``backend``'s filter step on its own (poisoned outputs) -> (thr_x, thr_id) on the CPU."""
     dev = backend.device
     to = lambda t: None if t is None else t.to(dev)
-    fn = verify.filter_thresholds if backend.name == "triton" else cu().verify.filter_thresholds
+    fn = backend_module(backend.name if backend.name == "triton" else "cuda",
+                        "verify_tree").filter_thresholds
     with poisoned_empty():
         thr = fn(logits.to(dev), temperature.to(dev), to(top_k), to(top_p))
     sync(dev)
@@ -283,7 +286,7 @@ def test_sibling_token_ties_lowest_index_wins(backend):
 def test_verify_tree_walk_limit(dev):
     # The cuda walk stages at most walk_max_nodes nodes; a larger tree is an error from the
     # launcher (and `auto` never sends one there). triton has no such limit.
-    n = cu()._util.limit("walk_max_nodes")
+    n = cu().extension.limit("walk_max_nodes")
     tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
     parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
@@ -398,8 +401,9 @@ def test_verify_tree_filters_survive_nan_logits(dev):
     temp = torch.tensor([1.0, 0.5])
     for k_, p_ in ((torch.tensor([5, 0], dtype=torch.int32), None), (None, torch.tensor([0.5, 0.3])),
                    (torch.tensor([5, 0], dtype=torch.int32), torch.tensor([0.5, 0.3]))):
-        cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
-                                      None if p_ is None else p_.to(dev))
+        backend_module("cuda", "verify_tree").filter_thresholds(
+            logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
+            None if p_ is None else p_.to(dev))
     sync(dev)
 
 
