@@ -60,22 +60,22 @@ Status check_verify_walk(const VerifyWalkParams& p) {
 }
 }  // namespace
 
-Status launch_sample_filter(const SampleFilterParams& p, int logits_dtype, cudaStream_t stream) {
-  if (logits_dtype != kFloat32 && logits_dtype != kFloat16 && logits_dtype != kBFloat16)
-    return bad_dtype("dtype", logits_dtype, kAllDtypes);
+Status launch_sample_filter(const SampleFilterParams& p, cudaStream_t stream) {
+  if (p.dtype != kFloat32 && p.dtype != kFloat16 && p.dtype != kBFloat16)
+    return bad_dtype("dtype", p.dtype, kAllDtypes);
   JETSPEC_RETURN_IF_FAILED(check_sample_filter(p));
-  switch (logits_dtype) {
+  switch (p.dtype) {
     case kFloat32: return sample_filter<float>(p, stream);
     case kFloat16: return sample_filter<__half>(p, stream);
     default: return sample_filter<__nv_bfloat16>(p, stream);
   }
 }
 
-Status launch_target_tokens(const TargetTokenParams& p, int logits_dtype, cudaStream_t stream) {
-  if (logits_dtype != kFloat32 && logits_dtype != kFloat16 && logits_dtype != kBFloat16)
-    return bad_dtype("dtype", logits_dtype, kAllDtypes);
+Status launch_target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
+  if (p.dtype != kFloat32 && p.dtype != kFloat16 && p.dtype != kBFloat16)
+    return bad_dtype("dtype", p.dtype, kAllDtypes);
   JETSPEC_RETURN_IF_FAILED(check_target_tokens(p));
-  switch (logits_dtype) {
+  switch (p.dtype) {
     case kFloat32: return target_tokens<float>(p, stream);
     case kFloat16: return target_tokens<__half>(p, stream);
     default: return target_tokens<__nv_bfloat16>(p, stream);

@@ -70,12 +70,12 @@ inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
 }
 
 template <typename E>
-Status commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t stream) {
+Status commit_kv(const CommitParams& p, cudaStream_t stream) {
   // Every check comes before the first launch: the K/V moves are in place.
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, 65535));  // grid y of the gather
   const bool gather = p.hidden_rows != nullptr && p.hidden_dim != 0;
-  const int hb = hidden_elem_bytes;
+  const int hb = p.hidden_elem_bytes;
   if (gather && hb != 2 && hb != 4)
     return bad_input("hidden_elem_bytes ", hb, " is not 2 or 4");
   if (p.batch == 0) return cudaSuccess;

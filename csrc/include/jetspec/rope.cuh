@@ -124,7 +124,8 @@ template <typename T, typename TC>
 Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("dh", p.dh, 0, kRopeMaxHeadDim));
   if (p.dh % 2 != 0) return bad_input("dh ", p.dh, " is not even (RoPE rotates halves)");
-  if (p.q != nullptr && p.q_out == nullptr) return bad_input("q needs q_out");
+  if ((p.q == nullptr) != (p.q_out == nullptr))
+    return bad_input("q and q_out must both be set or both be 0");
   if (p.q != nullptr && p.q_norm_w == nullptr) return bad_input("q needs q_norm_w");
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
