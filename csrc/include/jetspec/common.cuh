@@ -12,6 +12,7 @@
 
 #include "jetspec/params.h"
 #include "jetspec/pdl.cuh"
+#include "jetspec/primitives/warp_reduce.cuh"
 #include "jetspec/status.h"
 
 namespace jetspec {
@@ -71,33 +72,6 @@ __device__ __forceinline__ int64_t cache_offset(const Strides4& st, const int32_
   if (block_table == nullptr) return b * st.s0 + p * st.s1 + h * st.s2;
   const int page = block_table[b * bt_stride + p / page_size];
   return page * st.s0 + (p % page_size) * st.s1 + h * st.s2;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Warp-wide best of each lane's (v, i) by the strict order better(av, ai, bv, bi); every lane
-// gets the winner.
-template <typename Better>
-__device__ __forceinline__ void warp_best(float& v, int& i, Better better) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 }  // namespace jetspec
