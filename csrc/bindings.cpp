@@ -255,7 +255,7 @@ void define_launchers(py::module_& m, py::dict& t) {
       launch_target_tokens,
       "Per (valid node, vocab split): the best logit (temperature 0 or null) or seeded "
       "Gumbel-max value over the tokens kept by thr_x / thr_id (when given) and its token, into "
-      "part_v / part_i [B * N, splits].");
+      "partial_value / partial_token [B * N, splits].");
   define_launcher<VerifyWalkParams>(
       m, t, "verify_walk", {JETSPEC_VERIFY_WALK_FIELDS(JETSPEC_BIND_FIELD)}, launch_verify_walk,
       "Acceptance walk: accept_len, path, bonus, emitted.");

@@ -52,8 +52,8 @@ Status check_verify_walk(const VerifyWalkParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 1, kWalkMaxNodes));
   JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1));
   if (p.target == nullptr) {
-    if (p.part_v == nullptr || p.part_i == nullptr)
-      return bad_input("target = 0 needs part_v and part_i");
+    if (p.partial_value == nullptr || p.partial_token == nullptr)
+      return bad_input("target = 0 needs partial_value and partial_token");
     JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1));
   }
   return Status();

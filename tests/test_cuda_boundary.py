@@ -50,8 +50,9 @@ def test_argument_errors_name_the_argument(sim):
         sim.tree_attention(**{**kw, "q": "0"})
     with pytest.raises(TypeError, match=prefix + "argument 'scale' must be float, got NoneType$"):
         sim.tree_attention(**{**kw, "scale": None})
-    with pytest.raises(TypeError, match=prefix + r"argument 'sk' must be list\[int\].*, got int$"):
-        sim.tree_attention(**{**kw, "sk": 3})
+    wrong = r"argument 'k_cache_strides' must be list\[int\].*, got int$"
+    with pytest.raises(TypeError, match=prefix + wrong):
+        sim.tree_attention(**{**kw, "k_cache_strides": 3})
     with pytest.raises(TypeError, match=prefix + "takes 30 arguments, got 31 positional$"):
         sim.tree_attention(*kw.values(), 0)
     with pytest.raises(TypeError, match=r"verify_walk: argument 'n' must be int, got bool$"):
@@ -77,12 +78,14 @@ def test_page_size_and_cache_outer_are_taken_by_name(sim):
     for order in (("page_size", "cache_outer"), ("cache_outer", "page_size")):
         out = torch.zeros_like(q)
         sizes = {"page_size": 16, "cache_outer": 3}
-        kw = dict(q=q.data_ptr(), sq=list(q.stride()[:3]), k_cache=pages.data_ptr(),
-                  v_cache=vpages.data_ptr(), sk=list(pages.stride()[:3]),
-                  sv=list(vpages.stride()[:3]), block_table=table.data_ptr(), bt_stride=2,
+        kw = dict(q=q.data_ptr(), q_strides=list(q.stride()[:3]), k_cache=pages.data_ptr(),
+                  v_cache=vpages.data_ptr(), k_cache_strides=list(pages.stride()[:3]),
+                  v_cache_strides=list(vpages.stride()[:3]), block_table=table.data_ptr(),
+                  block_table_batch_stride=2,
                   **{name: sizes[name] for name in order}, prefix_lens=prefix.data_ptr(),
-                  tree_mask=0, sm0=0, sm1=0, tail=1, out=out.data_ptr(), so=list(out.stride()[:3]),
-                  lse=0, part_o=0, part_lse=0, batch=1, n=4, hq=2, hkv=1, splits=1, scale=0.125,
+                  tree_mask=0, tree_mask_batch_stride=0, tree_mask_row_stride=0, tail=1,
+                  out=out.data_ptr(), out_strides=list(out.stride()[:3]), lse=0, partial_o=0,
+                  partial_lse=0, batch=1, n=4, hq=2, hkv=1, splits=1, scale=0.125,
                   dtype=1, head_dim=64, kernel=1, stream=0)
         sim.tree_attention(**kw)
         outs.append(out)

@@ -81,15 +81,17 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
             part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
         _C.tree_attention(
-            q=U.ptr(q), sq=U.strides3(q), k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache),
-            sk=U.strides3(k_cache), sv=U.strides3(v_cache), block_table=U.ptr(block_table),
-            bt_stride=0 if block_table is None else block_table.stride(0),
+            q=U.ptr(q), q_strides=U.strides3(q), k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache),
+            k_cache_strides=U.strides3(k_cache), v_cache_strides=U.strides3(v_cache),
+            block_table=U.ptr(block_table),
+            block_table_batch_stride=0 if block_table is None else block_table.stride(0),
             page_size=k_cache.shape[1], cache_outer=k_cache.shape[0],
             prefix_lens=U.ptr(prefix_lens), tree_mask=U.ptr(tree_mask),
-            sm0=0 if tree_mask is None else tree_mask.stride(0),
-            sm1=0 if tree_mask is None else tree_mask.stride(1), tail=U.enum("AttnTail")[mode],
-            out=U.ptr(out_buf), so=U.strides3(out_buf), lse=U.ptr(lse_buf), part_o=U.ptr(part_o),
-            part_lse=U.ptr(part_lse), batch=b, n=n, hq=hq, hkv=hkv, splits=num_splits,
+            tree_mask_batch_stride=0 if tree_mask is None else tree_mask.stride(0),
+            tree_mask_row_stride=0 if tree_mask is None else tree_mask.stride(1),
+            tail=U.enum("AttnTail")[mode], out=U.ptr(out_buf), out_strides=U.strides3(out_buf),
+            lse=U.ptr(lse_buf), partial_o=U.ptr(part_o), partial_lse=U.ptr(part_lse), batch=b,
+            n=n, hq=hq, hkv=hkv, splits=num_splits,
             scale=float(scale), dtype=U.dtype_code(q), head_dim=dh, kernel=kernel,
             stream=U.stream())
         if out_buf is not out:

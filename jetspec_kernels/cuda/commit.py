@@ -28,13 +28,15 @@ def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.
             hidden_dim = hidden.shape[2]
             rows = torch.empty(b, cols, hidden_dim, device=dev, dtype=hidden.dtype)
             sh0, sh1, helem = hidden.stride(0), hidden.stride(1), hidden.element_size()
-        _C.commit_kv(k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache), sk=U.strides3(k_cache),
-                     sv=U.strides3(v_cache), block_table=U.ptr(table),
-                     bt_stride=0 if table is None else table.stride(0),
+        _C.commit_kv(k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache),
+                     k_cache_strides=U.strides3(k_cache), v_cache_strides=U.strides3(v_cache),
+                     block_table=U.ptr(table),
+                     block_table_batch_stride=0 if table is None else table.stride(0),
                      prefix_lens=U.ptr(prefix_lens), path=U.ptr(path), accept_len=U.ptr(accept_len),
-                     new_prefix_lens=U.ptr(new_lens), hidden=U.ptr(hidden), sh0=sh0, sh1=sh1,
+                     new_prefix_lens=U.ptr(new_lens), hidden=U.ptr(hidden),
+                     hidden_batch_stride=sh0, hidden_row_stride=sh1,
                      hidden_rows=0 if hidden is None else U.ptr(rows), batch=b, cols=cols,
-                     hkv=k_cache.shape[2], dh=k_cache.shape[3], page_size=k_cache.shape[1],
+                     hkv=k_cache.shape[2], head_dim=k_cache.shape[3], page_size=k_cache.shape[1],
                      hidden_dim=hidden_dim, cache_elem_bytes=k_cache.element_size(),
                      hidden_elem_bytes=helem, stream=U.stream())
         return new_lens, rows

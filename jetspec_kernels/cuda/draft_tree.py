@@ -17,7 +17,8 @@ def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
         tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
         logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)
         ws = torch.empty(_C.topk_workspace_bytes(b * d, v, k), device=logits.device, dtype=torch.uint8)
-        _C.log_softmax_topk(logits=U.ptr(logits), s0=logits.stride(0), s1=logits.stride(1),
+        _C.log_softmax_topk(logits=U.ptr(logits), logits_batch_stride=logits.stride(0),
+                            logits_row_stride=logits.stride(1),
                             tokens=U.ptr(tokens), logprobs=U.ptr(logprobs), workspace=U.ptr(ws),
                             batch=b, depth=d, vocab=v, k=k, dtype=U.dtype_code(logits),
                             stream=U.stream())
@@ -54,8 +55,9 @@ def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
         logprobs = torch.empty(b, d, k, device=hidden.device, dtype=torch.float32)
         ws = torch.empty(_C.hidden_topk_workspace_bytes(b * d, v, k), device=hidden.device,
                          dtype=torch.uint8)
-        _C.hidden_topk(hidden=U.ptr(hidden), sh0=hidden.stride(0), sh1=hidden.stride(1),
-                       weight=U.ptr(lm_head_weight), sw0=lm_head_weight.stride(0),
+        _C.hidden_topk(hidden=U.ptr(hidden), hidden_batch_stride=hidden.stride(0),
+                       hidden_row_stride=hidden.stride(1),
+                       weight=U.ptr(lm_head_weight), weight_row_stride=lm_head_weight.stride(0),
                        tokens=U.ptr(tokens), logprobs=U.ptr(logprobs), workspace=U.ptr(ws),
                        batch=b, depth=d, hidden_dim=h, vocab=v, k=k,
                        dtype=U.dtype_code(hidden), stream=U.stream())

@@ -24,9 +24,11 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
             q=U.ptr(q), k=U.ptr(k), v=U.ptr(v), q_norm_w=U.ptr(qw), k_norm_w=U.ptr(kw),
             positions=U.ptr(pos), cache_start=U.ptr(start), q_out=U.ptr(q_out),
             k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache), block_table=U.ptr(table),
-            sq=[0, 0, 0] if q is None else U.strides3(q), sk=U.strides3(k), sv=U.strides3(v),
-            sc=U.strides3(k_cache), svc=U.strides3(v_cache),
-            bt_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq, hkv=hkv, dh=dh,
+            q_strides=[0, 0, 0] if q is None else U.strides3(q), k_strides=U.strides3(k),
+            v_strides=U.strides3(v), k_cache_strides=U.strides3(k_cache),
+            v_cache_strides=U.strides3(v_cache),
+            block_table_batch_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq,
+            hkv=hkv, head_dim=dh,
             page_size=k_cache.shape[1], theta=float(rope_theta), eps=float(eps),
             dtype=U.dtype_code(k), cache_dtype=U.dtype_code(k_cache), stream=U.stream())
 

@@ -55,9 +55,10 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
             if sample and (top_k is not None or top_p is not None):
                 thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
             _C.verify_target_tokens(
-                logits=U.ptr(target_logits), s0=target_logits.stride(0),
-                s1=target_logits.stride(1), num_nodes=U.ptr(num_nodes), seed=U.ptr(seed_t),
-                offset=U.ptr(offset_t), part_v=U.ptr(part_v), part_i=U.ptr(part_i), batch=b, n=n,
+                logits=U.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
+                logits_row_stride=target_logits.stride(1), num_nodes=U.ptr(num_nodes),
+                seed=U.ptr(seed_t), offset=U.ptr(offset_t), partial_value=U.ptr(part_v),
+                partial_token=U.ptr(part_i), batch=b, n=n,
                 vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=U.ptr(temp_t),
                 thr_x=U.ptr(thr_x), thr_id=U.ptr(thr_id), dtype=U.dtype_code(target_logits),
                 stream=U.stream())
@@ -68,8 +69,9 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         bonus = torch.empty(b, device=dev, dtype=torch.int32)
         emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
         _C.verify_walk(tokens=U.ptr(tokens), parents=U.ptr(parents), num_nodes=U.ptr(num_nodes),
-                       target=U.ptr(target), target_stride=0 if target is None else target.stride(0),
-                       part_v=U.ptr(part_v), part_i=U.ptr(part_i), splits=splits,
+                       target=U.ptr(target),
+                       target_batch_stride=0 if target is None else target.stride(0),
+                       partial_value=U.ptr(part_v), partial_token=U.ptr(part_i), splits=splits,
                        accept_len=U.ptr(accept_len), path=U.ptr(path), bonus=U.ptr(bonus),
                        emitted=U.ptr(emitted), batch=b, n=n, cols=cols, stream=U.stream())
         return accept_len, path, bonus, emitted
@@ -104,7 +106,8 @@ def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
     thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
     top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
     top_p = None if top_p is None else top_p.contiguous()
-    _C.verify_sample_filter(logits=U.ptr(logits), s0=logits.stride(0), s1=logits.stride(1),
+    _C.verify_sample_filter(logits=U.ptr(logits), logits_batch_stride=logits.stride(0),
+                            logits_row_stride=logits.stride(1),
                             num_nodes=U.ptr(num_nodes), temperature=U.ptr(temperature),
                             top_k=U.ptr(top_k), top_p=U.ptr(top_p), thr_x=U.ptr(thr_x),
                             thr_id=U.ptr(thr_id), batch=b, n=n, vocab=v, vec=vec,

@@ -22,11 +22,12 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
   if (blockIdx.y == 0 && threadIdx.x == 0) p.new_prefix_lens[b] = pre + acc + 1;
   char* kc = static_cast<char*>(p.k_cache);
   char* vc = static_cast<char*>(p.v_cache);
-  const int per_head = p.dh * elem_bytes / static_cast<int>(sizeof(U));
+  const int per_head = p.head_dim * elem_bytes / static_cast<int>(sizeof(U));
   const int row = p.hkv * per_head;
   auto unit = [&](char* base, const Strides4& st, int pos, int h, int d) {
     return reinterpret_cast<U*>(
-               base + cache_offset(st, p.block_table, p.bt_stride, p.page_size, b, pos, h) *
+               base + cache_offset(st, p.block_table, p.block_table_batch_stride, p.page_size, b,
+                                   pos, h) *
                           elem_bytes) + d;
   };
   for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < row; e += gridDim.y * blockDim.x) {
@@ -34,8 +35,8 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
     for (int i = 0; i <= acc; ++i) {
       const int src = pre + path[i], dst = pre + i;
       if (src == dst) continue;
-      *unit(kc, p.sk, dst, h, d) = *unit(kc, p.sk, src, h, d);
-      *unit(vc, p.sv, dst, h, d) = *unit(vc, p.sv, src, h, d);
+      *unit(kc, p.k_cache_strides, dst, h, d) = *unit(kc, p.k_cache_strides, src, h, d);
+      *unit(vc, p.v_cache_strides, dst, h, d) = *unit(vc, p.v_cache_strides, src, h, d);
     }
   }
 }
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p, int 
   const bool on_path = i <= p.accept_len[b];
   const U* src = nullptr;
   if (on_path) {
-    const int64_t off = b * p.sh0 + p.path[b * p.cols + i] * p.sh1;
+    const int64_t off = b * p.hidden_batch_stride + p.path[b * p.cols + i] * p.hidden_row_stride;
     src = reinterpret_cast<const U*>(static_cast<const char*>(p.hidden) + off * elem_bytes);
   }
   for (int e = threadIdx.x; e < units; e += blockDim.x) dst[e] = on_path ? src[e] : U{};
@@ -80,9 +81,10 @@ Status commit_kv(const CommitParams& p, cudaStream_t stream) {
     return bad_input("hidden_elem_bytes ", hb, " is not 2 or 4");
   if (p.batch == 0) return cudaSuccess;
   const int eb = static_cast<int>(sizeof(E));
-  const bool vec = rows_aligned16(p.k_cache, eb, p.dh, {p.sk.s0, p.sk.s1, p.sk.s2}) &&
-                   rows_aligned16(p.v_cache, eb, p.dh, {p.sv.s0, p.sv.s1, p.sv.s2});
-  const int units = p.hkv * p.dh * eb / (vec ? 16 : eb);
+  const Strides4 &ks = p.k_cache_strides, &vs = p.v_cache_strides;
+  const bool vec = rows_aligned16(p.k_cache, eb, p.head_dim, {ks.batch, ks.row, ks.head}) &&
+                   rows_aligned16(p.v_cache, eb, p.head_dim, {vs.batch, vs.row, vs.head});
+  const int units = p.hkv * p.head_dim * eb / (vec ? 16 : eb);
   const int chunks = units > 0 ? min(ceil_div(units, 256), 64) : 1;
   if (vec) {
     JETSPEC_LAUNCH(commit_kv_kernel<uint4>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
@@ -92,7 +94,7 @@ Status commit_kv(const CommitParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (!gather) return cudaSuccess;
   const dim3 grid(p.batch, p.cols);
-  if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.sh0, p.sh1}) &&
+  if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.hidden_batch_stride, p.hidden_row_stride}) &&
       rows_aligned16(p.hidden_rows, hb, p.hidden_dim, {})) {
     JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, 256, 0, stream, p, hb);
   } else if (hb == 2) {

@@ -67,11 +67,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 
 // Element offset of logical cache position p of sequence b, kv head h (contiguous or paged).
 __device__ __forceinline__ int64_t cache_offset(const Strides4& st, const int32_t* block_table,
-                                                int64_t bt_stride, int page_size, int b, int p,
-                                                int h) {
-  if (block_table == nullptr) return b * st.s0 + p * st.s1 + h * st.s2;
-  const int page = block_table[b * bt_stride + p / page_size];
-  return page * st.s0 + (p % page_size) * st.s1 + h * st.s2;
+                                                int64_t block_table_batch_stride, int page_size,
+                                                int b, int p, int h) {
+  if (block_table == nullptr) return b * st.batch + p * st.row + h * st.head;
+  const int page = block_table[b * block_table_batch_stride + p / page_size];
+  return page * st.batch + (p % page_size) * st.row + h * st.head;
 }
 
 }  // namespace jetspec

@@ -181,13 +181,15 @@ __global__ void __launch_bounds__(kHtThreads) hidden_topk_partial_kernel(HiddenT
     for (int c = tid; c < kHtTileV * CH; c += kHtThreads) {
       const int r = c / CH, col = (c % CH) * 8;
       const bool ok = v0 + r < v_end && h0 + col < p.hidden_dim;
-      cp_async_16(dw + r * kHtLd + col, ok ? w + (v0 + r) * p.sw0 + h0 + col : w, ok);
+      cp_async_16(dw + r * kHtLd + col, ok ? w + (v0 + r) * p.weight_row_stride + h0 + col : w, ok);
     }
     for (int c = tid; c < BM * CH; c += kHtThreads) {
       const int r = c / CH, col = (c % CH) * 8;
       const int m = m0 + r;
       const bool ok = m < rows && h0 + col < p.hidden_dim;
-      const T* src = ok ? x + (m / p.depth) * p.sh0 + (m % p.depth) * p.sh1 + h0 + col : x;
+      const T* src = ok ? x + (m / p.depth) * p.hidden_batch_stride +
+                              (m % p.depth) * p.hidden_row_stride + h0 + col
+                        : x;
       cp_async_16(dx + r * kHtLd + col, src, ok);
     }
   };

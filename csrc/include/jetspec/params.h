@@ -13,10 +13,11 @@
 
 namespace jetspec {
 
-// Strides (in elements) of a 4-d tensor such as q [B, N, H, D] or a cache [B|P, L|page, H, D];
+// Strides (in elements) of dims 0..2 of a 4-d tensor such as q [B, N, H, D] or a cache
+// [B|P, L|page, H, D]: batch (or page of a paged cache), row (token, or slot in the page), head;
 // the last dimension is contiguous (checked by the ops layer).
 struct Strides4 {
-  int64_t s0, s1, s2;
+  int64_t batch, row, head;
 };
 
 // A Python bool, kept as a 32-bit int in the structs (a bool member costs sample_filter_kernel
@@ -26,46 +27,46 @@ enum Flag : int32_t { kFalse = 0, kTrue = 1 };
 #define JETSPEC_MEMBER(type, name) type name;
 
 // pack_mask (pack_mask.cuh).
-#define JETSPEC_PACK_MASK_FIELDS(X)                                                        \
-  X(const int32_t*, parents)   /* [B, N] contiguous */                                     \
-  X(const int32_t*, num_nodes) /* [B] */                                                   \
-  X(int32_t*, mask)            /* [B, N, W] contiguous */                                  \
-  X(int, batch)                                                                            \
-  X(int, n)                                                                                \
-  X(int, words)                /* W = ceil(N / 32) */
+#define JETSPEC_PACK_MASK_FIELDS(X)                                                         \
+  X(const int32_t*, parents)      /* [B, N] contiguous */                                   \
+  X(const int32_t*, num_nodes)    /* [B] */                                                 \
+  X(int32_t*, mask)               /* [B, N, W] contiguous */                                \
+  X(int, batch)                                                                             \
+  X(int, n)                                                                                 \
+  X(int, words)                   /* W = ceil(N / 32) */
 struct PackMaskParams {
   JETSPEC_PACK_MASK_FIELDS(JETSPEC_MEMBER)
 };
 
 // qk_norm_rope_append (rope.cuh). A null q (with q_out and q_norm_w null) appends K/V only.
-#define JETSPEC_ROPE_FIELDS(X)                                                             \
-  X(const void*, q)                                                                        \
-  X(const void*, k)                                                                        \
-  X(const void*, v)                                                                        \
-  X(const float*, q_norm_w)       /* [Dh] fp32 */                                          \
-  X(const float*, k_norm_w)       /* [Dh] fp32 */                                          \
-  X(const int32_t*, positions)    /* [B, N] contiguous */                                  \
-  X(const int32_t*, cache_start)  /* [B] or null (then slot = position) */                 \
-  X(void*, q_out)                 /* [B, N, Hq, Dh] contiguous */                          \
-  X(void*, k_cache)                                                                        \
-  X(void*, v_cache)                                                                        \
-  X(const int32_t*, block_table)  /* [B, max_pages] or null */                             \
-  X(Strides4, sq)                 /* q */                                                  \
-  X(Strides4, sk)                 /* k */                                                  \
-  X(Strides4, sv)                 /* v */                                                  \
-  X(Strides4, sc)                 /* k_cache */                                            \
-  X(Strides4, svc)                /* v_cache (k_cache's shape, its own strides) */         \
-  X(int64_t, bt_stride)                                                                    \
-  X(int, batch)                                                                            \
-  X(int, n)                                                                                \
-  X(int, hq)                                                                               \
-  X(int, hkv)                                                                              \
-  X(int, dh)                                                                               \
-  X(int, page_size)                                                                        \
-  X(double, theta)  /* inv_freq = theta ** (-2i/dh) in double, rounded to float once */    \
-  X(float, eps)                                                                            \
-  X(int, dtype)        /* q, k, v and q_out */                                             \
-  X(int, cache_dtype)  /* k_cache and v_cache */
+#define JETSPEC_ROPE_FIELDS(X)                                                              \
+  X(const void*, q)                                                                         \
+  X(const void*, k)                                                                         \
+  X(const void*, v)                                                                         \
+  X(const float*, q_norm_w)       /* [Dh] fp32 */                                           \
+  X(const float*, k_norm_w)       /* [Dh] fp32 */                                           \
+  X(const int32_t*, positions)    /* [B, N] contiguous */                                   \
+  X(const int32_t*, cache_start)  /* [B] or null (then slot = position) */                  \
+  X(void*, q_out)                 /* [B, N, Hq, Dh] contiguous */                           \
+  X(void*, k_cache)                                                                         \
+  X(void*, v_cache)                                                                         \
+  X(const int32_t*, block_table)  /* [B, max_pages] or null */                              \
+  X(Strides4, q_strides)                                                                    \
+  X(Strides4, k_strides)                                                                    \
+  X(Strides4, v_strides)                                                                    \
+  X(Strides4, k_cache_strides)                                                              \
+  X(Strides4, v_cache_strides)    /* k_cache's shape, its own strides */                    \
+  X(int64_t, block_table_batch_stride)                                                      \
+  X(int, batch)                                                                             \
+  X(int, n)                                                                                 \
+  X(int, hq)                                                                                \
+  X(int, hkv)                                                                               \
+  X(int, head_dim)                                                                          \
+  X(int, page_size)                                                                         \
+  X(double, theta)                /* inv_freq = theta ** (-2i/head_dim), double, to float */\
+  X(float, eps)                                                                             \
+  X(int, dtype)                   /* q, k, v and q_out */                                   \
+  X(int, cache_dtype)             /* k_cache and v_cache */
 struct RopeParams {
   JETSPEC_ROPE_FIELDS(JETSPEC_MEMBER)
 };
@@ -73,153 +74,153 @@ struct RopeParams {
 // verify_tree, phase 0 (top-k / top-p only): per node, the last token the filters keep, as a
 // threshold: token v is kept iff x > thr_x or (x == thr_x and v <= thr_id), x = logit / T
 // (verify.cuh).
-#define JETSPEC_SAMPLE_FILTER_FIELDS(X)                                                    \
-  X(const void*, logits)         /* [B, N, V] */                                           \
-  X(int64_t, s0)                 /* strides of dims 0 and 1 (dim 2 contiguous) */          \
-  X(int64_t, s1)                                                                           \
-  X(const int32_t*, num_nodes)   /* [B] */                                                 \
-  X(const float*, temperature)   /* [B]; <= 0: greedy sequence (kept: everything) */       \
-  X(const int32_t*, top_k)       /* [B] or null; 0 < k < V is on */                        \
-  X(const float*, top_p)         /* [B] or null; < 1 is on */                              \
-  X(float*, thr_x)               /* [B * N] */                                             \
-  X(int32_t*, thr_id)            /* [B * N] */                                             \
-  X(int, batch)                                                                            \
-  X(int, n)                                                                                \
-  X(int, vocab)                                                                            \
-  X(Flag, vec)                   /* rows are 16-byte aligned (vector loads) */             \
-  X(int, dtype)                  /* logits */
+#define JETSPEC_SAMPLE_FILTER_FIELDS(X)                                                     \
+  X(const void*, logits)          /* [B, N, V] */                                           \
+  X(int64_t, logits_batch_stride) /* dims 0 and 1 (dim 2 contiguous) */                     \
+  X(int64_t, logits_row_stride)                                                             \
+  X(const int32_t*, num_nodes)    /* [B] */                                                 \
+  X(const float*, temperature)    /* [B]; <= 0: greedy sequence (kept: everything) */       \
+  X(const int32_t*, top_k)        /* [B] or null; 0 < k < V is on */                        \
+  X(const float*, top_p)          /* [B] or null; < 1 is on */                              \
+  X(float*, thr_x)                /* [B * N] */                                             \
+  X(int32_t*, thr_id)             /* [B * N] */                                             \
+  X(int, batch)                                                                             \
+  X(int, n)                                                                                 \
+  X(int, vocab)                                                                             \
+  X(Flag, vec)                    /* rows are 16-byte aligned (vector loads) */             \
+  X(int, dtype)                   /* logits */
 struct SampleFilterParams {
   JETSPEC_SAMPLE_FILTER_FIELDS(JETSPEC_MEMBER)
 };
 
 // verify_tree, phase 1: per (node, vocab split) the best target logit (verify.cuh).
-#define JETSPEC_TARGET_TOKEN_FIELDS(X)                                                     \
-  X(const void*, logits)        /* [B, N, V] */                                            \
-  X(int64_t, s0)                /* strides of dims 0 and 1 (dim 2 contiguous) */           \
-  X(int64_t, s1)                                                                           \
-  X(const int32_t*, num_nodes)  /* [B] */                                                  \
-  X(const int64_t*, seed)       /* [B] or null (greedy) */                                 \
-  X(const int64_t*, offset)     /* [B] or null */                                          \
-  X(float*, part_v)  /* [B * N, splits]: best (Gumbel-perturbed when sampling) value */    \
-  X(int32_t*, part_i)           /* [B * N, splits]: its token */                           \
-  X(int, batch)                                                                            \
-  X(int, n)                                                                                \
-  X(int, vocab)                                                                            \
-  X(int, splits)                                                                           \
-  X(int, split_len)  /* split s covers tokens [s * split_len, (s + 1) * split_len) */      \
-  X(Flag, vec)       /* rows and split starts are 16-byte aligned (vector loads) */        \
-  X(const float*, temperature)  /* [B] or null (all greedy); <= 0: that row is greedy */   \
-  X(const float*, thr_x)        /* [B * N] or null (no filter): phase 0's thresholds */    \
-  X(const int32_t*, thr_id)     /* [B * N] */                                              \
-  X(int, dtype)                 /* logits */
+#define JETSPEC_TARGET_TOKEN_FIELDS(X)                                                      \
+  X(const void*, logits)          /* [B, N, V] */                                           \
+  X(int64_t, logits_batch_stride) /* dims 0 and 1 (dim 2 contiguous) */                     \
+  X(int64_t, logits_row_stride)                                                             \
+  X(const int32_t*, num_nodes)    /* [B] */                                                 \
+  X(const int64_t*, seed)         /* [B] or null (greedy) */                                \
+  X(const int64_t*, offset)       /* [B] or null */                                         \
+  X(float*, partial_value)        /* [B * N, splits]: best (Gumbel-perturbed) value */      \
+  X(int32_t*, partial_token)      /* [B * N, splits]: its token */                          \
+  X(int, batch)                                                                             \
+  X(int, n)                                                                                 \
+  X(int, vocab)                                                                             \
+  X(int, splits)                                                                            \
+  X(int, split_len)               /* split s: tokens [s * split_len, (s + 1) * split_len) */\
+  X(Flag, vec)                    /* rows and split starts are 16-byte aligned */           \
+  X(const float*, temperature)    /* [B] or null (all greedy); <= 0: that row is greedy */  \
+  X(const float*, thr_x)          /* [B * N] or null (no filter): phase 0's thresholds */   \
+  X(const int32_t*, thr_id)       /* [B * N] */                                             \
+  X(int, dtype)                   /* logits */
 struct TargetTokenParams {
   JETSPEC_TARGET_TOKEN_FIELDS(JETSPEC_MEMBER)
 };
 
 // verify_tree, phase 2: the acceptance walk (verify.cuh). The node's target is target[b, i], or
 // when target is null the best of its phase-1 splits.
-#define JETSPEC_VERIFY_WALK_FIELDS(X)                                                      \
-  X(const int32_t*, tokens)     /* [B, N] contiguous */                                    \
-  X(const int32_t*, parents)    /* [B, N] contiguous */                                    \
-  X(const int32_t*, num_nodes)  /* [B] */                                                  \
-  X(const int32_t*, target)     /* [B, N] (row stride target_stride) or null */            \
-  X(int64_t, target_stride)                                                                \
-  X(const float*, part_v)       /* [B * N, splits] (target null) */                        \
-  X(const int32_t*, part_i)                                                                \
-  X(int, splits)                                                                           \
-  X(int32_t*, accept_len)       /* [B] */                                                  \
-  X(int32_t*, path)             /* [B, C] */                                               \
-  X(int32_t*, bonus)            /* [B] */                                                  \
-  X(int32_t*, emitted)          /* [B, C] */                                               \
-  X(int, batch)                                                                            \
-  X(int, n)                                                                                \
-  X(int, cols)                  /* C = max_depth + 1 */
+#define JETSPEC_VERIFY_WALK_FIELDS(X)                                                       \
+  X(const int32_t*, tokens)       /* [B, N] contiguous */                                   \
+  X(const int32_t*, parents)      /* [B, N] contiguous */                                   \
+  X(const int32_t*, num_nodes)    /* [B] */                                                 \
+  X(const int32_t*, target)       /* [B, N] (dim 1 contiguous) or null */                   \
+  X(int64_t, target_batch_stride)                                                           \
+  X(const float*, partial_value)  /* [B * N, splits] (target null) */                       \
+  X(const int32_t*, partial_token)                                                          \
+  X(int, splits)                                                                            \
+  X(int32_t*, accept_len)         /* [B] */                                                 \
+  X(int32_t*, path)               /* [B, C] */                                              \
+  X(int32_t*, bonus)              /* [B] */                                                 \
+  X(int32_t*, emitted)            /* [B, C] */                                              \
+  X(int, batch)                                                                             \
+  X(int, n)                                                                                 \
+  X(int, cols)                    /* C = max_depth + 1 */
 struct VerifyWalkParams {
   JETSPEC_VERIFY_WALK_FIELDS(JETSPEC_MEMBER)
 };
 
 // commit_kv (commit.cuh). Element sizes in bytes (2 or 4): the copies are raw.
-#define JETSPEC_COMMIT_FIELDS(X)                                                           \
-  X(void*, k_cache)                                                                        \
-  X(void*, v_cache)                                                                        \
-  X(Strides4, sk)                                                                          \
-  X(Strides4, sv)                                                                          \
-  X(const int32_t*, block_table)  /* [B, max_pages] or null */                             \
-  X(int64_t, bt_stride)                                                                    \
-  X(const int32_t*, prefix_lens)  /* [B] */                                                \
-  X(const int32_t*, path)         /* [B, C] contiguous */                                  \
-  X(const int32_t*, accept_len)   /* [B] */                                                \
-  X(int32_t*, new_prefix_lens)    /* [B] */                                                \
-  X(const void*, hidden)          /* [B, N, Hh] or null */                                 \
-  X(int64_t, sh0)                 /* hidden strides of dims 0, 1 */                        \
-  X(int64_t, sh1)                                                                          \
-  X(void*, hidden_rows)           /* [B, C, Hh] contiguous or null */                      \
-  X(int, batch)                                                                            \
-  X(int, cols)                                                                             \
-  X(int, hkv)                                                                              \
-  X(int, dh)                                                                               \
-  X(int, page_size)                                                                        \
-  X(int, hidden_dim)                                                                       \
-  X(int, cache_elem_bytes)                                                                 \
+#define JETSPEC_COMMIT_FIELDS(X)                                                            \
+  X(void*, k_cache)                                                                         \
+  X(void*, v_cache)                                                                         \
+  X(Strides4, k_cache_strides)                                                              \
+  X(Strides4, v_cache_strides)                                                              \
+  X(const int32_t*, block_table)  /* [B, max_pages] or null */                              \
+  X(int64_t, block_table_batch_stride)                                                      \
+  X(const int32_t*, prefix_lens)  /* [B] */                                                 \
+  X(const int32_t*, path)         /* [B, C] contiguous */                                   \
+  X(const int32_t*, accept_len)   /* [B] */                                                 \
+  X(int32_t*, new_prefix_lens)    /* [B] */                                                 \
+  X(const void*, hidden)          /* [B, N, Hh] or null */                                  \
+  X(int64_t, hidden_batch_stride) /* dims 0 and 1 of hidden */                              \
+  X(int64_t, hidden_row_stride)                                                             \
+  X(void*, hidden_rows)           /* [B, C, Hh] contiguous or null */                       \
+  X(int, batch)                                                                             \
+  X(int, cols)                                                                              \
+  X(int, hkv)                                                                               \
+  X(int, head_dim)                                                                          \
+  X(int, page_size)                                                                         \
+  X(int, hidden_dim)                                                                        \
+  X(int, cache_elem_bytes)                                                                  \
   X(int, hidden_elem_bytes)
 struct CommitParams {
   JETSPEC_COMMIT_FIELDS(JETSPEC_MEMBER)
 };
 
 // log_softmax_topk (topk.cuh).
-#define JETSPEC_TOPK_FIELDS(X)                                                             \
-  X(const void*, logits)   /* [B, D, V], dim 2 contiguous */                               \
-  X(int64_t, s0)                                                                           \
-  X(int64_t, s1)                                                                           \
-  X(int32_t*, tokens)      /* [B, D, K] contiguous */                                      \
-  X(float*, logprobs)      /* [B, D, K] contiguous */                                      \
-  X(void*, workspace)      /* topk_workspace_bytes */                                      \
-  X(int, batch)                                                                            \
-  X(int, depth)                                                                            \
-  X(int, vocab)                                                                            \
-  X(int, k)                                                                                \
-  X(int, dtype)            /* logits */
+#define JETSPEC_TOPK_FIELDS(X)                                                              \
+  X(const void*, logits)          /* [B, D, V], dim 2 contiguous */                         \
+  X(int64_t, logits_batch_stride) /* dims 0 and 1 (dim 2 contiguous) */                     \
+  X(int64_t, logits_row_stride)                                                             \
+  X(int32_t*, tokens)             /* [B, D, K] contiguous */                                \
+  X(float*, logprobs)             /* [B, D, K] contiguous */                                \
+  X(void*, workspace)             /* topk_workspace_bytes */                                \
+  X(int, batch)                                                                             \
+  X(int, depth)                                                                             \
+  X(int, vocab)                                                                             \
+  X(int, k)                                                                                 \
+  X(int, dtype)                   /* logits */
 struct TopkParams {
   JETSPEC_TOPK_FIELDS(JETSPEC_MEMBER)
 };
 
 // hidden_topk (hidden_topk.cuh): top-K of log_softmax(hidden @ weight^T) per (b, d) row.
-#define JETSPEC_HIDDEN_TOPK_FIELDS(X)                                                      \
-  X(const void*, hidden)   /* [B, D, H], dim 2 contiguous */                               \
-  X(int64_t, sh0)                                                                          \
-  X(int64_t, sh1)                                                                          \
-  X(const void*, weight)   /* [V, H], dim 1 contiguous */                                  \
-  X(int64_t, sw0)                                                                          \
-  X(int32_t*, tokens)      /* [B, D, K] contiguous */                                      \
-  X(float*, logprobs)      /* [B, D, K] contiguous */                                      \
-  X(void*, workspace)      /* hidden_topk_workspace_bytes */                               \
-  X(int, batch)                                                                            \
-  X(int, depth)                                                                            \
-  X(int, hidden_dim)                                                                       \
-  X(int, vocab)                                                                            \
-  X(int, k)                                                                                \
-  X(int, dtype)            /* hidden and weight: float16 or bfloat16 */
+#define JETSPEC_HIDDEN_TOPK_FIELDS(X)                                                       \
+  X(const void*, hidden)          /* [B, D, H], dim 2 contiguous */                         \
+  X(int64_t, hidden_batch_stride)                                                           \
+  X(int64_t, hidden_row_stride)                                                             \
+  X(const void*, weight)          /* [V, H], dim 1 contiguous */                            \
+  X(int64_t, weight_row_stride)                                                             \
+  X(int32_t*, tokens)             /* [B, D, K] contiguous */                                \
+  X(float*, logprobs)             /* [B, D, K] contiguous */                                \
+  X(void*, workspace)             /* hidden_topk_workspace_bytes */                         \
+  X(int, batch)                                                                             \
+  X(int, depth)                                                                             \
+  X(int, hidden_dim)                                                                        \
+  X(int, vocab)                                                                             \
+  X(int, k)                                                                                 \
+  X(int, dtype)                   /* hidden and weight: float16 or bfloat16 */
 struct HiddenTopkParams {
   JETSPEC_HIDDEN_TOPK_FIELDS(JETSPEC_MEMBER)
 };
 
 // build_tree (build_tree.cuh); algorithm: TreeAlgorithm. steps is optional (tests).
-#define JETSPEC_BUILD_TREE_FIELDS(X)                                                       \
-  X(const int32_t*, topk_tokens)  /* [B, D, K] contiguous */                               \
-  X(const float*, topk_logprobs)  /* [B, D, K] contiguous, sorted descending along K */    \
-  X(const int32_t*, root_tokens)  /* [B] */                                                \
-  X(int32_t*, tokens)             /* [B, N] */                                             \
-  X(int32_t*, parents)            /* [B, N] */                                             \
-  X(int32_t*, depths)             /* [B, N] */                                             \
-  X(float*, scores)               /* [B, N] */                                             \
-  X(int32_t*, num_nodes)          /* [B] */                                                \
-  X(int32_t*, mask)               /* [B, N, W] */                                          \
-  X(int, batch)                                                                            \
-  X(int, depth)                                                                            \
-  X(int, k)                                                                                \
-  X(int, budget)                                                                           \
-  X(int, words)                                                                            \
-  X(int, algorithm)                                                                        \
+#define JETSPEC_BUILD_TREE_FIELDS(X)                                                        \
+  X(const int32_t*, topk_tokens)  /* [B, D, K] contiguous */                                \
+  X(const float*, topk_logprobs)  /* [B, D, K] contiguous, sorted descending along K */     \
+  X(const int32_t*, root_tokens)  /* [B] */                                                 \
+  X(int32_t*, tokens)             /* [B, N] */                                              \
+  X(int32_t*, parents)            /* [B, N] */                                              \
+  X(int32_t*, depths)             /* [B, N] */                                              \
+  X(float*, scores)               /* [B, N] */                                              \
+  X(int32_t*, num_nodes)          /* [B] */                                                 \
+  X(int32_t*, mask)               /* [B, N, W] */                                           \
+  X(int, batch)                                                                             \
+  X(int, depth)                                                                             \
+  X(int, k)                                                                                 \
+  X(int, budget)                                                                            \
+  X(int, words)                                                                             \
+  X(int, algorithm)                                                                         \
   X(int32_t*, steps)              /* [B] or null: selection steps taken (topn; tests) */
 struct BuildTreeParams {
   JETSPEC_BUILD_TREE_FIELDS(JETSPEC_MEMBER)
@@ -227,35 +228,35 @@ struct BuildTreeParams {
 
 // tree_attention (attention.cuh); tail: AttnTail, kernel: AttnKernel. group and scale_log2 are
 // computed by the launcher, not passed.
-#define JETSPEC_ATTN_FIELDS(X)                                                             \
-  X(const void*, q)               /* [B, N, Hq, D] */                                      \
-  X(Strides4, sq)                                                                          \
-  X(const void*, k_cache)         /* [B, L, Hkv, D] or [P, page, Hkv, D] */                \
-  X(const void*, v_cache)                                                                  \
-  X(Strides4, sk)                                                                          \
-  X(Strides4, sv)                                                                          \
-  X(const int32_t*, block_table)  /* [B, max_pages] or null */                             \
-  X(int64_t, bt_stride)                                                                    \
-  X(int, page_size)               /* paged: rows per page; contiguous: L */                \
-  X(int, cache_outer)  /* extent of the cache's dim 0 (B, or the number of pages) */       \
-  X(const int32_t*, prefix_lens)  /* [B] */                                                \
-  X(const int32_t*, tree_mask)    /* [B, N, W] or null */                                  \
-  X(int64_t, sm0)                 /* mask strides of dims 0, 1 (dim 2 contiguous) */       \
-  X(int64_t, sm1)                                                                          \
-  X(int, tail)                                                                             \
-  X(void*, out)                   /* [B, N, Hq, D] */                                      \
-  X(Strides4, so)                                                                          \
-  X(float*, lse)                  /* [B, Hq, N] contiguous, or null */                     \
-  X(float*, part_o)               /* [splits, B, Hq, N, D] when splits > 1 */              \
-  X(float*, part_lse)             /* [splits, B, Hq, N] */                                 \
-  X(int, batch)                                                                            \
-  X(int, n)                                                                                \
-  X(int, hq)                                                                               \
-  X(int, hkv)                                                                              \
-  X(int, splits)                                                                           \
-  X(float, scale)                 /* softmax scale */                                      \
-  X(int, dtype)                   /* q, caches and out: float16 or bfloat16 */             \
-  X(int, head_dim)                /* 64, 128 or 256 */                                     \
+#define JETSPEC_ATTN_FIELDS(X)                                                              \
+  X(const void*, q)               /* [B, N, Hq, D] */                                       \
+  X(Strides4, q_strides)                                                                    \
+  X(const void*, k_cache)         /* [B, L, Hkv, D] or [P, page, Hkv, D] */                 \
+  X(const void*, v_cache)                                                                   \
+  X(Strides4, k_cache_strides)                                                              \
+  X(Strides4, v_cache_strides)                                                              \
+  X(const int32_t*, block_table)  /* [B, max_pages] or null */                              \
+  X(int64_t, block_table_batch_stride)                                                      \
+  X(int, page_size)               /* paged: rows per page; contiguous: L */                 \
+  X(int, cache_outer)             /* extent of the cache's dim 0 (B, or pages) */           \
+  X(const int32_t*, prefix_lens)  /* [B] */                                                 \
+  X(const int32_t*, tree_mask)    /* [B, N, W] or null */                                   \
+  X(int64_t, tree_mask_batch_stride) /* dims 0 and 1 of tree_mask */                       \
+  X(int64_t, tree_mask_row_stride)                                                          \
+  X(int, tail)                                                                              \
+  X(void*, out)                   /* [B, N, Hq, D] */                                       \
+  X(Strides4, out_strides)                                                                  \
+  X(float*, lse)                  /* [B, Hq, N] contiguous, or null */                      \
+  X(float*, partial_o)            /* [splits, B, Hq, N, D] when splits > 1 */               \
+  X(float*, partial_lse)          /* [splits, B, Hq, N] */                                  \
+  X(int, batch)                                                                             \
+  X(int, n)                                                                                 \
+  X(int, hq)                                                                                \
+  X(int, hkv)                                                                               \
+  X(int, splits)                                                                            \
+  X(float, scale)                 /* softmax scale */                                       \
+  X(int, dtype)                   /* q, caches and out: float16 or bfloat16 */              \
+  X(int, head_dim)                /* 64, 128 or 256 */                                      \
   X(int, kernel)
 struct AttnParams {
   JETSPEC_ATTN_FIELDS(JETSPEC_MEMBER)

@@ -28,9 +28,9 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
   const int lane = threadIdx.x & 31;
   const bool is_q = head < hq;
   const int h = is_q ? head : head - hq;
-  const int half = p.dh / 2;
-  const T* src = is_q ? static_cast<const T*>(p.q) + b * p.sq.s0 + n * p.sq.s1 + h * p.sq.s2
-                      : static_cast<const T*>(p.k) + b * p.sk.s0 + n * p.sk.s1 + h * p.sk.s2;
+  const int half = p.head_dim / 2;
+  const Strides4& st = is_q ? p.q_strides : p.k_strides;
+  const T* src = static_cast<const T*>(is_q ? p.q : p.k) + b * st.batch + n * st.row + h * st.head;
   const float* w = is_q ? p.q_norm_w : p.k_norm_w;
 
   float x1[kRopeMaxPairsPerLane], x2[kRopeMaxPairsPerLane];
@@ -47,11 +47,12 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
   }
   ss = warp_sum(ss);
   // Correctly rounded sqrt and division (no fast-math): close to torch.rsqrt in fp32.
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(p.dh) + p.eps);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(p.head_dim) + p.eps);
   const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
   const int64_t dst_off =
-      is_q ? ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.dh
-           : cache_offset(p.sc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
+      is_q ? ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.head_dim
+           : cache_offset(p.k_cache_strides, p.block_table, p.block_table_batch_stride, p.page_size,
+                          b, slot, h);
 #pragma unroll
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
@@ -72,11 +73,13 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
     }
   }
   if (!is_q) {
-    const T* vs = static_cast<const T*>(p.v) + b * p.sv.s0 + n * p.sv.s1 + h * p.sv.s2;
+    const T* vs = static_cast<const T*>(p.v) + b * p.v_strides.batch + n * p.v_strides.row +
+                  h * p.v_strides.head;
     // v_cache shares k_cache's shape but may have its own strides.
     TC* vd = static_cast<TC*>(p.v_cache) +
-             cache_offset(p.svc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
-    for (int i = lane; i < p.dh; i += 32) vd[i] = from_float<TC>(to_float(vs[i]));
+             cache_offset(p.v_cache_strides, p.block_table, p.block_table_batch_stride, p.page_size,
+                          b, slot, h);
+    for (int i = lane; i < p.head_dim; i += 32) vd[i] = from_float<TC>(to_float(vs[i]));
   }
 }
 
@@ -96,7 +99,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
   const int group = static_cast<int>(wid % groups);
   const int n = static_cast<int>((wid / groups) % p.n);
   const int b = static_cast<int>(wid / (static_cast<long long>(groups) * p.n));
-  const int half = p.dh / 2;
+  const int half = p.head_dim / 2;
   const int pos = p.positions[static_cast<long long>(b) * p.n + n];
 
   // The warp's cos/sin live in shared memory (entry t * 32 + lane is this lane's pair t), not
@@ -108,7 +111,8 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
     if (i >= half) break;
-    const float inv = static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(p.dh)));
+    const float inv =
+        static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(p.head_dim)));
     const float angle = __fmul_rn(static_cast<float>(pos), inv);
     double sd, cd;
     sincos(static_cast<double>(angle), &sd, &cd);
@@ -122,8 +126,9 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 
 template <typename T, typename TC>
 Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
-  JETSPEC_RETURN_IF_FAILED(check_range("dh", p.dh, 0, kRopeMaxHeadDim));
-  if (p.dh % 2 != 0) return bad_input("dh ", p.dh, " is not even (RoPE rotates halves)");
+  JETSPEC_RETURN_IF_FAILED(check_range("head_dim", p.head_dim, 0, kRopeMaxHeadDim));
+  if (p.head_dim % 2 != 0)
+    return bad_input("head_dim ", p.head_dim, " is not even (RoPE rotates halves)");
   if ((p.q == nullptr) != (p.q_out == nullptr))
     return bad_input("q and q_out must both be set or both be 0");
   if (p.q != nullptr && p.q_norm_w == nullptr) return bad_input("q needs q_norm_w");

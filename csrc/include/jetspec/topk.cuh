@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
   const int chunk = blockIdx.y, chunks = gridDim.y;
   const int row = blockIdx.x;
   const int b = row / p.depth, d = row % p.depth;
-  const T* x = static_cast<const T*>(p.logits) + b * p.s0 + d * p.s1;
+  const T* x =
+      static_cast<const T*>(p.logits) + b * p.logits_batch_stride + d * p.logits_row_stride;
   const int base = chunk * kTopkChunk;
 
   float val[kTopkPerThread];

@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kFilterThreads, 1) sample_filter_kernel(Sample
   uint32_t thr_key = kKeepAllKey;
   int thr_id = 0x7fffffff;
   if (temp > 0.f && real && (k_on || p_on)) {  // the same for the whole block
-    const T* x = static_cast<const T*>(p.logits) + b * p.s0 + i * p.s1;
+    const T* x =
+        static_cast<const T*>(p.logits) + b * p.logits_batch_stride + i * p.logits_row_stride;
     const bool vec = p.vec != 0;
     float m = -INFINITY;
     for_each_logit<T, kFilterThreads>(x, 0, p.vocab, vec,
@@ -172,7 +173,8 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
   const int row = blockIdx.x, split = blockIdx.y;
   const int b = row / p.n, i = row % p.n;
   if (i > 0 && i >= p.num_nodes[b]) return;  // never read by the walk
-  const T* x = static_cast<const T*>(p.logits) + b * p.s0 + i * p.s1;
+  const T* x =
+      static_cast<const T*>(p.logits) + b * p.logits_batch_stride + i * p.logits_row_stride;
   const int v0 = split * p.split_len;
   const int v1 = min(p.vocab, v0 + p.split_len);
   const float temp = p.temperature != nullptr ? p.temperature[b] : 0.f;
@@ -211,8 +213,8 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
   block_best<kTargetThreads>(best_v, best_i, argmax_better, sv, si, 0);
   if (threadIdx.x == 0) {
     const int64_t slot = static_cast<int64_t>(row) * p.splits + split;
-    p.part_v[slot] = best_v;
-    p.part_i[slot] = best_i;
+    p.partial_value[slot] = best_v;
+    p.partial_token[slot] = best_i;
   }
 }
 
@@ -235,14 +237,14 @@ __global__ void __launch_bounds__(kWalkThreads) verify_walk_kernel(VerifyWalkPar
     s_tok[c] = p.tokens[static_cast<int64_t>(b) * p.n + c];
     s_par[c] = p.parents[static_cast<int64_t>(b) * p.n + c];
     if (p.target != nullptr) {
-      s_tgt[c] = p.target[b * p.target_stride + c];
+      s_tgt[c] = p.target[b * p.target_batch_stride + c];
     } else {
       const int64_t row = static_cast<int64_t>(b) * p.n + c;
       float bv = -INFINITY;
       int bi = 0x7fffffff;
       for (int s = 0; s < p.splits; ++s) {
-        const float v = p.part_v[row * p.splits + s];
-        const int i = p.part_i[row * p.splits + s];
+        const float v = p.partial_value[row * p.splits + s];
+        const int i = p.partial_token[row * p.splits + s];
         if (argmax_better(v, i, bv, bi)) {
           bv = v;
           bi = i;
@@ -316,7 +318,8 @@ cudaError_t target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
 inline cudaError_t verify_walk(const VerifyWalkParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   if (p.n < 1) return cudaErrorInvalidValue;  // a tree holds at least its root
-  if (p.target == nullptr && (p.part_v == nullptr || p.part_i == nullptr || p.splits < 1))
+  if (p.target == nullptr &&
+      (p.partial_value == nullptr || p.partial_token == nullptr || p.splits < 1))
     return cudaErrorInvalidValue;
   // n <= kWalkMaxNodes: 48 KB (the Python layer sends larger trees to another backend).
   const size_t smem = 3 * sizeof(int32_t) * static_cast<size_t>(p.n);
