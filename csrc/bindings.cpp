@@ -310,6 +310,7 @@ py::dict limits() {
   d["max_budget"] = kMaxBudget;
   d["max_topk"] = kMaxTopk;
   d["walk_max_nodes"] = kWalkMaxNodes;
+  d["top_p_max_vocab"] = kTopPMaxVocab;
   d["rope_max_head_dim"] = kRopeMaxHeadDim;
   d["attn_head_dims"] = ints(kAttnHeadDims);
   d["wgmma_head_dims"] = ints(kWgmmaHeadDims);

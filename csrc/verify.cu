@@ -12,9 +12,9 @@ Status check_target_tokens(const TargetTokenParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return Status();
-  if (rows > 0x7fffffffLL) return bad_input("batch * n = ", rows, " exceeds 2147483647");
+  if (rows > kMaxGridX) return bad_input("batch * n = ", rows, " exceeds ", kMaxGridX);
   JETSPEC_RETURN_IF_FAILED(check_range("vocab", p.vocab, 1));
-  JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1, 65535));  // grid y
+  JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1, kMaxGridYZ));  // grid y
   JETSPEC_RETURN_IF_FAILED(check_range("split_len", p.split_len, 1));
   const long long covered = static_cast<long long>(p.splits) * p.split_len;
   if (covered < p.vocab) {
@@ -36,9 +36,9 @@ Status check_sample_filter(const SampleFilterParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return Status();
-  if (rows > 0x7fffffffLL) return bad_input("batch * n = ", rows, " exceeds 2147483647");
-  // top_p's masses (< vocab * 2**32) must stay exact in float64 (python_ref.MAX_TOP_P_VOCAB).
-  JETSPEC_RETURN_IF_FAILED(check_range("vocab", p.vocab, 1, p.top_p != nullptr ? 1 << 21 : 0x7fffffff));
+  if (rows > kMaxGridX) return bad_input("batch * n = ", rows, " exceeds ", kMaxGridX);
+  JETSPEC_RETURN_IF_FAILED(
+      check_range("vocab", p.vocab, 1, p.top_p != nullptr ? kTopPMaxVocab : 0x7fffffff));
   if (p.temperature == nullptr || p.thr_x == nullptr || p.thr_id == nullptr)
     return bad_input("temperature, thr_x and thr_id are required");
   return Status();
@@ -47,8 +47,8 @@ Status check_sample_filter(const SampleFilterParams& p) {
 Status check_verify_walk(const VerifyWalkParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   if (p.batch == 0) return Status();
-  // At least the root; at most what the walk stages in 48 KB of shared memory (the Python layer
-  // sends larger trees to another backend).
+  // At least the root; at most what the walk stages in shared memory (the Python layer sends
+  // larger trees to another backend).
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 1, kWalkMaxNodes));
   JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1));
   if (p.target == nullptr) {

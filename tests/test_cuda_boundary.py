@@ -9,7 +9,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
-from jetspec_kernels import limits
+from jetspec_kernels import limits, python_ref
 from helpers import cu, sim_module, use_sim
 from test_cuda_errors import ARGS, Buffers, attention_args
 
@@ -107,6 +107,7 @@ def test_python_enums_and_limits_are_C_s(sim):
     for module in (sim, pytest.importorskip("jetspec_kernels._C")):
         assert module.LIMITS["max_budget"] == limits.MAX_BUDGET == draft_tree.MAX_BUDGET
         assert module.LIMITS["max_topk"] == limits.MAX_TOPK == draft_tree.MAX_TOPK
+        assert module.LIMITS["top_p_max_vocab"] == python_ref.sampling.MAX_TOP_P_VOCAB
         assert module.ENUMS["TreeAlgorithm"] == {name: i for i, name in
                                                  enumerate(draft_tree.ALGORITHMS)}
         assert set(module.ENUMS["AttnTail"]) == {"mask", *jk.ops.tree_attention.TAILS}

@@ -1,16 +1,16 @@
 // Draft tree selection from per-depth top-K, one CTA per sequence, bit-exact with
 // python_ref/tree.py (float32 scores summed left to right, the same tie rules).
 //
-// topn (256 threads): the best-first order taken in batches, the algorithm of
+// topn (kTopnThreads): the best-first order taken in batches, the algorithm of
 // jetspec_kernels/triton/tree_build.py (its docstring has the argument). Nodes live at their
 // output (breadth-first) positions, so a child's spec-order key (TopnKey) is
 //   q(score) << 30 | depth << 18 | parent position << 6 | rank
 // with q = the 31-bit magnitude of the (<= 0) score: one int64 comparison applies the whole
 // tie rule. A step looks at a window of the next kTopnWindow children of every node and takes
 // every entry that provably precedes anything not yet seen (the heap minimum always), then
-// re-lays the tree out in shared memory (one block scan). At budget 256 (D 15, K 8, random
-// logits) 4-38 steps, median 9.5 over 40 draws, instead of 255; many steps when a deeper level
-// costs almost nothing (a top log-prob near 0), since a step then takes about one generation.
+// re-lays the tree out in shared memory (one block scan). Far fewer steps than nodes (measured
+// counts: bench/NOTES.md, "CUDA build_tree, topn"); many when a deeper level costs almost
+// nothing (a top log-prob near 0), since a step then takes about one generation.
 // A step is one iteration of the `while (n < target)` loop, the last (partial) one included;
 // when p.steps is not null, thread 0 writes the count to p.steps[b] (0 when the
 // root alone fills the tree). A bound made stricter only costs steps, never parity, so
@@ -420,7 +420,7 @@ inline Status build_tree(const BuildTreeParams& p, cudaStream_t stream) {
     return bad_input("algorithm ", p.algorithm, " is not 0 (topn) or 1 (accum_logp)");
   const bool topn = p.algorithm == kTreeTopn;
   const size_t smem = topn ? TopnSmem::bytes(p.budget) : accum_smem_bytes(p.budget);
-  if (smem > 48 * 1024) {
+  if (smem > kSmemWithoutOptIn) {
     JETSPEC_RETURN_IF_FAILED(cuda_context(
         cudaFuncSetAttribute(topn ? build_tree_topn_kernel : build_tree_accum_kernel,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),

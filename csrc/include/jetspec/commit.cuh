@@ -9,11 +9,13 @@
 
 namespace jetspec {
 
+constexpr int kCommitThreads = 256;
 
 // Copies in units U (uint4 when every row is 16-byte aligned, else the raw element type) of
 // elements of elem_bytes bytes.
 template <typename U>
-__global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem_bytes) {
+__global__ void __launch_bounds__(kCommitThreads) commit_kv_kernel(CommitParams p,
+                                                                int elem_bytes) {
   pdl_begin();
   const int b = blockIdx.x;
   const int pre = p.prefix_lens[b];
@@ -44,7 +46,8 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
 // One CTA per (b, i): hidden_rows[b, i] = hidden[b, path[b, i]] for i <= accept_len, else 0;
 // units U of elem_bytes-byte elements as above.
 template <typename U>
-__global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p, int elem_bytes) {
+__global__ void __launch_bounds__(kCommitThreads) gather_hidden_kernel(CommitParams p,
+                                                                    int elem_bytes) {
   pdl_begin();
   const int b = blockIdx.x, i = blockIdx.y;
   const int units = p.hidden_dim * elem_bytes / static_cast<int>(sizeof(U));
@@ -74,7 +77,7 @@ template <typename E>
 Status commit_kv(const CommitParams& p, cudaStream_t stream) {
   // Every check comes before the first launch: the K/V moves are in place.
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
-  JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, 65535));  // grid y of the gather
+  JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, kMaxGridYZ));  // grid y of the gather
   const bool gather = p.hidden_rows != nullptr && p.hidden_dim != 0;
   const int hb = p.hidden_elem_bytes;
   if (gather && hb != 2 && hb != 4)
@@ -85,22 +88,23 @@ Status commit_kv(const CommitParams& p, cudaStream_t stream) {
   const bool vec = rows_aligned16(p.k_cache, eb, p.head_dim, {ks.batch, ks.row, ks.head}) &&
                    rows_aligned16(p.v_cache, eb, p.head_dim, {vs.batch, vs.row, vs.head});
   const int units = p.hkv * p.head_dim * eb / (vec ? 16 : eb);
-  const int chunks = units > 0 ? min(ceil_div(units, 256), 64) : 1;
+  const int chunks = units > 0 ? min(ceil_div(units, kCommitThreads), 64) : 1;
+  const dim3 moves(p.batch, chunks);
   if (vec) {
-    JETSPEC_LAUNCH(commit_kv_kernel<uint4>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
+    JETSPEC_LAUNCH(commit_kv_kernel<uint4>, moves, kCommitThreads, 0, stream, p, eb);
   } else {
-    JETSPEC_LAUNCH(commit_kv_kernel<E>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
+    JETSPEC_LAUNCH(commit_kv_kernel<E>, moves, kCommitThreads, 0, stream, p, eb);
   }
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (!gather) return cudaSuccess;
   const dim3 grid(p.batch, p.cols);
   if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.hidden_batch_stride, p.hidden_row_stride}) &&
       rows_aligned16(p.hidden_rows, hb, p.hidden_dim, {})) {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, 256, 0, stream, p, hb);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, kCommitThreads, 0, stream, p, hb);
   } else if (hb == 2) {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, 256, 0, stream, p, hb);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, kCommitThreads, 0, stream, p, hb);
   } else {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, 256, 0, stream, p, hb);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, kCommitThreads, 0, stream, p, hb);
   }
   return cudaGetLastError();
 }

@@ -39,6 +39,12 @@ namespace jetspec {
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Launch limits of every CUDA device the package builds for: grid x, grids y and z, and the
+// dynamic shared memory a kernel gets without cudaFuncSetAttribute's opt-in.
+constexpr long long kMaxGridX = 0x7fffffffLL;
+constexpr int kMaxGridYZ = 65535;
+constexpr int kSmemWithoutOptIn = 48 * 1024;
+
 // "<name> <code> (<type>) is not supported (<taken>)": an element type code the launcher does not
 // take; taken lists those it does, e.g. "1 float16, 2 bfloat16".
 inline Status bad_dtype(const char* name, int code, const char* taken) {

@@ -19,6 +19,7 @@ __host__ __device__ inline int rope_q_heads(const RopeParams& p) {
 }
 
 constexpr int kRopeHeadsPerWarp = 8;  // heads that share one warp's cos/sin of a token
+constexpr int kRopeThreads = 256;
 
 // RMSNorm + rotation of one head of token (b, n) with the token's cos/sin, then its stores (the
 // rotated q row, or the rotated k row and the v row into the cache).
@@ -87,7 +88,7 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
 // pow and sincos, the costly part) once, then each head. Heads 0..Hq'-1 are q heads,
 // Hq'..Hq'+Hkv-1 are k heads (+ their v), with Hq' = rope_q_heads(p).
 template <typename T, typename TC>
-__global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
+__global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(RopeParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 
   // The warp's cos/sin live in shared memory (entry t * 32 + lane is this lane's pair t), not
   // in registers that would have to survive the double sincos slow-path calls.
-  __shared__ float cs_all[256 / 32][2][kRopeMaxPairsPerLane * 32];
+  __shared__ float cs_all[kRopeThreads / 32][2][kRopeMaxPairsPerLane * 32];
   float* c = cs_all[threadIdx.x >> 5][0];
   float* s = cs_all[threadIdx.x >> 5][1];
 #pragma unroll
@@ -139,13 +140,12 @@ Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
   const int groups = (rope_q_heads(p) + p.hkv + kRopeHeadsPerWarp - 1) / kRopeHeadsPerWarp;
   const long long warps = static_cast<long long>(p.batch) * p.n * groups;
   if (warps == 0) return cudaSuccess;
-  const int threads = 256;
-  const long long blocks = (warps * 32 + threads - 1) / threads;
-  if (blocks > 0x7fffffffLL)
+  const long long blocks = (warps * 32 + kRopeThreads - 1) / kRopeThreads;
+  if (blocks > kMaxGridX)
     return bad_input("batch * n * head groups = ", warps, " warps need ", blocks,
-                     " blocks, over 2147483647");
+                     " blocks, over ", kMaxGridX);
   const auto kernel = qk_norm_rope_append_kernel<T, TC>;
-  JETSPEC_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, 0, stream, p);
+  JETSPEC_LAUNCH(kernel, static_cast<unsigned>(blocks), kRopeThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

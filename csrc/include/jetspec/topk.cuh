@@ -209,15 +209,15 @@ Status log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 0));
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL) return bad_input("batch * depth = ", rows, " exceeds 2147483647");
+  if (rows > kMaxGridX) return bad_input("batch * depth = ", rows, " exceeds ", kMaxGridX);
   JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1));
   if (p.k > p.vocab) return bad_input("k ", p.k, " exceeds vocab ", p.vocab);
-  constexpr long long kMaxVocab = 65535LL * kTopkChunk;  // vocabulary chunks on grid y
+  constexpr long long kMaxVocab = static_cast<long long>(kMaxGridYZ) * kTopkChunk;  // grid y
   if (p.vocab > kMaxVocab)
-    return bad_input("vocab ", p.vocab, " exceeds ", kMaxVocab, " (65535 chunks of ", kTopkChunk,
-                     ")");
+    return bad_input("vocab ", p.vocab, " exceeds ", kMaxVocab, " (", kMaxGridYZ, " chunks of ",
+                     kTopkChunk, ")");
   const int chunks = ceil_div(p.vocab, kTopkChunk);
-  // Rows on grid x (up to 2^31 - 1), vocabulary chunks on y.
+  // Rows on grid x, vocabulary chunks on y.
   JETSPEC_LAUNCH(topk_partial_kernel<T>, dim3(static_cast<unsigned>(rows), chunks), kTopkThreads, 0,
                  stream, p);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());

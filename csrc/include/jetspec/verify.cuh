@@ -296,7 +296,7 @@ template <typename T>
 cudaError_t sample_filter(const SampleFilterParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  if (rows > kMaxGridX) return cudaErrorInvalidConfiguration;
   JETSPEC_LAUNCH(sample_filter_kernel<T>, dim3(static_cast<unsigned>(rows)), kFilterThreads, 0,
                  stream, p);
   return cudaGetLastError();
@@ -306,7 +306,8 @@ template <typename T>
 cudaError_t target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL || p.splits < 1 || p.splits > 65535) return cudaErrorInvalidConfiguration;
+  if (rows > kMaxGridX || p.splits < 1 || p.splits > kMaxGridYZ)
+    return cudaErrorInvalidConfiguration;
   if (p.split_len < 1 || static_cast<long long>(p.splits) * p.split_len < p.vocab ||
       (p.vec && p.split_len % 8 != 0))
     return cudaErrorInvalidValue;
@@ -321,7 +322,7 @@ inline cudaError_t verify_walk(const VerifyWalkParams& p, cudaStream_t stream) {
   if (p.target == nullptr &&
       (p.partial_value == nullptr || p.partial_token == nullptr || p.splits < 1))
     return cudaErrorInvalidValue;
-  // n <= kWalkMaxNodes: 48 KB (the Python layer sends larger trees to another backend).
+  // n <= kWalkMaxNodes (the Python layer sends larger trees to another backend).
   const size_t smem = 3 * sizeof(int32_t) * static_cast<size_t>(p.n);
   if (p.n > kWalkMaxNodes) return cudaErrorInvalidConfiguration;
   JETSPEC_LAUNCH(verify_walk_kernel, p.batch, kWalkThreads, smem, stream, p);
