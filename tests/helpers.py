@@ -325,6 +325,8 @@ class DeviceGuardCheck:
 
                 def call(*args, **kwargs):
                     assert check.depth > 0, f"_C.{name} called outside ext.on_device"
+                    assert not args or name not in module.FIELDS, (
+                        f"_C.{name} called with positional arguments (pass fields by name)")
                     return fn(*args, **kwargs)
                 return call
         return Guarded()

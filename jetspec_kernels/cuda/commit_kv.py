@@ -29,14 +29,15 @@ def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.
             rows = torch.empty(b, cols, hidden_dim, device=dev, dtype=hidden.dtype)
             hidden_batch_stride, hidden_row_stride = hidden.stride(0), hidden.stride(1)
             hidden_elem_bytes = hidden.element_size()
-        _C.commit_kv(k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache), sk=ext.strides3(k_cache),
-                     sv=ext.strides3(v_cache), block_table=ext.ptr(table),
-                     bt_stride=0 if table is None else table.stride(0),
+        _C.commit_kv(k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
+                     k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
+                     block_table=ext.ptr(table),
+                     block_table_batch_stride=0 if table is None else table.stride(0),
                      prefix_lens=ext.ptr(prefix_lens), path=ext.ptr(path), accept_len=ext.ptr(accept_len),
                      new_prefix_lens=ext.ptr(new_lens), hidden=ext.ptr(hidden),
-                     sh0=hidden_batch_stride, sh1=hidden_row_stride,
+                     hidden_batch_stride=hidden_batch_stride, hidden_row_stride=hidden_row_stride,
                      hidden_rows=0 if hidden is None else ext.ptr(rows), batch=b, cols=cols,
-                     hkv=k_cache.shape[2], dh=k_cache.shape[3], page_size=k_cache.shape[1],
+                     hkv=k_cache.shape[2], head_dim=k_cache.shape[3], page_size=k_cache.shape[1],
                      hidden_dim=hidden_dim, cache_elem_bytes=k_cache.element_size(),
                      hidden_elem_bytes=hidden_elem_bytes, stream=ext.stream())
         return new_lens, rows

@@ -26,8 +26,9 @@ def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
         logprobs = torch.empty(b, d, k, device=hidden.device, dtype=torch.float32)
         workspace = torch.empty(_C.hidden_topk_workspace_bytes(b * d, v, k), device=hidden.device,
                          dtype=torch.uint8)
-        _C.hidden_topk(hidden=ext.ptr(hidden), sh0=hidden.stride(0), sh1=hidden.stride(1),
-                       weight=ext.ptr(lm_head_weight), sw0=lm_head_weight.stride(0),
+        _C.hidden_topk(hidden=ext.ptr(hidden), hidden_batch_stride=hidden.stride(0),
+                       hidden_row_stride=hidden.stride(1),
+                       weight=ext.ptr(lm_head_weight), weight_row_stride=lm_head_weight.stride(0),
                        tokens=ext.ptr(tokens), logprobs=ext.ptr(logprobs), workspace=ext.ptr(workspace),
                        batch=b, depth=d, hidden_dim=h, vocab=v, k=k,
                        dtype=ext.dtype_code(hidden), stream=ext.stream())

@@ -24,9 +24,11 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
             q=ext.ptr(q), k=ext.ptr(k), v=ext.ptr(v), q_norm_w=ext.ptr(qw), k_norm_w=ext.ptr(kw),
             positions=ext.ptr(pos), cache_start=ext.ptr(start), q_out=ext.ptr(q_out),
             k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache), block_table=ext.ptr(table),
-            sq=[0, 0, 0] if q is None else ext.strides3(q), sk=ext.strides3(k), sv=ext.strides3(v),
-            sc=ext.strides3(k_cache), svc=ext.strides3(v_cache),
-            bt_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq, hkv=hkv, dh=dh,
+            q_strides=[0, 0, 0] if q is None else ext.strides3(q), k_strides=ext.strides3(k),
+            v_strides=ext.strides3(v), k_cache_strides=ext.strides3(k_cache),
+            v_cache_strides=ext.strides3(v_cache),
+            block_table_batch_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq,
+            hkv=hkv, head_dim=dh,
             page_size=k_cache.shape[1], theta=float(rope_theta), eps=float(eps),
             dtype=ext.dtype_code(k), cache_dtype=ext.dtype_code(k_cache), stream=ext.stream())
 

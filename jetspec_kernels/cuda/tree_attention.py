@@ -77,20 +77,22 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             tree_mask = tree_mask.contiguous()
         if block_table is not None:
             block_table = block_table.contiguous()
-        part_o = part_lse = None
+        partial_o = partial_lse = None
         if num_splits > 1:
-            part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
-            part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
+            partial_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
+            partial_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
         _C.tree_attention(
-            q=ext.ptr(q), sq=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
-            sk=ext.strides3(k_cache), sv=ext.strides3(v_cache), block_table=ext.ptr(block_table),
-            bt_stride=0 if block_table is None else block_table.stride(0),
+            q=ext.ptr(q), q_strides=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
+            k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
+            block_table=ext.ptr(block_table),
+            block_table_batch_stride=0 if block_table is None else block_table.stride(0),
             page_size=k_cache.shape[1], cache_outer=k_cache.shape[0],
             prefix_lens=ext.ptr(prefix_lens), tree_mask=ext.ptr(tree_mask),
-            sm0=0 if tree_mask is None else tree_mask.stride(0),
-            sm1=0 if tree_mask is None else tree_mask.stride(1), tail=ext.enum("AttnTail")[mode],
-            out=ext.ptr(out_buf), so=ext.strides3(out_buf), lse=ext.ptr(lse_buf), part_o=ext.ptr(part_o),
-            part_lse=ext.ptr(part_lse), batch=b, n=n, hq=hq, hkv=hkv, splits=num_splits,
+            tree_mask_batch_stride=0 if tree_mask is None else tree_mask.stride(0),
+            tree_mask_row_stride=0 if tree_mask is None else tree_mask.stride(1),
+            tail=ext.enum("AttnTail")[mode], out=ext.ptr(out_buf), out_strides=ext.strides3(out_buf),
+            lse=ext.ptr(lse_buf), partial_o=ext.ptr(partial_o), partial_lse=ext.ptr(partial_lse), batch=b,
+            n=n, hq=hq, hkv=hkv, splits=num_splits,
             scale=float(scale), dtype=ext.dtype_code(q), head_dim=dh, kernel=kernel,
             stream=ext.stream())
         if out_buf is not out:

@@ -38,13 +38,13 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         tokens = tokens.contiguous()
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
-        part_v = part_i = target = None
+        partial_value = partial_token = target = None
         splits = 1
         if target_tokens is None:
             v = target_logits.shape[2]
             splits, split_len = target_splits(b * n, v, ext.sm_count(dev.index or 0))
-            part_v = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
-            part_i = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
+            partial_value = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
+            partial_token = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
             sample = temperature is not None
             seed_t = seed.to(torch.int64).contiguous() if sample else None
             offset_t = offset.to(torch.int64).contiguous() if sample else None
@@ -55,9 +55,10 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
             if sample and (top_k is not None or top_p is not None):
                 thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
             _C.verify_target_tokens(
-                logits=ext.ptr(target_logits), s0=target_logits.stride(0),
-                s1=target_logits.stride(1), num_nodes=ext.ptr(num_nodes), seed=ext.ptr(seed_t),
-                offset=ext.ptr(offset_t), part_v=ext.ptr(part_v), part_i=ext.ptr(part_i), batch=b, n=n,
+                logits=ext.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
+                logits_row_stride=target_logits.stride(1), num_nodes=ext.ptr(num_nodes),
+                seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=ext.ptr(partial_value),
+                partial_token=ext.ptr(partial_token), batch=b, n=n,
                 vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=ext.ptr(temp_t),
                 thr_x=ext.ptr(thr_x), thr_id=ext.ptr(thr_id), dtype=ext.dtype_code(target_logits),
                 stream=ext.stream())
@@ -68,8 +69,9 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         bonus = torch.empty(b, device=dev, dtype=torch.int32)
         emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
         _C.verify_walk(tokens=ext.ptr(tokens), parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes),
-                       target=ext.ptr(target), target_stride=0 if target is None else target.stride(0),
-                       part_v=ext.ptr(part_v), part_i=ext.ptr(part_i), splits=splits,
+                       target=ext.ptr(target),
+                       target_batch_stride=0 if target is None else target.stride(0),
+                       partial_value=ext.ptr(partial_value), partial_token=ext.ptr(partial_token), splits=splits,
                        accept_len=ext.ptr(accept_len), path=ext.ptr(path), bonus=ext.ptr(bonus),
                        emitted=ext.ptr(emitted), batch=b, n=n, cols=cols, stream=ext.stream())
         return accept_len, path, bonus, emitted
@@ -104,7 +106,8 @@ def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
     thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
     top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
     top_p = None if top_p is None else top_p.contiguous()
-    _C.verify_sample_filter(logits=ext.ptr(logits), s0=logits.stride(0), s1=logits.stride(1),
+    _C.verify_sample_filter(logits=ext.ptr(logits), logits_batch_stride=logits.stride(0),
+                            logits_row_stride=logits.stride(1),
                             num_nodes=ext.ptr(num_nodes), temperature=ext.ptr(temperature),
                             top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=ext.ptr(thr_x),
                             thr_id=ext.ptr(thr_id), batch=b, n=n, vocab=v, vec=vec,

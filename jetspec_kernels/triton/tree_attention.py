@@ -300,10 +300,10 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
     tail_mode = 0 if tree_mask is not None else (1 if tail == "causal" else 2)
 
     if split:
-        part_o = torch.empty(num_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
-        part_lse = torch.empty(num_splits, B, N, HQ, device=dev, dtype=torch.float32)
+        partial_o = torch.empty(num_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
+        partial_lse = torch.empty(num_splits, B, N, HQ, device=dev, dtype=torch.float32)
     else:
-        part_o = part_lse = out           # unused pointers
+        partial_o = partial_lse = out           # unused pointers
     mask_arg = tree_mask if tree_mask is not None else prefix_lens
     mask_strides = (tree_mask.stride(0), tree_mask.stride(1)) if tree_mask is not None else (0, 0)
     bt_arg = block_table if paged else prefix_lens
@@ -313,7 +313,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
 
     grid = (q_tiles, B * HKV, num_splits)
     _tree_attention_fwd[grid](
-        q, k_cache, v_cache, prefix_lens, mask_arg, bt_arg, out, lse_arg, part_o, part_lse,
+        q, k_cache, v_cache, prefix_lens, mask_arg, bt_arg, out, lse_arg, partial_o, partial_lse,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -332,7 +332,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         rows = B * N * HQ
         block_r = 16 if D >= 128 else 32
         _merge_splits[(triton.cdiv(rows, block_r),)](
-            part_o, part_lse, out, lse_arg,
+            partial_o, partial_lse, out, lse_arg,
             out.stride(0), out.stride(1), out.stride(2), *lse_strides,
             N, HQ, rows, num_splits,
             HEAD_DIM=D, BLOCK_R=block_r, STORE_LSE=store_lse, num_warps=4,

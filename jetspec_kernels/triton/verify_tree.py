@@ -339,26 +339,26 @@ def _launch_filter(logits, num_nodes, temps, top_k, top_p, block_v=512, radix=4)
 
 
 def _launch_partials(logits, temps, seed, offset, num_splits, block_v, thresholds=None):
-    """Step 1: partial (value, index) per row and split; returns ``(part_v, part_i, S)``."""
+    """Step 1: partial (value, index) per row and split; returns ``(partial_value, partial_token, S)``."""
     B, N, V = logits.shape
     if num_splits is None:
         num_splits = _splits(B * N, V, block_v, logits.device)
     chunk = triton.cdiv(triton.cdiv(V, num_splits), block_v) * block_v
     S = triton.cdiv(V, chunk)
-    part_v = torch.empty((B * N, S), dtype=torch.float32, device=logits.device)
-    part_i = torch.empty((B * N, S), dtype=torch.int32, device=logits.device)
+    partial_value = torch.empty((B * N, S), dtype=torch.float32, device=logits.device)
+    partial_token = torch.empty((B * N, S), dtype=torch.int32, device=logits.device)
     sample = temps is not None
-    dummy = part_i                                  # pointers a greedy / unfiltered launch never reads
+    dummy = partial_token                                  # pointers a greedy / unfiltered launch never reads
     thr_x, thr_id = thresholds if thresholds is not None else (dummy, dummy)
     if B * N:
         _target_partial_kernel[(B * N, S)](
             logits, seed if sample else dummy, offset if sample else dummy,
-            temps if sample else dummy, thr_x, thr_id, part_v, part_i,
+            temps if sample else dummy, thr_x, thr_id, partial_value, partial_token,
             N, V, chunk, S, logits.stride(0), logits.stride(1),
             BLOCK_V=block_v, SAMPLE=sample, FILTER=thresholds is not None,
             num_warps=8 if block_v >= 2048 else 4,
         )
-    return part_v, part_i, S
+    return partial_value, partial_token, S
 
 
 def _block_v(V: int) -> int:
@@ -377,18 +377,18 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
     if B == 0:
         return
     if target_tokens is not None:
-        tgt, part_v, S, from_partials = target_tokens, None, 1, False
+        tgt, partial_value, S, from_partials = target_tokens, None, 1, False
     else:
         temps = _temperatures(temperature, B, tokens.device)
         thresholds = None
         if temps is not None and (top_k is not None or top_p is not None):
             thresholds = _launch_filter(target_logits, num_nodes, temps, top_k, top_p)
-        part_v, tgt, S = _launch_partials(target_logits, temps, seed, offset, num_splits,
+        partial_value, tgt, S = _launch_partials(target_logits, temps, seed, offset, num_splits,
                                         block_v or _block_v(target_logits.shape[2]), thresholds)
         from_partials = True
     C = max_depth + 1
     _walk_kernel[(B,)](
-        tokens, parents, num_nodes, tgt, part_v if from_partials else tgt,
+        tokens, parents, num_nodes, tgt, partial_value if from_partials else tgt,
         accept_len, path, bonus, emitted,
         N, S, C, max_depth, tokens.stride(0), parents.stride(0),
         tgt.stride(0), tgt.stride(1), path.stride(0), emitted.stride(0),
@@ -445,8 +445,8 @@ def sample_tokens(logits, temperature, seed=None, offset=None, top_k=None, top_p
     if temps is not None and (top_k is not None or top_p is not None):
         every = torch.full((B,), N, dtype=torch.int32, device=logits.device)
         thresholds = _launch_filter(logits, every, temps, top_k, top_p)
-    _, part_i, _ = _launch_partials(logits, temps, seed, offset, 1, _block_v(V), thresholds)
-    return part_i.view(B, N)
+    _, partial_token, _ = _launch_partials(logits, temps, seed, offset, 1, _block_v(V), thresholds)
+    return partial_token.view(B, N)
 
 
 def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
