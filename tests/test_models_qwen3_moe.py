@@ -281,3 +281,35 @@ def test_bench_decode_quick_moe(tmp_path, capsys):
     assert ms.target_param_count(target) - ms.target_active_params(target) == 2 * (8 - 2) * expert
     assert ms.target_read_params(target, 1) == pytest.approx(ms.target_active_params(target) + lm_head)
     assert ms.target_read_params(target, 10 ** 4) == pytest.approx(ms.target_param_count(target) + lm_head)
+
+
+def test_grouped_mm_selection(monkeypatch):
+    """The experts' grouped GEMM: torch.nn.functional.grouped_mm where torch has it (2.10 on),
+    else torch._grouped_mm (2.8, 2.9), else the per-expert loop, which reads row counts on the
+    host and so cannot be captured in a CUDA graph. The private op computes what the loop does;
+    grouped_mm=True without either raises."""
+    import types
+    import torch.nn.functional as F
+    from jetspec_kernels.models import moe
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 16, generator=gen)
+    weights, experts = moe.route(x, torch.randn(4, 16, generator=gen), 2, True)
+    gate_up, down = torch.randn(4, 16, 16, generator=gen), torch.randn(4, 16, 8, generator=gen)
+    loop = moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=False)
+    cuda_bf16 = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+
+    if hasattr(F, "grouped_mm"):
+        assert moe.grouped_mm_impl() is F.grouped_mm
+        monkeypatch.delattr(F, "grouped_mm")
+    assert moe.grouped_mm_impl() is torch._grouped_mm and moe._use_grouped_mm(cuda_bf16)
+    assert not moe._use_grouped_mm(types.SimpleNamespace(is_cuda=True, dtype=torch.float16))
+    assert not moe._use_grouped_mm(x)
+    private = moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=True)
+    assert rel(private, loop) < 1e-6
+
+    monkeypatch.delattr(torch, "_grouped_mm")
+    assert moe.grouped_mm_impl() is None and not moe._use_grouped_mm(cuda_bf16)
+    assert torch.equal(moe.grouped_experts(x, weights, experts, gate_up, down), loop)
+    with pytest.raises(RuntimeError, match="neither torch.nn.functional.grouped_mm nor"):
+        moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=True)
