@@ -92,9 +92,8 @@ def main(argv=None) -> int:
     if record.exists():
         lines += ["", "== hardware record (paste into bench/NOTES.md; bench/hardware_record.py) =="]
         rows = hardware_record.aggregate(hardware_record.read([record]))
-        lines += hardware_record.table(rows, "this GPU", "this run")
-        lines.append("cuda ops whose every GPU test passed: "
-                     + (", ".join(hardware_record.verified_ops(rows)) or "none"))
+        lines += hardware_record.table(rows, "this GPU", "this run", "-", "-")
+        lines += hardware_record.verified_lines(rows)
     ncu = a.results / "ncu_summary.txt"
     if ncu.exists():
         lines += ["", "== Nsight Compute: one launch of each kernel (bench/profile_kernels.py) ==",
