@@ -17,7 +17,8 @@ if str(ROOT) not in sys.path:  # bench/ is a top-level package of the checkout, 
 import jetspec_kernels as jk  # noqa: E402
 from jetspec_kernels import python_ref as ref  # noqa: E402
 from bench import common as bc  # noqa: E402
-BENCHES = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
+# bench_decode has its own tests (tests/test_bench_decode.py): its rows are rounds, not ops.
+BENCHES = ["tree_attention", "draft_tree", "verify", "draft_head"]
 NUMERIC = ["median_us", "tflops", "gbps", "floor_us", "time_over_floor", "flops", "bytes"]
 
 
