@@ -33,10 +33,10 @@ bench-quick: $(STAMP)
 # (git-ignored; bench/device_check.sh loads it and rebuilds only if it does not load or its sources
 # changed since). On the GPU machine: make device-bundle DEVICE_PYTHON=python3 PYBIND11_PY=python3.
 DEVICE_BUNDLE ?= .device-bundle
-DEVICE_PYTHON ?= $(firstword $(shell command -v python3.12 2>/dev/null) $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12))
+DEVICE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
 PYBIND11_PY ?= $(PY)
-CMAKE ?= $(firstword $(wildcard $(VENV)/bin/cmake) cmake)
-NINJA ?= $(firstword $(wildcard $(VENV)/bin/ninja) ninja)
+CMAKE ?= $(firstword $(abspath $(wildcard $(VENV)/bin/cmake)) cmake)
+NINJA ?= $(firstword $(abspath $(wildcard $(VENV)/bin/ninja)) $(shell command -v ninja 2>/dev/null) ninja)
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) /usr/local/cuda/bin/nvcc)
 
 device-bundle:

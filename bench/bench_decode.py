@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     opts = bc.options(parser(), argv)
     args = opts.args
     cuda = opts.cuda
-    size, configs, chunk = plan(args, cuda)
+    size, configs, chunk = plan(args, cuda or args.predict)   # --predict: the GPU plan
     for what, path in (("target", args.target), ("head", args.head)):
         if path and not Path(path).is_dir():
             print(f"bench_decode: --{what} {path} is not a directory", file=sys.stderr)

@@ -123,7 +123,8 @@ def capacity(prompt: int, rounds: int, budget: int, block: int) -> int:
 class StageGraphs:
     """One round of ``rnd`` (a fixed budget of ``size``) cut into a graph per stage group.
 
-    Capture follows the round's stage names (``STAGE_GROUPS``): entering a stage of another
+    After one eager round on the capture stream (workspaces, handles), capture follows the
+    round's stage names (``STAGE_GROUPS``): entering a stage of another
     group ends the graph being captured and begins the next, so the code between two stages of
     a group lands in that group's graph. All graphs share one private pool; the round's state
     lives outside it. ``replay(events)`` runs them in order, recording an event before the first
@@ -144,6 +145,11 @@ class StageGraphs:
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
+                rnd.stages = _decode()._NoStages()     # one eager round on this stream first
+                rnd.draft_step(True)
+                rnd.verify_step(size)
+                side.synchronize()
+                rnd.stages = self._cut
                 rnd.draft_step(True)
                 self._end()
                 rnd.verify_step(size)

@@ -2,7 +2,8 @@
 # The one script a GPU session runs (DESIGN.md section 6; issue 31), from the repository root:
 #
 #   bash bench/device_check.sh                     # on the GPU machine; results under $OUT
-#   bash bench/device_check.sh --steps decode,moe  # only these steps (a rerun on the same machine)
+#   bash bench/device_check.sh --steps setup,decode,moe  # only these (a rerun on the same machine;
+#                                                  # DEVICE_CHECK_BUDGET_S sets its budget)
 #   bash bench/device_check.sh --dry-run           # anywhere: prints the plan, runs no step
 #   bash bench/device_check.sh --source-hash       # hash of _C's sources (make device-bundle)
 #
@@ -73,7 +74,7 @@ export JETSPEC_CUDA_ARCHS=90a
 ((DRY)) && PY=${DEVICE_CHECK_DRY_PYTHON:-$ROOT/.venv/bin/python}
 
 remaining() { echo $((START + BUDGET_S - RESERVE_S - $(date +%s))); }
-wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
+wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* || ($1 == build && "$ONLY" == *",setup,"*) ]]; }
 passed() { grep -q "^$1$(printf '\t')PASS" "$STEPS"; }
 
 # step NAME LIMIT_S KEEP_S COMMAND [KIND]
@@ -86,6 +87,7 @@ step() {
   local name=$1 limit=$2 keep=$3 cmd=$4 kind=${5:-required}
   ((limit == 0)) && kind=optional
   wanted "$name" || return 0
+  [[ -n "$ONLY" ]] && keep=0               # a rerun of chosen steps holds nothing back
   if ((DRY)); then
     printf '%s\tDRY\t%s\t%s\n' "$name" "$limit" "$(echo "$cmd" | tr '\n\t' '  ' | tr -s ' ' | tail -c 150)" >>"$STEPS"
     echo "[device_check] plan $name $limit $keep $kind: $(echo "$cmd" | tr '\n' ' ' | tr -s ' ')"
@@ -130,7 +132,7 @@ step setup 20 425 "ln -sfn ../python_ref jetspec_kernels/python_ref
   '$PY' -m jetspec_kernels info"
 if ((DRY)) || { wanted setup && ! passed setup; }; then
   step build 150 0 "ln -sfn ../python_ref jetspec_kernels/python_ref
-    make device-bundle DEVICE_PYTHON='$PY' PYBIND11_PY='$PY' DEVICE_BUNDLE='$PERSIST/bundle' CMAKE=cmake NINJA=ninja &&
+    make device-bundle DEVICE_PYTHON='$PY' PYBIND11_PY='$PY' DEVICE_BUNDLE='$PERSIST/bundle' CMAKE=cmake NINJA=\$(command -v ninja) &&
     cp '$PERSIST'/bundle/_C*.so jetspec_kernels/ &&
     '$PY' -c 'import jetspec_kernels._C as C; print(\"_C built for\", C.built_archs())' &&
     '$PY' -m jetspec_kernels info" conditional

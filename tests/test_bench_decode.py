@@ -141,6 +141,50 @@ def test_stage_groups_cover_the_round(round_backend):
     assert list(times) == list(dr.GROUPS) and all(t > 0 for t in times.values())
 
 
+def test_stage_graphs_capture_every_op_of_the_round(round_backend, monkeypatch):
+    """The CUDA path of StageGraphs with a fake torch.cuda: after its eager warm-up round, every op
+    of the round runs while one of the three graphs is being captured (none falls between two
+    captures, where a real capture would miss it), in the order draft, verify, accept_commit."""
+    import contextlib
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    state = {"open": None, "log": []}
+
+    class FakeGraph:
+        def capture_begin(self, pool=None):
+            assert state["open"] is None
+            state["open"] = self
+
+        def capture_end(self):
+            state["open"] = None
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+        def synchronize(self):
+            state["log"].append("sync")
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            state["log"].append(state["open"])
+            return func(*args, **(kwargs or {}))
+
+    for name, value in (("CUDAGraph", FakeGraph), ("graph_pool_handle", lambda: None),
+                        ("Stream", FakeStream), ("current_stream", FakeStream),
+                        ("stream", lambda s: contextlib.nullcontext()), ("synchronize", lambda *a: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    m, pre = _prefilled("tiny")
+    with Log():
+        split = dr.StageGraphs(dr.new_round(m.target, m.head, pre, 16, 4, 200), 16, cuda=True)
+    log = state["log"]
+    captured = log[log.index("sync") + 1:]
+    assert len(captured) > 50 and None not in captured
+    assert list(split.graphs) == list(dr.GROUPS)
+    order = list(dict.fromkeys(captured))
+    assert order == [split.graphs[g] for g in dr.GROUPS]
+
+
 def _counts(layers, round_backend_unused=None):
     tc = tiny_qwen3_config(num_hidden_layers=layers)
     target = Qwen3(tc, random_qwen3_weights(tc))
@@ -227,7 +271,7 @@ def test_memory_estimator_table(size, batch, prompt, budget, cap, total):
     assert dc.memory(m, batch, prompt, budget, cap, 512)["total"] == total
 
 
-def test_plan_and_predicted_device_time(tmp_path):
+def test_plan_and_predicted_device_time(tmp_path, capsys):
     """The GPU plan starts with the issue's headline config; the dense plan's first call covers
     at least every prompt-512 config within the decode step's limit in device_check.sh, and the
     rest of it plus the MoE plan fit one more call of under 8 minutes (warm Triton cache: no
@@ -248,8 +292,10 @@ def test_plan_and_predicted_device_time(tmp_path):
     moe_size, moe_plan, _ = bd.plan(moe_args, cuda=True)
     moe_s = dc.plan_seconds(dc.Model.of_size(moe_size), moe_plan, dc.H200, chunk)[-1]
     assert rest + moe_s < 8 * 60 - 60, (rest, moe_s, compile_s)
-    # --predict prints the tables without a device
+    # --predict prints the GPU plan's tables without a device
     assert bd.main(["--predict", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "8b on H200" in out and "8b on H100" in out and "| B1/p512/n64 |" in out
 
 
 def test_quick_cpu_run_resume_and_missing_models(tmp_path, capsys):

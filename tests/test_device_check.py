@@ -66,8 +66,9 @@ def test_plan_order_and_limits():
 
 
 def test_rerun_picks_steps_and_results_fit_the_device_tool(tmp_path):
-    plan, out = dry_run(tmp_path, "--steps", "decode,moe")
-    assert [p[0] for p in plan] == ["decode", "moe"]
+    plan, out = dry_run(tmp_path, "--steps", "setup,decode,moe")
+    assert [p[0] for p in plan] == ["setup", "build", "decode", "moe"]
+    assert all(keep == 0 for _, _, keep, *_ in plan)
     files = [p for p in tmp_path.iterdir() if p.is_file()]
     assert 0 < len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in files)
     assert "== device check: steps ==" in (tmp_path / "summary.txt").read_text()
