@@ -132,7 +132,8 @@ def prediction_lines(m: dc.Model, configs: list[dc.Config], ceiling: dc.Ceiling,
         mem = dc.memory(m, cfg.batch, cfg.prompt, cfg.budget, cap, chunk)["total"] / 1e9
         lines.append(f"| {cfg.label} | {sum(floors):.2f} ({' / '.join(f'{f:.2f}' for f in floors)}) | "
                      f"{pred * 1e3:.2f} | {ar.floor(ceiling) * 1e3:.2f} | {ar_pred * 1e3:.2f} | "
-                     f"{_f(tok)} | {ar_tok:.0f} | {_f(tok / ar_tok)} | {_f(engine)} | {mem:.1f} | {t_cum:.0f} |")
+                     f"{_f(tok)} | {ar_tok:.0f} | {_f(tok / ar_tok)} | {_f(engine)} | {mem:.1f} | "
+                     f"{t_cum:.0f} |")
     return lines
 
 
@@ -254,6 +255,15 @@ def main(argv=None) -> int:
     ceil = bc.measure_ceilings(opts.device, dtype, opts.quick)
     ceiling = dc.Ceiling(ceil.bandwidth, ceil.flops, "measured here")
     table = bc.Table("decode", opts, ceil, BASELINES, extra_columns=EXTRA, stream=True)
+    if cuda and not (args.target or args.head):
+        need = dc.Model.of_size(size).weight_bytes() + dc.MEMORY_SLACK
+        free = torch.cuda.mem_get_info(opts.device)[0]
+        if need > free:                   # e.g. the MoE target on an H100
+            for c in configs:
+                table.skip(c.label, "spec", f"the {size} weights need about {need / 1e9:.1f} GB, "
+                           f"{free / 1e9:.1f} GB free")
+            table.finish()
+            return 0
     try:
         m = ms.build(opts.device, dtype, size=size, with_target=True, target_dir=args.target,
                      head_dir=args.head)

@@ -137,7 +137,8 @@ class Model:
             moe_inter=tcfg.moe_intermediate_size if moe else 0,
             all_params=dense + len(sparse) * experts * expert, lm_head=tcfg.vocab_size * tcfg.hidden_size,
             tied=bool(tcfg.tie_word_embeddings), head_layers=dcfg.num_hidden_layers,
-            head_layer_params=count(hs), head_fc=dcfg.hidden_size * len(dcfg.target_layer_ids) * dcfg.target_hidden_size,
+            head_layer_params=count(hs),
+            head_fc=dcfg.hidden_size * len(dcfg.target_layer_ids) * dcfg.target_hidden_size,
             head_kv_params=count(hs, lambda k: k in ("self_attn.k_proj.weight", "self_attn.v_proj.weight")),
             head_q_heads=dcfg.num_attention_heads, head_kv_heads=dcfg.num_key_value_heads,
             head_head_dim=dcfg.head_dim, block=dcfg.block_size, taps=len(dcfg.target_layer_ids),
@@ -198,7 +199,8 @@ def round_costs(m: Model, batch: int, prefix: int, budget: int) -> dict[str, Cos
     head_attn = 4 * m.head_layers * batch * s * (prefix + s) * m.head_q_heads * m.head_head_dim
     draft = Cost(
         nbytes=(m.head_layers * m.head_layer_params + m.lm_head) * m.elt + batch * (prefix + 2 * s) * kv_head,
-        flops=2 * batch * s * m.head_layers * m.head_layer_params + head_attn + 2 * batch * d * m.vocab * m.hidden,
+        flops=(2 * batch * s * m.head_layers * m.head_layer_params + head_attn
+               + 2 * batch * d * m.vocab * m.hidden),
         launches=LAUNCHES["draft_fixed"] + m.head_layers * LAUNCHES["head_layer"],
         big=m.head_layers * BIG_PER_LAYER + 1)
     verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True)

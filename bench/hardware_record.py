@@ -103,7 +103,8 @@ def table(rows: dict[tuple[str, str, str], dict], device: str, date: str, commit
     order = {fn: i for i, fn in enumerate(INTERFACE_FUNCTIONS)}
     lines = list(HEADER)
     for (op, backend, dtype), row in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0])):
-        lines.append(f"| {op} | {backend} | {dtype} | {device} | {status(row)} | {date} | {commit} | {files} |")
+        lines.append(f"| {op} | {backend} | {dtype} | {device} | {status(row)} | {date} | {commit} "
+                     f"| {files} |")
     return lines
 
 

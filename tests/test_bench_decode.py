@@ -326,3 +326,18 @@ def test_quick_cpu_run_resume_and_missing_models(tmp_path, capsys):
     assert bd.main(["--quick", "--device", "cpu", "--target", str(tmp_path / "none"),
                     "--out", str(tmp_path / "c")]) == 2
     assert math.isfinite(float(rows[2]["floor_ms"]))
+
+
+def test_models_that_do_not_fit_are_skipped_with_a_row(tmp_path, monkeypatch):
+    """On a GPU whose free memory cannot hold the weights (the MoE target on an H100), every
+    config gets a skip row saying how much it needs, and the run succeeds (a fake CUDA device)."""
+    from bench import common as bc
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (50e9, 80e9))
+    monkeypatch.setattr(bc, "device_name", lambda dev: "fake_gpu")
+    monkeypatch.setattr(bc, "measure_ceilings", lambda *a: bc.Ceilings(3e12, 8e14, "bf16", None, None))
+    assert bd.main(["--model", "moe", "--device", "cuda", "--no-plot", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "decode.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and all(r["status"] == "skip" for r in rows)
+    assert rows[0]["note"] == "the 30b_a3b weights need about 63.8 GB, 50.0 GB free"

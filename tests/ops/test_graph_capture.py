@@ -1,9 +1,10 @@
 """Every public op captured in a CUDA graph on each GPU backend (cuda, triton), replayed on new
 input values, equal to the same op run eagerly on those values (in-place caches included).
 
-On the CPU (reference, and triton under the interpreter) the "capture" is a fake one: the op runs
-under bench/decode_round.HostReads(refuse=True) with value checks off, so an op wrapper that reads
-a tensor value on the host (which a real capture refuses) fails here, and the replay reruns it."""
+On the CPU (reference, and triton under the interpreter; reference on a GPU too) the "capture" is
+a fake one: the op runs under bench/decode_round.HostReads(refuse=True) with value checks off, so
+an op wrapper that reads a tensor value on the host (which a real capture refuses) fails here, and
+the replay reruns it."""
 import sys
 from pathlib import Path
 
@@ -22,11 +23,13 @@ B, N, HQ, HKV, DH, L, V, D, K, H = 2, 24, 4, 2, 64, 64, 500, 4, 3, 64
 
 
 class Captured:
-    """``fn`` captured in a CUDA graph (``replay`` reruns it and returns the captured outputs), or
-    on the CPU run under a host-read guard (``replay`` reruns it eagerly)."""
+    """``fn`` captured in a CUDA graph (``replay`` reruns it and returns the captured outputs), or,
+    with ``graph=False`` (the CPU; the reference backend, which reads values on the host by
+    design), run under a host-read guard that treats the kernels as opaque (``replay`` reruns it
+    eagerly)."""
 
-    def __init__(self, fn, dev):
-        self.fn, self.cuda = fn, dev == "cuda"
+    def __init__(self, fn, graph):
+        self.fn, self.cuda = fn, graph
         if not self.cuda:
             with HostReads(refuse=True):
                 self.out = fn()
@@ -118,7 +121,7 @@ def test_every_op_replays_from_a_graph(backend, dev, no_value_checks):
     }
     inputs = [logits, hidden, lm_head, q, k, v, kc, vc, target]
     for what, fn in ops.items():
-        g = Captured(fn, dev)
+        g = Captured(fn, graph=dev == "cuda" and name != "reference")
         for t in inputs:                           # new values in the same buffers
             t.copy_((torch.randn(t.shape, generator=gen) * 2).to(t.dtype))
         new_lp, new_tok = torch.log_softmax(logits, -1).topk(K, dim=-1)
@@ -150,4 +153,4 @@ def test_python_number_filters_capture(backend, dev, no_value_checks):
     seed = torch.tensor([1, 2], dtype=torch.int64, device=dev)
     offset = torch.tensor([0, 4], dtype=torch.int64, device=dev)
     Captured(lambda: jk.verify_tree(tree, target, temperature=0.8, seed=seed, offset=offset,
-                                    top_k=7, top_p=0.9, backend=backend.name), dev)
+                                    top_k=7, top_p=0.9, backend=backend.name), graph=True)
