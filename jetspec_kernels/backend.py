@@ -1,13 +1,14 @@
 """Backend selection: ``auto``, ``cuda``, ``triton``, ``reference``.
 
 Order of precedence: the ``backend=`` argument of an op, then :func:`set_backend`, then the
-``JETSPEC_BACKEND`` environment variable, then ``auto``. For CUDA tensors ``auto`` tries ``cuda``
-(only for the ops in :data:`HARDWARE_VERIFIED`, and only when ``_C`` is built for the device and
-the driver can run its CUDA runtime), then ``triton``, then ``reference``; for CPU tensors
-``reference``, or ``triton`` first when ``TRITON_INTERPRET=1``. An op whose inputs a candidate
-cannot take (a dtype, a head dim, a kernel not written yet) goes to the next one. An explicitly
-requested backend that cannot run raises :class:`BackendUnavailableError` with the reason; an
-explicit choice never falls back.
+``JETSPEC_BACKEND`` environment variable, then ``auto``. For CUDA tensors ``auto`` tries, per
+interface function, the backends listed for it in :data:`HARDWARE_VERIFIED` (they passed its
+parity tests on a GPU in a recorded run; fastest first), then ``triton``, then ``reference``; an
+unlisted ``cuda`` is never auto's choice, and ``cuda`` only runs when ``_C`` is built for the
+device and the driver can run its CUDA runtime. For CPU tensors ``reference``, or ``triton``
+first when ``TRITON_INTERPRET=1``. An op whose inputs a candidate cannot take (a dtype, a head
+dim, a kernel not written yet) goes to the next one. An explicitly requested backend that cannot
+run raises :class:`BackendUnavailableError` with the reason; an explicit choice never falls back.
 """
 from __future__ import annotations
 
@@ -31,15 +32,25 @@ _BACKEND_MODULES = {
 _CUDA_AVAILABILITY = "jetspec_kernels.cuda.availability"
 
 
-# Interface functions (CONTRIBUTING.md, backend interface) whose ``cuda`` kernels are auto's choice
-# for CUDA tensors: they passed their parity tests on real hardware (bench/device_check.sh; the
-# record is in bench/NOTES.md) and were not slower than triton in that run. Until an op is listed,
-# ``auto`` does not send CUDA tensors to the cuda backend: a path that has never run on a GPU is
-# nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the commit that
-# records its passing run.
-HARDWARE_VERIFIED: dict[str, frozenset[str]] = {
-    "cuda": frozenset({"log_softmax_topk", "build_tree", "pack_mask"}),
+# Per interface function (CONTRIBUTING.md, backend interface): the backends whose kernels passed
+# its parity tests on real hardware in a recorded run (bench/device_check.sh; the record, one row
+# per op x backend x dtype, is in bench/NOTES.md, "Hardware record"), fastest first in that run's
+# benches. ``auto`` tries them in this order for CUDA tensors, then triton (its choice where no
+# backend is listed: what users got before any hardware evidence), then reference. A cuda kernel
+# that is not listed is never auto's choice; ``backend="cuda"`` still runs it. An op x backend joins
+# this table in the commit that records its passing run.
+HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
+    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): cuda passed, and was not slower than
+    # triton there; triton's GPU parity tests had not run. verify_tree's cuda kernels passed too,
+    # but changed after the run (top-k / top-p filters, per-sequence temperature): they return
+    # with a passing rerun.
+    "log_softmax_topk": ("cuda",),
+    "build_tree": ("cuda",),
+    "pack_mask": ("cuda",),
 }
+
+# What HARDWARE_VERIFIED may list.
+GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask")
@@ -102,18 +113,27 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     raise ValueError(f"unknown backend {name!r}")
 
 
+def verified_backends(fn: str | None) -> tuple[str, ...]:
+    """The backends that passed interface function ``fn``'s parity tests on hardware, fastest first
+    (``HARDWARE_VERIFIED``); ``fn`` None: those listed for every interface function, in the order
+    of the first."""
+    if fn is not None:
+        return tuple(HARDWARE_VERIFIED.get(fn, ()))
+    lists = [HARDWARE_VERIFIED.get(f, ()) for f in INTERFACE_FUNCTIONS]
+    return tuple(b for b in lists[0] if all(b in other for other in lists[1:]))
+
+
 def hardware_verified(name: str, fn: str | None) -> bool:
     """Whether ``auto`` may pick backend ``name`` for interface function ``fn`` on a CUDA device
-    (``fn`` None: for every interface function). Only the cuda backend is gated."""
-    if name != "cuda":
-        return True
-    verified = HARDWARE_VERIFIED["cuda"]
-    return fn in verified if fn is not None else verified >= set(INTERFACE_FUNCTIONS)
+    (``fn`` None: for every interface function). Only the cuda backend is gated: triton is auto's
+    choice where no backend has passed on hardware."""
+    return name != "cuda" or name in verified_backends(fn)
 
 
 def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, ...]:
     if device.type == "cuda":
-        return tuple(c for c in ("cuda", "triton", "reference") if hardware_verified(c, fn))
+        order = verified_backends(fn) + ("triton", "reference")
+        return tuple(dict.fromkeys(c for c in order if hardware_verified(c, fn)))
     if triton_interpret():
         return ("triton", "reference")
     return ("reference",)

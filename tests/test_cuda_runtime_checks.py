@@ -90,7 +90,7 @@ def test_old_driver_makes_cuda_unavailable(sim_as_C, monkeypatch):
     """R550/R570 drivers (CUDA 12.x) cannot run the CUDA 13 runtime _C links: an explicit cuda
     backend says so with both versions, and auto does not pick it, even for verified ops."""
     dev = torch.device("cuda", 0)
-    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset(bk.INTERFACE_FUNCTIONS))
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {fn: ("cuda",) for fn in bk.INTERFACE_FUNCTIONS})
     assert bk.unavailable_reason("cuda", dev) is None
     assert bk.resolve(dev, "auto") == "cuda"
 

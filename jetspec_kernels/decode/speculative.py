@@ -22,7 +22,7 @@ from ..tree import Tree
 from .output import TokenBuffer
 from .prefill import pad_prompts, prefill
 
-__all__ = ["SpeculativeDecode", "start_speculative", "verdict_cols"]
+__all__ = ["SpeculativeDecode", "cache_capacity", "start_speculative", "verdict_cols"]
 
 
 def verdict_cols(head, budget: int) -> int:
@@ -30,7 +30,7 @@ def verdict_cols(head, budget: int) -> int:
     return min(head.block_size - 1, budget - 1) + 1
 
 
-def _capacity(max_prompt: int, max_new: int, budget: int, block: int, cols: int) -> int:
+def cache_capacity(max_prompt: int, max_new: int, budget: int, block: int, cols: int) -> int:
     """Cache positions per sequence: the longest context plus the widest write past it."""
     return max_prompt + max_new + cols + max(budget, block, cols) + 1
 
@@ -147,7 +147,7 @@ def start_speculative(target, head, prompt_ids, taps, *, max_new_tokens, sizes, 
     b, t_max = tokens.shape
     budget = sizes[-1]
     cols = verdict_cols(head, budget)
-    cap = _capacity(t_max, max_new_tokens, budget, head.block_size, cols)
+    cap = cache_capacity(t_max, max_new_tokens, budget, head.block_size, cols)
     cache = target.new_cache(b, cap, page_size=page_size)
     dstate = head.new_state(b, cap, page_size=page_size)
     out = TokenBuffer(b, max_new_tokens, cols, eos_token_id, dev)
