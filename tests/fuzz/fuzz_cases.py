@@ -502,13 +502,15 @@ def verify_tree_inputs(r, g, B):
 
 
 def control(r, B, scalar_values, tensor_dtypes, tensor_values):
-    """A sampling control: a number, a [] tensor, or a per-sequence [B] tensor."""
-    form = r.choice(("number", "number", "tensor", "scalar_tensor"))
+    """A sampling control: a number, a [] or [1] tensor, or a per-sequence [B] tensor."""
+    form = r.choice(("number", "number", "tensor", "scalar_tensor", "one_tensor"))
     if form == "number":
         return r.choice(scalar_values)
     dt = r.choice(tensor_dtypes)
     if form == "scalar_tensor":
         return torch.tensor(r.choice(tensor_values), dtype=dt)
+    if form == "one_tensor":                              # [1]: one value for every sequence
+        return torch.tensor([r.choice(tensor_values)], dtype=dt)
     return torch.tensor([r.choice(tensor_values) for _ in range(B)], dtype=dt)
 
 
