@@ -131,6 +131,11 @@ CASES = [
     (jk.draft_tree, draft_tree_args, _with("logits", [[1.0]]), TypeError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"].transpose(1, 2).transpose(1, 2)[..., ::2]), ValueError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][:, :0]), ValueError, "logits"),
+    # a last dim of stride 0 (an expanded row) is not contiguous either
+    (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][..., :1].expand(B, D, V)), ValueError, "logits"),
+    (jk.tree_attention, tree_attention_args, _with("q", lambda a: a["q"][..., :1].expand(B, N, HQ, DH)), ValueError, "q"),
+    (jk.verify_tree, verify_args, _with("target_logits", lambda a: a["target_logits"][..., :1].expand(B, N, V)), ValueError, "target_logits"),
+    (jk.qk_norm_rope_append, rope_args, _with("k_norm_w", torch.ones(1).expand(DH)), ValueError, "k_norm_w"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][..., :0]), ValueError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", lambda a: a["root_tokens"].float()), TypeError, "root_tokens"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", torch.zeros(B + 1, dtype=I32)), ValueError, "root_tokens"),

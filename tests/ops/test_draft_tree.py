@@ -575,3 +575,33 @@ def test_draft_tree_from_hidden_engine_layouts(backend, layout):
     sync(backend.device)
     why = tree_difference(got, ref.draft_tree(hidden.double() @ weight.double().T, root, 12, 3), 1e-4)
     assert why is None, why
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("scale", [1e-4, 1e3, "identical"])
+def test_draft_tree_logit_magnitudes(backend, scale):
+    """Logits of 1e-4 (near-uniform log-probs, close to -log V) and 1e3 (spreads of thousands)
+    against the float64 spec, up to ties within float32 rounding at that scale; rows of one
+    repeated value (every candidate ties: the lowest ids, bit for bit with the fp32 spec)."""
+    gen = torch.Generator().manual_seed(5)
+    B, D, V, K, budget = 2, 3, 700, 4, 30
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    if scale == "identical":
+        logits = (torch.randn(B, D, 1, generator=gen) * 5).expand(B, D, V).contiguous().to(dtype)
+    else:
+        logits = (torch.randn(B, D, V, generator=gen) * scale).to(dtype)
+    root = torch.tensor([3, 4], dtype=torch.int32)
+    with poisoned_empty():
+        got = jk.draft_tree(logits.to(backend.device), root.to(backend.device), budget=budget,
+                            topk=K, backend=api_backend(backend))
+    sync(backend.device)
+    if scale == "identical":
+        want = ref.draft_tree(logits.float(), root, budget, K)
+        for key in ("tokens", "parents", "depths", "num_nodes", "mask"):
+            assert torch.equal(tree_fields(got)[key], want[key].to(torch.int32)), key
+        assert tree_fields(got)["tokens"][:, 1:1 + K].tolist() == [list(range(K))] * B
+        return
+    eps = 1e-5 + 4e-7 * D * max(1.0, scale)
+    why = tree_difference(got, ref.draft_tree(logits.double(), root, budget, K), eps,
+                          score_tol=TOL[torch.float32])
+    assert why is None, why

@@ -331,3 +331,32 @@ def test_engine_layouts(backend, layout, is_paged, with_q):
     assert torch.equal(~kc.cpu().isnan(), written) and torch.equal(~vc.cpu().isnan(), written)
     assert rel_l2(kc.cpu()[written], kr[written]) < TOL[dtype]
     assert torch.equal(vc.cpu()[written], vr[written].to(dtype))
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("scale", [1e-4, 1e-3, 1e3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_activation_scales(backend, scale, dtype):
+    """Activations of 1e-4 .. 1e3 (hidden states of some layers live at 1e-3, where eps = 1e-6
+    is as large as mean(x**2)) and a head of identical values: RMSNorm's epsilon sits inside the
+    square root (an epsilon outside it is 38 % off at 1e-3 and passes at scale 1)."""
+    gen = torch.Generator().manual_seed(int(scale * 1e4) % 1000)
+    B, N, Hq, Hkv, Dh = 2, 3, 4, 2, 64
+    q = (torch.randn(B, N, Hq, Dh, generator=gen) * scale).to(dtype)
+    k = (torch.randn(B, N, Hkv, Dh, generator=gen) * scale).to(dtype)
+    v = torch.randn(B, N, Hkv, Dh, generator=gen).to(dtype)
+    k[0, 0, 0] = k[0, 0, 0, :1]                           # identical values: normalised to w
+    qw, kw = torch.rand(Dh, generator=gen) + 0.5, torch.rand(Dh, generator=gen) + 0.5
+    pos = torch.tensor([[0, 1, 2], [7, 8, 9]], dtype=torch.int32)
+    kc = torch.full((B, 12, Hkv, Dh), float("nan"), dtype=dtype)
+    kr, vr = kc.double(), kc.double()
+    want = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
+                                   pos, kr, vr, 1e6)
+    dev = backend.device
+    kd, vd = kc.to(dev), kc.clone().to(dev)
+    got = jk.qk_norm_rope_append(q.to(dev), k.to(dev), v.to(dev), qw.to(dev), kw.to(dev),
+                                 pos.to(dev), kd, vd, rope_theta=1e6, backend=api_backend(backend))
+    sync(dev)
+    written = ~kr.isnan()
+    assert rel_l2(got, want) < TOL[dtype]
+    assert rel_l2(kd.cpu()[written], kr[written]) < TOL[dtype]

@@ -491,3 +491,25 @@ def test_tree_attention_engine_layouts(backend, layout, is_paged):
     assert got is out and got_lse is lse
     assert not got.isnan().any() and not got_lse.isnan().any()
     assert rel_l2(got, o_ref) < TOL[dtype] and rel_l2(got_lse, l_ref) < TOL[dtype]
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("qk_scale,v_scale", [(1e-3, 1e3), (30.0, 1e-2), (1.0, 1e3)])
+def test_tree_attention_magnitudes(backend, qk_scale, v_scale):
+    """Queries and keys of 1e-3 (uniform weights) or 30 (one-hot softmax: scores of 1e4 need the
+    running max), values of 1e-2 .. 1e3: python_ref's output and lse (float64) within tolerance."""
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    dev = backend.device
+    gen = torch.Generator().manual_seed(int(qk_scale * 7 + v_scale))
+    B, N, Hq, Hkv, Dh, L = 2, 9, 4, 2, 64, 40
+    prefix = torch.tensor([20, 31], dtype=torch.int32)
+    q = (torch.randn(B, N, Hq, Dh, generator=gen) * qk_scale).to(dtype)
+    k = (torch.randn(B, L, Hkv, Dh, generator=gen) * qk_scale).to(dtype)
+    v = (torch.randn(B, L, Hkv, Dh, generator=gen) * v_scale).to(dtype)
+    parents, num_nodes = random_tree(B, N, gen)
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask)
+    out, lse = jk.tree_attention(q.to(dev), k.to(dev), v.to(dev), prefix.to(dev), mask.to(dev),
+                                 return_lse=True, backend=api_backend(backend))
+    sync(dev)
+    assert rel_l2(out, o_ref) < TOL[dtype] and rel_l2(lse, l_ref) < TOL[dtype]

@@ -404,13 +404,16 @@ def test_nan_and_inf_logits(backend, num_splits):
     rows[6, 0, 0] = 1e30
     rows[7:] = rows[:5].clone()
     rows[7:, 0, 150] = float("nan")
+    rows[11, 0] = torch.arange(V) * 1e-3                          # +inf maxima off id 0 with
+    rows[11, 0, [9, 11, 40]] = float("inf")                      # top-p: each weighs 2**32
     b = rows.shape[0]
     zeros = torch.zeros(b, 1, dtype=torch.int32)
     seed, offset = torch.arange(b, dtype=torch.int64) + 5, torch.zeros(b, dtype=torch.int64)
     temp = torch.tensor([0.0, 1.0, 0.7, 2.0] * 3)
     top_k = torch.tensor([0, 1, 5, 299, 300, 2] * 2, dtype=torch.int32)
     top_p = torch.tensor([1.0, 1e-4, 0.5, 0.9] * 3)
-    for kw in (dict(), dict(temperature=temp), dict(temperature=temp, top_k=top_k, top_p=top_p)):
+    for kw in (dict(), dict(temperature=temp), dict(temperature=temp, top_p=top_p),
+               dict(temperature=temp, top_k=top_k, top_p=top_p)):
         want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows, seed=seed,
                      offset=offset, num_splits=num_splits, block_v=128, **kw)
         first_nan = [int(r[0].isnan().nonzero()[0]) if r[0].isnan().any() else None for r in rows]
@@ -418,6 +421,30 @@ def test_nan_and_inf_logits(backend, num_splits):
             if n is not None:
                 assert int(want["bonus"][i]) == n, (kw, i)
         assert int(want["bonus"][3]) == 0 and int(want["bonus"][5]) == 0
+        assert int(want["bonus"][11]) == 9
+
+
+@backends("triton", "sim", "cuda")
+def test_logit_magnitudes(backend):
+    """Logits of 1e-4 (near-uniform: the Gumbel noise decides, bit for bit), 1e3 with T 0.05
+    (x / T = 2e4), half the float32 range (x / T overflows to inf), and rows of one repeated
+    value (every token ties: top-k keeps the lowest ids), greedy and sampled with per-sequence
+    top-k and top-p: python_ref's tokens."""
+    V = 200
+    gen = torch.Generator().manual_seed(21)
+    scales = [1e-4, 1e-4, 1e3, 1e3, 1.7e38, 1.0, 1.0, 1e-4]
+    rows = torch.randn(len(scales), 1, V, generator=gen) * torch.tensor(scales)[:, None, None]
+    rows[5] = 0.25                                                # every token ties
+    rows[6] = -3.0
+    b = rows.shape[0]
+    zeros = torch.zeros(b, 1, dtype=torch.int32)
+    seed, offset = torch.arange(b, dtype=torch.int64) * 31 + 1, torch.arange(b, dtype=torch.int64)
+    temp = torch.tensor([1.0, 0.0, 0.05, 1.0, 0.5, 1.0, 0.7, 2.0])
+    top_k = torch.tensor([0, 0, 3, 0, 2, 5, 0, 7], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.3, 0.9, 1.0, 0.5, 0.05])
+    want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows, temperature=temp,
+                 seed=seed, offset=offset, top_k=top_k, top_p=top_p)
+    assert int(want["bonus"][5]) < 5 and int(want["bonus"][6]) < 100
 
 
 @backends("sim", "cuda")
