@@ -184,7 +184,7 @@ def _one_error_line(err: str, option: str) -> None:
     a message may name others after it, e.g. the option that overrides a default)."""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jetspec: error: "), err
-    named = re.findall(r"--[a-z][\w-]*|\{[\w,]+\}|\bserve\b", lines[0])
+    named = re.findall(r"--[a-z][\w-]*|\{[\w,]+\}", lines[0])
     assert named and named[0] == option, f"blames {named[:1]}, not {option}: {lines[0]}"
     assert "Traceback" not in err
 
@@ -204,7 +204,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, option):
     (["generate", "--random-tiny", "--prompt", "1 300"], "--prompt"),
     ("MISMATCH", "--head"),
     ([], "{demo,generate,info}"),
-    (["serve"], "serve"),
+    (["serve"], "{demo,generate,info}"),      # the subcommand argument, then 'serve'
     (["info", "--bogus"], "--bogus"),
     (["demo", "--prompts", "0"], "--prompts"),
 ])

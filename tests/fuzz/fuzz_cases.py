@@ -67,8 +67,7 @@ def _rng(op, seed):
 def make(op: str, seed: int) -> Case:
     """The case ``seed`` of public op ``op`` (a fresh copy each call: ops write in place)."""
     r, g = _rng(op, seed)
-    case = Case(op, seed, *MAKERS[op](r, g))
-    return case
+    return Case(op, seed, *MAKERS[op](r, g))
 
 
 # ------------------------------------------------------------------ layouts

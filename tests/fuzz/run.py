@@ -25,7 +25,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from fuzz_cases import OPS  # noqa: E402
+from fuzz_cases import OPS, make  # noqa: E402
 from fuzz_check import check  # noqa: E402
 from fuzz_engines import engine_named, engines_here  # noqa: E402
 
@@ -64,6 +64,7 @@ def main(argv=None) -> int:
                           flush=True)
                     if replay:
                         traceback.print_exc()
+                        print(f"case: {make(op, s).describe()}")
                 key = (op, engine.name, status.split(":")[0])
                 counts[key] = counts.get(key, 0) + 1
                 slow.append((time.time() - start, f"{op} seed {s} on {engine.name}"))
