@@ -6,10 +6,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
+# make fuzz: e.g. FUZZ_ARGS="--seconds 3600 --seed 42 --ops verify_tree,tree_attention"
+FUZZ_ARGS ?=
 STAMP := $(VENV)/.jetspec-installed
 BUILD_INPUTS := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: install test demo bench-quick device-bundle clean
+.PHONY: install test fuzz demo bench-quick device-bundle clean
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -22,6 +24,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --benchmark-disable $(PYTEST_ARGS) tests
+
+fuzz: $(STAMP)
+	$(PY) tests/fuzz/run.py --seconds 600 $(FUZZ_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m jetspec_kernels demo

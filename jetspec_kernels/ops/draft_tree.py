@@ -27,12 +27,26 @@ def _nonempty(name: str, t, dim: int, what: str) -> None:
         raise ValueError(f"{name} must have {what} in dim {dim}, got shape {list(t.shape)}")
 
 
+def _log_softmax_defined(name: str, t) -> None:
+    """Every row of ``t`` has a log-softmax: no NaN or +inf, and some value above -inf (only
+    where value checks run; elsewhere such a row gives an unspecified tree)."""
+    if not t.numel() or not C.values_checked(t):
+        return
+    if bool(t.isnan().any()) or bool(t.isposinf().any()):
+        raise ValueError(f"{name} must hold no NaN or +inf (a row with one has no log-softmax), "
+                         f"got {int(t.isnan().sum())} NaN and {int(t.isposinf().sum())} +inf")
+    if bool(t.isneginf().all(-1).any()):
+        raise ValueError(f"{name} must hold a value above -inf in every row (a row of -inf has no "
+                         f"log-softmax)")
+
+
 def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
     checks.tensor("logits", logits, dtypes=checks.FLOAT_DTYPES, ndim=3)
     b, _, v = logits.shape
     _nonempty("logits", logits, 1, "at least one draft depth")
     _nonempty("logits", logits, 2, "a non-empty vocabulary")
     _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=v, device=logits.device)
+    _log_softmax_defined("logits", logits)
 
 
 def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
@@ -65,6 +79,10 @@ def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, to
     _nonempty("lm_head_weight", lm_head_weight, 0, "a non-empty vocabulary")
     _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=lm_head_weight.shape[0],
                   device=hidden.device)
+    for name, t in (("hidden", hidden), ("lm_head_weight", lm_head_weight)):
+        if t.numel() and C.values_checked(t) and not bool(t.isfinite().all()):
+            raise ValueError(f"{name} must be finite (its logits would have no log-softmax), got "
+                             f"{int((~t.isfinite()).sum())} NaN or infinite values")
 
 
 def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int, algorithm: str,

@@ -168,8 +168,9 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     Parameters
     ----------
     tree : Tree with capacity N
-    target_logits : float [B, N, V], optional   the target's logits at each node (NaN-free:
-        backends differ on where a NaN wins the argmax)
+    target_logits : float [B, N, V], optional   the target's logits at each node (a NaN is
+        the maximum, as in torch.argmax: a node whose row holds one gets its first NaN's token,
+        greedy or sampled, whatever the filters)
     target_tokens : int32 [B, N], optional      or the target's already chosen token per node
     temperature : float >= 0, or float32/float64 tensor [B] or [] (0 = greedy for that sequence;
         filters do not apply to greedy sequences)

@@ -235,14 +235,19 @@ def _target_partial_kernel(
             g = -tl.log(-tl.log(u))
             xs = tl.div_rn(x, T)
             keep = m
-            if FILTER:
-                keep = keep & ((xs > thr_x) | ((xs == thr_x) & (v <= thr_id)))
+            if FILTER:   # a NaN is kept: it is the maximum whatever the filters say
+                keep = keep & ((xs > thr_x) | ((xs == thr_x) & (v <= thr_id)) | (xs != xs))
             x = tl.where(sampled, tl.where(keep, xs + g, float("-inf")), x)
-        tile_max = tl.max(x, axis=0)
-        tile_arg = tl.argmax(x, axis=0, tie_break_left=True)
-        better = tile_max > best_val            # strict: an earlier tile keeps a tie
-        best_idx = tl.where(better, v0 + tile_arg, best_idx)
-        best_val = tl.maximum(best_val, tile_max)
+        # torch.argmax order: a NaN is the maximum (the first NaN wins), ties to the lower index
+        nan = x != x
+        tile_nan = tl.max(nan.to(tl.int32), axis=0) > 0
+        finite = tl.where(nan, float("-inf"), x)
+        tile_max = tl.max(finite, axis=0)
+        tile_arg = tl.where(tile_nan, tl.min(tl.where(nan, v, 2147483647), axis=0),
+                            v0 + tl.argmax(finite, axis=0, tie_break_left=True))
+        better = (best_val == best_val) & (tile_nan | (tile_max > best_val))  # strict: ties stay
+        best_idx = tl.where(better, tile_arg, best_idx)
+        best_val = tl.where(better, tl.where(tile_nan, float("nan"), tile_max), best_val)
     tl.store(part_v_ptr + row * S + s, best_val)
     tl.store(part_i_ptr + row * S + s, best_idx)
 
@@ -264,9 +269,11 @@ def _walk_kernel(
         poff = (b * N + nidx)[:, None] * S + sidx
         vals = tl.load(part_v_ptr + poff, mask=pm, other=float("-inf"))
         idxs = tl.load(tgt_ptr + poff, mask=pm, other=2147483647)
-        vmax = tl.max(vals, axis=1)
+        nan = vals != vals                      # a split whose best is NaN: the maximum
+        vmax = tl.max(tl.where(nan, float("-inf"), vals), axis=1)
+        best = tl.where(tl.max(nan.to(tl.int32), axis=1)[:, None] > 0, nan, vals == vmax[:, None])
         # splits are in vocabulary order, so the lowest index among the maxima is the argmax
-        tgt = tl.min(tl.where(vals == vmax[:, None], idxs, 2147483647), axis=1)
+        tgt = tl.min(tl.where(best, idxs, 2147483647), axis=1)
     else:
         tgt = tl.load(tgt_ptr + b * target_batch_stride + nidx * target_row_stride, mask=nmask,
                       other=0)

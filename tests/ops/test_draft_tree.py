@@ -7,8 +7,8 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 import jetspec_kernels.triton as triton_backend
-from helpers import (DEV, TOL, TREE_FIELDS, assert_padding, backends, cu, poisoned_empty, rel_l2,
-                     sync, tree_difference, tree_fields)
+from helpers import (DEV, TOL, TREE_FIELDS, after_rows, api_backend, assert_padding, backends, cu,
+                     on, poisoned_empty, rel_l2, sync, tree_difference, tree_fields, widened)
 
 
 @backends("sim", "cuda")
@@ -492,3 +492,115 @@ def test_gpu_large_budget(algorithm):
     root = torch.tensor([1, 2], dtype=torch.int32)
     got = triton_backend.build_tree(tok.cuda(), lp.cuda(), root.cuda(), 4096, algorithm)
     check_tree_exact(got, ref.build_tree(tok, lp, root, 4096, algorithm))
+
+
+# ------------------------------------------------------------------ engine layouts
+# tests/test_engine_layouts.py checks each layout against a contiguous copy on the same backend;
+# these check them against python_ref, in this op's own file.
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("algorithm", ALGS)
+@pytest.mark.parametrize("layout", ["tokens_sliced", "logprobs_sliced", "batch_major_swapped",
+                                    "int64_tokens"])
+def test_draft_tree_from_topk_engine_layouts(backend, layout, algorithm):
+    """Per-depth top-K an engine holds: K columns of a wider top-k buffer (tokens, log-probs or
+    both), depth-major storage, int64 tokens; bit-exact with python_ref."""
+    gen = torch.Generator().manual_seed(len(layout))
+    B, D, K = 3, 4, 3
+    lp = sorted_logprobs(gen, B, D, K + 2, levels=2)
+    tok = torch.randint(0, 50000, (B, D, K + 2), generator=gen, dtype=torch.int32)
+    root = torch.randint(0, 50000, (B,), generator=gen, dtype=torch.int32)
+    dev = backend.device
+    tok_d, lp_d = on(tok, dev), on(lp, dev)
+    if layout == "tokens_sliced":
+        tok_d, lp_d = tok_d[..., :K], lp_d[..., :K].contiguous()
+    elif layout == "logprobs_sliced":
+        tok_d, lp_d = tok_d[..., :K].contiguous(), lp_d[..., :K]
+    elif layout == "batch_major_swapped":
+        tok_d = tok_d[..., :K].transpose(0, 1).contiguous().transpose(0, 1)
+        lp_d = lp_d[..., :K].transpose(0, 1).contiguous().transpose(0, 1)
+    else:
+        tok_d, lp_d = tok_d[..., :K].to(torch.int64), lp_d[..., :K].contiguous()
+    with poisoned_empty():
+        got = jk.draft_tree_from_topk(tok_d, lp_d, root.to(dev), budget=20, algorithm=algorithm,
+                                      backend=api_backend(backend))
+    sync(dev)
+    check_tree_exact(got, ref.build_tree(tok[..., :K], lp[..., :K].contiguous(), root, 20, algorithm))
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("layout", ["vocab_padded", "block_rows", "batch_major_swapped"])
+def test_draft_tree_engine_layouts(backend, layout):
+    """Logits of a padded vocabulary, the rows 1.. of a draft block, depth-major storage: the
+    same tree as python_ref (logits whose fp32 log-softmax is exact)."""
+    gen = torch.Generator().manual_seed(len(layout) + 7)
+    B, D, V, K = 3, 4, 1000, 3
+    dtype = torch.float16 if backend.name != "triton" else torch.float32
+    logits = separated_logits(gen, B, D, V, K, dtype)
+    root = torch.randint(0, V, (B,), generator=gen, dtype=torch.int32)
+    x = logits.to(backend.device)
+    if layout == "vocab_padded":
+        x = widened(x, 24)
+    elif layout == "block_rows":
+        x = after_rows(x, 1)
+    else:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    with poisoned_empty():
+        got = jk.draft_tree(x, root.to(backend.device), budget=13, topk=K,
+                            backend=api_backend(backend))
+    sync(backend.device)
+    check_tree_exact(got, ref.draft_tree(logits.float(), root, 13, K))
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("layout", ["block_rows", "padded"])
+def test_draft_tree_from_hidden_engine_layouts(backend, layout):
+    """Hidden states as rows 1.. of the draft block, or hidden and lm_head_weight in padded rows
+    (16-byte aligned): python_ref's tree up to ties within float32 rounding."""
+    gen = torch.Generator().manual_seed(len(layout) + 11)
+    B, D, H, V = 3, 4, 64, 300
+    hidden = torch.randn(B, D, H, generator=gen).half()
+    weight = (torch.randn(V, H, generator=gen) / 4).half()
+    root = torch.zeros(B, dtype=torch.int32)
+    h, w = hidden.to(backend.device), weight.to(backend.device)
+    if layout == "block_rows":
+        h = after_rows(h, 1)
+    else:
+        h, w = widened(h, 8), widened(w, 8)
+    with poisoned_empty():
+        got = jk.draft_tree_from_hidden(h, w, root.to(backend.device), budget=12, topk=3,
+                                        backend=api_backend(backend))
+    sync(backend.device)
+    why = tree_difference(got, ref.draft_tree(hidden.double() @ weight.double().T, root, 12, 3), 1e-4)
+    assert why is None, why
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("scale", [1e-4, 1e3, "identical"])
+def test_draft_tree_logit_magnitudes(backend, scale):
+    """Logits of 1e-4 (near-uniform log-probs, close to -log V) and 1e3 (spreads of thousands)
+    against the float64 spec, up to ties within float32 rounding at that scale; rows of one
+    repeated value (every candidate ties: the lowest ids, bit for bit with the fp32 spec)."""
+    gen = torch.Generator().manual_seed(5)
+    B, D, V, K, budget = 2, 3, 700, 4, 30
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    if scale == "identical":
+        logits = (torch.randn(B, D, 1, generator=gen) * 5).expand(B, D, V).contiguous().to(dtype)
+    else:
+        logits = (torch.randn(B, D, V, generator=gen) * scale).to(dtype)
+    root = torch.tensor([3, 4], dtype=torch.int32)
+    with poisoned_empty():
+        got = jk.draft_tree(logits.to(backend.device), root.to(backend.device), budget=budget,
+                            topk=K, backend=api_backend(backend))
+    sync(backend.device)
+    if scale == "identical":
+        want = ref.draft_tree(logits.float(), root, budget, K)
+        for key in ("tokens", "parents", "depths", "num_nodes", "mask"):
+            assert torch.equal(tree_fields(got)[key], want[key].to(torch.int32)), key
+        assert tree_fields(got)["tokens"][:, 1:1 + K].tolist() == [list(range(K))] * B
+        return
+    eps = 1e-5 + 4e-7 * D * max(1.0, scale)
+    why = tree_difference(got, ref.draft_tree(logits.double(), root, budget, K), eps,
+                          score_tol=TOL[torch.float32])
+    assert why is None, why

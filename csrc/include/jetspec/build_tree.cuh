@@ -2,7 +2,7 @@
 // python_ref/tree.py (float32 scores summed left to right, the same tie rules).
 //
 // topn (kTopnThreads): the best-first order taken in batches, the algorithm of
-// jetspec_kernels/triton/tree_build.py (its docstring has the argument). Nodes live at their
+// jetspec_kernels/triton/build_tree.py (its docstring has the argument). Nodes live at their
 // output (breadth-first) positions, so a child's spec-order key (TopnKey) is
 //   q(score) << 30 | depth << 18 | parent position << 6 | rank
 // with q = the 31-bit magnitude of the (<= 0) score: one int64 comparison applies the whole
@@ -133,7 +133,7 @@ struct TopnSmem {
   }
 };
 
-// The topn key of a candidate child (DESIGN.md 4a; triton/tree_build.py: _q, _topn_key,
+// The topn key of a candidate child (DESIGN.md 4a; triton/build_tree.py: _q, _topn_key,
 // _topn_key_q_depth, _q_depth_key):
 //   q(score) << 30 | depth << 18 | parent position << 6 | rank
 // q is the 31-bit magnitude of the (<= 0) score; depth and position take 12 bits (budget <=

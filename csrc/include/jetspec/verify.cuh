@@ -194,7 +194,8 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
   for_each_logit<T, kTargetThreads>(x, v0, v1, p.vec != 0, [&](float val, int v) {
     if (sample) {
       const float xs = __fdiv_rn(val, temp);
-      if (filter && !(xs > thr_x || (xs == thr_x && v <= thr_id))) return;
+      // A NaN is kept whatever the filters say: it is the maximum (argmax_better).
+      if (filter && xs == xs && !(xs > thr_x || (xs == thr_x && v <= thr_id))) return;
       const uint32_t h = mix32(hrow ^ static_cast<uint32_t>(v));
       // One rounding of the exact value to float32; the largest value clamps below 1.
       float u = static_cast<float>((static_cast<double>(h >> 8) + 0.5) / 16777216.0);
