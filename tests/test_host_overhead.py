@@ -28,8 +28,8 @@ from bench import host_overhead as ho  # noqa: E402
 # dispatch runs through torch's Python kernels), the triton path 71-118 (triton.cdiv and co).
 BUDGET = {
     ("cuda", "tree_attention"): (62, 95),
-    ("cuda", "qk_norm_rope_append"): (46, 72),
-    ("cuda", "verify_tree"): (55, 85),
+    ("cuda", "qk_norm_rope_append"): (47, 72),
+    ("cuda", "verify_tree"): (56, 85),
     ("cuda", "draft_tree"): (49, 85),
     ("triton", "tree_attention"): (20, 55),
     ("triton", "qk_norm_rope_append"): (25, 50),

@@ -90,14 +90,18 @@ _CHECKS = {"tree_attention": _tree_attention, "hidden_topk": _hidden_topk,
 
 
 _ANSWERS: dict = {}  # (op, attention kernel, _C, call signature) -> (answer,)
+_CACHED = ("tree_attention", "hidden_topk")  # the answers that cost more than a signature
 
 
 def supports(op: str, **call) -> str | None:
     """None when the cuda backend's ``op`` takes these arguments (by name), else why not. The
-    answers depend on dtypes, shapes and layouts alone: each is worked out once per signature."""
+    answers depend on dtypes, shapes and layouts alone: the costly ones are worked out once per
+    signature."""
     check = _CHECKS.get(op)
     if check is None:
         return None
+    if op not in _CACHED:
+        return check(**call)
     kernel = attention_kernel(call.get("kernel")) if op == "tree_attention" else None
     key = checks.signature(op, kernel, id(ext.module()), *call, *call.values())
     answer = _ANSWERS.get(key)
