@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # bench/ is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if not torch.cuda.is_available():  # before jetspec_kernels.triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -321,9 +323,10 @@ def compare(rev: str, rounds: int, backends) -> None:
 
 def gpu(backends, seconds: float) -> None:
     """On CUDA tensors, no stubs: host µs per call (the call's own wall time, no sync: the GPU
-    keeps up with these small kernels), kernel µs per call (replay of a CUDA graph of 20 calls),
-    and the wall time per call of a loop of calls ended by one sync, minus the kernel time."""
-    import jetspec_kernels as jk
+    keeps up with these small kernels), kernel µs per call (calls replayed from a CUDA graph,
+    bench/common.py's time_fn), and the wall time per call of a loop of calls ended by one sync,
+    minus the kernel time."""
+    from bench import common as bc
 
     x = op_inputs("cuda")
     deadline = time.perf_counter() + seconds
@@ -350,28 +353,11 @@ def gpu(backends, seconds: float) -> None:
                     fn()
                 torch.cuda.synchronize()
                 wall = (time.perf_counter() - t0) / 300 * 1e6
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    fn()
-                torch.cuda.current_stream().wait_stream(s)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    for _ in range(20):
-                        fn()
-                g.replay()
-                start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-                start.record()
-                for _ in range(10):
-                    g.replay()
-                end.record()
-                torch.cuda.synchronize()
-                kernel = start.elapsed_time(end) * 1e3 / 200
+                kernel = bc.time_fn(fn, torch.device("cuda"), quick=True, graph=True) * 1e6
                 print(f"{op:21s} {backend:8s} {statistics.median(host):8.1f} {kernel:9.1f} "
                       f"{wall:8.1f} {wall - kernel:9.1f}", flush=True)
             except Exception as e:  # a failing op must not hide the others
                 print(f"{op:21s} {backend:8s} error: {type(e).__name__}: {e}"[:200], flush=True)
-    jk.set_backend("auto")
 
 
 def main(argv=None) -> None:
