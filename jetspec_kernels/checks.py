@@ -57,10 +57,11 @@ def signature(*args) -> tuple | None:
     when some argument is neither (such a call is checked in full)."""
     key = []
     for a in args:
-        if isinstance(a, torch.Tensor):
+        kind = type(a)
+        if kind in _SCALARS:   # before isinstance: slow on torch.Tensor for other types
+            key.append((kind, a))
+        elif isinstance(a, torch.Tensor):
             key.append((a.dtype, a.shape, a.stride(), a.storage_offset(), a.device))
-        elif type(a) in _SCALARS:
-            key.append((type(a), a))
         else:
             return None
     return tuple(key)

@@ -19,9 +19,10 @@ import torch
 _C = torch._C
 # The private torch hooks the fast path asks (torch 2.11 to 2.13 have them all); without one of
 # them every call takes the dispatcher.
-_HOOKS = ("_len_torch_dispatch_stack", "_is_torch_function_mode_enabled", "_any_requires_grad",
+_HOOKS = ("_len_torch_dispatch_stack", "_is_torch_function_mode_enabled",
           "_are_functorch_transforms_active")
 _FAST = all(hasattr(_C, h) for h in _HOOKS) and hasattr(torch.autograd, "_profiler_enabled")
+_SCALARS = (type(None), bool, int, float, str)  # (isinstance on torch.Tensor is slow for these)
 
 
 def eager_fast_path(args) -> bool:
@@ -31,10 +32,15 @@ def eager_fast_path(args) -> bool:
     if (_C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
             or _C._are_functorch_transforms_active() or torch.autograd._profiler_enabled()):
         return False
+    grad = _C.is_grad_enabled()
     for a in args:
-        if a is not None and isinstance(a, torch.Tensor) and type(a) is not torch.Tensor:
+        kind = type(a)
+        if kind is torch.Tensor:
+            if grad and a.requires_grad:
+                return False
+        elif kind not in _SCALARS and isinstance(a, torch.Tensor):   # a subclass
             return False
-    return not (_C.is_grad_enabled() and _C._any_requires_grad(*args))
+    return True
 
 
 class EagerOp:
