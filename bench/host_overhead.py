@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import io
 import json
 import os
 import pstats
@@ -38,7 +39,7 @@ import time
 import types
 from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # bench/ is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -289,7 +290,7 @@ def _baseline_tree(rev: str) -> Path:
         dest.mkdir(parents=True)
         archive = subprocess.run(["git", "archive", rev], cwd=root, check=True,
                                  capture_output=True).stdout
-        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(dest)
     pkg = dest / "jetspec_kernels"
     if not (pkg / "python_ref").exists():
