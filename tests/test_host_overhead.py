@@ -215,3 +215,16 @@ def test_fast_path_bumps_versions_and_modes_see_the_op(monkeypatch):
     with Mode():
         cuda.tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, None, 1, "mma")
     assert "jetspec.tree_attention.default" in seen
+
+
+def test_fast_path_under_inference_mode(monkeypatch):
+    """Inference tensors have no version counter: the fast path leaves them alone."""
+    use_sim(monkeypatch)
+    with torch.inference_mode():
+        q = torch.randn(1, 16, 4, 64).half()
+        kc, vc = torch.randn(1, 64, 2, 64).half(), torch.randn(1, 64, 2, 64).half()
+        out = torch.empty_like(q)
+        cuda = sys.modules["jetspec_kernels.cuda.tree_attention"]
+        cuda.tree_attention(q, kc, vc, torch.tensor([20], dtype=torch.int32), None, "causal",
+                            None, 0.125, out, None, 1, "mma")
+    assert not out.isnan().any()

@@ -55,7 +55,7 @@ class EagerOp:
         if not eager_fast_path(args):
             return self.op(*args)
         for i in self.mutated:
-            if args[i] is not None:
+            if args[i] is not None and not args[i].is_inference():  # those have no version
                 torch.autograd.graph.increment_version(args[i])
         return self.impl(*args)
 
