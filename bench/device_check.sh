@@ -21,8 +21,9 @@
 #                  priority order until its deadline (--resume: a rerun finishes them)  135
 #   sanitizers     compute-sanitizer memcheck, racecheck, synccheck, initcheck on one
 #                  launch per op (bench/sanitize_ops.py), cuda and triton, in parallel  45
-#   small_ops      draft_tree and verify benches replayed from CUDA graphs and eager
-#                  (per-call host time = eager - graph)                                 60
+#   small_ops      host time per eager call of the four hot ops (bench/host_overhead.py
+#                  --gpu: host, kernel, wall - kernel), then the draft_tree and verify
+#                  benches replayed from CUDA graphs and eager                          60
 #   attn_sweep     SLOT (branch attn-hopper): the attention sweep binary, when present   25
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
 #                  needs about 65-85 GB)
@@ -166,9 +167,13 @@ step sanitizers 45 85 "for be in cuda triton; do for tool in memcheck racecheck 
   ! grep -L 'ERROR SUMMARY: 0 errors' '$RES'/sanitize_*.log | grep -q . &&
   ! grep -h 'sanitize_ops:' '$RES'/sanitize_*.log | grep -vq ': 0 failed'"
 
-# 6. The small ops replayed from CUDA graphs (kernel time) and eagerly (plus the host's per-call
-#    work), draft_tree then verify (tree build, verify_tree, commit_kv, rope append).
-step small_ops 60 25 "rc=0; for run in 'draft_tree --graphs' 'verify --graphs' 'draft_tree' 'verify'; do
+# 6. Host time per eager call (issue 27: <= 25 us; cuda first, triton next, each op's row printed
+#    as it completes), then the small ops replayed from CUDA graphs (kernel time) and eagerly
+#    (plus the host's per-call work), draft_tree then verify (tree build, verify_tree, commit_kv,
+#    rope append).
+step small_ops 60 25 "rc=0; set -o pipefail; timeout 20 '$PY' bench/host_overhead.py --gpu --seconds 12 \
+    | tee '$RES/host_overhead.txt' || rc=1
+  for run in 'draft_tree --graphs' 'verify --graphs' 'draft_tree' 'verify'; do
     set -- \$run; timeout 25 '$PY' bench/bench_\$1.py --quick --no-plot \${2:-} --out '$RES' || rc=1
   done; exit \$rc"
 

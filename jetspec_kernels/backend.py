@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from functools import lru_cache
 from typing import Any, Callable
 
@@ -80,6 +81,11 @@ def get_backend() -> str:
     return _current
 
 
+def _module(name: str):
+    """Module ``name``, imported on first use (a dict lookup after that: ops ask on every call)."""
+    return sys.modules.get(name) or importlib.import_module(name)
+
+
 def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -109,7 +115,7 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "cuda":
         if device.type != "cuda":
             return f"tensors are on {device.type}, the cuda backend needs CUDA tensors"
-        return importlib.import_module(_CUDA_AVAILABILITY).unavailable_reason(device)
+        return _module(_CUDA_AVAILABILITY).unavailable_reason(device)
     raise ValueError(f"unknown backend {name!r}")
 
 
@@ -157,8 +163,7 @@ def resolve(device: torch.device, backend: str | None = None, fn: str | None = N
 
 def kernel(name: str, fn: str):
     """The function ``fn`` of backend ``name`` (see CONTRIBUTING.md, backend interface)."""
-    module = importlib.import_module(_BACKEND_MODULES[name])
-    impl = getattr(module, fn, None)
+    impl = getattr(_module(_BACKEND_MODULES[name]), fn, None)
     if impl is None:
         raise BackendUnavailableError(
             f"backend {name!r} is not available: it does not implement {fn} yet")
@@ -169,7 +174,7 @@ def supports(name: str, fn: str, **call) -> str | None:
     """Why backend ``name`` cannot run interface function ``fn`` with these arguments (passed by
     name), or None when it can: the backend module's own ``supports(fn, **call)``; a backend
     without one takes every validated call."""
-    check = getattr(importlib.import_module(_BACKEND_MODULES[name]), "supports", None)
+    check = getattr(_module(_BACKEND_MODULES[name]), "supports", None)
     return None if check is None else check(fn, **call)
 
 
@@ -199,10 +204,11 @@ def select(device: torch.device, fn: str, backend: str | None = None,
     raise BackendUnavailableError("; ".join(reasons))
 
 
+@lru_cache(maxsize=256)
 def _on_device(impl: Callable, device: torch.device) -> Callable:
     """``impl`` run with ``device`` current: Triton launches on the current CUDA device, not the
     tensors' one. (The cuda backend's ops set the device themselves, also when called as
-    ``torch.ops.jetspec.*``.)"""
+    ``torch.ops.jetspec.*``.) One wrapper per (impl, device), not one per call."""
     @functools.wraps(impl)
     def run(*args, **kwargs):
         with torch.cuda.device(device):

@@ -38,11 +38,43 @@ def values_checked(t: torch.Tensor) -> bool:
     """Whether value checks run for a tensor on ``t``'s device right now."""
     if _value_checks == "never":
         return False
-    if torch.compiler.is_compiling():
-        return False
-    if t.device.type == "cuda":
-        return _value_checks == "always" and not torch.cuda.is_current_stream_capturing()
-    return True
+    if t.is_cuda:
+        if _value_checks != "always":
+            return False
+        return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+    return not torch.compiler.is_compiling()
+
+
+# Static checks (dtypes, shapes, devices, layouts) depend on nothing else, so each op runs them
+# once per signature and remembers what they derived; value checks run on every call.
+_SCALARS = (type(None), bool, int, float, str)
+CACHE_SIZE = 1024
+
+
+def signature(*args) -> tuple | None:
+    """Hashable key of everything static checks can read: per tensor its dtype, shape, strides,
+    storage offset and device; per scalar (None, bool, int, float, str) its type and value. None
+    when some argument is neither (such a call is checked in full)."""
+    key = []
+    for a in args:
+        kind = type(a)
+        if kind in _SCALARS:   # before isinstance: slow on torch.Tensor for other types
+            key.append((kind, a))
+        elif isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.shape, a.stride(), a.storage_offset(), a.device))
+        else:
+            return None
+    return tuple(key)
+
+
+def remember(cache: dict, key, value):
+    """Store ``value`` (what a call's static checks derived; never None) under ``key`` (unless
+    None) and return it. A full cache is emptied first (a bounded cache, in case shapes vary)."""
+    if key is not None:
+        if len(cache) >= CACHE_SIZE:
+            cache.clear()
+        cache[key] = value
+    return value
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
@@ -119,7 +151,8 @@ def value_range(name: str, t: torch.Tensor, lo: int | None = None, hi: int | Non
 
 def cache_and_table(k_cache, v_cache, block_table, *, batch: int, hkv: int | None, head_dim: int | None,
                     dtypes, device) -> tuple[int, int | None]:
-    """Check a contiguous ``[B, L, Hkv, Dh]`` or paged ``[P, page, Hkv, Dh]`` cache pair.
+    """Check a contiguous ``[B, L, Hkv, Dh]`` or paged ``[P, page, Hkv, Dh]`` cache pair (static:
+    the block table's values are :func:`table_values`).
 
     Returns ``(capacity per sequence, page_size or None)``.
     """
@@ -137,8 +170,14 @@ def cache_and_table(k_cache, v_cache, block_table, *, batch: int, hkv: int | Non
     tensor("block_table", block_table, dtypes=INDEX_DTYPES, ndim=2, device=device)
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table must have {batch} rows, got shape {list(block_table.shape)}")
-    value_range("block_table", block_table, 0, k_cache.shape[0] - 1)
     return block_table.shape[1] * k_cache.shape[1], k_cache.shape[1]
+
+
+def table_values(block_table, k_cache) -> None:
+    """Page indices lie in ``[0, pages - 1]`` (only when value checks run; the values half of
+    :func:`cache_and_table`)."""
+    if block_table is not None:
+        value_range("block_table", block_table, 0, k_cache.shape[0] - 1)
 
 
 def fits_in_cache(prefix_lens: torch.Tensor, n: int, capacity: int, what: str = "prefix_lens") -> None:

@@ -62,6 +62,7 @@ def test_plan_order_and_limits():
         assert tool in cmds["sanitizers"]
     assert "for be in cuda triton" in cmds["sanitizers"]
     assert "--graphs" in cmds["small_ops"] and "attn_sweep.sh" in cmds["attn_sweep"]
+    assert "host_overhead.py --gpu" in cmds["small_ops"]
     assert "SOURCES.sha256" in cmds["setup"] and "make device-bundle" in cmds["build"]
 
 

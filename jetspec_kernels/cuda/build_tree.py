@@ -5,13 +5,14 @@ import torch
 
 from ..tree import mask_words
 from . import extension as ext
+from .custom_op import custom_op
 
 
-@torch.library.custom_op("jetspec::build_tree", mutates_args=())
+@custom_op("jetspec::build_tree", mutates_args=())
 def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tokens: torch.Tensor,
                 budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(topk_tokens):
         b, d, k = topk_tokens.shape
         dev = topk_tokens.device

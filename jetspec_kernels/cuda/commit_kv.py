@@ -6,13 +6,14 @@ from typing import Optional
 import torch
 
 from . import extension as ext
+from .custom_op import custom_op
 
 
-@torch.library.custom_op("jetspec::commit_kv", mutates_args=("k_cache", "v_cache"))
+@custom_op("jetspec::commit_kv", mutates_args=("k_cache", "v_cache"))
 def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor,
                path: torch.Tensor, accept_len: torch.Tensor, block_table: Optional[torch.Tensor],
                hidden: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(k_cache):
         b, cols = path.shape
         dev = path.device

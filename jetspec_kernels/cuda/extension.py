@@ -4,6 +4,7 @@ codes, alignment)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from functools import lru_cache
 
 import torch
@@ -11,10 +12,16 @@ import torch
 from ..backend import BackendUnavailableError
 
 
+_PACKAGE = __name__.rsplit(".", 2)[0]
+
+
 def module():
-    """The ``_C`` module, imported on first use (the package imports without it)."""
-    from .. import _C
-    return _C
+    """The ``_C`` module, imported on first use (the package imports without it). Read from the
+    package on every call (tests swap in the simulated kernels), without the import machinery."""
+    c = getattr(sys.modules[_PACKAGE], "_C", None)
+    if c is None:
+        from .. import _C as c
+    return c
 
 
 def enum(name: str) -> dict[str, int]:
@@ -34,14 +41,26 @@ def on_device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+# The raw handle without a torch.cuda.Stream object per call (what inductor's generated code
+# calls); the public path where a torch build lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream() -> int:
     """Raw handle of the current CUDA stream (what _C launches on; inside ``on_device``)."""
-    return torch.cuda.current_stream().cuda_stream
+    if _raw_stream is None:
+        return torch.cuda.current_stream().cuda_stream
+    return _raw_stream(torch.cuda.current_device())
+
+
+_DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (torch.float32, torch.float16,
+                                                            torch.bfloat16)}
 
 
 def dtype_code(t: torch.Tensor) -> int:
     """jetspec::DType code of ``t``'s dtype."""
-    return enum("DType")[str(t.dtype).removeprefix("torch.")]
+    name = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    return enum("DType")[name]
 
 
 def ptr(t: torch.Tensor | None) -> int:
@@ -51,13 +70,13 @@ def ptr(t: torch.Tensor | None) -> int:
 
 def strides3(t: torch.Tensor) -> list[int]:
     """Strides (elements) of dims 0..2 of a 4-d tensor whose dim 3 is contiguous."""
-    return [int(s) for s in t.stride()[:3]]
+    return list(t.stride()[:3])
 
 
 def aligned16(t: torch.Tensor) -> bool:
     """Whether every row of the last dim starts on a 16-byte boundary (cp.async needs it)."""
     per = 16 // t.element_size()
-    return t.data_ptr() % 16 == 0 and all(s % per == 0 for s in t.stride()[:-1])
+    return t.data_ptr() % 16 == 0 and not any(map(per.__rmod__, t.stride()[:-1]))
 
 
 @lru_cache(maxsize=None)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from . import extension as ext
+from .custom_op import custom_op
 from .supports import supports
 
 
-@torch.library.custom_op("jetspec::hidden_topk", mutates_args=())
+@custom_op("jetspec::hidden_topk", mutates_args=())
 def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(hidden):
         b, d, h = hidden.shape
         v = lm_head_weight.shape[0]

@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch
 
 from . import extension as ext
+from .custom_op import custom_op
 
 
-@torch.library.custom_op("jetspec::log_softmax_topk", mutates_args=())
+@custom_op("jetspec::log_softmax_topk", mutates_args=())
 def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(logits):
         b, d, v = logits.shape
         tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)

@@ -5,11 +5,12 @@ import torch
 
 from ..tree import mask_words
 from . import extension as ext
+from .custom_op import custom_op
 
 
-@torch.library.custom_op("jetspec::pack_mask", mutates_args=())
+@custom_op("jetspec::pack_mask", mutates_args=())
 def _pack_mask(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(parents):
         b, n = parents.shape
         w = mask_words(n)

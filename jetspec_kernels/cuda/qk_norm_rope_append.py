@@ -6,12 +6,13 @@ from typing import Optional
 import torch
 
 from . import extension as ext
+from .custom_op import custom_op
 
 
 def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
             cache_start, q_out):
     """Call _C; ``q``, ``q_norm_w`` and ``q_out`` are None for a K/V-only append."""
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(k):
         b, n, hkv, dh = k.shape
         hq = 0 if q is None else q.shape[2]
@@ -33,7 +34,7 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
             dtype=ext.dtype_code(k), cache_dtype=ext.dtype_code(k_cache), stream=ext.stream())
 
 
-@torch.library.custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))
+@custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))
 def _qk_norm_rope_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_w: torch.Tensor,
                          k_norm_w: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, rope_theta: float, eps: float,
@@ -52,7 +53,7 @@ def _(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
 
 
 # A separate op for the K/V-only form: it returns nothing, so it needs no fake output.
-@torch.library.custom_op("jetspec::kv_norm_rope_append", mutates_args=("k_cache", "v_cache"))
+@custom_op("jetspec::kv_norm_rope_append", mutates_args=("k_cache", "v_cache"))
 def _kv_norm_rope_append(k: torch.Tensor, v: torch.Tensor, k_norm_w: torch.Tensor,
                          positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          rope_theta: float, eps: float, block_table: Optional[torch.Tensor],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from .. import checks
 from ..checks import misaligned_rows
 from . import extension as ext
 
@@ -88,7 +89,22 @@ _CHECKS = {"tree_attention": _tree_attention, "hidden_topk": _hidden_topk,
            "qk_norm_rope_append": _qk_norm_rope_append, "verify_tree": _verify_tree}
 
 
+_ANSWERS: dict = {}  # (op, attention kernel, _C, call signature) -> (answer,)
+_CACHED = ("tree_attention", "hidden_topk")  # the answers that cost more than a signature
+
+
 def supports(op: str, **call) -> str | None:
-    """None when the cuda backend's ``op`` takes these arguments (by name), else why not."""
+    """None when the cuda backend's ``op`` takes these arguments (by name), else why not. The
+    answers depend on dtypes, shapes and layouts alone: the costly ones are worked out once per
+    signature."""
     check = _CHECKS.get(op)
-    return None if check is None else check(**call)
+    if check is None:
+        return None
+    if op not in _CACHED:
+        return check(**call)
+    kernel = attention_kernel(call.get("kernel")) if op == "tree_attention" else None
+    key = checks.signature(op, kernel, id(ext.module()), *call, *call.values())
+    answer = _ANSWERS.get(key)
+    if answer is None:
+        answer = checks.remember(_ANSWERS, key, (check(**call),))
+    return answer[0]

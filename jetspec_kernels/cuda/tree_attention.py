@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from . import extension as ext
+from .custom_op import custom_op
 from .supports import attention_kernel, attention_kernel_reason
 
 MAX_SPLITS = 32
@@ -49,12 +50,12 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
     return max(1, min(want, capacity // 256, MAX_SPLITS))
 
 
-@torch.library.custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
+@custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
 def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     prefix_lens: torch.Tensor, tree_mask: Optional[torch.Tensor], tail: str,
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
                     lse: Optional[torch.Tensor], num_splits: int, kernel: int) -> None:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(q):
         # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):

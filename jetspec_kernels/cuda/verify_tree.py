@@ -1,17 +1,20 @@
 """cuda backend: verify_tree (target token per node, then the acceptance walk)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import torch
 
 from . import extension as ext
+from .custom_op import custom_op
 
 
 # Each phase-1 CTA scans at least this many logits (two 16-byte loads per thread).
 MIN_SPLIT_LEN = 4096
 
 
+@lru_cache(maxsize=1024)
 def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
     """(splits, split_len) for phase 1: about 4 CTAs per SM in total, split_len a multiple of 8
     (16-byte vectors) and about MIN_SPLIT_LEN or more; one split once rows alone fill the GPU."""
@@ -23,14 +26,14 @@ def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
     return cdiv(vocab, split_len), split_len
 
 
-@torch.library.custom_op("jetspec::verify_tree", mutates_args=())
+@custom_op("jetspec::verify_tree", mutates_args=())
 def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
                  max_depth: int, target_logits: Optional[torch.Tensor],
                  target_tokens: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
                  seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
                  top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .. import _C
+    _C = ext.module()
     with ext.on_device(tokens):
         b, n = tokens.shape
         dev = tokens.device
@@ -100,7 +103,7 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
 
 def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
     """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside ext.on_device."""
-    from .. import _C
+    _C = ext.module()
     b, n, v = logits.shape
     thr_x = torch.empty(b * n, device=logits.device, dtype=torch.float32)
     thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)

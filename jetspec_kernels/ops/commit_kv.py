@@ -21,6 +21,7 @@ def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
         raise ValueError("verdict.path must have at least one column (the root)")
     cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=None,
                                dtypes=checks.FLOAT_DTYPES, device=dev)
+    checks.table_values(block_table, k_cache)
     checks.value_range("verdict.accept_len", verdict.accept_len, 0, m - 1)
     checks.value_range("verdict.path", verdict.path, -1, None)
     if hidden is not None:

@@ -12,14 +12,19 @@ ALGORITHMS = ("topn", "accum_logp")
 TOKEN_DTYPES = (torch.int32, torch.int64)
 
 
-def _check_common(root_tokens, budget, topk, algorithm, *, batch, vocab, device):
-    """Checks shared by the draft_tree ops; ``vocab`` None: unknown (draft_tree_from_topk)."""
-    checks.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
+_STATIC: dict = {}  # signatures whose static checks passed (checks.signature)
+
+
+def _check_common(root_tokens, budget, topk, algorithm, *, batch, vocab, device, static=True):
+    """Checks shared by the draft_tree ops; ``vocab`` None: unknown (draft_tree_from_topk);
+    ``static`` False: the value checks alone (the caller has seen the rest pass)."""
+    if static:
+        checks.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
+        checks.integer("budget", budget, lo=1, hi=MAX_BUDGET)
+        if topk is not None:
+            checks.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
+        checks.choice("algorithm", algorithm, ALGORITHMS)
     checks.value_range("root_tokens", root_tokens, 0, checks.INT32_MAX if vocab is None else vocab - 1)
-    checks.integer("budget", budget, lo=1, hi=MAX_BUDGET)
-    if topk is not None:
-        checks.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
-    checks.choice("algorithm", algorithm, ALGORITHMS)
 
 
 def _nonempty(name: str, t, dim: int, what: str) -> None:
@@ -41,11 +46,17 @@ def _log_softmax_defined(name: str, t) -> None:
 
 
 def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
-    checks.tensor("logits", logits, dtypes=checks.FLOAT_DTYPES, ndim=3)
+    key = checks.signature("draft_tree", logits, root_tokens, budget, topk, algorithm)
+    static = key is None or key not in _STATIC
+    if static:  # dtypes, shapes, devices: once per signature
+        checks.tensor("logits", logits, dtypes=checks.FLOAT_DTYPES, ndim=3)
+        _nonempty("logits", logits, 1, "at least one draft depth")
+        _nonempty("logits", logits, 2, "a non-empty vocabulary")
     b, _, v = logits.shape
-    _nonempty("logits", logits, 1, "at least one draft depth")
-    _nonempty("logits", logits, 2, "a non-empty vocabulary")
-    _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=v, device=logits.device)
+    _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=v, device=logits.device,
+                  static=static)
+    if static:
+        checks.remember(_STATIC, key, True)
     _log_softmax_defined("logits", logits)
 
 

@@ -9,41 +9,55 @@ from .. import checks
 POSITION_DTYPES = (torch.int32, torch.int64)
 
 
+_STATIC: dict = {}  # signature -> cache capacity per sequence (checks.signature)
+
+
 def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                               rope_theta, eps, block_table, cache_start):
-    if q is None:
-        # K/V only: sizes and device come from k, and q_norm_w is optional.
-        checks.tensor("k", k, dtypes=checks.FLOAT_DTYPES, ndim=4)
-        b, n, hkv, dh = k.shape
-        dev = k.device
-        if dh % 2:
-            raise ValueError(f"k head dim must be even for RoPE, got {dh}")
-        if hkv == 0:
-            raise ValueError(f"k must have at least one head, got shape {list(k.shape)}")
-    else:
-        checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
-        b, n, hq, dh = q.shape
-        dev = q.device
-        if dh % 2:
-            raise ValueError(f"q head dim must be even for RoPE, got {dh}")
-        checks.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
-        if k.shape[0] != b or k.shape[1] != n or k.shape[3] != dh:
-            raise ValueError(f"k must have shape [{b}, {n}, Hkv, {dh}] to match q, got {list(k.shape)}")
-        hkv = k.shape[2]
-        if hkv == 0 or hq % hkv != 0:
-            raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
-    checks.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
-    if q is None:
-        checks.optional("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
-    else:
-        checks.tensor("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
-    checks.tensor("k_norm_w", k_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
-    checks.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
-    checks.number("rope_theta", rope_theta, positive=True)
-    checks.number("eps", eps, positive=True)
-    cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv, head_dim=dh,
-                               dtypes=checks.FLOAT_DTYPES, device=dev)
+    key = checks.signature(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta,
+                           eps, block_table, cache_start)
+    cap = _STATIC.get(key)
+    if cap is None:  # dtypes, shapes, devices, layouts: once per signature
+        if q is None:
+            # K/V only: sizes and device come from k, and q_norm_w is optional.
+            checks.tensor("k", k, dtypes=checks.FLOAT_DTYPES, ndim=4)
+            b, n, hkv, dh = k.shape
+            dev = k.device
+            if dh % 2:
+                raise ValueError(f"k head dim must be even for RoPE, got {dh}")
+            if hkv == 0:
+                raise ValueError(f"k must have at least one head, got shape {list(k.shape)}")
+        else:
+            checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
+            b, n, hq, dh = q.shape
+            dev = q.device
+            if dh % 2:
+                raise ValueError(f"q head dim must be even for RoPE, got {dh}")
+            checks.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
+            if k.shape[0] != b or k.shape[1] != n or k.shape[3] != dh:
+                raise ValueError(f"k must have shape [{b}, {n}, Hkv, {dh}] to match q, got "
+                                 f"{list(k.shape)}")
+            hkv = k.shape[2]
+            if hkv == 0 or hq % hkv != 0:
+                raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
+        checks.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
+        if q is None:
+            checks.optional("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
+        else:
+            checks.tensor("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
+        checks.tensor("k_norm_w", k_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
+        checks.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
+        checks.number("rope_theta", rope_theta, positive=True)
+        checks.number("eps", eps, positive=True)
+        cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv,
+                                        head_dim=dh, dtypes=checks.FLOAT_DTYPES, device=dev)
+        if cache_start is not None:
+            checks.tensor("cache_start", cache_start, dtypes=checks.INDEX_DTYPES, shape=[b],
+                          device=dev)
+        checks.remember(_STATIC, key, cap)
+    checks.table_values(block_table, k_cache)
     checks.value_range("positions", positions, 0, checks.INT32_MAX)  # the cuda backend narrows to int32
+    n = positions.shape[1]
     if cache_start is None:
         checks.value_range("positions", positions, 0, cap - 1)
         if checks.values_checked(positions) and n > 1:
@@ -52,7 +66,6 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
                 raise ValueError("positions must be distinct within a sequence when they are the "
                                  "cache slots (cache_start=None); pass cache_start for tree rows")
     else:
-        checks.tensor("cache_start", cache_start, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
         checks.fits_in_cache(cache_start, n, cap, "cache_start")
 
 

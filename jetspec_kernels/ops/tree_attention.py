@@ -12,27 +12,37 @@ from ..tree import mask_words
 TAILS = ("causal", "full")
 
 
+_STATIC: dict = {}  # signature -> cache capacity per sequence (checks.signature)
+
+
 def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
                          lse=None, return_lse=False):
-    checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
-    b, n, hq, dh = q.shape
-    if dh < 1:
-        raise ValueError(f"q head dim (dim 3) must be >= 1, got shape {list(q.shape)}")
-    dev = q.device
-    cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=dh,
-                               dtypes=(q.dtype,), device=dev)
-    hkv = k_cache.shape[2]
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hkv}) for GQA")
-    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
-    checks.optional("tree_mask", tree_mask, dtypes=checks.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
-    checks.choice("tail", tail, TAILS)
-    if scale is not None:
-        checks.number("scale", scale, positive=True)
-    checks.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
-    checks.optional("lse", lse, dtypes=(torch.float32,), shape=[b, hq, n], device=dev)
-    checks.flag("return_lse", return_lse)
-    checks.fits_in_cache(prefix_lens, n, cap)
+    key = checks.signature(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
+                           out, lse, return_lse)
+    cap = _STATIC.get(key)
+    if cap is None:  # dtypes, shapes, devices, layouts: once per signature
+        checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
+        b, n, hq, dh = q.shape
+        if dh < 1:
+            raise ValueError(f"q head dim (dim 3) must be >= 1, got shape {list(q.shape)}")
+        dev = q.device
+        cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None,
+                                        head_dim=dh, dtypes=(q.dtype,), device=dev)
+        hkv = k_cache.shape[2]
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hkv}) for GQA")
+        checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+        checks.optional("tree_mask", tree_mask, dtypes=checks.INDEX_DTYPES,
+                        shape=[b, n, mask_words(n)], device=dev)
+        checks.choice("tail", tail, TAILS)
+        if scale is not None:
+            checks.number("scale", scale, positive=True)
+        checks.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
+        checks.optional("lse", lse, dtypes=(torch.float32,), shape=[b, hq, n], device=dev)
+        checks.flag("return_lse", return_lse)
+        checks.remember(_STATIC, key, cap)
+    checks.table_values(block_table, k_cache)
+    checks.fits_in_cache(prefix_lens, q.shape[1], cap)
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: str = "causal",

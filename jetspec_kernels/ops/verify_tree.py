@@ -1,6 +1,8 @@
 """verify_tree: accept the longest tree path the target agrees with (greedy or sampling)."""
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from .. import backend as _backend
@@ -11,20 +13,26 @@ from ..python_ref.sampling import MAX_TOP_P_VOCAB
 SEED_DTYPES = (torch.int64, torch.int32)
 
 
-def check_tree(tree) -> None:
-    """Shapes, dtypes and devices of a Tree's fields (values are the producer's responsibility,
-    checked here only where value checks run)."""
-    if not isinstance(tree, Tree):
-        raise TypeError(f"tree must be a jetspec_kernels.Tree, got {type(tree).__name__}")
-    checks.tensor("tree.tokens", tree.tokens, dtypes=checks.INDEX_DTYPES, ndim=2)
-    b, n = tree.tokens.shape
-    dev = tree.tokens.device
-    checks.tensor("tree.parents", tree.parents, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
-    checks.tensor("tree.depths", tree.depths, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
-    checks.tensor("tree.scores", tree.scores, dtypes=(torch.float32,), shape=[b, n], device=dev)
-    checks.tensor("tree.num_nodes", tree.num_nodes, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
-    checks.tensor("tree.mask", tree.mask, dtypes=checks.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
-    checks.integer("tree.max_depth", tree.max_depth, lo=0, hi=max(n - 1, 0))
+_STATIC: dict = {}  # signatures whose static checks passed (checks.signature)
+
+
+def check_tree(tree, static: bool = True) -> None:
+    """Shapes, dtypes and devices of a Tree's fields (``static`` False: skipped, the caller has
+    seen them pass for this signature); values are the producer's responsibility, checked here
+    only where value checks run."""
+    if static:
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be a jetspec_kernels.Tree, got {type(tree).__name__}")
+        checks.tensor("tree.tokens", tree.tokens, dtypes=checks.INDEX_DTYPES, ndim=2)
+        b, n = tree.tokens.shape
+        dev = tree.tokens.device
+        checks.tensor("tree.parents", tree.parents, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
+        checks.tensor("tree.depths", tree.depths, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
+        checks.tensor("tree.scores", tree.scores, dtypes=(torch.float32,), shape=[b, n], device=dev)
+        checks.tensor("tree.num_nodes", tree.num_nodes, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+        checks.tensor("tree.mask", tree.mask, dtypes=checks.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
+        checks.integer("tree.max_depth", tree.max_depth, lo=0, hi=max(n - 1, 0))
+    n = tree.tokens.shape[1]
     checks.value_range("tree.num_nodes", tree.num_nodes, 1 if n else 0, n)
     checks.value_range("tree.parents", tree.parents, -1, n - 1)
     checks.value_range("tree.depths", tree.depths, -1, tree.max_depth)
@@ -81,14 +89,14 @@ def check_sampling(temperature, top_k, top_p, batch: int, device):
     top_p float32 [B] or None (off). Filters are None when temperature is the number 0 (greedy:
     they cannot change an argmax). Tensor values are checked only where value checks run.
     """
-    if torch.is_tensor(temperature):
+    if isinstance(temperature, torch.Tensor):
         temperature = _per_sequence("temperature", temperature, batch, device,
                                     (torch.float32, torch.float64), torch.float32)
         _checked_values("temperature", temperature, lambda t: torch.isfinite(t) & (t >= 0),
                         "finite and >= 0")
     else:
         temperature = checks.number("temperature", temperature, lo=0.0)
-    if torch.is_tensor(top_k):
+    if isinstance(top_k, torch.Tensor):
         top_k = _per_sequence("top_k", top_k, batch, device, (torch.int32, torch.int64),
                               torch.int64)
         _checked_values("top_k", top_k, lambda t: t >= 0, ">= 0 (0 = off)")
@@ -97,7 +105,7 @@ def check_sampling(temperature, top_k, top_p, batch: int, device):
         k = checks.integer("top_k", top_k, lo=0)
         top_k = None if k == 0 else torch.full((batch,), min(k, checks.INT32_MAX), dtype=torch.int32,
                                                device=device)
-    if torch.is_tensor(top_p):
+    if isinstance(top_p, torch.Tensor):
         top_p = _per_sequence("top_p", top_p, batch, device, (torch.float32, torch.float64),
                               torch.float32)
         _checked_values("top_p", top_p, lambda t: (t > 0) & (t <= 1), "in (0, 1] (as float32)")
@@ -105,10 +113,11 @@ def check_sampling(temperature, top_k, top_p, batch: int, device):
         p = checks.number("top_p", top_p)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
-        p32 = torch.tensor(p, dtype=torch.float32)
+        p32 = struct.unpack("f", struct.pack("f", p))[0]  # p rounded to float32
         if not p32 > 0:
             raise ValueError(f"top_p must be in (0, 1] as a float32, got {top_p!r}")
-        top_p = None if p32 >= 1 else p32.to(device).expand(batch).contiguous()
+        # A fill on the device, not a host-to-device copy (so it can be captured in a graph).
+        top_p = None if p32 >= 1 else torch.full((batch,), p32, dtype=torch.float32, device=device)
     if isinstance(temperature, float) and temperature == 0.0:
         top_k = top_p = None
     return temperature, top_k, top_p
@@ -116,30 +125,41 @@ def check_sampling(temperature, top_k, top_p, batch: int, device):
 
 def sampling(temperature) -> bool:
     """Whether normalised controls may sample (a temperature tensor, or a number > 0)."""
-    return torch.is_tensor(temperature) or temperature > 0
+    return isinstance(temperature, torch.Tensor) or temperature > 0
 
 
 def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, offset, top_k=0,
                       top_p=1.0):
-    check_tree(tree)
+    key = None
+    if isinstance(tree, Tree):
+        key = checks.signature(tree.tokens, tree.parents, tree.depths, tree.scores, tree.num_nodes,
+                               tree.mask, tree.max_depth, target_logits, target_tokens)
+    static = key is None or key not in _STATIC
+    check_tree(tree, static)
     b, n = tree.tokens.shape
     dev = tree.tokens.device
-    if n == 0:
-        raise ValueError("tree must hold at least its root: tree.tokens has N=0 columns")
-    if (target_logits is None) == (target_tokens is None):
-        raise ValueError("pass exactly one of target_logits [B, N, V] and target_tokens [B, N]")
+    if static:  # dtypes, shapes, devices: once per signature
+        if n == 0:
+            raise ValueError("tree must hold at least its root: tree.tokens has N=0 columns")
+        if (target_logits is None) == (target_tokens is None):
+            raise ValueError("pass exactly one of target_logits [B, N, V] and target_tokens [B, N]")
+        if target_logits is not None:
+            checks.tensor("target_logits", target_logits, dtypes=checks.FLOAT_DTYPES,
+                          shape=[b, n, None], device=dev)
+            if target_logits.shape[2] == 0:
+                raise ValueError("target_logits must have a non-empty vocabulary dim")
+        else:
+            checks.tensor("target_tokens", target_tokens, dtypes=checks.INDEX_DTYPES, shape=[b, n],
+                          device=dev)
+        checks.remember(_STATIC, key, True)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, b, dev)
     if target_logits is not None:
-        checks.tensor("target_logits", target_logits, dtypes=checks.FLOAT_DTYPES, shape=[b, n, None], device=dev)
         v = target_logits.shape[2]
-        if v == 0:
-            raise ValueError("target_logits must have a non-empty vocabulary dim")
         if top_p is not None and v > MAX_TOP_P_VOCAB:
             raise ValueError(f"target_logits: top_p takes vocabularies of at most {MAX_TOP_P_VOCAB} "
                              f"tokens (exact fixed-point masses), got V={v}")
         checks.value_range("tree.tokens", tree.tokens, 0, v - 1)
     else:
-        checks.tensor("target_tokens", target_tokens, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
         checks.value_range("target_tokens", target_tokens, 0, None)
         checks.value_range("tree.tokens", tree.tokens, 0, None)
         if sampling(temperature):

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .pack_mask import mask_layout, mask_tile
+from .sizes import next_power_of_2
 
 __all__ = ["build_tree"]
 
@@ -311,8 +312,8 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
     num_nodes = torch.empty(B, dtype=torch.int32, device=dev)
     mask = torch.empty(B, N, W, dtype=torch.int32, device=dev)
     if B:
-        NP = triton.next_power_of_2(N)
-        KB = min(triton.next_power_of_2(K), max(1, _WINDOW // NP))
+        NP = next_power_of_2(N)
+        KB = min(next_power_of_2(K), max(1, _WINDOW // NP))
         _tree_kernel[(B,)](topk_tokens, topk_logprobs, root_tokens,
                            topk_tokens.stride(0), topk_tokens.stride(1),
                            topk_logprobs.stride(0), topk_logprobs.stride(1),

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .sizes import cdiv, next_power_of_2
+
 __all__ = ["commit_kv"]
 
 
@@ -91,11 +93,11 @@ def launch(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden,
     if B == 0:
         return
     HKV, DH = k_cache.shape[2], k_cache.shape[3]
-    bd = triton.next_power_of_2(DH)
-    bh = min(triton.next_power_of_2(max(HKV, 1)), max(1, 4096 // bd))
+    bd = next_power_of_2(DH)
+    bh = min(next_power_of_2(max(HKV, 1)), max(1, 4096 // bd))
     paged = block_table is not None
     bt = block_table if paged else path           # dummy pointer, never read when not paged
-    _commit_kv_kernel[(B, max(1, triton.cdiv(HKV, bh)))](
+    _commit_kv_kernel[(B, max(1, cdiv(HKV, bh)))](
         k_cache, v_cache, prefix_lens, path, accept_len, bt, new_lens,
         HKV, k_cache.shape[1],
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -109,7 +111,7 @@ def launch(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden,
             hidden, path, accept_len, hidden_rows, HH,
             hidden.stride(0), hidden.stride(1), path.stride(0),
             hidden_rows.stride(0), hidden_rows.stride(1),
-            BLOCK=min(triton.next_power_of_2(max(HH, 1)), 4096),
+            BLOCK=min(next_power_of_2(max(HH, 1)), 4096),
         )
 
 

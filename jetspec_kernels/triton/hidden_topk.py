@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .log_softmax_topk import merge_partials, write_partials
+from .sizes import cdiv, next_power_of_2
 
 __all__ = ["hidden_topk"]
 
@@ -68,8 +69,8 @@ def hidden_topk(hidden, lm_head_weight, k, *, block_v=None):
     V = lm_head_weight.shape[0]
     M = B * D
     bv = block_v or 128
-    C = triton.cdiv(V, bv)
-    KP = max(2, triton.next_power_of_2(k))
+    C = cdiv(V, bv)
+    KP = max(2, next_power_of_2(k))
     fp32 = hidden.dtype == torch.float32
     block_m = 16 if M <= 16 else 32
     block_h = 32 if fp32 else 64
@@ -78,7 +79,7 @@ def hidden_topk(hidden, lm_head_weight, k, *, block_v=None):
     ps = torch.empty(M, C, dtype=torch.float32, device=dev)
     pk = torch.empty(M, C, KP, dtype=torch.int64, device=dev)
     if M:
-        grid = (triton.cdiv(M, block_m), C)
+        grid = (cdiv(M, block_m), C)
         _hidden_partial_kernel[grid](hidden, lm_head_weight, hidden.stride(0), hidden.stride(1),
                                      lm_head_weight.stride(0), D, H, V, M, C, pm, ps, pk, k,
                                      KP=KP, BLOCK_M=block_m, BLOCK_V=bv, BLOCK_H=block_h,

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .sizes import cdiv, next_power_of_2
+
 __all__ = ["log_softmax_topk"]
 
 # Smaller than every real key: real keys have a low word in (0, 2**31).
@@ -140,8 +142,8 @@ def merge_partials(pm, ps, pk, rows_shape, k, device):
     tokens = torch.empty(*rows_shape, k, dtype=torch.int32, device=device)
     logprobs = torch.empty(*rows_shape, k, dtype=torch.float32, device=device)
     if R:
-        block_c = min(triton.next_power_of_2(C), 1024)
-        tile = min(triton.next_power_of_2(C * KP), 4096)
+        block_c = min(next_power_of_2(C), 1024)
+        tile = min(next_power_of_2(C * KP), 4096)
         _merge_kernel[(R,)](pm, ps, pk, C, tokens, logprobs, k, KP=KP, BLOCK_C=block_c,
                             TILE=tile, num_warps=4)
     return tokens, logprobs
@@ -164,9 +166,9 @@ def log_softmax_topk(logits, k, *, block_v=None):
     """
     B, D, V = logits.shape
     R = B * D
-    bv = block_v or min(4096, max(16, triton.next_power_of_2(V)))
-    C = triton.cdiv(V, bv)
-    KP = max(2, triton.next_power_of_2(k))
+    bv = block_v or min(4096, max(16, next_power_of_2(V)))
+    C = cdiv(V, bv)
+    KP = max(2, next_power_of_2(k))
     dev = logits.device
     pm = torch.empty(R, C, dtype=torch.float32, device=dev)
     ps = torch.empty(R, C, dtype=torch.float32, device=dev)

@@ -10,14 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .sizes import cdiv, next_power_of_2
+
 __all__ = ["pack_mask", "mask_layout", "mask_tile"]
 
 
 def mask_layout(n):
     """(W, WP, ROWS): mask words, their power-of-two padding, and rows per mask tile."""
-    w = triton.cdiv(n, 32)
-    wp = triton.next_power_of_2(w)
-    rows = max(1, min(triton.next_power_of_2(n), 4096 // wp))
+    w = cdiv(n, 32)
+    wp = next_power_of_2(w)
+    rows = max(1, min(next_power_of_2(n), 4096 // wp))
     return w, wp, rows
 
 
@@ -73,7 +75,7 @@ def pack_mask(parents, num_nodes):
     parents = parents.contiguous()
     mask = torch.empty(B, N, W, dtype=torch.int32, device=parents.device)
     if B and N:
-        _pack_mask_kernel[(B, triton.cdiv(N, ROWS))](parents, num_nodes.contiguous(), mask,
+        _pack_mask_kernel[(B, cdiv(N, ROWS))](parents, num_nodes.contiguous(), mask,
                                                      N, W, ROWS=ROWS, WP=WP, num_warps=4)
     return mask
 

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .sizes import next_power_of_2
+
 __all__ = ["qk_norm_rope_append"]
 
 
@@ -120,7 +122,7 @@ def _f32_split(x: float) -> tuple[float, float]:
 def _heads_per_tile(heads: int, half_p: int) -> int:
     """Heads per tile: all of them when small, else 512 elements per half-tile (larger tiles
     spill registers on sm_90a at 4 warps: bench/NOTES.md, "Triton kernels compiled offline")."""
-    return min(triton.next_power_of_2(max(heads, 1)), max(1, 512 // half_p))
+    return min(next_power_of_2(max(heads, 1)), max(1, 512 // half_p))
 
 
 def launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
@@ -138,7 +140,7 @@ def launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta,
     if has_q != (q_out is not None):
         raise ValueError("q and q_out must be given together")
     HQ = q.shape[2] if has_q else 0
-    half_p = triton.next_power_of_2(DH // 2)
+    half_p = next_power_of_2(DH // 2)
     paged = block_table is not None
     bt = block_table if paged else positions      # dummy pointer, never read when not paged
     start = cache_start if cache_start is not None else positions

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .sizes import cdiv, next_power_of_2
+
 __all__ = ["verify_tree", "sample_tokens", "filter_thresholds", "gumbel_uniform"]
 
 
@@ -315,8 +317,8 @@ def _splits(rows: int, V: int, block_v: int, device: torch.device) -> int:
     """Vocabulary splits per row: enough programs to fill the GPU (about 4 per SM)."""
     if device.type != "cuda" or rows == 0:
         return 1
-    want = triton.cdiv(4 * _sm_count(device.index or 0), rows)
-    return max(1, min(want, triton.cdiv(V, block_v)))
+    want = cdiv(4 * _sm_count(device.index or 0), rows)
+    return max(1, min(want, cdiv(V, block_v)))
 
 
 def _temperatures(temperature, B, device):
@@ -350,8 +352,8 @@ def _launch_partials(logits, temps, seed, offset, num_splits, block_v, threshold
     B, N, V = logits.shape
     if num_splits is None:
         num_splits = _splits(B * N, V, block_v, logits.device)
-    chunk = triton.cdiv(triton.cdiv(V, num_splits), block_v) * block_v
-    S = triton.cdiv(V, chunk)
+    chunk = cdiv(cdiv(V, num_splits), block_v) * block_v
+    S = cdiv(V, chunk)
     partial_value = torch.empty((B * N, S), dtype=torch.float32, device=logits.device)
     partial_token = torch.empty((B * N, S), dtype=torch.int32, device=logits.device)
     sample = temps is not None
@@ -369,7 +371,7 @@ def _launch_partials(logits, temps, seed, offset, num_splits, block_v, threshold
 
 
 def _block_v(V: int) -> int:
-    return min(triton.next_power_of_2(V), 2048)
+    return min(next_power_of_2(V), 2048)
 
 
 def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
@@ -399,8 +401,8 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
         accept_len, path, bonus, emitted,
         N, S, C, max_depth, tokens.stride(0), parents.stride(0),
         tgt.stride(0), tgt.stride(1), path.stride(0), emitted.stride(0),
-        NP=triton.next_power_of_2(max(N, 1)), SP=triton.next_power_of_2(S),
-        CP=triton.next_power_of_2(C), FROM_PARTIALS=from_partials,
+        NP=next_power_of_2(max(N, 1)), SP=next_power_of_2(S),
+        CP=next_power_of_2(C), FROM_PARTIALS=from_partials,
     )
 
 
