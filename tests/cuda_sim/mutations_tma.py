@@ -37,7 +37,7 @@ MUTS = {
  "no_tail_fence": ("  fence_proxy_async();\n  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);\n}\n\n// One consumer", "  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);\n}\n\n// One consumer"),
  "no_q_fence": ("  fence_proxy_async();  // this thread's cp.async data, before the async proxy reads it\n  if (wg", "  if (wg"),
  "no_q_barrier": ("    named_barrier_sync(1, kAttnThreads);\n  } else {\n    named_barrier_sync(2, kAttnThreads);\n", "  } else {\n"),
- "chunk_64_paged": ("  if (p.block_table == nullptr) return kWgmmaBlockN;", "  return kWgmmaBlockN;"),
+ "chunk_64_paged": ("  if (p.block_table == nullptr) return block_n;", "  return block_n;"),
  "empty_count_one_warpgroup": ("      mbar_init(&kr.empty[s], kConsumers);", "      mbar_init(&kr.empty[s], kAttnThreads);"),
  "tail_barrier_one_warpgroup": ("  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);", "  named_barrier_sync(kTailBarrier<WGS>, kAttnThreads);"),
  "shared_q_slab": ("  unsigned char* sQ = sQs + wg * kQBytes;", "  unsigned char* sQ = sQs;"),

@@ -29,11 +29,11 @@ ATTN_CASES = [
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel != "mma" and dh not in cu()._util.limit("wgmma_head_dims"):
-        pytest.skip("the sm_90a kernels take head dims 64 and 128")
+    if kernel in ("wgmma", "tma") and dh not in cu()._util.limit("wgmma_head_dims"):
+        pytest.skip("the sm_90a kernels take head dims 64 and 128 (hopper runs mma.sync there)")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
     prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
@@ -63,7 +63,7 @@ def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, s
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("dh", [64, 128])
 def test_tree_attention_one_hot_probe(dev, kernel, dh):
     """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
@@ -95,7 +95,7 @@ def test_tree_attention_one_hot_probe(dev, kernel, dh):
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("page_size", [None, 16, 24, 128])
 def test_tree_attention_nan_past_end(dev, kernel, page_size):
     """Cache rows past each sequence's end (and pages no sequence owns) hold NaN, as a cache from
@@ -164,6 +164,9 @@ def test_tree_attention_kernel_choice(monkeypatch):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
     with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
+    with pytest.raises(RuntimeError, match="hopper"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None,
+                            kernel="hopper")
     with pytest.raises(ValueError, match="kernel"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="fast")
     monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
