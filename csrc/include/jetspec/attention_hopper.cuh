@@ -399,8 +399,14 @@ __device__ __forceinline__ void hopper_attention_body(const AttnParams& p, const
         mbar_arrive(&k_empty[i % S]);
         float a[2];
         softmax(masked, t.blk_begin + i, a);
+        // The fences keep the softmax above the wait and the packing of P below it in the PTX.
+        // (ptxas 13.0 still schedules the SASS wait a few instructions after the first one, so
+        // the intra-warpgroup overlap of P V with the softmax may be lost; the ping-pong of the
+        // two warpgroups remains: bench/NOTES.md, "Hopper attention family".)
+        wgmma_fence_acc(s);
         wgmma_wait<0>();
         wgmma_fence_acc(o);
+        wgmma_fence_acc(s);
         mbar_arrive(&v_empty[(i - 1) % S]);
 #pragma unroll
         for (int dt = 0; dt < HD / 8; ++dt) {
