@@ -132,6 +132,39 @@ else
   printf 'sanitizers\tSKIP\t0\tcompute-sanitizer is not on PATH\n' >>"$STEPS"
 fi
 
+# ---- Issue 26: the Hopper attention sweep (bench/attn_sweep; this block is self-contained) ----
+# After the hardware-proof steps: the torch-free sweep of every Hopper attention variant and of
+# today's kernels at the headline shapes (CUDA events + graph replay, each checked against
+# mma.sync), with its own time limit, then ncu on the fastest passing kernel and on today's
+# (wgmma) at one compute- and one memory-bound shape. The binary is the one carried in
+# build/attn_sweep when it starts here, else it is built here (make -j16, about a minute).
+# Results: attn_sweep.csv, attn_sweep_best.txt, attn_ncu_*.csv in the results tarball; the
+# table is in logs/attn_sweep.log (bench/NOTES.md, "Hopper attention family", says what to do
+# with it). A dry run prints the sweep's plan (--dry-run needs no GPU).
+SWEEP_BIN=$ROOT/build/attn_sweep/attn_sweep
+step attn_sweep_plan 20 200 "if test -x '$SWEEP_BIN' && '$SWEEP_BIN' --list >/dev/null 2>&1; then
+    '$SWEEP_BIN' --dry-run | tail -n 3; else echo 'attn_sweep: no runnable binary (make -C bench/attn_sweep)'; fi"
+CUBLAS_LIB=$("$PY" -c 'import glob, os, torch
+libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu*", "lib", "libcublas.so*"))
+print(sorted(libs)[0] if libs else "")' 2>/dev/null)
+step attn_sweep 150 200 "( '$SWEEP_BIN' --list >/dev/null 2>&1 || make -C bench/attn_sweep -j16 NVCC=\$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ) &&
+  '$SWEEP_BIN' --csv '$RES/attn_sweep.csv' --best '$RES/attn_sweep_best.txt' ${CUBLAS_LIB:+--cublas '$CUBLAS_LIB'}" gpu
+if command -v ncu >/dev/null 2>&1 || ((DRY)); then
+  ATTN_NCU="ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section SchedulerStats --section SourceCounters --section ComputeWorkloadAnalysis"
+  step attn_sweep_ncu 120 200 "for shape in 1x32Kx256 16x4Kx16; do
+      best=\$(awk -v s=\$shape '\$1 == s {print \$2}' '$RES/attn_sweep_best.txt' 2>/dev/null); best=\${best:-wide}
+      for k in \$best wgmma; do
+        $ATTN_NCU -f -o '$RES/attn_ncu_'\$k'_'\$shape '$SWEEP_BIN' --profile \$k --shape \$shape &&
+        ncu --import '$RES/attn_ncu_'\$k'_'\$shape'.ncu-rep' --csv --page details >'$RES/attn_ncu_'\$k'_'\$shape'.csv' &&
+        ncu --import '$RES/attn_ncu_'\$k'_'\$shape'.ncu-rep' --csv --page raw | grep -i -E 'pipe_tensor|Metric Name' >'$RES/attn_ncu_'\$k'_'\$shape'_tensor.csv'
+      done
+    done" gpu
+else
+  printf 'attn_sweep_ncu\tSKIP\t0\tncu is not on PATH\n' >>"$STEPS"
+fi
+# ---- end of issue 26's block ----
+
 # 4. The quick sweep of every bench (CPU in a dry run). The small ops (tree, verify, commit,
 #    rope) are timed twice: eagerly (what a caller without graphs pays, host overhead included)
 #    and replayed from CUDA graphs (--graphs: their kernels, as the decode loop runs them).

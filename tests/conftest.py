@@ -21,8 +21,9 @@ def pytest_addoption(parser):
                      help="run only the tests marked gpu (also through a fixture parameter, which "
                           "-m gpu does not see)")
     parser.addoption("--tma", choices=("all", "only", "skip"), default="all",
-                     help="tests whose name (parameter ids included) says tma: all, only, or skip "
-                          "(device_check.sh runs them in a process of their own)")
+                     help="tests of the TMA kernels (whose name, parameter ids included, says "
+                          "tma or hopper): all, only, or skip (device_check.sh runs them in a "
+                          "process of their own)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,7 +33,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             ok = not gpu_only or "gpu" in item.keywords
             if tma != "all":
-                ok = ok and (("tma" in item.name) == (tma == "only"))
+                tma_kernel = "tma" in item.name or "hopper" in item.name
+                ok = ok and (tma_kernel == (tma == "only"))
             (keep if ok else drop).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)

@@ -35,6 +35,7 @@ def _C():
 # Kernels whose ptxas report must show no spills and no stack frame.
 MAIN_KERNELS = (
     "tree_attention_kernel", "tree_attention_wgmma_kernel", "tree_attention_tma_kernel",
+    "tree_attention_hopper_kernel",
     "attention_combine_kernel", "topk_partial_kernel",
     "topk_merge_kernel", "hidden_topk_partial_kernel", "build_tree_topn_kernel",
     "build_tree_accum_kernel",

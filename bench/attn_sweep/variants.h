@@ -39,7 +39,7 @@ JETSPEC_SWEEP_VARIANT_DEF(11, "small_2cta", 128, "2 stages, 2 CTAs/SM", HopperAt
 JETSPEC_SWEEP_VARIANT_DEF(12, "small_noloads", 128, "ablation: no K/V loads", HopperAttnCfg<1, 64, 4, true, true, 1, kAblateLoads>)
 JETSPEC_SWEEP_VARIANT_DEF(13, "small_exp2f", 128, "exp2f, no folded FMA", HopperAttnCfg<1, 64, 4, true, false>)
 JETSPEC_SWEEP_VARIANT_DEF(14, "wide_d64", 64, "library choice, Dh 64", HopperAttnCfg<2, 128, 3>)
-JETSPEC_SWEEP_VARIANT_DEF(15, "small_d64", 64, "library choice, Dh 64", HopperAttnCfg<1, 64, 4>)
+JETSPEC_SWEEP_VARIANT_DEF(15, "small_d64", 64, "library choice, Dh 64, 2 CTAs/SM", HopperAttnCfg<1, 64, 4, true, true, 2>)
 #undef JETSPEC_SWEEP_VARIANT_DEF
 
 }  // namespace jetspec_sweep
