@@ -33,6 +33,10 @@ CASES = [
     (torch.float16, 128, 2, 16, 4, 1, "mask", "kv_heads_major", 16, [300, 45], 2, True),
     # G 1, 5 rows, V padded, paged 64, causal, fp16, a split count past the blocks (empty splits).
     (torch.float16, 64, 3, 5, 2, 2, "causal", "v_padded", 64, [70, 0, 129], 8, True),
+    # One split over long prefixes: each CTA walks 9 (wide) / 12 (small) blocks, so both K and
+    # V rings wrap several times (stages are released and refilled inside the loops).
+    (torch.bfloat16, 128, 1, 40, 4, 1, "mask", "contiguous", None, [1100], 1, True),
+    (torch.float16, 128, 1, 12, 4, 1, "causal", "contiguous", 16, [717], 1, True),
 ]
 
 

@@ -80,7 +80,7 @@ struct HopperAttnCfg {
 template <int HD>
 using HopperWide = HopperAttnCfg<2, 128, HD >= 128 ? 2 : 3>;
 template <int HD>
-using HopperSmall = HopperAttnCfg<1, 64, 4>;
+using HopperSmall = HopperAttnCfg<1, 64, 4, true, true, HD >= 128 ? 1 : 2>;  // Dh 64: 73 KB
 
 template <int HD, class Cfg>
 constexpr size_t attention_hopper_smem_bytes() {
