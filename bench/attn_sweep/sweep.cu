@@ -420,35 +420,31 @@ bool time_kernel(const SweepKernel& k, const ShapeData& d, int splits, const Opt
   float one = 0;
   cudaEventElapsedTime(&one, e0, e1);
   const int iters = std::clamp(static_cast<int>(o.target_ms / std::max(one, 1e-3f)), sets, 400);
-  std::vector<double> eager;
-  for (int r = 0; r < o.reps; ++r) {
-    cudaEventRecord(e0, stream);
+  // The median over o.reps batches of `batch()` (iters launches), in µs a launch.
+  auto timed = [&](auto batch) {
+    std::vector<double> t;
+    for (int r = 0; r < o.reps; ++r) {
+      cudaEventRecord(e0, stream);
+      batch();
+      cudaEventRecord(e1, stream);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      t.push_back(ms * 1e3 / iters);
+    }
+    return median(t);
+  };
+  row.eager_us = timed([&] {
     for (int i = 0; i < iters; ++i) (void)launch(i);  // errors: the sync below
-    cudaEventRecord(e1, stream);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    eager.push_back(ms * 1e3 / iters);
-  }
-  row.eager_us = median(eager);
+  });
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
     for (int i = 0; i < iters; ++i) (void)launch(i);  // errors: the sync below
     if (cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
         cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-      std::vector<double> replay;
-      cudaGraphLaunch(exec, stream);
-      for (int r = 0; r < o.reps; ++r) {
-        cudaEventRecord(e0, stream);
-        cudaGraphLaunch(exec, stream);
-        cudaEventRecord(e1, stream);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        replay.push_back(ms * 1e3 / iters);
-      }
-      row.graph_us = median(replay);
+      cudaGraphLaunch(exec, stream);  // warm-up
+      row.graph_us = timed([&] { cudaGraphLaunch(exec, stream); });
     }
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
@@ -629,21 +625,29 @@ int main(int argc, char** argv) {
   }
 report:
   // CSV (every field), then the table (printed last: the reply carries the end of the output).
+  // A row's best time (eager or graph), TFLOP/s, GB/s and time over the floor.
+  struct Metrics {
+    double us, tflops, gbps, x_floor;
+  };
+  auto metrics = [&](const Row& r) {
+    const Shape* s = nullptr;
+    for (const auto& x : kShapes)
+      if (r.shape == x.name) s = &x;
+    const double t = std::isnan(r.graph_us) ? r.eager_us : std::min(r.eager_us, r.graph_us);
+    const double floor_us = std::max(shape_flops(*s) / peak, shape_bytes(*s) / bw) * 1e6;
+    return Metrics{t, shape_flops(*s) / t / 1e6, shape_bytes(*s) / t / 1e3, t / floor_us};
+  };
   if (!o.csv.empty()) {
     FILE* f = std::fopen(o.csv.c_str(), "w");
     if (f == nullptr) die(("cannot write " + o.csv).c_str());
     std::fprintf(f, "kernel,shape,status,splits,ctas_per_sm,eager_us,graph_us,tflops,gbps,"
                     "x_floor,max_rel,rel_l2,copy_gbps,peak_tflops,note\n");
     for (const auto& r : rows) {
-      const Shape* s = nullptr;
-      for (const auto& x : kShapes)
-        if (r.shape == x.name) s = &x;
-      const double t = std::isnan(r.graph_us) ? r.eager_us : std::min(r.eager_us, r.graph_us);
-      const double floor_us = std::max(shape_flops(*s) / peak, shape_bytes(*s) / bw) * 1e6;
+      const Metrics m = metrics(r);
       std::fprintf(f, "%s,%s,%s,%d,%d,%.2f,%.2f,%.1f,%.0f,%.3f,%.3g,%.3g,%.0f,%.0f,\"%s\"\n",
                    r.kernel.c_str(), r.shape.c_str(), r.status.c_str(), r.splits, r.ctas,
-                   r.eager_us, r.graph_us, shape_flops(*s) / t / 1e6, shape_bytes(*s) / t / 1e3,
-                   t / floor_us, r.max_rel, r.rel_l2, bw / 1e9, peak / 1e12, r.note.c_str());
+                   r.eager_us, r.graph_us, m.tflops, m.gbps, m.x_floor, r.max_rel, r.rel_l2,
+                   bw / 1e9, peak / 1e12, r.note.c_str());
     }
     std::fclose(f);
   }
@@ -662,15 +666,10 @@ report:
   std::printf("\n%-15s %-16s %8s %3s %3s %9s %9s %7s %7s %6s %9s\n", "shape", "kernel", "status",
               "spl", "cta", "eager_us", "graph_us", "TFLOP/s", "GB/s", "xfloor", "rel_l2");
   for (const auto& r : rows) {
-    const Shape* s = nullptr;
-    for (const auto& x : kShapes)
-      if (r.shape == x.name) s = &x;
-    const double t = std::isnan(r.graph_us) ? r.eager_us : std::min(r.eager_us, r.graph_us);
-    const double floor_us = std::max(shape_flops(*s) / peak, shape_bytes(*s) / bw) * 1e6;
+    const Metrics m = metrics(r);
     std::printf("%-15s %-16s %8s %3d %3d %9.1f %9.1f %7.0f %7.0f %6.2f %9.2g %s\n",
                 r.shape.c_str(), r.kernel.c_str(), r.status.c_str(), r.splits, r.ctas, r.eager_us,
-                r.graph_us, shape_flops(*s) / t / 1e6, shape_bytes(*s) / t / 1e3, t / floor_us,
-                r.rel_l2, r.note.substr(0, 60).c_str());
+                r.graph_us, m.tflops, m.gbps, m.x_floor, r.rel_l2, r.note.substr(0, 60).c_str());
   }
   bool failed = false;
   for (const auto& r : rows) failed = failed || r.status == "FAIL" || r.status == "error";

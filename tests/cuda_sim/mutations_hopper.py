@@ -8,12 +8,9 @@ tests/ops/test_tree_attention.py); every one must fail them (a wrong result, a s
 a deadlock), and the line printed per mutation says how. bench/NOTES.md ("Hopper attention
 family") lists the outcome. A mutation whose text no longer occurs is reported as stale.
 """
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from mutate import ROOT, run
 INC = ROOT / "csrc" / "include" / "jetspec"
 H = INC / "attention_hopper.cuh"
 A = INC / "attention.cuh"
@@ -57,31 +54,8 @@ MUTS = {
 
 
 def main(names) -> int:
-    escaped = 0
-    for name in names or list(MUTS):
-        path, a, b = MUTS[name]
-        orig = path.read_text()
-        if a not in orig:
-            print(f"{name}: stale (its text is not in {path.name})")
-            escaped += 1
-            continue
-        path.write_text(orig.replace(a, b, 1))
-        try:
-            env = dict(os.environ, JETSPEC_SIM_WATCHDOG_S="60")
-            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p",
-                                "no:cacheprovider", "tests/ops/test_tree_attention_hopper.py",
-                                "tests/ops/test_tree_attention.py", "-k", "sim and hopper"],
-                               cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800)
-        finally:
-            path.write_text(orig)
-        out = (r.stdout + r.stderr).splitlines()
-        why = [line for line in out if "cuda_sim:" in line or " passed" in line or " failed" in line
-               or "Error" in line]
-        caught = r.returncode != 0
-        escaped += not caught
-        print(f"{name}: {'caught' if caught else 'ESCAPED'} ({' | '.join(why[-2:])[:180]})",
-              flush=True)
-    return 1 if escaped else 0
+    return run(MUTS, ["tests/ops/test_tree_attention_hopper.py", "tests/ops/test_tree_attention.py",
+                      "-k", "sim and hopper"], names)
 
 
 if __name__ == "__main__":
