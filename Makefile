@@ -6,10 +6,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
+# make fuzz: e.g. FUZZ_ARGS="--seconds 3600 --seed 42 --ops verify_tree,tree_attention"
+FUZZ_ARGS ?=
 STAMP := $(VENV)/.jetspec-installed
 BUILD_INPUTS := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: install test test-slow demo bench-quick clean
+.PHONY: install test test-slow fuzz demo bench-quick device-bundle clean
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -28,11 +30,34 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q --benchmark-disable -m slow $(PYTEST_ARGS) tests
 
+fuzz: $(STAMP)
+	$(PY) tests/fuzz/run.py --seconds 600 $(FUZZ_ARGS)
+
 demo: $(STAMP)
 	$(PY) -m jetspec_kernels demo
 
 bench-quick: $(STAMP)
 	$(PY) -m pytest -q tests/test_bench_quick.py
+
+# _C for the GPU machines (sm_90a, their Python 3.12), built here and carried by the device tool
+# (git-ignored; bench/device_check.sh loads it and rebuilds only if it does not load or its sources
+# changed since). On the GPU machine: make device-bundle DEVICE_PYTHON=python3 PYBIND11_PY=python3.
+DEVICE_BUNDLE ?= .device-bundle
+DEVICE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
+PYBIND11_PY ?= $(PY)
+CMAKE ?= $(firstword $(abspath $(wildcard $(VENV)/bin/cmake)) cmake)
+NINJA ?= $(firstword $(abspath $(wildcard $(VENV)/bin/ninja)) $(shell command -v ninja 2>/dev/null) ninja)
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) /usr/local/cuda/bin/nvcc)
+
+device-bundle:
+	@test -n "$(DEVICE_PYTHON)" || { echo "device-bundle: no python3.12 found (set DEVICE_PYTHON)"; exit 1; }
+	$(CMAKE) -S . -B build/device-bundle -GNinja -DCMAKE_MAKE_PROGRAM=$(NINJA) \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(NVCC) -DPython_EXECUTABLE=$(DEVICE_PYTHON) \
+	  -Dpybind11_DIR=$$($(PYBIND11_PY) -m pybind11 --cmakedir) -DJETSPEC_CUDA_ARCHS=90a \
+	  -DJETSPEC_OUTPUT_DIR=$(abspath $(DEVICE_BUNDLE))
+	$(CMAKE) --build build/device-bundle --parallel
+	bash bench/device_check.sh --source-hash > $(DEVICE_BUNDLE)/SOURCES.sha256
+	ls -l $(DEVICE_BUNDLE)
 
 clean:
 	rm -rf build *.egg-info jetspec_kernels/_C*.so

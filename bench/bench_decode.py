@@ -1,27 +1,40 @@
-"""End-to-end benchmark: speculative decoding (``generate``) vs autoregressive (``generate_ar``) on
-the same target, per backend: tokens/s, their ratio, acceptance, and time per stage.
+"""Decoding round bench: one speculative round and one autoregressive step of the same target,
+graph-replayed, against their floors, per (batch, prompt, budget).
 
-Rows per (config, backend): ``spec`` and ``ar`` (the baseline); ``x_ar`` on the spec row is the
-tokens/s ratio (both emit the same number of tokens: no EOS is set). ``lossless`` is 1 when the
-greedy speculative tokens equal the autoregressive ones. ``stage_*_ms`` are the loop's own stage
-timers (total over the call; ``draft_step`` / ``verify_step`` when CUDA graphs are replayed).
-Times are host wall clock with a device sync (the host work is part of what is measured).
+On CUDA: random bf16 weights of Qwen3-8B's shape with a 5-layer JetSpec head (``--model moe``:
+Qwen3-30B-A3B's shape), B 1/4/16 (MoE 1/16), budgets 64/16/256, prompts 512 and 8192, in that
+priority order (B1, budget 64, prompt 512 first: the issue's headline config). Per (batch,
+prompt) one chunked prefill (bench/decode_round.py) serves every budget and the AR baseline.
+Per config:
+  - the library's round (decode's draft graph + verify graph, what ``generate`` replays), its
+    first round eager (Triton compiles every shape there, before any timing), then timed replays
+    with CUDA events (``median_us``) and the host's wall time per round including the one host
+    sync (``round_wall_ms``);
+  - the same round cut into a graph per stage (draft, verify, accept_commit), replayed with
+    events between them (``*_ms``; they sum to a little more than the round: launch gaps);
+  - host reads per round (``host_syncs_per_round``, decode_round.HostReads; must be 1) and, at
+    budget 64, the GPU's busy fraction over a few rounds (torch.profiler kernel time / wall);
+  - floors and predictions (bench/decode_costs.py, from the configs: weights, KV cache, lm_heads,
+    attention FLOPs), and tokens/s projected at the JetSpec paper's accepted lengths beside the
+    published JetSpec engine and our own graph-captured AR step.
+Rows: ``prefill`` and ``ar`` per (batch, prompt), ``spec`` per config; ``skip`` rows say why a
+config did not run (memory, deadline); rows are appended to the CSV as they finish.
 
-Floor (weight streaming): bytes = forward passes * weight bytes (target layers + lm_head, plus
-the head's for spec); FLOPs = 2 * target params * tokens the target processes (prompt + new
-tokens for ar, prompt + rounds * budget for spec). Random models accept almost nothing, so on
-them the ratio measures overhead; pass --target/--head checkpoint dirs for real numbers.
-
-``--model moe`` benches a MoE target: random Qwen3-30B-A3B-shaped weights on CUDA (``tiny_moe``
-on the CPU). Its floor counts the expert bytes a forward touches (model_setup.target_read_params:
-k experts per token, all of them for a large verify tree or prompt), and its FLOPs the active
-parameters per token.
+On the CPU (``--quick``; tests): the tiny models in fp32, the reference backend, eager.
+Random models accept almost nothing (``tokens_per_round`` about 1): the rows time the machinery at
+real shapes; acceptance comes from the paper's numbers. ``--predict`` prints the prediction
+tables (no device needed). Exit status: 2 when a model cannot be built or loaded, 1 when a config
+failed, else 0.
 """
 from __future__ import annotations
 
-import itertools
+import argparse
+import csv
 import math
+import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -30,116 +43,395 @@ if __package__ in (None, ""):
 import torch
 
 from bench import common as bc
+from bench import decode_costs as dc
+from bench import decode_round as dr
 from bench import model_setup as ms
 
-BASELINES = ["ar"]
-STAGES = ["prefill", "draft", "tree", "verify", "accept", "commit", "append", "emit",
-          "draft_step", "verify_step", "decode"]
-EXTRA = ["tokens_per_s", "mean_accept", "tokens_per_round", "lossless"] + [f"stage_{s}_ms" for s in STAGES]
+BASELINES: list[str] = []
+# JetSpec paper, Qwen3-8B on an H100: mean tokens emitted per round at a budget.
+PAPER_TOKENS_PER_ROUND = {64: 7.42, 256: 10.76}
+# The published JetSpec engine: tokens/s at tokens/round, one B200, budget 128.
+ENGINE_TOK_S, ENGINE_TOKENS_PER_ROUND = 1150.0, 9.56
+TOPK = 8
+CPU_REPLAYS = 3           # the CPU runs check the machinery, not speed
+# Rounds one config runs at most (first, timed, with the host sync, counted, profiled, split): the
+# cache and output buffers are sized for them (a random head accepts ~0, a trained one up to S-1).
+ROUNDS_PER_CONFIG = 1 + 3 * dc.MAX_REPLAYS + dc.COUNTED_ROUNDS + dc.PROFILED_ROUNDS + 2
+EXTRA = ["jk_backend", "draft_ms", "verify_ms", "accept_commit_ms", "split_sum_ms", "round_wall_ms",
+         "host_syncs_per_round", "gpu_busy", "tokens_per_round", "floor_ms", "pred_ms",
+         "floor_draft_ms", "floor_verify_ms", "floor_accept_commit_ms", "paper_tokens_per_round",
+         "tok_s_paper", "ar_tok_s", "x_ar_paper", "tok_s_at_engine_len", "x_engine", "mem_est_gb",
+         "replays"]
 
 
-def configs(opts: bc.Options):
-    """(B, prompt length, new tokens, budget, topk) tuples and the model size."""
-    moe = opts.args.model == "moe"
-    if not opts.cuda:
-        return [(2, 8, 8, 16, 4)], "tiny_moe" if moe else "tiny"
-    size = "30b_a3b" if moe else "small"
-    if opts.quick:
-        return [(1, 128, 64, 64, 8), (4, 128, 64, 64, 8)], size
-    return [(b, 512, 256, n, 8) for b, n in itertools.product((1, 4, 16), (64, 128, 256))], size
+class ConfigTimeout(RuntimeError):
+    """A config ran past its own deadline."""
+
+
+def plan(args, cuda: bool) -> tuple[str, list[dc.Config], int]:
+    """(model size, configs in priority order, prefill chunk)."""
+    moe = args.model == "moe"
+    if not cuda:
+        return ("tiny_moe" if moe else "tiny"), [dc.Config(2, 24, 16), dc.Config(2, 24, 4)], 16
+    size = "30b_a3b" if moe else "8b"
+    batches = args.batches or ([1, 16] if moe else [1, 4, 16])
+    prompts = args.prompts or [512, 8192]
+    budgets = args.budgets or [64, 16, 256]
+    if args.quick:
+        batches, prompts, budgets = batches[:1], prompts[:1], budgets[:1]
+    return size, [dc.Config(b, p, n) for p in prompts for b in batches for n in budgets], args.chunk
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = bc.parser(__doc__.splitlines()[0])
+    p.add_argument("--model", default="dense", choices=["dense", "moe"],
+                   help="random target when no --target: Qwen3-8B shape, or Qwen3-30B-A3B (MoE)")
+    p.add_argument("--target", default=None, help="Qwen3 checkpoint dir (must exist)")
+    p.add_argument("--head", default=None, help="JetSpec draft-head checkpoint dir (must exist)")
+    p.add_argument("--batches", type=_ints, default=None, help="comma list (default 1,4,16)")
+    p.add_argument("--prompts", type=_ints, default=None, help="comma list (default 512,8192)")
+    p.add_argument("--budgets", type=_ints, default=None, help="comma list (default 64,16,256)")
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk, positions per sequence")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds: configs predicted to end later are skipped (rows say so)")
+    p.add_argument("--resume", type=Path, default=None,
+                   help="a decode CSV of an earlier run: its finished (batch, prompt) groups are kept")
+    p.add_argument("--predict", action="store_true",
+                   help="print the floors and predictions of the plan on an H200 and an H100; no run")
+    return p
+
+
+# ----------------------------------------------------------------------------------------------
+# Predictions (no device)
+# ----------------------------------------------------------------------------------------------
+
+def prediction_lines(m: dc.Model, configs: list[dc.Config], ceiling: dc.Ceiling, chunk: int) -> list[str]:
+    """Markdown rows: per config the round's floor and predicted ms, the AR step's, tokens/s at the
+    paper's accepted lengths, and the bench's cumulative predicted device seconds."""
+    cum = dc.plan_seconds(m, configs, ceiling, chunk)
+    lines = [f"{m.name} on {ceiling.name}",
+             "| config | round floor ms (draft / verify / accept) | round pred ms | AR floor ms | "
+             "AR pred ms | tok/s paper (pred) | AR tok/s (pred) | x AR | x engine (B1, 9.56/round) | "
+             "memory GB | bench s (cum.) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cfg, t_cum in zip(configs, cum):
+        rc = dc.round_costs(m, cfg.batch, cfg.prompt, cfg.budget)
+        floors = [rc[g].floor(ceiling) * 1e3 for g in dr.GROUPS]
+        pred = dc.round_seconds(m, cfg, ceiling)
+        ar = dc.ar_step(m, cfg.batch, cfg.prompt)
+        ar_pred = ar.predicted(ceiling)
+        paper = PAPER_TOKENS_PER_ROUND.get(cfg.budget)
+        tok = cfg.batch * paper / pred if paper else math.nan
+        ar_tok = cfg.batch / ar_pred
+        engine = ENGINE_TOKENS_PER_ROUND / pred / ENGINE_TOK_S if cfg.batch == 1 else math.nan
+        cap = dr.capacity(cfg.prompt, 40, max(cfg.budget, 256), m.block)
+        mem = dc.memory(m, cfg.batch, cfg.prompt, cfg.budget, cap, chunk)["total"] / 1e9
+        lines.append(f"| {cfg.label} | {sum(floors):.2f} ({' / '.join(f'{f:.2f}' for f in floors)}) | "
+                     f"{pred * 1e3:.2f} | {ar.floor(ceiling) * 1e3:.2f} | {ar_pred * 1e3:.2f} | "
+                     f"{_f(tok)} | {ar_tok:.0f} | {_f(tok / ar_tok)} | {_f(engine)} | {mem:.1f} | "
+                     f"{t_cum:.0f} |")
+    return lines
+
+
+def _f(v: float) -> str:
+    return "-" if not math.isfinite(v) else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing on the device
+# ----------------------------------------------------------------------------------------------
+
+class Clock:
+    """Times device work: CUDA events (median of replays), or perf_counter on the CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def once(self, fn) -> float:
+        """Seconds of one call of ``fn`` (device-synchronised)."""
+        if not self.cuda:
+            return dr.wall(fn, False)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def replays(self, fn, n: int) -> tuple[float, float]:
+        """(median device seconds of one ``fn()``, host wall seconds per call) over ``n`` calls."""
+        if not self.cuda:
+            times = [dr.wall(fn, False) for _ in range(n)]
+            return statistics.median(times), sum(times) / n
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(n):
+            events[i].record()
+            fn()
+        events[n].record()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / n
+        return statistics.median(events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(n)), wall
+
+
+def gpu_busy(fn, rounds: int) -> tuple[float, str]:
+    """(kernel time / wall time over ``rounds`` calls of ``fn``, note): torch.profiler's CUDA
+    kernel intervals, merged (nan and why when the profiler sees none)."""
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                fn()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as e:  # the profiler is a measurement aid: its failure must not end the config
+        return math.nan, f"profiler failed: {type(e).__name__}: {e}"[:200]
+    if not spans:
+        return math.nan, "profiler saw no kernels"
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return busy / 1e6 / wall, ""
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------
+
+def _resume(table: bc.Table, path: Path | None) -> set[tuple[int, int]]:
+    """Rows of an earlier run's CSV whose (batch, prompt) group finished (every spec row ok or
+    skipped): copied into ``table``; returns those groups."""
+    if path is None or not path.exists():
+        return set()
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def group(r):
+        b, p = r["shape"].split("/")[:2]
+        return int(b[1:]), int(p[1:])
+    done = {group(r) for r in rows if r["backend"].startswith("ar")}
+    done -= {group(r) for r in rows if r["backend"].startswith("spec") and r["status"] not in ("ok", "skip")}
+    done -= {group(r) for r in rows if r["status"] == "skip" and "deadline" in r["note"]}
+    for r in rows:
+        if group(r) in done:
+            table.rows.append({k: (math.nan if v == "" else v) for k, v in r.items()})
+            if table.stream:
+                table._write_csv([table.rows[-1]])
+    return done
 
 
 def main(argv=None) -> int:
-    p = bc.parser(__doc__.splitlines()[0])
-    p.add_argument("--dtype", choices=sorted(bc.DTYPES), default=None,
-                   help="model dtype (default bf16 on CUDA, fp32 on the CPU)")
-    p.add_argument("--target", default=None, help="Qwen3 checkpoint dir")
-    p.add_argument("--head", default=None, help="JetSpec draft-head checkpoint dir")
-    p.add_argument("--algorithm", default="topn", choices=["topn", "accum_logp"])
-    p.add_argument("--model", default="dense", choices=["dense", "moe"],
-                   help="random target when no --target: dense Qwen3, or MoE (Qwen3-30B-A3B-shaped "
-                        "on CUDA, tiny on the CPU)")
-    opts = bc.options(p, argv)
-    dtype = bc.DTYPES[opts.args.dtype or ("bf16" if opts.cuda else "fp32")]
-    dev = opts.device
-    ceil = bc.measure_ceilings(dev, torch.bfloat16 if opts.cuda else torch.float32, opts.quick)
-    table = bc.Table("decode", opts, ceil, BASELINES, extra_columns=EXTRA)
-    grid, size = configs(opts)
-    status = bc.backend_status(opts)
+    opts = bc.options(parser(), argv)
+    args = opts.args
+    cuda = opts.cuda
+    size, configs, chunk = plan(args, cuda or args.predict)   # --predict: the GPU plan
+    for what, path in (("target", args.target), ("head", args.head)):
+        if path and not Path(path).is_dir():
+            print(f"bench_decode: --{what} {path} is not a directory", file=sys.stderr)
+            return 2
+    if args.predict:
+        m = dc.Model.of_size(size)
+        for ceiling in (dc.H200, dc.H100):
+            print("\n".join(prediction_lines(m, configs, ceiling, chunk)) + "\n")
+        return 0
+    started = time.monotonic()
+    dtype = torch.bfloat16 if cuda else torch.float32
+    backends = [b.strip() for b in args.backends.split(",")] if args.backends else \
+        (["auto"] if cuda else ["reference"])
+    ceil = bc.measure_ceilings(opts.device, dtype, opts.quick)
+    ceiling = dc.Ceiling(ceil.bandwidth, ceil.flops, "measured here")
+    table = bc.Table("decode", opts, ceil, BASELINES, extra_columns=EXTRA, stream=True)
+    if cuda and not (args.target or args.head):
+        need = dc.Model.of_size(size).weight_bytes() + dc.MEMORY_SLACK
+        free = torch.cuda.mem_get_info(opts.device)[0]
+        if need > free:                   # e.g. the MoE target on an H100
+            for c in configs:
+                table.skip(c.label, "spec", f"the {size} weights need about {need / 1e9:.1f} GB, "
+                           f"{free / 1e9:.1f} GB free")
+            table.finish()
+            return 0
     try:
-        _, decode = ms.import_models()
-        m = ms.build(dev, dtype, size=size, with_target=True, target_dir=opts.args.target,
-                     head_dir=opts.args.head)
-    except ms.ModelsUnavailable as ex:
-        print(f"bench_decode: skipping: {ex}")
-        for b, plen, new, budget, topk in grid:
-            table.skip(f"B{b}/p{plen}/new{new}/n{budget}k{topk}", "all", str(ex))
-        return table.finish()
+        m = ms.build(opts.device, dtype, size=size, with_target=True, target_dir=args.target,
+                     head_dir=args.head)
+    except Exception as ex:      # a model that cannot be built or loaded: nothing to measure
+        print(f"bench_decode: cannot build the models ({type(ex).__name__}: {ex})", file=sys.stderr)
+        return 2
     target, head = m.target, m.head
-    tcfg = target.config
-    table.header_lines.append(f"{m.label}: target {tcfg.num_hidden_layers} layers H {tcfg.hidden_size} "
-                              f"V {tcfg.vocab_size}; head {head.config.num_hidden_layers} layers, block "
-                              f"{head.block_size}; {str(dtype)[6:]}, greedy, {opts.args.algorithm}")
-    if getattr(tcfg, "num_experts", 0):
-        table.header_lines.append(f"MoE target: {tcfg.num_experts} experts, top-{tcfg.num_experts_per_tok}, "
-                                  f"expert width {tcfg.moe_intermediate_size}; "
-                                  f"{sum(map(tcfg.is_sparse, range(tcfg.num_hidden_layers)))} sparse layers")
-    e = bc.elt(dtype)
-    _, head_lin, _ = ms.head_param_counts(head)
-    w_head = (head_lin + head.fc_weight.numel()) * e
-    p_target = ms.target_active_params(target) + target.lm_head_weight.numel()
-
-    def w_target(tokens):        # bytes one target forward over `tokens` tokens reads
-        return ms.target_read_params(target, tokens) * e
-    gen = torch.Generator().manual_seed(0)
-
-    for b, plen, new, budget, topk in grid:
-        prompts = [torch.randint(0, tcfg.vocab_size, (plen - i,), generator=gen).tolist() for i in range(b)]
-        for name, why in status.items():
-            shape = f"B{b}/p{plen}/new{new}/n{budget}k{topk}/{name}"
-            if why is not None:
-                for row in ("spec", "ar"):
-                    table.skip(shape, row, why)
-                continue
-            if bc.interpreted(name, dev):
-                for row in ("spec", "ar"):
-                    table.skip(shape, row, "Triton interpreter: whole decoding runs are too slow "
-                               "for a quick run")
-                continue
-            kw = dict(max_new_tokens=new)
-            results = {}
-            for row, fn in (("ar", lambda: decode.generate_ar(target, prompts, **kw)),
-                            ("spec", lambda: decode.generate(target, head, prompts, budget=budget,
-                                                             topk=topk, algorithm=opts.args.algorithm,
-                                                             **kw))):
-                def call(row=row, fn=fn):
-                    with bc.using_backend(name):
-                        results[row] = fn()
-                try:
-                    secs = bc.wall_time(call, dev, reps=1 if not opts.cuda else 3)
-                except Exception as ex:
-                    table.add(shape, row, None, flops=0.0, nbytes=0.0, status="error",
-                              note=f"{type(ex).__name__}: {ex}"[:300])
+    from jetspec_kernels.models.moe import grouped_mm_impl
+    if getattr(target.config, "num_experts", 0) and grouped_mm_impl() is not None:
+        target.experts_grouped_mm = True     # the GPU's bf16 path; on the CPU the loop would sync
+    cm = dc.Model.from_configs(target.config, head.config, elt=bc.elt(dtype), name=m.label)
+    table.header_lines.append(
+        f"{m.label}: target {cm.layers} layers H {cm.hidden} V {cm.vocab}"
+        + (f", MoE {cm.experts} experts top-{cm.top_k}" if cm.experts else "")
+        + f"; head {cm.head_layers} layers, block {cm.block}; {str(dtype)[6:]}, greedy topn, top-K {TOPK}; "
+        f"backends {','.join(backends)}; prefill chunk {chunk}")
+    done = _resume(table, args.resume)
+    failed = False
+    old_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
+    import jetspec_kernels as jk
+    jk.set_value_checks("never")     # as on CUDA tensors: no value check reads the host in a round
+    try:
+        groups = list(dict.fromkeys((c.batch, c.prompt) for c in configs))
+        for name in backends:
+            label = "" if len(backends) == 1 else f":{name}"
+            for b, p in groups:
+                if (b, p) in done:
                     continue
-                st = results[row].stats
-                passes = st.rounds + 1
-                if row == "ar":
-                    nbytes = w_target(b * plen) + st.rounds * w_target(b)
-                    tokens = b * plen + st.new_tokens
-                else:
-                    nbytes = w_target(b * plen) + st.rounds * w_target(b * budget) + passes * w_head
-                    tokens = b * plen + st.rounds * b * budget
-                stages = {f"stage_{k}_ms": v * 1e3 for k, v in st.stage_seconds.items()}
-                table.add(shape, row, secs, flops=2.0 * p_target * tokens, nbytes=float(nbytes),
-                          tokens_per_s=st.new_tokens / secs, mean_accept=float(st.mean_accept),
-                          tokens_per_round=float(st.tokens_per_round),
-                          **{k: stages.get(k, math.nan) for k in EXTRA if k.startswith("stage_")})
-            if "ar" in results and "spec" in results:
-                same = float(results["ar"].tokens == results["spec"].tokens)
-                for r in table.rows:
-                    if r["shape"] == shape and r["status"] == "ok":
-                        r["lossless"] = same
-    return table.finish()
+                mine = [c for c in configs if (c.batch, c.prompt) == (b, p)]
+                with bc.using_backend(name):
+                    failed |= run_group(table, target, head, cm, ceiling, mine, chunk, cuda, name,
+                                        label, started, args.deadline)
+    finally:
+        jk.set_value_checks(old_checks)
+    table.finish()
+    return 1 if failed else 0
+
+
+def run_group(table, target, head, cm, ceiling, configs, chunk, cuda, backend, label, started,
+              deadline) -> bool:
+    """Prefill, the AR step and every config of one (batch, prompt) group. Returns whether one failed."""
+    b, p = configs[0].batch, configs[0].prompt
+    group = f"B{b}/p{p}"
+    dev = target.device
+    budgets = [c.budget for c in configs]
+    cap = dr.capacity(p, ROUNDS_PER_CONFIG, max(budgets), head.block_size)
+    mem = dc.memory(cm, b, p, max(budgets), cap, chunk)
+    if cuda:
+        free = torch.cuda.mem_get_info(dev)[0]
+        if mem["total"] > free:
+            why = f"needs about {mem['total'] / 1e9:.1f} GB (decode_costs.memory), {free / 1e9:.1f} GB free"
+            for c in configs:
+                table.skip(c.label, "spec" + label, why)
+            return False
+    clock = Clock(cuda)
+    failed = False
+    try:
+        gen = torch.Generator(device=dev).manual_seed(b * 100003 + p)
+        tokens = torch.randint(0, cm.vocab, (b, p), device=dev, generator=gen)
+        pre = dr.prefill(target, head, tokens, cap, chunk, clock.once)
+        pc = dc.prefill(cm, b, p)
+        table.add(group, "prefill" + label, sum(pre.chunk_seconds), flops=pc.flops, nbytes=pc.nbytes,
+                  jk_backend=backend, mem_est_gb=mem["total"] / 1e9, floor_ms=pc.floor(ceiling) * 1e3)
+        pre.reset()
+        ar = dr.ARStep(target, pre)
+        ar()                                  # eager: compiles the decode shapes
+        if cuda:
+            ar.capture()
+        arc = dc.ar_step(cm, b, p)
+        n_ar = dc.replays(arc.predicted(ceiling)) if cuda else CPU_REPLAYS
+        t_ar, _ = clock.replays(ar, n_ar)
+        ar_tok_s = b / t_ar
+        table.add(group, "ar" + label, t_ar, flops=arc.flops, nbytes=arc.nbytes, jk_backend=backend,
+                  floor_ms=arc.floor(ceiling) * 1e3, pred_ms=arc.predicted(ceiling) * 1e3,
+                  ar_tok_s=ar_tok_s, replays=n_ar)
+        del ar
+    except Exception as ex:
+        table.add(group, "prefill" + label, None, flops=0.0, nbytes=0.0, status="error",
+                  note=f"{type(ex).__name__}: {ex}"[:300])
+        return True
+    for i, cfg in enumerate(configs):
+        pred_s = dc.config_seconds(cm, cfg, ceiling, first=False)
+        if deadline is not None and time.monotonic() - started + pred_s > deadline:
+            table.skip(cfg.label, "spec" + label, f"deadline: {deadline:.0f} s would pass (predicted "
+                       f"{pred_s:.0f} s for this config); rerun with --resume")
+            continue
+        try:
+            run_config(table, target, head, cm, ceiling, cfg, pre, clock, backend, label, ar_tok_s,
+                       mem, config_deadline=time.monotonic() + 3 * pred_s + 30)
+        except Exception as ex:
+            failed = True
+            table.add(cfg.label, "spec" + label, None, flops=0.0, nbytes=0.0,
+                      status="timeout" if isinstance(ex, ConfigTimeout) else "error",
+                      note=f"{type(ex).__name__}: {ex}"[:300])
+    return failed
+
+
+def run_config(table, target, head, cm, ceiling, cfg, pre, clock, backend, label, ar_tok_s, mem,
+               config_deadline):
+    """One config: the library round (eager first round, capture, timed replays, host reads, GPU
+    busy), then the stage graphs; adds the ``spec`` row."""
+    def check_time(what):
+        if time.monotonic() > config_deadline:
+            raise ConfigTimeout(f"past the config's deadline after {what}")
+
+    cuda = clock.cuda
+    b, n = cfg.batch, cfg.budget
+    pre.reset()
+    max_new = ROUNDS_PER_CONFIG * head.block_size
+    rnd = dr.new_round(target, head, pre, n, TOPK, max_new)
+    steps = dr.library_steps(rnd, cuda)
+    accepts = []
+
+    def one_round():
+        steps.draft(True)
+        accepts.append(steps.verify(n))
+
+    def generate_round():               # as generate's loop: the done check, then the round
+        if bool(rnd.out.done.all()):
+            raise RuntimeError("a sequence finished: the output buffer is too small")
+        one_round()
+
+    one_round()                         # eager (compiles every shape), then captured
+    check_time("the first round and the capture")
+    costs = dc.round_costs(cm, b, cfg.prompt, n)
+    pred = dc.round_seconds(cm, cfg, ceiling)
+    reps = dc.replays(pred) if cuda else CPU_REPLAYS
+    t_round, _ = clock.replays(one_round, reps)
+    _, wall = clock.replays(generate_round, reps)
+    check_time("the timed rounds")
+    with dr.HostReads() as reads:
+        for _ in range(dc.COUNTED_ROUNDS):
+            generate_round()
+    busy, busy_note = math.nan, ""
+    if cuda and n == dc.PROFILED_BUDGET:
+        busy, busy_note = gpu_busy(generate_round, dc.PROFILED_ROUNDS)
+    check_time("the host-read count and the profiler")
+    acc = torch.stack(accepts).float()
+    tokens_per_round = float(acc.mean()) + 1.0
+
+    split = dr.StageGraphs(dr.new_round(target, head, pre, n, TOPK, max_new), n, cuda)
+    per_group = {g: [] for g in dr.GROUPS}
+    for _ in range(reps):
+        out = split.replay()
+        if cuda:
+            out[-1].synchronize()
+            out = {g: out[i].elapsed_time(out[i + 1]) / 1e3 for i, g in enumerate(dr.GROUPS)}
+        for g in dr.GROUPS:
+            per_group[g].append(out[g])
+    stage_ms = {f"{g}_ms": statistics.median(v) * 1e3 for g, v in per_group.items()}
+
+    floor = sum(c.floor(ceiling) for c in costs.values())
+    paper = PAPER_TOKENS_PER_ROUND.get(n, math.nan)
+    tok_s_paper = b * paper / t_round
+    engine_len = ENGINE_TOKENS_PER_ROUND / t_round
+    total = dc.Cost() + costs["draft"] + costs["verify"] + costs["accept_commit"]
+    table.add(cfg.label, "spec" + label, t_round, flops=total.flops, nbytes=total.nbytes, floor_s=floor,
+              note=busy_note, jk_backend=backend, **stage_ms, split_sum_ms=sum(stage_ms.values()),
+              round_wall_ms=wall * 1e3, host_syncs_per_round=len(reads.reads) / dc.COUNTED_ROUNDS,
+              gpu_busy=busy, tokens_per_round=tokens_per_round, floor_ms=floor * 1e3,
+              pred_ms=pred * 1e3, **{f"floor_{g}_ms": costs[g].floor(ceiling) * 1e3 for g in dr.GROUPS},
+              paper_tokens_per_round=paper, tok_s_paper=tok_s_paper, ar_tok_s=ar_tok_s,
+              x_ar_paper=tok_s_paper / ar_tok_s, tok_s_at_engine_len=b * engine_len,
+              x_engine=engine_len / ENGINE_TOK_S if b == 1 else math.nan,
+              mem_est_gb=mem["total"] / 1e9, replays=reps)
+    del split, steps, rnd
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

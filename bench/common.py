@@ -297,7 +297,7 @@ class Table:
     """
 
     def __init__(self, bench: str, opts: Options, ceilings: Ceilings, baselines: list[str],
-                 extra_columns: list[str] | None = None):
+                 extra_columns: list[str] | None = None, stream: bool = False):
         self.bench = bench + ("_graphs" if opts.graphs else "")
         self.opts = opts
         self.ceilings = ceilings
@@ -305,15 +305,34 @@ class Table:
         self.extra_columns = list(extra_columns or [])
         self.rows: list[dict] = []
         self.header_lines: list[str] = []
+        self.stream = stream       # append each row to the CSV as it is added (a killed run keeps them)
+        if stream:
+            self._write_csv()
 
     @property
     def columns(self) -> list[str]:
         return (CORE_COLUMNS + [f"x_{b}" for b in self.baselines] + self.extra_columns + ["note"])
 
+    @property
+    def csv_path(self) -> Path:
+        return self.opts.out / f"{self.bench}.csv"
+
+    def _write_csv(self, rows=()) -> None:
+        self.opts.out.mkdir(parents=True, exist_ok=True)
+        with open(self.csv_path, "w" if not rows else "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+            if not rows:
+                w.writeheader()
+            for r in rows:
+                w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v)
+                            for k, v in r.items()})
+
     def add(self, shape: str, backend: str, seconds: float | None, *, flops: float,
-            nbytes: float, status: str = "ok", note: str = "", **extra) -> dict:
-        """Add one row; ``seconds`` None means not measured (then ``status`` says why)."""
-        floor = self.ceilings.floor_s(flops, nbytes)
+            nbytes: float, status: str = "ok", note: str = "", floor_s: float | None = None,
+            **extra) -> dict:
+        """Add one row; ``seconds`` None means not measured (then ``status`` says why).
+        ``floor_s`` replaces the roofline floor of ``flops`` and ``nbytes`` (e.g. a sum over stages)."""
+        floor = self.ceilings.floor_s(flops, nbytes) if floor_s is None else floor_s
         ok = seconds is not None and status == "ok"
         row = {
             "bench": self.bench, "device": device_name(self.opts.device), "shape": shape,
@@ -328,6 +347,8 @@ class Table:
         for k in self.extra_columns:
             row[k] = extra.get(k, math.nan)
         self.rows.append(row)
+        if self.stream:
+            self._write_csv([row])
         return row
 
     def run(self, shape: str, backend: str, fn: Callable[[], object], *, flops: float,
@@ -396,15 +417,9 @@ class Table:
         """Compute speed-ups, print the table, write CSV (and PNG). Returns an exit code."""
         self._speedups()
         print(self.render(), flush=True)
-        self.opts.out.mkdir(parents=True, exist_ok=True)
-        csv_path = self.opts.out / f"{self.bench}.csv"
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
-            w.writeheader()
-            for r in self.rows:
-                w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v)
-                            for k, v in r.items()})
-        print(f"wrote {csv_path}")
+        self._write_csv()
+        self._write_csv(self.rows)
+        print(f"wrote {self.csv_path}")
         if self.opts.plot:
             png = self.opts.out / f"{self.bench}.png"
             if plot_time_over_floor(self.rows, png, f"{self.bench} on {device_name(self.opts.device)}"):

@@ -1,203 +1,211 @@
 #!/usr/bin/env bash
-# The one script a device session runs (DESIGN.md section 6), from the repository root:
+# The one script a GPU session runs (DESIGN.md section 6; issue 31), from the repository root:
 #
-#   bash bench/device_check.sh              # on the GPU machine; results under $OUT
-#   bash bench/device_check.sh --dry-run    # anywhere: prints the GPU steps, runs the CPU parts
+#   bash bench/device_check.sh                     # on the GPU machine; results under $OUT
+#   bash bench/device_check.sh --steps setup,decode,moe  # only these (a rerun on the same machine;
+#                                                  # DEVICE_CHECK_BUDGET_S sets its budget)
+#   bash bench/device_check.sh --dry-run           # anywhere: prints the plan, runs no step
+#   bash bench/device_check.sh --source-hash       # hash of _C's sources (make device-bundle)
 #
-# Steps, each under `timeout`, all inside a total budget (default 500 s, under 9 minutes):
-#   nvidia-smi; a venv with --system-site-packages (the machine's CUDA torch and triton); _C built
-#   for sm_90a only; `python -m jetspec_kernels info`; the gpu tests (--gpu-only; the TMA attention kernel's
-#   tests in a process of their own); compute-sanitizer memcheck
-#   and racecheck on bench/sanitize_ops.py (cuda backend; memcheck of the triton backend when time
-#   allows); the quick GPU sweep of every bench (draft_tree and verify also in CUDA graphs);
-#   ncu (SpeedOfLight, Occupancy, LaunchStats) on one launch of each kernel at the headline shapes (bench/profile_kernels.py). A step that would not
-#   fit is skipped and says so.
-# Output ($OUT, default bench/results/device_check): summary.txt (the table printed last),
-# device_check.tar.gz (every log, CSV and PNG, steps.tsv), nvidia-smi.txt. No network is needed:
-# pip runs with PIP_NO_INDEX=1 against what the machine has installed.
+# Steps in issue 31's priority order, each under its own limit (seconds), the required ones
+# summing to at most BUDGET_S - RESERVE_S = 460 s; "when time allows" steps get what is left:
+#   smi            nvidia-smi, clocks                                                  10
+#   setup          _C from the carried bundle (.device-bundle, built here by
+#                  `make device-bundle` for sm_90a and Python 3.12; used when its
+#                  SOURCES.sha256 matches csrc/), jetspec info                          20
+#   build          only when setup failed: _C built on the machine (make device-bundle)
+#   gpu_tests      both backends: pytest --on-gpu (gpu-marked tests, every triton case,
+#                  the engine-layout matrix, graph capture of every op), TMA kernel apart 135
+#   gpu_tests_tma  the TMA attention kernel's tests, in a process of their own          25
+#   decode         bench_decode: the round and the AR step at Qwen3-8B shapes, configs in
+#                  priority order until its deadline (--resume: a rerun finishes them)  135
+#   sanitizers     compute-sanitizer memcheck, racecheck, synccheck, initcheck on one
+#                  launch per op (bench/sanitize_ops.py), cuda and triton, in parallel  45
+#   small_ops      draft_tree and verify benches replayed from CUDA graphs and eager
+#                  (per-call host time = eager - graph)                                 60
+#   attn_sweep     the Hopper attention sweep (bench/attn_sweep.sh; carry build/attn_sweep),
+#                  shapes in priority order until the limit                             25
+#   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
+#                  needs about 65-85 GB)
+#   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
+#   ncu            when time allows: Nsight Compute, one launch of each kernel
+# Output ($OUT, default bench/results/device_check; at most 8 files come back): summary.txt (the
+# table printed last), device_check.tar.gz (every log, CSV, junit XML), decode.csv,
+# decode_moe.csv, hw_record.jsonl, nvidia-smi.txt. Kept on the machine between calls (same
+# machine only): /tmp/jetspec-device (Triton cache, decode CSVs for --resume).
+# No network and no pip: the machine's python3 (torch, triton, pytest, xdist) runs the checkout
+# with PYTHONPATH set.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
+
+source_hash() { # _C's sources: what the carried bundle must have been built from
+  find csrc CMakeLists.txt -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1
+}
+
 DRY=0
-[[ "${1:-}" == "--dry-run" ]] && DRY=1
+ONLY=""
+while (($#)); do
+  case $1 in
+    --dry-run) DRY=1 ;;
+    --steps) ONLY=",$2,"; shift ;;
+    --source-hash) source_hash; exit 0 ;;
+    *) echo "device_check: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
 OUT=${OUT:-$ROOT/bench/results/device_check}
-BUDGET_S=${DEVICE_CHECK_BUDGET_S:-500}
-RESERVE_S=15                                   # summary + tar at the end
-VENV=${DEVICE_CHECK_VENV:-/tmp/jetspec-device-venv}
-SYS_PY=${DEVICE_CHECK_PYTHON:-python3}
+BUDGET_S=${DEVICE_CHECK_BUDGET_S:-470}
+RESERVE_S=10                                   # summary + tar at the end
+PERSIST=${DEVICE_CHECK_PERSIST:-/tmp/jetspec-device}
+BUNDLE=${DEVICE_BUNDLE:-$ROOT/.device-bundle}
+PY=${DEVICE_CHECK_PYTHON:-python3}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jetspec_dc.XXXXXX")
 LOGS=$WORK/logs
 RES=$WORK/results
 STEPS=$WORK/steps.tsv
-mkdir -p "$OUT" "$LOGS" "$RES"
+mkdir -p "$OUT" "$LOGS" "$RES" "$PERSIST"
 : >"$STEPS"
 START=$(date +%s)
-export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 JETSPEC_CUDA_ARCHS=90a
-
-if ((DRY)); then
-  PY=${DEVICE_CHECK_DRY_PYTHON:-$ROOT/.venv/bin/python}
-  BENCH_FLAGS="--quick --device cpu"
-else
-  PY=$VENV/bin/python
-  BENCH_FLAGS="--quick"
-fi
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PERSIST/triton-cache}
+export JETSPEC_CUDA_ARCHS=90a
+((DRY)) && PY=${DEVICE_CHECK_DRY_PYTHON:-$ROOT/.venv/bin/python}
 
 remaining() { echo $((START + BUDGET_S - RESERVE_S - $(date +%s))); }
+wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* || ($1 == build && "$ONLY" == *",setup,"*) ]]; }
+passed() { grep -q "^$1$(printf '\t')PASS" "$STEPS"; }
 
-# run_step NAME LIMIT_S KEEP_S COMMAND
-#   Runs COMMAND (a bash string) with a limit of min(LIMIT_S, time left - KEEP_S), logging to
-#   $LOGS/NAME.log; KEEP_S is time held back for the steps after this one.
-run_step() {
-  local name=$1 limit=$2 keep=$3 cmd=$4
+# step NAME LIMIT_S KEEP_S COMMAND [KIND]
+#   Runs COMMAND (a bash string; $LIMIT holds its limit) under min(LIMIT_S, time left - KEEP_S),
+#   logging to $LOGS/NAME.log; KEEP_S is the time the required steps after this one hold back.
+#   KIND: required (default), optional (LIMIT_S 0: "when time allows", limited by the time left
+#   alone) or conditional (runs only when an earlier step failed). A dry run prints the plan line
+#   "[device_check] plan NAME LIMIT_S KEEP_S KIND: COMMAND" and runs nothing.
+step() {
+  local name=$1 limit=$2 keep=$3 cmd=$4 kind=${5:-required}
+  ((limit == 0)) && kind=optional
+  wanted "$name" || return 0
+  [[ -n "$ONLY" ]] && keep=0               # a rerun of chosen steps holds nothing back
+  if ((DRY)); then
+    printf '%s\tDRY\t%s\t%s\n' "$name" "$limit" "$(echo "$cmd" | tr '\n\t' '  ' | tr -s ' ' | tail -c 150)" >>"$STEPS"
+    echo "[device_check] plan $name $limit $keep $kind: $(echo "$cmd" | tr '\n' ' ' | tr -s ' ')"
+    return 0
+  fi
   local left=$(($(remaining) - keep))
-  ((left < limit)) && limit=$left
+  ((limit == 0 || left < limit)) && limit=$left
   if ((limit < 10)); then
     printf '%s\tSKIP\t0\tno time left in the %ss budget\n' "$name" "$BUDGET_S" >>"$STEPS"
     echo "[device_check] $name: skipped (no time left)"
     return 0
   fi
   echo "[device_check] $name (limit ${limit}s): $cmd"
-  local t0 rc status
+  local t0 rc status detail
   t0=$(date +%s)
-  timeout -k 5 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
+  LIMIT=$limit timeout -k 5 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
   rc=$?
   case $rc in
     0) status=PASS ;;
     124 | 137) status=TIMEOUT ;;
     *) status="FAIL($rc)" ;;
   esac
-  local detail
-  detail=$(grep -E '(passed|failed|ERROR SUMMARY|sanitize_ops:|_C built|wrote .*\.csv|Error)' \
+  detail=$(grep -E '(passed|failed|ERROR SUMMARY|sanitize_ops:|_C (built|loaded)|wrote .*\.csv|Error|SKIP)' \
     "$LOGS/$name.log" | tail -n 1 | tail -c 150 | tr '\t' ' ')
   printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(date +%s) - t0))" "$detail" >>"$STEPS"
   echo "[device_check] $name: $status"
   return 0
 }
 
-dry_step() { # record what a GPU step would run
-  printf '%s\tDRY\t0\t%s\n' "$1" "$(echo "$2" | tr '\n\t' '  ' | tr -s ' ' | tail -c 150)" >>"$STEPS"
-  echo "[device_check] (dry run) $1: $2"
-}
-
-step() { # step NAME LIMIT KEEP CMD [gpu]: GPU steps are only printed in a dry run
-  if ((DRY)) && [[ "${5:-}" == gpu ]]; then dry_step "$1" "$4"; else run_step "$@"; fi
-}
-
-SAN="compute-sanitizer --error-exitcode 9 --target-processes all"
-SAN_ENV="PYTORCH_NO_CUDA_MEMORY_CACHING=1"   # every tensor its own allocation: OOB reads are seen
-
 # 1. The machine.
-step nvidia_smi 20 0 "nvidia-smi && nvidia-smi -q -d CLOCK,PERFORMANCE,POWER" gpu
+step smi 10 445 "nvidia-smi && nvidia-smi -q -d CLOCK,PERFORMANCE,POWER"
 
-# 2. Environment and build. The machine's python3 is itself a venv (/opt/torch/.venv): a nested
-#    --system-site-packages venv sees the base interpreter's packages only, so a .pth file adds
-#    the outer site-packages (torch, triton) when the new venv cannot import torch.
-step venv 60 0 "test -x '$PY' || $SYS_PY -m venv --system-site-packages '$VENV' || exit 1
-  if ! '$PY' -c 'import torch' 2>/dev/null; then
-    $SYS_PY -c 'import site; print(\"\\n\".join(site.getsitepackages()))' \
-      >\"\$('$PY' -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/_device_site.pth\"
+# 2. _C: the carried sm_90a build when its sources match, else built here (the build step).
+HASH=$(source_hash)
+step setup 20 425 "ln -sfn ../python_ref jetspec_kernels/python_ref
+  if [[ -f '$BUNDLE/SOURCES.sha256' && \"\$(cat '$BUNDLE/SOURCES.sha256')\" == '$HASH' ]]; then
+    cp '$BUNDLE'/_C*.so jetspec_kernels/ || exit 3
+  else
+    echo 'no bundle for these sources at $BUNDLE (make device-bundle)'; exit 3
   fi
-  '$PY' -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.is_available())'" gpu
-step build 180 0 "make install VENV='$VENV' PYTHON=$SYS_PY VENV_FLAGS=--system-site-packages TORCH_SPEC= \
-  || '$PY' -m pip install --no-deps --no-build-isolation -e .
-  '$PY' -c 'import jetspec_kernels._C as C; print(\"_C built for\", C.built_archs())'" gpu
-step info 30 0 "'$PY' -m jetspec_kernels info" gpu
+  '$PY' -c 'import jetspec_kernels._C as C; print(\"_C loaded, built for\", C.built_archs())' &&
+  '$PY' -m jetspec_kernels info"
+if ((DRY)) || { wanted setup && ! passed setup; }; then
+  step build 150 0 "ln -sfn ../python_ref jetspec_kernels/python_ref
+    make device-bundle DEVICE_PYTHON='$PY' PYBIND11_PY='$PY' DEVICE_BUNDLE='$PERSIST/bundle' CMAKE=cmake NINJA=\$(command -v ninja) &&
+    cp '$PERSIST'/bundle/_C*.so jetspec_kernels/ &&
+    '$PY' -c 'import jetspec_kernels._C as C; print(\"_C built for\", C.built_archs())' &&
+    '$PY' -m jetspec_kernels info" conditional
+fi
 
-# 3. Correctness on the GPU; then the sanitizers (the benches keep at least 210 s). The TMA
-#    attention kernel is tested in its own process: a fault in it (an mbarrier wait past its
-#    timeout) breaks the CUDA context, and must not fail every other test. Unless its tests pass,
-#    the sanitizer, bench and ncu steps leave it out (JETSPEC_SKIP_TMA, read by bench/common.py).
-#    A failing cuda-op run is repeated without programmatic dependent launch (JETSPEC_PDL=0): if
-#    that passes, PDL (pdl.cuh) is the suspect.
+# 3. Correctness of both backends on the GPU. The TMA attention kernel is tested in its own
+#    process: a fault in it breaks the CUDA context, and must not fail every other test. Unless
+#    its tests pass, later steps leave it out (JETSPEC_SKIP_TMA, read by bench/common.py).
 export JETSPEC_HW_RECORD=$RES/hw_record.jsonl   # per-test outcomes: the hardware record
-# Triton compiles dominate the GPU tests: spread them over the CPU cores when pytest-xdist is there.
 XDIST=""
 ((DRY)) || ! "$PY" -c 'import xdist' 2>/dev/null || XDIST="-n 8"
-step gpu_tests 150 260 "'$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs tests $XDIST \
-  --junitxml='$RES/gpu_tests.xml'" gpu
-if ((DRY)) || ! grep -q "^gpu_tests$(printf '\t')PASS" "$STEPS"; then
-  step gpu_tests_nopdl 60 270 "JETSPEC_HW_RECORD= JETSPEC_PDL=0 '$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs \
-    tests/ops -k cuda --junitxml='$RES/gpu_tests_nopdl.xml'" gpu
-fi
-step gpu_tests_tma 40 250 "'$PY' -m pytest --gpu-only --tma only -q -p no:cacheprovider -rs tests \
-  --junitxml='$RES/gpu_tests_tma.xml'" gpu
-grep -q "^gpu_tests_tma$(printf '\t')PASS" "$STEPS" || export JETSPEC_SKIP_TMA=1
+step gpu_tests 135 290 "'$PY' -m pytest --on-gpu --tma skip -q -p no:cacheprovider -rs tests $XDIST \
+  --junitxml='$RES/gpu_tests.xml'"
+step gpu_tests_tma 25 265 "'$PY' -m pytest --gpu-only --tma only -q -p no:cacheprovider -rs tests \
+  --junitxml='$RES/gpu_tests_tma.xml'"
+passed gpu_tests_tma || export JETSPEC_SKIP_TMA=1
 unset JETSPEC_HW_RECORD
-if command -v compute-sanitizer >/dev/null 2>&1 || ((DRY)); then
-  step memcheck_cuda 60 210 "$SAN_ENV $SAN --tool memcheck '$PY' bench/sanitize_ops.py --backend cuda" gpu
-  step racecheck_cuda 40 210 "$SAN --tool racecheck '$PY' bench/sanitize_ops.py --backend cuda" gpu
-  step memcheck_triton 40 210 "$SAN_ENV $SAN --tool memcheck '$PY' bench/sanitize_ops.py --backend triton" gpu
-else
-  printf 'sanitizers\tSKIP\t0\tcompute-sanitizer is not on PATH\n' >>"$STEPS"
+
+# 4. The decoding round (its deadline leaves 10 s for the model's teardown and the CSV).
+step decode 135 130 "'$PY' bench/bench_decode.py --out '$RES' --no-plot --deadline \$((LIMIT - 10)) \
+  --resume '$PERSIST/decode.csv'; rc=\$?; cp '$RES/decode.csv' '$PERSIST/decode.csv'; exit \$rc"
+
+# 5. compute-sanitizer, four tools x two backends, one process each, in parallel.
+SAN="compute-sanitizer --error-exitcode 9 --target-processes all"
+step sanitizers 45 85 "for be in cuda triton; do for tool in memcheck racecheck synccheck initcheck; do
+    env=''; [[ \$tool == memcheck || \$tool == initcheck ]] && env='PYTORCH_NO_CUDA_MEMORY_CACHING=1'
+    (env \$env timeout \$((LIMIT - 5)) $SAN --tool \$tool '$PY' bench/sanitize_ops.py --backend \$be \
+      >'$RES/sanitize_'\$tool'_'\$be'.log' 2>&1; echo \"\$tool \$be exit \$?\") &
+  done; done; wait
+  grep -H -E 'ERROR SUMMARY|sanitize_ops:' '$RES'/sanitize_*.log
+  ! grep -L 'ERROR SUMMARY: 0 errors' '$RES'/sanitize_*.log | grep -q . &&
+  ! grep -h 'sanitize_ops:' '$RES'/sanitize_*.log | grep -vq ': 0 failed'"
+
+# 6. The small ops replayed from CUDA graphs (kernel time) and eagerly (plus the host's per-call
+#    work), draft_tree then verify (tree build, verify_tree, commit_kv, rope append).
+step small_ops 60 25 "rc=0; for run in 'draft_tree --graphs' 'verify --graphs' 'draft_tree' 'verify'; do
+    set -- \$run; timeout 25 '$PY' bench/bench_\$1.py --quick --no-plot \${2:-} --out '$RES' || rc=1
+  done; exit \$rc"
+
+# 7. The Hopper attention sweep (issue 26): bench/attn_sweep.sh runs the carried sweep binary
+#    (build/attn_sweep: carry it) over the headline shapes in priority order, rows into
+#    attn_sweep.csv as they finish; ncu on its best kernels only by hand (attn_sweep.sh --ncu).
+step attn_sweep 25 0 "if [[ -x bench/attn_sweep.sh ]]; then bench/attn_sweep.sh '$RES'; else
+    echo 'SKIP: no bench/attn_sweep.sh in this checkout (branch attn-hopper adds it)'; fi"
+
+# 8. When time allows: the MoE round table (an H200's memory), a no-PDL rerun of failing cuda
+#    ops, Nsight Compute.
+step moe 0 0 "mkdir -p '$RES/moe' && '$PY' bench/bench_decode.py --model moe --out '$RES/moe' --no-plot \
+  --deadline \$((LIMIT - 10)) --resume '$PERSIST/decode_moe.csv'; rc=\$?
+  cp '$RES/moe/decode.csv' '$PERSIST/decode_moe.csv'; exit \$rc"
+if ((DRY)) || ! passed gpu_tests; then
+  step gpu_tests_nopdl 0 0 "JETSPEC_PDL=0 '$PY' -m pytest --gpu-only --tma skip -q -p no:cacheprovider -rs \
+    tests/ops -k cuda --junitxml='$RES/gpu_tests_nopdl.xml'"
 fi
-
-# ---- Issue 26: the Hopper attention sweep (bench/attn_sweep; this block is self-contained) ----
-# After the hardware-proof steps: the torch-free sweep of every Hopper attention variant and of
-# today's kernels at the headline shapes (CUDA events + graph replay, each checked against
-# mma.sync), with its own time limit, then ncu on the fastest passing kernel and on today's
-# (wgmma) at one compute- and one memory-bound shape. The binary is the one carried in
-# build/attn_sweep when it starts here, else it is built here (make -j16, about a minute).
-# Results: attn_sweep.csv, attn_sweep_best.txt, attn_ncu_*.csv in the results tarball; the
-# table is in logs/attn_sweep.log (bench/NOTES.md, "Hopper attention family", says what to do
-# with it). A dry run prints the sweep's plan (--dry-run needs no GPU).
-SWEEP_BIN=$ROOT/build/attn_sweep/attn_sweep
-step attn_sweep_plan 20 200 "if test -x '$SWEEP_BIN' && '$SWEEP_BIN' --list >/dev/null 2>&1; then
-    '$SWEEP_BIN' --dry-run | tail -n 3; else echo 'attn_sweep: no runnable binary (make -C bench/attn_sweep)'; fi"
-CUBLAS_LIB=$("$PY" -c 'import glob, os, torch
-libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu*", "lib", "libcublas.so*"))
-print(sorted(libs)[0] if libs else "")' 2>/dev/null)
-step attn_sweep 150 200 "( '$SWEEP_BIN' --list >/dev/null 2>&1 || make -C bench/attn_sweep -j16 NVCC=\$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ) &&
-  '$SWEEP_BIN' --csv '$RES/attn_sweep.csv' --best '$RES/attn_sweep_best.txt' ${CUBLAS_LIB:+--cublas '$CUBLAS_LIB'}" gpu
-if command -v ncu >/dev/null 2>&1 || ((DRY)); then
-  ATTN_NCU="ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-    --section WarpStateStats --section SchedulerStats --section SourceCounters --section ComputeWorkloadAnalysis"
-  step attn_sweep_ncu 120 200 "for shape in 1x32Kx256 16x4Kx16; do
-      best=\$(awk -v s=\$shape '\$1 == s {print \$2}' '$RES/attn_sweep_best.txt' 2>/dev/null); best=\${best:-wide}
-      for k in \$best wgmma; do
-        $ATTN_NCU -f -o '$RES/attn_ncu_'\$k'_'\$shape '$SWEEP_BIN' --profile \$k --shape \$shape &&
-        ncu --import '$RES/attn_ncu_'\$k'_'\$shape'.ncu-rep' --csv --page details >'$RES/attn_ncu_'\$k'_'\$shape'.csv' &&
-        ncu --import '$RES/attn_ncu_'\$k'_'\$shape'.ncu-rep' --csv --page raw | grep -i -E 'pipe_tensor|Metric Name' >'$RES/attn_ncu_'\$k'_'\$shape'_tensor.csv'
-      done
-    done" gpu
-else
-  printf 'attn_sweep_ncu\tSKIP\t0\tncu is not on PATH\n' >>"$STEPS"
-fi
-# ---- end of issue 26's block ----
-
-# 4. The quick sweep of every bench (CPU in a dry run). The small ops (tree, verify, commit,
-#    rope) are timed twice: eagerly (what a caller without graphs pays, host overhead included)
-#    and replayed from CUDA graphs (--graphs: their kernels, as the decode loop runs them).
-step bench_tree_attention 75 200 "'$PY' bench/bench_tree_attention.py $BENCH_FLAGS --out '$RES'"
-step bench_draft_tree 50 160 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --out '$RES'"
-step bench_draft_tree_graphs 40 120 "'$PY' bench/bench_draft_tree.py $BENCH_FLAGS --graphs --no-plot --out '$RES'" gpu
-step bench_verify 40 80 "'$PY' bench/bench_verify.py $BENCH_FLAGS --out '$RES'"
-step bench_verify_graphs 30 60 "'$PY' bench/bench_verify.py $BENCH_FLAGS --graphs --no-plot --out '$RES'" gpu
-step bench_draft_head 40 30 "'$PY' bench/bench_draft_head.py $BENCH_FLAGS --out '$RES'"
-step bench_decode 60 0 "'$PY' bench/bench_decode.py $BENCH_FLAGS --out '$RES'"
-
-# 5. Nsight Compute on one launch of each kernel at the headline shapes (whatever time is left;
-#    the KINDS.md note says ncu reads counters on Firecracker machines only).
 NCU="ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
   --section LaunchStats"
-if command -v ncu >/dev/null 2>&1 || ((DRY)); then
-  step ncu_profile 120 0 "$NCU -f -o '$RES/ncu_profile' '$PY' bench/profile_kernels.py &&
-    ncu --import '$RES/ncu_profile.ncu-rep' --csv --page details >'$RES/ncu_profile.csv' &&
-    '$PY' bench/profile_kernels.py --summarize '$RES/ncu_profile.csv' | tee '$RES/ncu_summary.txt'" gpu
-else
-  printf 'ncu_profile\tSKIP\t0\tncu is not on PATH\n' >>"$STEPS"
-fi
+step ncu 0 0 "$NCU -f -o '$RES/ncu_profile' '$PY' bench/profile_kernels.py &&
+  ncu --import '$RES/ncu_profile.ncu-rep' --csv --page details >'$RES/ncu_profile.csv' &&
+  rm -f '$RES/ncu_profile.ncu-rep' &&
+  '$PY' bench/profile_kernels.py --summarize '$RES/ncu_profile.csv' | tee '$RES/ncu_summary.txt'"
 
-# 6. Summary (printed last) and the results, packed into few files for the trip back.
-SUMPY=$PY
-"$SUMPY" -c 'import sys' 2>/dev/null || SUMPY=$SYS_PY
-"$SUMPY" bench/summarize.py --steps "$STEPS" --results "$RES" >"$WORK/summary.txt" 2>&1 ||
+# 9. Summary (printed last) and the results, in few files for the trip back.
+"$PY" bench/summarize.py --steps "$STEPS" --results "$RES" >"$WORK/summary.txt" 2>&1 ||
   { echo "(summarize.py failed)"; cat "$STEPS"; } >>"$WORK/summary.txt"
 echo "total $(($(date +%s) - START)) s of a ${BUDGET_S} s budget" >>"$WORK/summary.txt"
 cp "$WORK/summary.txt" "$OUT/summary.txt"
-[[ -f "$LOGS/nvidia_smi.log" ]] && cp "$LOGS/nvidia_smi.log" "$OUT/nvidia-smi.txt"
+[[ -f "$LOGS/smi.log" ]] && cp "$LOGS/smi.log" "$OUT/nvidia-smi.txt"
+[[ -f "$RES/decode.csv" ]] && cp "$RES/decode.csv" "$OUT/decode.csv"
+[[ -f "$RES/moe/decode.csv" ]] && cp "$RES/moe/decode.csv" "$OUT/decode_moe.csv"
+[[ -f "$RES/hw_record.jsonl" ]] && cp "$RES/hw_record.jsonl" "$OUT/hw_record.jsonl"
 tar -czf "$OUT/device_check.tar.gz" -C "$WORK" logs results steps.tsv summary.txt
 rm -rf "$WORK"
 echo
-echo "[device_check] logs, CSV and PNG: $OUT/device_check.tar.gz"
+echo "[device_check] logs, CSVs: $OUT/device_check.tar.gz"
 cat "$OUT/summary.txt"

@@ -1,22 +1,26 @@
-"""The hardware record of a GPU test run: one row per op x backend, with the dtypes its tests
-covered and whether all of them passed, in the form of the "Hardware record" table of
-bench/NOTES.md, plus the ops whose cuda rows all passed (what ``HARDWARE_VERIFIED`` in
-jetspec_kernels/backend.py may then list).
+"""The hardware record of a GPU test run: one row per op x backend x dtype, with whether every test
+of it passed, the device, date, commit and result files, in the form of the "Hardware record"
+table of bench/NOTES.md; plus, per interface function, the GPU backends whose every row passed
+(what ``HARDWARE_VERIFIED`` in jetspec_kernels/backend.py may then list, fastest first by the
+run's benches).
 
 The rows come from the JSON lines that tests/conftest.py writes when ``JETSPEC_HW_RECORD`` names a
 file (device_check.sh sets it for its GPU test steps):
 
-    python bench/hardware_record.py RECORD.jsonl [RECORD2.jsonl ...] [--device "NVIDIA H200"] [--run TEXT]
+    python bench/hardware_record.py RECORD.jsonl [RECORD2.jsonl ...] [--device "NVIDIA H200"]
+        [--date 2026-12-06] [--commit abc1234] [--files bench/results/NVIDIA_H200/...]
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from jetspec_kernels.backend import INTERFACE_FUNCTIONS
+from jetspec_kernels.backend import GPU_BACKENDS, INTERFACE_FUNCTIONS
 
 # Test-function name fragments -> the interface function they test (first match wins).
 OP_OF_TEST = (("tree_attention", "tree_attention"), ("log_softmax_topk", "log_softmax_topk"),
@@ -25,12 +29,16 @@ OP_OF_TEST = (("tree_attention", "tree_attention"), ("log_softmax_topk", "log_so
               ("rope", "qk_norm_rope_append"), ("verify", "verify_tree"), ("commit", "commit_kv"),
               ("pack_mask", "pack_mask"))
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+NO_DTYPE = "-"
+HEADER = ["| op (interface function) | backend | dtype | device | status | date | commit | files |",
+          "|---|---|---|---|---|---|---|---|"]
 
 
-def classify(entry: dict) -> tuple[str, str, str | None]:
-    """(op, backend, dtype or None) of one recorded test. ``entry`` has ``file``, ``test`` (the
-    function name) and ``params`` (parameter name -> str of its value). In tests/ops the file
-    names the op when the test's name does not, and every test has a ``backend`` parameter."""
+def classify(entry: dict) -> tuple[str, str, list[str]]:
+    """(op, backend, dtypes) of one recorded test (dtypes: the dtype names among its parameters,
+    or ``["-"]``). ``entry`` has ``file``, ``test`` (the function name) and ``params`` (parameter
+    name -> str of its value). In tests/ops the file names the op when the test's name does not;
+    the backend is the ``backend`` (tests/ops) or ``engine`` (engine layouts) parameter."""
     test, params = entry["test"], entry.get("params", {})
     path = Path(entry["file"])
     name = path.name
@@ -38,8 +46,8 @@ def classify(entry: dict) -> tuple[str, str, str | None]:
     if op is None and path.parent.name == "ops":
         op = next((fn for frag, fn in OP_OF_TEST if frag in name), None)
     op = op or f"other: {test}"
-    if "backend" in params:
-        backend = params["backend"]
+    if "backend" in params or "engine" in params:
+        backend = params.get("backend", params.get("engine"))
     elif name.startswith("test_cuda"):
         backend = "cuda" if params.get("dev", "cuda") == "cuda" else f"cuda ({params['dev']})"
     elif name.startswith("test_triton"):
@@ -49,24 +57,22 @@ def classify(entry: dict) -> tuple[str, str, str | None]:
     if params.get("kernel", "auto") != "auto":  # the cuda attention kernels are recorded apart
         backend += f" kernel={params['kernel']}"
     dtypes = sorted({DTYPE_NAMES[v] for v in params.values() if v in DTYPE_NAMES})
-    return op, backend, ",".join(dtypes) or None
+    return op, backend, dtypes or [NO_DTYPE]
 
 
-def aggregate(entries: list[dict]) -> dict[tuple[str, str], dict]:
-    """(op, backend) -> {"dtypes": set, "passed": n, "failed": [test ids], "skipped": n}."""
-    rows: dict[tuple[str, str], dict] = defaultdict(
-        lambda: {"dtypes": set(), "passed": 0, "failed": [], "skipped": 0})
+def aggregate(entries: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """(op, backend, dtype) -> {"passed": n, "failed": [test ids], "skipped": n}."""
+    rows: dict[tuple[str, str, str], dict] = defaultdict(lambda: {"passed": 0, "failed": [], "skipped": 0})
     for e in entries:
-        op, backend, dtype = classify(e)
-        row = rows[(op, backend)]
-        if dtype:
-            row["dtypes"].update(dtype.split(","))
-        if e["outcome"] == "passed":
-            row["passed"] += 1
-        elif e["outcome"] == "skipped":
-            row["skipped"] += 1
-        else:
-            row["failed"].append(e["nodeid"])
+        op, backend, dtypes = classify(e)
+        for dtype in dtypes:
+            row = rows[(op, backend, dtype)]
+            if e["outcome"] == "passed":
+                row["passed"] += 1
+            elif e["outcome"] == "skipped":
+                row["skipped"] += 1
+            else:
+                row["failed"].append(e["nodeid"])
     return rows
 
 
@@ -76,20 +82,37 @@ def status(row: dict) -> str:
     return "passed" if row["passed"] else "not run"
 
 
-def verified_ops(rows: dict[tuple[str, str], dict]) -> list[str]:
-    """Interface functions whose cuda rows ran and all passed."""
-    return [fn for fn in INTERFACE_FUNCTIONS
-            if (fn, "cuda") in rows and status(rows[(fn, "cuda")]) == "passed"]
+def verified(rows: dict[tuple[str, str, str], dict]) -> dict[str, list[str]]:
+    """Interface function -> the GPU backends (``GPU_BACKENDS``) whose rows for it ran and all
+    passed, every dtype and every test (the candidates for ``HARDWARE_VERIFIED``)."""
+    out = {}
+    for fn in INTERFACE_FUNCTIONS:
+        ok = []
+        for b in GPU_BACKENDS:
+            mine = [r for (op, backend, _), r in rows.items() if op == fn and backend == b]
+            if mine and all(status(r) == "passed" for r in mine):
+                ok.append(b)
+        if ok:
+            out[fn] = ok
+    return out
 
 
-def table(rows: dict[tuple[str, str], dict], device: str, run: str) -> list[str]:
+def table(rows: dict[tuple[str, str, str], dict], device: str, date: str, commit: str,
+          files: str) -> list[str]:
+    """The NOTES.md table: interface functions in INTERFACE_FUNCTIONS order, then other tests."""
     order = {fn: i for i, fn in enumerate(INTERFACE_FUNCTIONS)}
-    lines = ["| op (interface function) | backend | dtypes | device | status | run |",
-             "|---|---|---|---|---|---|"]
-    for (op, backend), row in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0])):
-        dtypes = ", ".join(sorted(row["dtypes"])) or "-"
-        lines.append(f"| {op} | {backend} | {dtypes} | {device} | {status(row)} | {run} |")
+    lines = list(HEADER)
+    for (op, backend, dtype), row in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0])):
+        lines.append(f"| {op} | {backend} | {dtype} | {device} | {status(row)} | {date} | {commit} "
+                     f"| {files} |")
     return lines
+
+
+def verified_lines(rows) -> list[str]:
+    """One line per interface function: the GPU backends whose every test passed in this run."""
+    ok = verified(rows)
+    return [f"passed on this run, every dtype: {fn}: {', '.join(ok[fn])}" for fn in INTERFACE_FUNCTIONS
+            if fn in ok] or ["passed on this run: no interface function on any GPU backend"]
 
 
 def read(paths: list[Path]) -> list[dict]:
@@ -100,20 +123,30 @@ def read(paths: list[Path]) -> list[dict]:
     return entries
 
 
+def _head_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("records", type=Path, nargs="+")
     p.add_argument("--device", default="?")
-    p.add_argument("--run", default="-", help="what to write in the run column (date, commit)")
+    p.add_argument("--date", default=datetime.date.today().isoformat())
+    p.add_argument("--commit", default=None, help="default: git rev-parse --short HEAD")
+    p.add_argument("--files", default="-", help="where the run's logs and CSVs were committed")
     a = p.parse_args(argv)
     entries = read(a.records)
     if not entries:
         print(f"(no test record in {', '.join(map(str, a.records))})")
         return 0
     rows = aggregate(entries)
-    print("\n".join(table(rows, a.device, a.run)))
-    print(f"\ncuda ops whose every GPU test passed: {', '.join(verified_ops(rows)) or 'none'}")
-    for (op, backend), row in sorted(rows.items()):
+    print("\n".join(table(rows, a.device, a.date, a.commit or _head_commit(), a.files)))
+    print("\n" + "\n".join(verified_lines(rows)))
+    for key, row in sorted(rows.items()):
         for nodeid in row["failed"][:5]:
             print(f"  failed: {nodeid}")
     return 0

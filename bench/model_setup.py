@@ -3,15 +3,18 @@
 Sizes:
   ``tiny``   jetspec_kernels.models.tiny configs (hidden 64, vocab 97): CPU quick runs.
   ``small``  a 8-layer hidden-2048 Qwen3-style target with the real 151936 vocabulary and a
-             2-layer head (block 16, 3 taps): GPU quick runs and the decode sweep.
-  ``8b``     a Qwen3-8B-sized head (hidden 4096, 5 layers, 32/8 heads, Dh 128, block 16, 5 taps of a
-             36-layer target); only the target's embedding and lm_head are built.
+             2-layer head (block 16, 3 taps).
+  ``8b``     Qwen3-8B's shape (hidden 4096, 36 layers, 32/8 heads, Dh 128, MLP 12288, V 151936)
+             and a 5-layer JetSpec head (block 16, taps [1, 9, 17, 25, 33]): bench_decode on a
+             GPU (the whole target, about 16.4 GB of bf16 weights) and bench_draft_head (the
+             target's embedding and lm_head only).
   ``tiny_moe``  the tiny target with both layers sparse (8 experts, top-2, expert width 32).
   ``30b_a3b``   a Qwen3-30B-A3B-shaped MoE target (hidden 2048, 48 layers, 32/4 heads, Dh 128,
              128 experts, top-8 renormalised, expert width 768, vocab 151936) and a 5-layer head
              (block 16, taps [1, 12, 23, 34, 45]); about 61 GB of bf16 weights.
 Random weights are drawn on the device in the bench dtype (scaled by 1/sqrt(fan_in)), so even the
-8b head builds in a second on a GPU. Random heads accept almost nothing: decode ratios on random
+8b target builds in seconds on a GPU. bench/decode_costs.py computes the costs of these shapes
+from the same configs (:func:`configs`). Random heads accept almost nothing: decode ratios on random
 models measure machinery, not the method; pass checkpoint directories for real numbers.
 """
 from __future__ import annotations
@@ -46,7 +49,8 @@ class Models:
     label: str
 
 
-def _configs(size: str):
+def configs(size: str):
+    """``(target config, draft-head config)`` of a model size (see the module docstring)."""
     from dataclasses import asdict
 
     from jetspec_kernels.models.config import Qwen3MoeConfig, default_target_layer_ids
@@ -98,7 +102,7 @@ def build(device: torch.device, dtype: torch.dtype, *, size: str, with_target: b
     from jetspec_kernels.models.init import init_weights, layer_shapes, target_layer_shapes
 
     gen = torch.Generator(device=device).manual_seed(seed)
-    tcfg, dcfg = _configs(size)
+    tcfg, dcfg = configs(size)
     if target_dir:
         target = models.Qwen3.from_pretrained(target_dir, dtype=dtype, device=device)
         embed, lm_head = target.embed_weight, target.lm_head_weight
@@ -137,43 +141,3 @@ def head_param_counts(head) -> tuple[int, int, int]:
     kv = sum(layer[k].numel() for layer in head.layers
              for k in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"))
     return fc, lin, kv
-
-
-def _expert_params(target) -> tuple[int, int]:
-    """``(parameters of one expert, sparse layers)``; (0, 0) for a dense target."""
-    sparse = [layer for layer in target.layers if "mlp.experts.gate_up_proj" in layer]
-    if not sparse:
-        return 0, 0
-    one = (sparse[0]["mlp.experts.gate_up_proj"][0].numel() + sparse[0]["mlp.experts.down_proj"][0].numel())
-    return one, len(sparse)
-
-
-def target_param_count(target) -> int:
-    """Linear-layer parameters of the target's decoder layers, every expert included (lm_head
-    excluded)."""
-    return sum(t.numel() for layer in target.layers for t in layer.values() if t.dim() >= 2)
-
-
-def target_active_params(target) -> int:
-    """Linear-layer parameters one token goes through (lm_head excluded): all of a dense target;
-    for a MoE target the dense tensors plus ``num_experts_per_tok`` experts per sparse layer."""
-    one, n_sparse = _expert_params(target)
-    if not n_sparse:
-        return target_param_count(target)
-    cfg = target.config
-    return target_param_count(target) - n_sparse * (cfg.num_experts - cfg.num_experts_per_tok) * one
-
-
-def target_read_params(target, tokens: int) -> float:
-    """Parameters one forward over ``tokens`` tokens reads, lm_head included (the weight-streaming
-    floor). Dense targets: all of them. MoE targets: the dense tensors (attention, norms, router,
-    dense MLPs) plus, per sparse layer, the experts the tokens touch: ``E * (1 - (1 - k/E)**tokens)``
-    expected under uniform routing (random weights route about uniformly; a trained router sends
-    a tree's related tokens to shared experts, so real counts are lower)."""
-    one, n_sparse = _expert_params(target)
-    dense = target_param_count(target) + target.lm_head_weight.numel()
-    if not n_sparse:
-        return float(dense)
-    e, k = target.config.num_experts, target.config.num_experts_per_tok
-    touched = e * (1.0 - (1.0 - k / e) ** tokens)
-    return dense - n_sparse * (e - touched) * one

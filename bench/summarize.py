@@ -73,28 +73,52 @@ def bench_lines(csv_path: Path) -> list[str]:
     return lines
 
 
+def decode_lines(csv_path: Path) -> list[str]:
+    """The decoding round table (bench_decode): per row the time against its floor and
+    prediction; spec rows add the stage split, host syncs, GPU busy and tokens/s projections."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    lines = [f"-- decode ({csv_path.parent.name}/{csv_path.name}, {rows[0]['device'] if rows else '?'}): "
+             "ms, floor ms, x floor, pred ms | spec: draft/verify/accept ms, host syncs per round, "
+             "GPU busy, tok/s at the paper's length, AR tok/s, x AR, x JetSpec engine (B1)"]
+    for r in rows:
+        g = {k: _num(r.get(k, "")) for k in r}
+        if r["status"] != "ok":
+            lines.append(f"{r['shape']:18s} {r['backend']:8s} [{r['status']}] {r['note'][:110]}")
+            continue
+        line = (f"{r['shape']:18s} {r['backend']:8s} {_f(g['median_us'] / 1e3):>7s} {_f(g['floor_ms']):>7s} "
+                f"{_f(g['median_us'] / 1e3 / g['floor_ms']) if g['floor_ms'] > 0 else '-':>5s} "
+                f"{_f(g.get('pred_ms', math.nan)):>7s}")
+        if r["backend"].startswith("spec"):
+            line += (f" | {_f(g['draft_ms'])}/{_f(g['verify_ms'])}/{_f(g['accept_commit_ms'])} "
+                     f"syncs {_f(g['host_syncs_per_round'])} busy {_f(g['gpu_busy'])} "
+                     f"tok/s {_f(g['tok_s_paper'])} AR {_f(g['ar_tok_s'])} x {_f(g['x_ar_paper'])} "
+                     f"engine x {_f(g['x_engine'])}")
+        lines.append(line)
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=Path, required=True)
     p.add_argument("--results", type=Path, required=True)
     a = p.parse_args(argv)
-    lines = ["== device check: steps ==", *steps_table(a.steps), "", "== benchmarks (quick sweep) =="]
+    lines = ["== device check: steps ==", *steps_table(a.steps), "", "== benchmarks =="]
     csvs = sorted((c for c in a.results.rglob("*.csv") if not c.name.startswith("ncu_")), key=lambda c: (BENCH_ORDER.index(c.stem)
                                                            if c.stem in BENCH_ORDER else 99, c.name))
     if not csvs:
         lines.append(f"(no bench CSV under {a.results})")
     for c in csvs:
         try:
-            lines += bench_lines(c)
+            lines += decode_lines(c) if c.stem == "decode" else bench_lines(c)
         except Exception as e:  # one broken CSV must not hide the others
             lines.append(f"-- {c.name}: unreadable ({type(e).__name__}: {e})")
     record = a.results / "hw_record.jsonl"
     if record.exists():
         lines += ["", "== hardware record (paste into bench/NOTES.md; bench/hardware_record.py) =="]
         rows = hardware_record.aggregate(hardware_record.read([record]))
-        lines += hardware_record.table(rows, "this GPU", "this run")
-        lines.append("cuda ops whose every GPU test passed: "
-                     + (", ".join(hardware_record.verified_ops(rows)) or "none"))
+        lines += hardware_record.table(rows, "this GPU", "this run", "-", "-")
+        lines += hardware_record.verified_lines(rows)
     ncu = a.results / "ncu_summary.txt"
     if ncu.exists():
         lines += ["", "== Nsight Compute: one launch of each kernel (bench/profile_kernels.py) ==",

@@ -88,7 +88,11 @@ def _as_cuda(module) -> None:
 
 def _cases():
     """(label, thunk) pairs: each thunk calls one backend wrapper as a GPU caller would."""
-    from jetspec_kernels.triton import attention, commit, rope, topk, tree_build, verify
+    import importlib
+
+    import jetspec_kernels.triton as kernels
+    attention = importlib.import_module("jetspec_kernels.triton.tree_attention")
+    verify = importlib.import_module("jetspec_kernels.triton.verify_tree")
 
     for m in (attention, verify):
         _as_cuda(m)
@@ -126,15 +130,16 @@ def _cases():
            attn(bf16, 128, 64, "causal", False, 1, False, v_pad=16))
 
     v, d, k = 151936, 15, 8
-    yield "log_softmax_topk bf16 V151936", lambda: topk.log_softmax_topk(e(1, d, v, dtype=bf16), k)
-    yield ("hidden_topk bf16 H4096", lambda: topk.hidden_topk(e(1, d, 4096, dtype=bf16),
-                                                              e(v, 4096, dtype=bf16), k))
+    yield ("log_softmax_topk bf16 V151936",
+           lambda: kernels.log_softmax_topk(e(1, d, v, dtype=bf16), k))
+    yield ("hidden_topk bf16 H4096", lambda: kernels.hidden_topk(e(1, d, 4096, dtype=bf16),
+                                                                 e(v, 4096, dtype=bf16), k))
     for budget in (64, 256, 1024):
         for alg in ("topn", "accum_logp"):
             yield (f"build_tree {alg} budget {budget}",
-                   lambda budget=budget, alg=alg: tree_build.build_tree(
+                   lambda budget=budget, alg=alg: kernels.build_tree(
                        e(1, d, k, **i32), e(1, d, k), e(1, **i32), budget, alg))
-    yield "pack_mask N256", lambda: tree_build.pack_mask(e(4, 256, **i32), e(4, **i32))
+    yield "pack_mask N256", lambda: kernels.pack_mask(e(4, 256, **i32), e(4, **i32))
     for n, temp in ((64, 0.0), (256, 0.8)):
         yield (f"verify_tree bf16 N{n} T{temp}",
                lambda n=n, temp=temp: verify.verify_tree(
@@ -145,16 +150,16 @@ def _cases():
                e(4, 256, **i32), e(4, 256, **i32), e(4, **i32), 15, e(4, 256, v, dtype=bf16), None,
                0.8, e(4, dtype=torch.int64), e(4, dtype=torch.int64), e(4, **i32), e(4)))
     yield ("qk_norm_rope_append bf16 Dh128",
-           lambda: rope.qk_norm_rope_append(
+           lambda: kernels.qk_norm_rope_append(
                e(2, 64, hq, 128, dtype=bf16), e(2, 64, hkv, 128, dtype=bf16),
                e(2, 64, hkv, 128, dtype=bf16), e(128), e(128), e(2, 64, **i32),
                e(2, 4096, hkv, 128, dtype=bf16), e(2, 4096, hkv, 128, dtype=bf16), 1e6, 1e-6,
                None, e(2, **i32)))
     yield ("commit_kv bf16 Dh128 + hidden",
-           lambda: commit.commit_kv(e(2, 4096, hkv, 128, dtype=bf16),
-                                    e(2, 4096, hkv, 128, dtype=bf16), e(2, **i32),
-                                    e(2, 16, **i32), e(2, **i32), None,
-                                    e(2, 64, 3 * 4096, dtype=bf16)))
+           lambda: kernels.commit_kv(e(2, 4096, hkv, 128, dtype=bf16),
+                                     e(2, 4096, hkv, 128, dtype=bf16), e(2, **i32),
+                                     e(2, 16, **i32), e(2, **i32), None,
+                                     e(2, 64, 3 * 4096, dtype=bf16)))
 
 
 def _usage(ptx: str, name: str, tmp: Path) -> dict:

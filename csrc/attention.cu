@@ -53,8 +53,11 @@ Status attention_for_dim(const AttnParams& p, int head_dim, cudaStream_t stream)
 }
 }  // namespace
 
-Status launch_tree_attention(const AttnParams& p, int dtype, int head_dim, cudaStream_t stream) {
-  if (dtype != kFloat16 && dtype != kBFloat16) return bad_dtype("dtype", dtype, kHalfDtypes);
+Status launch_tree_attention(const AttnParams& args, cudaStream_t stream) {
+  AttnParams p = args;
+  p.group = p.hkv > 0 ? p.hq / p.hkv : 0;
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  if (p.dtype != kFloat16 && p.dtype != kBFloat16) return bad_dtype("dtype", p.dtype, kHalfDtypes);
   if (p.kernel < kAttnAuto || p.kernel > kAttnHopper) {
     return bad_input("kernel ", p.kernel,
                      " is not 0 (auto), 1 (mma), 2 (wgmma), 3 (tma) or 4 (hopper)");
@@ -66,8 +69,8 @@ Status launch_tree_attention(const AttnParams& p, int dtype, int head_dim, cudaS
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("hq", p.hq, 0));
-  return dtype == kFloat16 ? attention_for_dim<__half>(p, head_dim, stream)
-                           : attention_for_dim<__nv_bfloat16>(p, head_dim, stream);
+  return p.dtype == kFloat16 ? attention_for_dim<__half>(p, p.head_dim, stream)
+                             : attention_for_dim<__nv_bfloat16>(p, p.head_dim, stream);
 }
 
 Status tree_attention_hopper_splits(int batch, int n, int hq, int hkv, int capacity, int dtype,

@@ -2,6 +2,7 @@
 // sizes and a stream handle, so it does not depend on the installed torch's C++ ABI.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
@@ -58,10 +59,10 @@ int runtime_version() {
 }
 
 // ---- Launcher arguments ------------------------------------------------------------------------
-// Each launcher declares its arguments once, as a list of fields (FIELD / PARAM below): that list
-// is its Python signature (positional order and keyword names), how each argument is converted,
-// and where it is stored; a missing, unknown, repeated or mistyped argument is a TypeError naming
-// it. _C.FIELDS exports the lists (tests check them against params.h).
+// Each launcher's Python signature is its params struct's field list (params.h), then `stream`,
+// then the optional fields: the C++ type of a field says how its Python value converts (Arg
+// below). A missing, unknown, repeated or mistyped argument is a TypeError naming it; _C.FIELDS
+// exports the signatures.
 
 // "jetspec_kernels._C.<op>: argument '<name>' must be <type>, got <Python type>".
 [[noreturn]] void wrong_type(const char* op, const char* name, const char* type, py::handle h) {
@@ -80,23 +81,22 @@ long long integer(py::handle h, const char* op, const char* name, const char* ty
   return v;
 }
 
-// A device pointer (or stream handle) that converts to whatever pointer type its field has.
-struct DevicePtr {
-  std::uintptr_t v;
-  template <typename T>
-  operator T*() const { return reinterpret_cast<T*>(v); }
-};
+// Arg<T>: the Python type name of a field of C++ type T, and the conversion (raising for the
+// wrong type). Only the types below may appear in a field list.
+template <typename T>
+struct Arg;
 
-// The argument kinds: a Python type name and a conversion (raising for the wrong type).
-struct Pointer {
+template <typename T>
+struct Arg<T*> {  // a device pointer (or stream handle): an int, 0 = absent
   static constexpr const char* type = "int (device pointer, 0 = absent)";
-  static DevicePtr get(py::handle h, const char* op, const char* name) {
+  static T* get(py::handle h, const char* op, const char* name) {
     const long long v = integer(h, op, name, "int (device pointer)");
     if (v < 0) throw py::value_error(op_prefix(op) + "argument '" + name + "' is negative");
-    return DevicePtr{static_cast<std::uintptr_t>(v)};
+    return reinterpret_cast<T*>(static_cast<std::uintptr_t>(v));
   }
 };
-struct Int {
+template <>
+struct Arg<int> {
   static constexpr const char* type = "int";
   static int get(py::handle h, const char* op, const char* name) {
     const long long v = integer(h, op, name, type);
@@ -106,34 +106,38 @@ struct Int {
     return static_cast<int>(v);
   }
 };
-struct Int64 {
+template <>
+struct Arg<int64_t> {
   static constexpr const char* type = "int";
   static int64_t get(py::handle h, const char* op, const char* name) {
     return integer(h, op, name, type);
   }
 };
-struct Double {
+template <>
+struct Arg<double> {
   static constexpr const char* type = "float";
   static double get(py::handle h, const char* op, const char* name) {
     if (!PyFloat_Check(h.ptr()) && !is_integer(h)) wrong_type(op, name, type, h);
     return py::cast<double>(h);
   }
 };
-struct Float {
+template <>
+struct Arg<float> {
   static constexpr const char* type = "float";
   static float get(py::handle h, const char* op, const char* name) {
-    return static_cast<float>(Double::get(h, op, name));
+    return static_cast<float>(Arg<double>::get(h, op, name));
   }
 };
-struct Flag {
+template <>
+struct Arg<jetspec::Flag> {
   static constexpr const char* type = "bool";
-  static int get(py::handle h, const char* op, const char* name) {
+  static jetspec::Flag get(py::handle h, const char* op, const char* name) {
     if (!PyBool_Check(h.ptr())) wrong_type(op, name, type, h);
-    return h.ptr() == Py_True ? 1 : 0;
+    return h.ptr() == Py_True ? jetspec::kTrue : jetspec::kFalse;
   }
 };
-// Strides of dims 0..2 of a 4-d tensor (dim 3 is contiguous).
-struct Strides {
+template <>
+struct Arg<jetspec::Strides4> {  // strides of dims 0..2 of a 4-d tensor (dim 3 is contiguous)
   static constexpr const char* type = "list[int] (strides of dims 0..2)";
   static jetspec::Strides4 get(py::handle h, const char* op, const char* name) {
     if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr())) wrong_type(op, name, type, h);
@@ -149,281 +153,136 @@ struct Strides {
   }
 };
 
-template <typename Call>
-struct Field {
-  const char* name;
-  const char* type;
-  bool in_params;  // a member of the launcher's Params struct (call.p) of the same name
-  bool optional;   // may be left out: stays 0 / null
-  void (*store)(Call&, py::handle, const char* op);
+// What a call fills: the launcher's params struct and the stream.
+template <typename Params>
+struct Call {
+  Params p{};
+  cudaStream_t stream = nullptr;
 };
 
-// A member `name` of the Params struct (call.p), or of the call itself (a launch argument outside
-// Params: dtype, stream, ...); OPTIONAL_PARAM may be left out.
-#define PARAM(Kind, name) \
-  {#name, Kind::type, true, false, [](auto& c, py::handle h, const char* op) { c.p.name = Kind::get(h, op, #name); }}
-#define OPTIONAL_PARAM(Kind, name) \
-  {#name, Kind::type, true, true, [](auto& c, py::handle h, const char* op) { c.p.name = Kind::get(h, op, #name); }}
-#define FIELD(Kind, name) \
-  {#name, Kind::type, false, false, [](auto& c, py::handle h, const char* op) { c.name = Kind::get(h, op, #name); }}
+template <typename Params>
+struct Field {
+  const char* name;
+  const char* type;  // the Python type, for messages and _C.FIELDS
+  void (*store)(Call<Params>&, py::handle, const char* op);
+};
 
-template <typename Call>
-struct Launcher {
-  const char* op;
-  const char* params;                 // the Params struct's name ("" when there is none)
-  std::vector<Field<Call>> fields;
-  std::vector<const char*> derived;   // Params members the launcher computes from other fields
-  jetspec::Status (*run)(Call&);
-  const char* doc;
+// The Field of a params.h list entry X(T, name) (a generic lambda: it converts to any Call).
+#define JETSPEC_BIND_FIELD(T, name)                                         \
+  {#name, Arg<T>::type,                                                     \
+   [](auto& c, py::handle h, const char* op) { c.p.name = Arg<T>::get(h, op, #name); }},
 
-  void operator()(const py::args& args, const py::kwargs& kwargs) const {
-    const size_t n = fields.size();
+// _C.<op>(...): the fields in order, then stream, then the optional fields (these may be left
+// out and stay 0 / null). Also its row of _C.FIELDS: ((name, Python type, optional), ...).
+template <typename Params>
+void define_launcher(py::module_& m, py::dict& table, const char* op,
+                     const std::vector<Field<Params>>& fields,
+                     jetspec::Status (*launch)(const Params&, cudaStream_t), const char* doc,
+                     const std::vector<std::string>& optional = {}) {
+  auto is_optional = [&](const char* name) {
+    return std::find(optional.begin(), optional.end(), name) != optional.end();
+  };
+  std::vector<Field<Params>> sig;
+  for (const Field<Params>& f : fields)
+    if (!is_optional(f.name)) sig.push_back(f);
+  const size_t required = sig.size() + 1;
+  sig.push_back({"stream", Arg<cudaStream_t>::type, [](Call<Params>& c, py::handle h, const char* op) {
+                   c.stream = Arg<cudaStream_t>::get(h, op, "stream");
+                 }});
+  for (const Field<Params>& f : fields)
+    if (is_optional(f.name)) sig.push_back(f);
+
+  auto call = [op, sig, required, launch](const py::args& args, const py::kwargs& kwargs) {
+    const size_t n = sig.size();
     if (args.size() > n) {
       throw py::type_error(op_prefix(op) + "takes " + std::to_string(n) + " arguments, got " +
                            std::to_string(args.size()) + " positional");
     }
-    Call c{};
+    Call<Params> c;
     std::vector<char> seen(n, 0);
     for (size_t i = 0; i < args.size(); ++i) {
-      fields[i].store(c, args[i], op);
+      sig[i].store(c, args[i], op);
       seen[i] = 1;
     }
     for (auto [key, value] : kwargs) {
       const std::string name = py::str(key);
       size_t i = 0;
-      while (i < n && name != fields[i].name) ++i;
+      while (i < n && name != sig[i].name) ++i;
       if (i == n) throw py::type_error(op_prefix(op) + "unexpected argument '" + name + "'");
-      if (seen[i]) throw py::type_error(op_prefix(op) + "got multiple values for argument '" + name + "'");
-      fields[i].store(c, value, op);
+      if (seen[i])
+        throw py::type_error(op_prefix(op) + "got multiple values for argument '" + name + "'");
+      sig[i].store(c, value, op);
       seen[i] = 1;
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (!seen[i] && !fields[i].optional)
-        throw py::type_error(op_prefix(op) + "missing argument '" + fields[i].name + "'");
+    for (size_t i = 0; i < required; ++i) {
+      if (!seen[i]) throw py::type_error(op_prefix(op) + "missing argument '" + sig[i].name + "'");
     }
-    check(run(c), op);
-  }
+    check(launch(c.p, c.stream), op);
+  };
 
   // "op(name: type, ...) -> None" and the doc; the pybind signature itself is (*args, **kwargs).
-  std::string docstring() const {
-    std::string s = std::string(op) + "(";
-    for (size_t i = 0; i < fields.size(); ++i) {
-      s += std::string(i ? ", " : "") + fields[i].name + ": " + fields[i].type;
-      if (fields[i].optional) s += " = 0";
-    }
-    return s + ") -> None\n\n" + doc;
+  std::string full_doc = std::string(op) + "(";
+  py::list rows;
+  for (size_t i = 0; i < sig.size(); ++i) {
+    const bool opt = i >= required;
+    full_doc += std::string(i ? ", " : "") + sig[i].name + ": " + sig[i].type + (opt ? " = 0" : "");
+    rows.append(py::make_tuple(sig[i].name, sig[i].type, opt));
   }
-
-  void define(py::module_& m, py::dict& table) const {
-    m.def(op, [self = *this](py::args a, py::kwargs k) { self(a, k); }, docstring().c_str());
-    py::list rows;
-    for (const Field<Call>& f : fields)
-      rows.append(py::make_tuple(f.name, f.type, f.in_params, f.optional));
-    py::list computed;
-    for (const char* d : derived) computed.append(d);
-    table[op] = py::dict(py::arg("fields") = py::tuple(rows), py::arg("params") = params,
-                         py::arg("derived") = py::tuple(computed));
-  }
-};
+  full_doc += ") -> None\n\n" + std::string(doc);
+  m.def(op, call, full_doc.c_str());
+  table[op] = py::tuple(rows);
+}
 
 // ---- The launchers -------------------------------------------------------------------------------
 
-struct PackMaskCall {
-  const int32_t* parents;
-  const int32_t* num_nodes;
-  int32_t* mask;
-  int batch, n, words;
-  cudaStream_t stream;
-};
+void define_launchers(py::module_& m, py::dict& t) {
+  using namespace jetspec;
+  define_launcher<PackMaskParams>(
+      m, t, "pack_mask", {JETSPEC_PACK_MASK_FIELDS(JETSPEC_BIND_FIELD)}, launch_pack_mask,
+      "int32 parents [B,N], num_nodes [B] -> int32 mask [B,N,W].");
+  define_launcher<RopeParams>(
+      m, t, "qk_norm_rope_append", {JETSPEC_ROPE_FIELDS(JETSPEC_BIND_FIELD)},
+      launch_qk_norm_rope_append,
+      "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache. "
+      "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only.");
+  define_launcher<SampleFilterParams>(
+      m, t, "verify_sample_filter", {JETSPEC_SAMPLE_FILTER_FIELDS(JETSPEC_BIND_FIELD)},
+      launch_sample_filter,
+      "Per node: the last token the top-k (top_k [B] or 0) then top-p (top_p [B] or 0) filters "
+      "keep, as thresholds thr_x / thr_id [B * N] (temperature [B]; <= 0 keeps every token).");
+  define_launcher<TargetTokenParams>(
+      m, t, "verify_target_tokens", {JETSPEC_TARGET_TOKEN_FIELDS(JETSPEC_BIND_FIELD)},
+      launch_target_tokens,
+      "Per (valid node, vocab split): the best logit (temperature 0 or null) or seeded "
+      "Gumbel-max value over the tokens kept by thr_x / thr_id (when given) and its token, into "
+      "partial_value / partial_token [B * N, splits].");
+  define_launcher<VerifyWalkParams>(
+      m, t, "verify_walk", {JETSPEC_VERIFY_WALK_FIELDS(JETSPEC_BIND_FIELD)}, launch_verify_walk,
+      "Acceptance walk: accept_len, path, bonus, emitted.");
+  define_launcher<CommitParams>(
+      m, t, "commit_kv", {JETSPEC_COMMIT_FIELDS(JETSPEC_BIND_FIELD)}, launch_commit_kv,
+      "Move the accepted path's K/V to contiguous slots in place; gather hidden rows.");
+  define_launcher<TopkParams>(
+      m, t, "log_softmax_topk", {JETSPEC_TOPK_FIELDS(JETSPEC_BIND_FIELD)},
+      launch_log_softmax_topk,
+      "Per-row log-softmax over the vocabulary and its top-k (tokens int32, log-probs fp32).");
+  define_launcher<HiddenTopkParams>(
+      m, t, "hidden_topk", {JETSPEC_HIDDEN_TOPK_FIELDS(JETSPEC_BIND_FIELD)}, launch_hidden_topk,
+      "Top-k of log_softmax(hidden @ weight^T) per row without materialising the logits.");
+  define_launcher<BuildTreeParams>(
+      m, t, "build_tree", {JETSPEC_BUILD_TREE_FIELDS(JETSPEC_BIND_FIELD)}, launch_build_tree,
+      "Draft tree (algorithm 0 topn, 1 accum_logp) from per-depth top-k, one CTA per sequence. "
+      "steps: int32 [B] or 0 (absent): topn's selection steps per sequence (tests).",
+      {"steps"});
+  define_launcher<AttnParams>(
+      m, t, "tree_attention", {JETSPEC_ATTN_FIELDS(JETSPEC_BIND_FIELD)}, launch_tree_attention,
+      "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits; "
+      "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a), 3 warp-specialised wgmma with TMA loads "
+      "(sm_90a; page sizes multiple of 8), 4 the Hopper family (sm_90a; head dims 64, 128, others "
+      "run mma.sync; page sizes multiple of 8).");
+}
 
-struct RopeCall {
-  jetspec::RopeParams p;
-  int dtype, cache_dtype;
-  cudaStream_t stream;
-};
-
-struct SampleFilterCall {
-  jetspec::SampleFilterParams p;
-  int dtype;
-  cudaStream_t stream;
-};
-
-struct TargetTokenCall {
-  jetspec::TargetTokenParams p;
-  int dtype;
-  cudaStream_t stream;
-};
-
-struct VerifyWalkCall {
-  jetspec::VerifyWalkParams p;
-  cudaStream_t stream;
-};
-
-struct CommitCall {
-  jetspec::CommitParams p;
-  int cache_elem_bytes, hidden_elem_bytes;
-  cudaStream_t stream;
-};
-
-struct TopkCall {
-  jetspec::TopkParams p;
-  int dtype;
-  cudaStream_t stream;
-};
-
-struct HiddenTopkCall {
-  jetspec::HiddenTopkParams p;
-  int dtype;
-  cudaStream_t stream;
-};
-
-struct BuildTreeCall {
-  jetspec::BuildTreeParams p;
-  cudaStream_t stream;
-};
-
-struct AttnCall {
-  jetspec::AttnParams p;
-  float scale;
-  int dtype, head_dim;
-  cudaStream_t stream;
-};
-
-const Launcher<PackMaskCall> kPackMask{
-    "pack_mask", "",
-    {FIELD(Pointer, parents), FIELD(Pointer, num_nodes), FIELD(Pointer, mask), FIELD(Int, batch),
-     FIELD(Int, n), FIELD(Int, words), FIELD(Pointer, stream)},
-    {},
-    [](PackMaskCall& c) {
-      return jetspec::launch_pack_mask(c.parents, c.num_nodes, c.mask, c.batch, c.n, c.words,
-                                       c.stream);
-    },
-    "int32 parents [B,N], num_nodes [B] -> int32 mask [B,N,W] (device pointers)."};
-
-const Launcher<RopeCall> kRope{
-    "qk_norm_rope_append", "RopeParams",
-    {PARAM(Pointer, q), PARAM(Pointer, k), PARAM(Pointer, v), PARAM(Pointer, q_norm_w),
-     PARAM(Pointer, k_norm_w), PARAM(Pointer, positions), PARAM(Pointer, cache_start),
-     PARAM(Pointer, q_out), PARAM(Pointer, k_cache), PARAM(Pointer, v_cache),
-     PARAM(Pointer, block_table), PARAM(Strides, sq), PARAM(Strides, sk), PARAM(Strides, sv),
-     PARAM(Strides, sc), PARAM(Strides, svc), PARAM(Int64, bt_stride), PARAM(Int, batch),
-     PARAM(Int, n), PARAM(Int, hq), PARAM(Int, hkv), PARAM(Int, dh), PARAM(Int, page_size),
-     PARAM(Double, theta), PARAM(Float, eps), FIELD(Int, dtype), FIELD(Int, cache_dtype),
-     FIELD(Pointer, stream)},
-    {},
-    [](RopeCall& c) {
-      if ((c.p.q == nullptr) != (c.p.q_out == nullptr))
-        return jetspec::bad_input("q and q_out must both be set or both be 0");
-      return jetspec::launch_qk_norm_rope_append(c.p, c.dtype, c.cache_dtype, c.stream);
-    },
-    "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache. "
-    "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only."};
-
-const Launcher<SampleFilterCall> kSampleFilter{
-    "verify_sample_filter", "SampleFilterParams",
-    {PARAM(Pointer, logits), PARAM(Int64, s0), PARAM(Int64, s1), PARAM(Pointer, num_nodes),
-     PARAM(Pointer, temperature), PARAM(Pointer, top_k), PARAM(Pointer, top_p),
-     PARAM(Pointer, thr_x), PARAM(Pointer, thr_id), PARAM(Int, batch), PARAM(Int, n),
-     PARAM(Int, vocab), PARAM(Flag, vec), FIELD(Int, dtype), FIELD(Pointer, stream)},
-    {},
-    [](SampleFilterCall& c) { return jetspec::launch_sample_filter(c.p, c.dtype, c.stream); },
-    "Per node: the last token the top-k (top_k [B] or 0) then top-p (top_p [B] or 0) filters "
-    "keep, as thresholds thr_x / thr_id [B * N] (temperature [B]; <= 0 keeps every token)."};
-
-const Launcher<TargetTokenCall> kTargetTokens{
-    "verify_target_tokens", "TargetTokenParams",
-    {PARAM(Pointer, logits), PARAM(Int64, s0), PARAM(Int64, s1), PARAM(Pointer, num_nodes),
-     PARAM(Pointer, seed), PARAM(Pointer, offset), PARAM(Pointer, part_v), PARAM(Pointer, part_i),
-     PARAM(Int, batch), PARAM(Int, n), PARAM(Int, vocab), PARAM(Int, splits),
-     PARAM(Int, split_len), PARAM(Flag, vec), PARAM(Pointer, temperature), PARAM(Pointer, thr_x),
-     PARAM(Pointer, thr_id), FIELD(Int, dtype), FIELD(Pointer, stream)},
-    {},
-    [](TargetTokenCall& c) { return jetspec::launch_target_tokens(c.p, c.dtype, c.stream); },
-    "Per (valid node, vocab split): the best logit (temperature 0 or null) or seeded Gumbel-max "
-    "value over the tokens kept by thr_x / thr_id (when given) and its token, into part_v / "
-    "part_i [B * N, splits]."};
-
-const Launcher<VerifyWalkCall> kVerifyWalk{
-    "verify_walk", "VerifyWalkParams",
-    {PARAM(Pointer, tokens), PARAM(Pointer, parents), PARAM(Pointer, num_nodes),
-     PARAM(Pointer, target), PARAM(Int64, target_stride), PARAM(Pointer, part_v),
-     PARAM(Pointer, part_i), PARAM(Int, splits), PARAM(Pointer, accept_len), PARAM(Pointer, path),
-     PARAM(Pointer, bonus), PARAM(Pointer, emitted), PARAM(Int, batch), PARAM(Int, n),
-     PARAM(Int, cols), FIELD(Pointer, stream)},
-    {},
-    [](VerifyWalkCall& c) { return jetspec::launch_verify_walk(c.p, c.stream); },
-    "Acceptance walk: accept_len, path, bonus, emitted."};
-
-const Launcher<CommitCall> kCommit{
-    "commit_kv", "CommitParams",
-    {PARAM(Pointer, k_cache), PARAM(Pointer, v_cache), PARAM(Strides, sk), PARAM(Strides, sv),
-     PARAM(Pointer, block_table), PARAM(Int64, bt_stride), PARAM(Pointer, prefix_lens),
-     PARAM(Pointer, path), PARAM(Pointer, accept_len), PARAM(Pointer, new_prefix_lens),
-     PARAM(Pointer, hidden), PARAM(Int64, sh0), PARAM(Int64, sh1), PARAM(Pointer, hidden_rows),
-     PARAM(Int, batch), PARAM(Int, cols), PARAM(Int, hkv), PARAM(Int, dh), PARAM(Int, page_size),
-     PARAM(Int, hidden_dim), FIELD(Int, cache_elem_bytes), FIELD(Int, hidden_elem_bytes),
-     FIELD(Pointer, stream)},
-    {},
-    [](CommitCall& c) {
-      return jetspec::launch_commit_kv(c.p, c.cache_elem_bytes, c.hidden_elem_bytes, c.stream);
-    },
-    "Move the accepted path's K/V to contiguous slots in place; gather hidden rows."};
-
-const Launcher<TopkCall> kTopk{
-    "log_softmax_topk", "TopkParams",
-    {PARAM(Pointer, logits), PARAM(Int64, s0), PARAM(Int64, s1), PARAM(Pointer, tokens),
-     PARAM(Pointer, logprobs), PARAM(Pointer, workspace), PARAM(Int, batch), PARAM(Int, depth),
-     PARAM(Int, vocab), PARAM(Int, k), FIELD(Int, dtype), FIELD(Pointer, stream)},
-    {},
-    [](TopkCall& c) { return jetspec::launch_log_softmax_topk(c.p, c.dtype, c.stream); },
-    "Per-row log-softmax over the vocabulary and its top-k (tokens int32, log-probs fp32)."};
-
-const Launcher<HiddenTopkCall> kHiddenTopk{
-    "hidden_topk", "HiddenTopkParams",
-    {PARAM(Pointer, hidden), PARAM(Int64, sh0), PARAM(Int64, sh1), PARAM(Pointer, weight),
-     PARAM(Int64, sw0), PARAM(Pointer, tokens), PARAM(Pointer, logprobs),
-     PARAM(Pointer, workspace), PARAM(Int, batch), PARAM(Int, depth), PARAM(Int, hidden_dim),
-     PARAM(Int, vocab), PARAM(Int, k), FIELD(Int, dtype), FIELD(Pointer, stream)},
-    {},
-    [](HiddenTopkCall& c) { return jetspec::launch_hidden_topk(c.p, c.dtype, c.stream); },
-    "Top-k of log_softmax(hidden @ weight^T) per row without materialising the logits."};
-
-const Launcher<BuildTreeCall> kBuildTree{
-    "build_tree", "BuildTreeParams",
-    {PARAM(Pointer, topk_tokens), PARAM(Pointer, topk_logprobs), PARAM(Pointer, root_tokens),
-     PARAM(Pointer, tokens), PARAM(Pointer, parents), PARAM(Pointer, depths),
-     PARAM(Pointer, scores), PARAM(Pointer, num_nodes), PARAM(Pointer, mask), PARAM(Int, batch),
-     PARAM(Int, depth), PARAM(Int, k), PARAM(Int, budget), PARAM(Int, words),
-     PARAM(Int, algorithm), FIELD(Pointer, stream), OPTIONAL_PARAM(Pointer, steps)},
-    {},
-    [](BuildTreeCall& c) { return jetspec::launch_build_tree(c.p, c.stream); },
-    "Draft tree (algorithm 0 topn, 1 accum_logp) from per-depth top-k, one CTA per sequence. "
-    "steps: int32 [B] or 0 (absent): topn's selection steps per sequence (tests)."};
-
-const Launcher<AttnCall> kTreeAttention{
-    "tree_attention", "AttnParams",
-    {PARAM(Pointer, q), PARAM(Strides, sq), PARAM(Pointer, k_cache), PARAM(Pointer, v_cache),
-     PARAM(Strides, sk), PARAM(Strides, sv), PARAM(Pointer, block_table), PARAM(Int64, bt_stride),
-     PARAM(Int, page_size), PARAM(Int, cache_outer), PARAM(Pointer, prefix_lens),
-     PARAM(Pointer, tree_mask), PARAM(Int64, sm0), PARAM(Int64, sm1), PARAM(Int, tail),
-     PARAM(Pointer, out), PARAM(Strides, so), PARAM(Pointer, lse), PARAM(Pointer, part_o),
-     PARAM(Pointer, part_lse), PARAM(Int, batch), PARAM(Int, n), PARAM(Int, hq), PARAM(Int, hkv),
-     PARAM(Int, splits), FIELD(Float, scale), FIELD(Int, dtype), FIELD(Int, head_dim),
-     PARAM(Int, kernel), FIELD(Pointer, stream)},
-    {"group", "scale_log2"},
-    [](AttnCall& c) {
-      c.p.group = c.p.hkv > 0 ? c.p.hq / c.p.hkv : 0;
-      c.p.scale_log2 = c.scale * 1.4426950408889634f;
-      return jetspec::launch_tree_attention(c.p, c.dtype, c.head_dim, c.stream);
-    },
-    "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits; "
-    "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a), 3 warp-specialised wgmma with TMA loads "
-    "(sm_90a; page sizes multiple of 8), 4 the Hopper family (sm_90a; head dims 64, 128, others "
-    "run mma.sync; page sizes multiple of 8)."};
-
-#undef PARAM
-#undef OPTIONAL_PARAM
-#undef FIELD
+#undef JETSPEC_BIND_FIELD
 
 // ---- Enums and limits (limits.h) ----------------------------------------------------------------
 
@@ -452,6 +311,7 @@ py::dict limits() {
   d["max_budget"] = kMaxBudget;
   d["max_topk"] = kMaxTopk;
   d["walk_max_nodes"] = kWalkMaxNodes;
+  d["top_p_max_vocab"] = kTopPMaxVocab;
   d["rope_max_head_dim"] = kRopeMaxHeadDim;
   d["attn_head_dims"] = ints(kAttnHeadDims);
   d["wgmma_head_dims"] = ints(kWgmmaHeadDims);
@@ -514,18 +374,9 @@ PYBIND11_MODULE(_C, m) {
       "Split-KV count of tree_attention kernel 4 (hopper) for these shapes on the current device, "
       "from the kernel's occupancy and the wave efficiency (capacity: keys a sequence can hold).");
 
-  // Every launcher: positional or keyword arguments, as its field list declares them.
+  // Every launcher: positional or keyword arguments, as its params.h field list declares them.
   py::dict fields;
-  kPackMask.define(m, fields);
-  kRope.define(m, fields);
-  kSampleFilter.define(m, fields);
-  kTargetTokens.define(m, fields);
-  kVerifyWalk.define(m, fields);
-  kCommit.define(m, fields);
-  kTopk.define(m, fields);
-  kHiddenTopk.define(m, fields);
-  kBuildTree.define(m, fields);
-  kTreeAttention.define(m, fields);
+  define_launchers(m, fields);
   m.attr("FIELDS") = fields;
 
   py::dict enums;

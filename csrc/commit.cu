@@ -4,11 +4,10 @@
 
 namespace jetspec {
 
-Status launch_commit_kv(const CommitParams& p, int cache_elem_bytes, int hidden_elem_bytes,
-                        cudaStream_t stream) {
-  if (cache_elem_bytes == 2) return commit_kv<uint16_t>(p, hidden_elem_bytes, stream);
-  if (cache_elem_bytes == 4) return commit_kv<uint32_t>(p, hidden_elem_bytes, stream);
-  return bad_input("cache_elem_bytes ", cache_elem_bytes, " is not 2 or 4");
+Status launch_commit_kv(const CommitParams& p, cudaStream_t stream) {
+  if (p.cache_elem_bytes == 2) return commit_kv<uint16_t>(p, stream);
+  if (p.cache_elem_bytes == 4) return commit_kv<uint32_t>(p, stream);
+  return bad_input("cache_elem_bytes ", p.cache_elem_bytes, " is not 2 or 4");
 }
 
 }  // namespace jetspec

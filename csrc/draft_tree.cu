@@ -11,12 +11,12 @@ size_t topk_workspace_bytes(long long rows, int vocab, int k) {
   return log_softmax_topk_workspace_bytes(rows, vocab, k);
 }
 
-Status launch_log_softmax_topk(const TopkParams& p, int logits_dtype, cudaStream_t stream) {
-  switch (logits_dtype) {
+Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
+  switch (p.dtype) {
     case kFloat32: return log_softmax_topk<float>(p, stream);
     case kFloat16: return log_softmax_topk<__half>(p, stream);
     case kBFloat16: return log_softmax_topk<__nv_bfloat16>(p, stream);
-    default: return bad_dtype("dtype", logits_dtype, kAllDtypes);
+    default: return bad_dtype("dtype", p.dtype, kAllDtypes);
   }
 }
 
@@ -24,11 +24,11 @@ Status hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* byt
   return hidden_topk_workspace(rows, vocab, k, bytes);
 }
 
-Status launch_hidden_topk(const HiddenTopkParams& p, int dtype, cudaStream_t stream) {
-  switch (dtype) {
+Status launch_hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
+  switch (p.dtype) {
     case kFloat16: return hidden_topk<__half>(p, stream);
     case kBFloat16: return hidden_topk<__nv_bfloat16>(p, stream);
-    default: return bad_dtype("dtype", dtype, kHalfDtypes);
+    default: return bad_dtype("dtype", p.dtype, kHalfDtypes);
   }
 }
 

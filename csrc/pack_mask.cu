@@ -4,9 +4,8 @@
 
 namespace jetspec {
 
-Status launch_pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_t* mask, int batch,
-                        int n, int words, cudaStream_t stream) {
-  return pack_mask(parents, num_nodes, mask, batch, n, words, stream);
+Status launch_pack_mask(const PackMaskParams& p, cudaStream_t stream) {
+  return pack_mask(p.parents, p.num_nodes, p.mask, p.batch, p.n, p.words, stream);
 }
 
 }  // namespace jetspec

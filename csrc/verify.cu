@@ -12,9 +12,9 @@ Status check_target_tokens(const TargetTokenParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return Status();
-  if (rows > 0x7fffffffLL) return bad_input("batch * n = ", rows, " exceeds 2147483647");
+  if (rows > kMaxGridX) return bad_input("batch * n = ", rows, " exceeds ", kMaxGridX);
   JETSPEC_RETURN_IF_FAILED(check_range("vocab", p.vocab, 1));
-  JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1, 65535));  // grid y
+  JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1, kMaxGridYZ));  // grid y
   JETSPEC_RETURN_IF_FAILED(check_range("split_len", p.split_len, 1));
   const long long covered = static_cast<long long>(p.splits) * p.split_len;
   if (covered < p.vocab) {
@@ -36,9 +36,9 @@ Status check_sample_filter(const SampleFilterParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return Status();
-  if (rows > 0x7fffffffLL) return bad_input("batch * n = ", rows, " exceeds 2147483647");
-  // top_p's masses (< vocab * 2**32) must stay exact in float64 (python_ref.MAX_TOP_P_VOCAB).
-  JETSPEC_RETURN_IF_FAILED(check_range("vocab", p.vocab, 1, p.top_p != nullptr ? 1 << 21 : 0x7fffffff));
+  if (rows > kMaxGridX) return bad_input("batch * n = ", rows, " exceeds ", kMaxGridX);
+  JETSPEC_RETURN_IF_FAILED(
+      check_range("vocab", p.vocab, 1, p.top_p != nullptr ? kTopPMaxVocab : 0x7fffffff));
   if (p.temperature == nullptr || p.thr_x == nullptr || p.thr_id == nullptr)
     return bad_input("temperature, thr_x and thr_id are required");
   return Status();
@@ -47,35 +47,35 @@ Status check_sample_filter(const SampleFilterParams& p) {
 Status check_verify_walk(const VerifyWalkParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   if (p.batch == 0) return Status();
-  // At least the root; at most what the walk stages in 48 KB of shared memory (the Python layer
-  // sends larger trees to another backend).
+  // At least the root; at most what the walk stages in shared memory (the Python layer sends
+  // larger trees to another backend).
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 1, kWalkMaxNodes));
   JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1));
   if (p.target == nullptr) {
-    if (p.part_v == nullptr || p.part_i == nullptr)
-      return bad_input("target = 0 needs part_v and part_i");
+    if (p.partial_value == nullptr || p.partial_token == nullptr)
+      return bad_input("target = 0 needs partial_value and partial_token");
     JETSPEC_RETURN_IF_FAILED(check_range("splits", p.splits, 1));
   }
   return Status();
 }
 }  // namespace
 
-Status launch_sample_filter(const SampleFilterParams& p, int logits_dtype, cudaStream_t stream) {
-  if (logits_dtype != kFloat32 && logits_dtype != kFloat16 && logits_dtype != kBFloat16)
-    return bad_dtype("dtype", logits_dtype, kAllDtypes);
+Status launch_sample_filter(const SampleFilterParams& p, cudaStream_t stream) {
+  if (p.dtype != kFloat32 && p.dtype != kFloat16 && p.dtype != kBFloat16)
+    return bad_dtype("dtype", p.dtype, kAllDtypes);
   JETSPEC_RETURN_IF_FAILED(check_sample_filter(p));
-  switch (logits_dtype) {
+  switch (p.dtype) {
     case kFloat32: return sample_filter<float>(p, stream);
     case kFloat16: return sample_filter<__half>(p, stream);
     default: return sample_filter<__nv_bfloat16>(p, stream);
   }
 }
 
-Status launch_target_tokens(const TargetTokenParams& p, int logits_dtype, cudaStream_t stream) {
-  if (logits_dtype != kFloat32 && logits_dtype != kFloat16 && logits_dtype != kBFloat16)
-    return bad_dtype("dtype", logits_dtype, kAllDtypes);
+Status launch_target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
+  if (p.dtype != kFloat32 && p.dtype != kFloat16 && p.dtype != kBFloat16)
+    return bad_dtype("dtype", p.dtype, kAllDtypes);
   JETSPEC_RETURN_IF_FAILED(check_target_tokens(p));
-  switch (logits_dtype) {
+  switch (p.dtype) {
     case kFloat32: return target_tokens<float>(p, stream);
     case kFloat16: return target_tokens<__half>(p, stream);
     default: return target_tokens<__nv_bfloat16>(p, stream);

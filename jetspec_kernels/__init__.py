@@ -5,15 +5,16 @@ Public API (see DESIGN.md section 4 and each function's docstring):
     tree_attention, qk_norm_rope_append, verify_tree, commit_kv,
     Tree, Verdict, Commit,
     AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
-    expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive.py),
+    expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive/),
     set_backend, get_backend, available_backends, set_value_checks.
 """
 from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
                        expected_accept_curve, expected_accept_curve_from_topk)
 from .backend import BackendUnavailableError, available_backends, get_backend, set_backend
-from .ops._checks import set_value_checks
+from .checks import set_value_checks
 from .ops.commit_kv import commit_kv
-from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk, pack_mask
+from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk
+from .ops.pack_mask import pack_mask
 from .ops.qk_norm_rope_append import qk_norm_rope_append
 from .ops.tree_attention import tree_attention
 from .ops.verify_tree import verify_tree

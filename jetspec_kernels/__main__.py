@@ -36,19 +36,18 @@ def main(argv=None) -> int:
     for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for name, reason in jk.available_backends(dev).items():
             print(f"  {dev:5s} {name:10s} {'ok' if reason is None else reason}")
-    verified = [fn for fn in _backend.INTERFACE_FUNCTIONS if fn in _backend.HARDWARE_VERIFIED["cuda"]]
-    if verified:
-        print(f"  auto on CUDA tensors: cuda for {', '.join(verified)}; triton for the rest")
-    else:
-        print("  auto on CUDA tensors: triton for every op (no cuda kernel has passed on a GPU yet; "
-              "backend='cuda' runs them)")
+    first = {fn: (_backend.verified_backends(fn) + ("triton",))[0] for fn in _backend.INTERFACE_FUNCTIONS}
+    picks = {b: [fn for fn, f in first.items() if f == b] for b in dict.fromkeys(first.values())}
+    print("  auto on CUDA tensors (hardware-verified backends first, else triton): "
+          + "; ".join(f"{b} for {', '.join(fns)}" for b, fns in picks.items()))
     try:
         from . import _C
     except ImportError:
         return 0
     driver = _C.driver_version()
-    print(f"  _C links the CUDA {_backend._cuda_version(_C.runtime_version())} runtime; driver: "
-          + (f"CUDA {_backend._cuda_version(driver)}" if driver else "none found"))
+    from .cuda.availability import cuda_version
+    print(f"  _C links the CUDA {cuda_version(_C.runtime_version())} runtime; driver: "
+          + (f"CUDA {cuda_version(driver)}" if driver else "none found"))
     wgmma = "has" if _C.wgmma_built() else "lacks"
     print(f"  _C built for {_C.built_archs()}: {wgmma} the sm_90a wgmma attention kernels "
           f"(auto; kernel='tma' for the warp-specialised TMA one)")

@@ -1,13 +1,14 @@
 """Backend selection: ``auto``, ``cuda``, ``triton``, ``reference``.
 
 Order of precedence: the ``backend=`` argument of an op, then :func:`set_backend`, then the
-``JETSPEC_BACKEND`` environment variable, then ``auto``. For CUDA tensors ``auto`` tries ``cuda``
-(only for the ops in :data:`HARDWARE_VERIFIED`, and only when ``_C`` is built for the device and
-the driver can run its CUDA runtime), then ``triton``, then ``reference``; for CPU tensors
-``reference``, or ``triton`` first when ``TRITON_INTERPRET=1``. An op whose inputs a candidate
-cannot take (a dtype, a head dim, a kernel not written yet) goes to the next one. An explicitly
-requested backend that cannot run raises :class:`BackendUnavailableError` with the reason; an
-explicit choice never falls back.
+``JETSPEC_BACKEND`` environment variable, then ``auto``. For CUDA tensors ``auto`` tries, per
+interface function, the backends listed for it in :data:`HARDWARE_VERIFIED` (they passed its
+parity tests on a GPU in a recorded run; fastest first), then ``triton``, then ``reference``; an
+unlisted ``cuda`` is never auto's choice, and ``cuda`` only runs when ``_C`` is built for the
+device and the driver can run its CUDA runtime. For CPU tensors ``reference``, or ``triton``
+first when ``TRITON_INTERPRET=1``. An op whose inputs a candidate cannot take (a dtype, a head
+dim, a kernel not written yet) goes to the next one. An explicitly requested backend that cannot
+run raises :class:`BackendUnavailableError` with the reason; an explicit choice never falls back.
 """
 from __future__ import annotations
 
@@ -26,20 +27,30 @@ _BACKEND_MODULES = {
     "triton": "jetspec_kernels.triton",
     "cuda": "jetspec_kernels.cuda",
 }
+# What the cuda backend needs of the machine (_C, driver, architectures): asked by name, like the
+# backends themselves.
+_CUDA_AVAILABILITY = "jetspec_kernels.cuda.availability"
 
 
-# Interface functions (CONTRIBUTING.md, backend interface) whose ``cuda`` kernels are auto's choice
-# for CUDA tensors: they passed their parity tests on real hardware (bench/device_check.sh; the
-# record is in bench/NOTES.md) and were not slower than triton in that run. Until an op is listed,
-# ``auto`` does not send CUDA tensors to the cuda backend: a path that has never run on a GPU is
-# nobody's default. ``backend="cuda"`` still runs it. An op joins this set in the commit that
-# records its passing run.
-HARDWARE_VERIFIED: dict[str, frozenset[str]] = {
-    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): passed, and not slower than triton there.
-    # verify_tree passed too, but its kernels changed after the run (top-k / top-p filters,
-    # per-sequence temperature): it returns with a passing rerun.
-    "cuda": frozenset({"log_softmax_topk", "build_tree", "pack_mask"}),
+# Per interface function (CONTRIBUTING.md, backend interface): the backends whose kernels passed
+# its parity tests on real hardware in a recorded run (bench/device_check.sh; the record, one row
+# per op x backend x dtype, is in bench/NOTES.md, "Hardware record"), fastest first in that run's
+# benches. ``auto`` tries them in this order for CUDA tensors, then triton (its choice where no
+# backend is listed: what users got before any hardware evidence), then reference. A cuda kernel
+# that is not listed is never auto's choice; ``backend="cuda"`` still runs it. An op x backend joins
+# this table in the commit that records its passing run.
+HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
+    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): cuda passed, and was not slower than
+    # triton there; triton's GPU parity tests had not run. verify_tree's cuda kernels passed too,
+    # but changed after the run (top-k / top-p filters, per-sequence temperature): they return
+    # with a passing rerun.
+    "log_softmax_topk": ("cuda",),
+    "build_tree": ("cuda",),
+    "pack_mask": ("cuda",),
 }
+
+# What HARDWARE_VERIFIED may list.
+GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask")
@@ -82,16 +93,6 @@ def _triton_import_error() -> str | None:
     return None
 
 
-@lru_cache(maxsize=None)
-def _cuda_module_error() -> str | None:
-    try:
-        from . import _C  # noqa: F401
-    except ImportError as e:
-        return ("the CUDA extension jetspec_kernels._C is not built (it is built at install "
-                f"time when nvcc is found; import said: {e})")
-    return None
-
-
 def unavailable_reason(name: str, device: torch.device) -> str | None:
     """Why backend ``name`` cannot run on ``device``, or None when it can."""
     if name == "reference":
@@ -108,59 +109,31 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "cuda":
         if device.type != "cuda":
             return f"tensors are on {device.type}, the cuda backend needs CUDA tensors"
-        err = _cuda_module_error() or _cuda_driver_reason()
-        if err:
-            return err
-        return _cuda_arch_reason(device.index if device.index is not None else torch.cuda.current_device())
+        return importlib.import_module(_CUDA_AVAILABILITY).unavailable_reason(device)
     raise ValueError(f"unknown backend {name!r}")
 
 
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{v % 1000 // 10}"
-
-
-def driver_runtime_reason(driver: int, runtime: int) -> str | None:
-    """Why a CUDA runtime of version ``runtime`` cannot run under a driver that supports CUDA
-    ``driver`` (both 1000 * major + 10 * minor, as cudaDriverGetVersion gives them), or None.
-    A runtime runs on any driver of its major version or newer (minor version compatibility)."""
-    if driver <= 0:
-        return "no CUDA driver was found"
-    if driver // 1000 < runtime // 1000:
-        return (f"the CUDA driver supports CUDA {_cuda_version(driver)} but _C links the CUDA "
-                f"{_cuda_version(runtime)} runtime, which needs a driver for CUDA "
-                f"{runtime // 1000}.0 or newer (cudaErrorInsufficientDriver); update the driver, "
-                f"or rebuild _C with a CUDA {driver // 1000}.x toolkit")
-    return None
-
-
-@lru_cache(maxsize=None)
-def _cuda_driver_reason() -> str | None:
-    from . import _C
-    return driver_runtime_reason(_C.driver_version(), _C.runtime_version())
-
-
-@lru_cache(maxsize=None)
-def _cuda_arch_reason(index: int) -> str | None:
-    from . import _C
-    major, minor = torch.cuda.get_device_capability(index)
-    if not _C.supports_arch(major * 10 + minor):
-        return (f"_C was built for sm_{_C.built_archs()} but the device is "
-                f"sm_{major}{minor} (rebuild with JETSPEC_CUDA_ARCHS)")
-    return None
+def verified_backends(fn: str | None) -> tuple[str, ...]:
+    """The backends that passed interface function ``fn``'s parity tests on hardware, fastest first
+    (``HARDWARE_VERIFIED``); ``fn`` None: those listed for every interface function, in the order
+    of the first."""
+    if fn is not None:
+        return tuple(HARDWARE_VERIFIED.get(fn, ()))
+    lists = [HARDWARE_VERIFIED.get(f, ()) for f in INTERFACE_FUNCTIONS]
+    return tuple(b for b in lists[0] if all(b in other for other in lists[1:]))
 
 
 def hardware_verified(name: str, fn: str | None) -> bool:
     """Whether ``auto`` may pick backend ``name`` for interface function ``fn`` on a CUDA device
-    (``fn`` None: for every interface function). Only the cuda backend is gated."""
-    if name != "cuda":
-        return True
-    verified = HARDWARE_VERIFIED["cuda"]
-    return fn in verified if fn is not None else verified >= set(INTERFACE_FUNCTIONS)
+    (``fn`` None: for every interface function). Only the cuda backend is gated: triton is auto's
+    choice where no backend has passed on hardware."""
+    return name != "cuda" or name in verified_backends(fn)
 
 
 def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, ...]:
     if device.type == "cuda":
-        return tuple(c for c in ("cuda", "triton", "reference") if hardware_verified(c, fn))
+        order = verified_backends(fn) + ("triton", "reference")
+        return tuple(dict.fromkeys(c for c in order if hardware_verified(c, fn)))
     if triton_interpret():
         return ("triton", "reference")
     return ("reference",)

@@ -22,6 +22,8 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import backend as _backend
 from jetspec_kernels.demo_random import random_round
+from jetspec_kernels.generate_cli import PROG, Parser, UsageError, _device, _int_at_least, report
+from jetspec_kernels.limits import MAX_BUDGET, MAX_TOPK
 
 PROMPTS = (
     "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Parse the arguments and run.\"\"\"\n    ",
@@ -34,23 +36,26 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def _tiny_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jetspec_kernels demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=f"{PROG} demo", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--random-round", action="store_true",
                    help="run the one-round random-data demo instead (its own flags follow)")
-    p.add_argument("--backend", default=None, help="auto | cuda | triton | reference")
+    p.add_argument("--backend", default=None, choices=_backend.BACKENDS)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--models", default=None, help="tiny-model directory (default: the shipped one)")
-    p.add_argument("--prompts", type=int, default=3, help=f"how many built-in prompts (1..{len(PROMPTS)})")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--budget", type=int, default=None,
+    p.add_argument("--prompts", type=_int_at_least(1, len(PROMPTS)), default=3,
+                   help=f"how many built-in prompts (1..{len(PROMPTS)})")
+    p.add_argument("--max-new-tokens", type=_int_at_least(1), default=64)
+    p.add_argument("--budget", type=_int_at_least(1, MAX_BUDGET), default=None,
                    help="tree budget of the timed speculative run (default: 16 on cpu, where the "
                         "verify forward's cost grows with the tree size; 64 on a GPU)")
-    p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--budgets", type=int, nargs="*", default=[1, 4, 16, 64, 256],
+    p.add_argument("--topk", type=_int_at_least(1, MAX_TOPK), default=8)
+    p.add_argument("--budgets", type=_int_at_least(1, MAX_BUDGET), nargs="*",
+                   default=[1, 4, 16, 64, 256],
                    help="budgets of the acceptance table (none: skip the table)")
-    p.add_argument("--table-tokens", type=int, default=32, help="new tokens per prompt for the table")
+    p.add_argument("--table-tokens", type=_int_at_least(1), default=32,
+                   help="new tokens per prompt for the table")
     p.add_argument("--out", default=os.path.join("bench", "results", "demo"),
                    help="directory for demo_acceptance.png / .csv")
     return p
@@ -104,9 +109,7 @@ def _write_table(table: dict, budgets, out_dir: str) -> list[str]:
 def tiny_demo(argv=None) -> int:
     """The real-model demo (see the module docstring); returns the exit status (1 if lossy)."""
     args = _tiny_parser().parse_args(argv)
-    if not 1 <= args.prompts <= len(PROMPTS):
-        raise SystemExit(f"error: --prompts must be in 1..{len(PROMPTS)}")
-    device = torch.device(args.device)
+    device = _device(args.device)
     previous = jk.get_backend()
     if args.backend is not None:
         jk.set_backend(args.backend)
@@ -177,7 +180,12 @@ def _run_tiny(args, device) -> int:
 def main(argv=None) -> int:
     """``python -m jetspec_kernels demo [--random-round] ...``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--random-round" in argv:
-        argv.remove("--random-round")
-        return random_round(argv)
-    return tiny_demo(argv)
+    try:
+        if "--random-round" in argv:
+            argv.remove("--random-round")
+            return random_round(argv)
+        return tiny_demo(argv)
+    except UsageError as e:
+        return report(str(e))
+    except jk.BackendUnavailableError as e:
+        return report(f"--backend: {e}")

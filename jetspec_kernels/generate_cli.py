@@ -50,14 +50,17 @@ def report(message: str) -> int:
     return 2
 
 
-def _int_at_least(lo: int):
+def _int_at_least(lo: int, hi: int | None = None):
+    """An argparse type: an int >= ``lo`` (and <= ``hi`` when given)."""
+    want = f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {value}")
         return value
     return parse
 

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .ops import _checks as C
+from . import checks
 
 __all__ = ["Tree", "Verdict", "Commit", "mask_words"]
 
@@ -62,7 +62,7 @@ class Tree:
 
     def _check_prefix_lens(self, prefix_lens, device=None) -> None:
         """``prefix_lens``: int32/int64 [B], one per tree (never broadcast from fewer)."""
-        C.tensor("prefix_lens", prefix_lens, dtypes=(torch.int32, torch.int64), shape=[self.batch_size],
+        checks.tensor("prefix_lens", prefix_lens, dtypes=(torch.int32, torch.int64), shape=[self.batch_size],
                  device=device, last_contiguous=False)
 
     def positions(self, prefix_lens: torch.Tensor) -> torch.Tensor:
@@ -72,7 +72,7 @@ class Tree:
         position fits in int32.
         """
         self._check_prefix_lens(prefix_lens, self.tokens.device)
-        C.value_range("prefix_lens", prefix_lens, 0, C.INT32_MAX - max(self.capacity - 1, 0))
+        checks.value_range("prefix_lens", prefix_lens, 0, checks.INT32_MAX - max(self.capacity - 1, 0))
         return (prefix_lens.to(torch.int32)[:, None] + self.depths.clamp_min(0)).to(torch.int32)
 
     def dense_mask(self) -> torch.Tensor:
@@ -151,7 +151,7 @@ class Tree:
     def pretty(self, b: int | None = None, decode: Optional[Callable[[int], str]] = None) -> str:
         """A readable drawing of tree ``b`` (every tree when None); ``decode`` maps token -> text."""
         if b is not None:
-            C.integer("b", b, lo=0, hi=self.batch_size - 1)
+            checks.integer("b", b, lo=0, hi=self.batch_size - 1)
         if decode is not None and not callable(decode):
             raise TypeError(f"decode must be callable (token id -> str), got {type(decode).__name__}")
         batches = range(self.batch_size) if b is None else [b]

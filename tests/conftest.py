@@ -20,18 +20,31 @@ def pytest_addoption(parser):
     parser.addoption("--gpu-only", action="store_true",
                      help="run only the tests marked gpu (also through a fixture parameter, which "
                           "-m gpu does not see)")
+    parser.addoption("--on-gpu", action="store_true",
+                     help="run only the tests whose tensors are on the GPU when one is there: the "
+                          "gpu-marked ones and every triton case (a backend or engine parameter "
+                          "'triton', or a tests/test_triton_*.py file); device_check.sh runs these")
     parser.addoption("--tma", choices=("all", "only", "skip"), default="all",
                      help="tests of the TMA kernels (whose name, parameter ids included, says "
                           "tma or hopper): all, only, or skip (device_check.sh runs them in a "
                           "process of their own)")
 
 
+def on_gpu(item) -> bool:
+    """Whether a test's tensors are on the GPU when one is there: gpu-marked, or a triton case
+    (Triton tests use CUDA tensors whenever CUDA is available)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    triton = any(params.get(k) == "triton" for k in ("backend", "engine"))
+    return "gpu" in item.keywords or triton or item.path.name.startswith("test_triton")
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_only, tma = config.getoption("--gpu-only"), config.getoption("--tma")
-    if gpu_only or tma != "all":
+    gpu_side = config.getoption("--on-gpu")
+    if gpu_only or gpu_side or tma != "all":
         keep, drop = [], []
         for item in items:
-            ok = not gpu_only or "gpu" in item.keywords
+            ok = (not gpu_only or "gpu" in item.keywords) and (not gpu_side or on_gpu(item))
             if tma != "all":
                 tma_kernel = "tma" in item.name or "hopper" in item.name
                 ok = ok and (tma_kernel == (tma == "only"))

@@ -3,6 +3,7 @@ trees, input builders (random trees, paged caches, filter cases) and the CUDA si
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import shutil
 from functools import lru_cache
@@ -220,6 +221,21 @@ def backends(*names):
     return mark
 
 
+def on(t, device):
+    """``t`` on ``device`` with the same sizes, strides and storage offset (``.to`` would make a
+    strided view contiguous); non-tensors pass through."""
+    if not isinstance(t, torch.Tensor) or t.device == torch.device(device):
+        return t
+    storage = t.untyped_storage()
+    flat = torch.empty(0, dtype=t.dtype).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    return flat.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def api_backend(backend):
+    """What the public ops' ``backend=`` gets for a test backend (sim runs the cuda backend)."""
+    return "cuda" if backend.name == "sim" else backend.name
+
+
 def skip_on_interpreter(backend, reason):
     """Skip a ``triton`` case under TRITON_INTERPRET (no GPU), where it would cost ``reason``; the
     same case still runs on triton on a GPU and on every other backend."""
@@ -281,6 +297,12 @@ def cu():
     return c
 
 
+def backend_module(backend: str, fn: str):
+    """The module ``jetspec_kernels.<backend>.<fn>`` (the package's attribute ``fn`` is the
+    function), for its other names: launchers, launch plans, samplers."""
+    return importlib.import_module(f"jetspec_kernels.{backend}.{fn}")
+
+
 def sync(dev):
     """Wait for the GPU when ``dev`` is "cuda" (the simulator runs synchronously)."""
     if dev == "cuda":
@@ -288,7 +310,7 @@ def sync(dev):
 
 
 class DeviceGuardCheck:
-    """Fails a simulated test whose op calls _C, or takes the stream, outside ``U.on_device``: on a
+    """Fails a simulated test whose op calls _C, or takes the stream, outside ``ext.on_device``: on a
     GPU that call would launch on (and plan for) whatever device is current, not the tensors'."""
 
     def __init__(self):
@@ -304,7 +326,7 @@ class DeviceGuardCheck:
             self.depth -= 1
 
     def stream(self):
-        assert self.depth > 0, "U.stream() outside U.on_device"
+        assert self.depth > 0, "ext.stream() outside ext.on_device"
         return 0
 
     def wrap(self, module):
@@ -317,7 +339,9 @@ class DeviceGuardCheck:
                     return fn
 
                 def call(*args, **kwargs):
-                    assert check.depth > 0, f"_C.{name} called outside U.on_device"
+                    assert check.depth > 0, f"_C.{name} called outside ext.on_device"
+                    assert not args or name not in module.FIELDS, (
+                        f"_C.{name} called with positional arguments (pass fields by name)")
                     return fn(*args, **kwargs)
                 return call
         return Guarded()
@@ -326,12 +350,77 @@ class DeviceGuardCheck:
 def use_sim(monkeypatch):
     """Install the simulated kernels as _C for CPU tensors (skips the test without g++)."""
     import jetspec_kernels
-    from jetspec_kernels.cuda import _util as U
+    from jetspec_kernels.cuda import extension as ext
 
     if shutil.which("g++") is None:
         pytest.skip("the CUDA simulator needs g++")
     guard = DeviceGuardCheck()
     monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(sim_module()), raising=False)
-    monkeypatch.setattr(U, "on_device", guard.on_device)
-    monkeypatch.setattr(U, "stream", guard.stream)
-    monkeypatch.setattr(U, "sm_count", lambda index: 132)  # an H200's split-KV choices
+    monkeypatch.setattr(ext, "on_device", guard.on_device)
+    monkeypatch.setattr(ext, "stream", guard.stream)
+    monkeypatch.setattr(ext, "sm_count", lambda index: 132)  # an H200's split-KV choices
+
+
+def use_sim_backend(monkeypatch):
+    """:func:`use_sim`, and the public ops allowed to send CPU tensors to the simulated kernels
+    (``backend="cuda"`` on CPU tensors)."""
+    from jetspec_kernels import backend as _backend
+
+    use_sim(monkeypatch)
+    real = _backend.unavailable_reason
+    monkeypatch.setattr(_backend, "unavailable_reason",
+                        lambda name, device: None if name == "cuda" else real(name, device))
+
+
+# ---- engine layouts (built on the target device: .to() would make a strided view contiguous) ----
+
+def widened(x, extra, dim=-1, fill=float("nan")):
+    """``x`` copied into a buffer ``extra`` elements wider in ``dim``, viewed back to its size."""
+    shape = list(x.shape)
+    shape[dim] += extra
+    wide = torch.full(shape, fill, dtype=x.dtype, device=x.device)
+    view = wide.narrow(dim, 0, x.shape[dim])
+    view.copy_(x)
+    return view
+
+
+def after_rows(x, extra, fill=float("nan")):
+    """``x`` [B, R, ...] stored as rows ``extra ..`` of a ``[B, extra + R, ...]`` buffer."""
+    buf = torch.full((x.shape[0], extra + x.shape[1], *x.shape[2:]), fill, dtype=x.dtype,
+                     device=x.device)
+    buf[:, extra:] = x
+    return buf[:, extra:]
+
+
+def heads_major(x):
+    """``x`` [B|P, L|page, H, Dh] stored as ``[B|P, H, L|page, Dh]`` (the "HND" cache layout)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def halves(k, v):
+    """K and V as ``buf[:, :, 0]`` and ``buf[:, :, 1]`` of one [B|P, L|page, 2, Hkv, Dh] buffer."""
+    buf = torch.empty(*k.shape[:2], 2, *k.shape[2:], dtype=k.dtype, device=k.device)
+    buf[:, :, 0] = k
+    buf[:, :, 1] = v
+    return buf[:, :, 0], buf[:, :, 1]
+
+
+def cache_layout(layout, k, v):
+    """K and V caches in one of the cache layouts ("kv_halves", "kv_heads_major", "v_padded"), or
+    unchanged for any other layout name."""
+    if layout == "kv_halves":
+        return halves(k, v)
+    if layout == "kv_heads_major":
+        return heads_major(k), heads_major(v)
+    if layout == "v_padded":
+        return k, widened(v, 16)
+    return k, v
+
+
+def fused_qkv(q, k, v):
+    """q, k, v sliced from one ``[B, N, (Hq + 2 Hkv) * Dh]`` projection output, viewed as heads."""
+    b, n, hq, dh = q.shape
+    hkv = k.shape[2]
+    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=2)
+    cuts = [0, hq * dh, (hq + hkv) * dh, (hq + 2 * hkv) * dh]
+    return [qkv[..., lo:hi].view(b, n, -1, dh) for lo, hi in zip(cuts, cuts[1:])]

@@ -11,7 +11,10 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels import adaptive as A
-from jetspec_kernels import decode as D
+from jetspec_kernels.adaptive import round_costs
+from jetspec_kernels.adaptive.kept import kept_for
+from jetspec_kernels.decode import loop
+from jetspec_kernels.decode.speculative import SpeculativeDecode
 from jetspec_kernels.decode import generate, generate_ar, measure_round_costs
 from jetspec_kernels.models import tiny_models
 from jetspec_kernels.tree import Tree
@@ -378,11 +381,12 @@ def test_auto_lossless_paged_sync_every_and_random_heads(trained, trained_ar, mo
     target, head = trained
     prompts, ar = trained_ar
     if not free_reads:
-        monkeypatch.setattr(D, "_FREE_READS", ())
+        monkeypatch.setattr(loop, "_FREE_READS", ())
     polls, drafts = [], []
-    real_poll, real_draft = D._Round.poll, D._Round.draft_step
-    monkeypatch.setattr(D._Round, "poll", lambda self: polls.append(1) or real_poll(self))
-    monkeypatch.setattr(D._Round, "draft_step", lambda self, c: drafts.append(c) or real_draft(self, c))
+    real_poll, real_draft = SpeculativeDecode.poll, SpeculativeDecode.draft_step
+    monkeypatch.setattr(SpeculativeDecode, "poll", lambda self: polls.append(1) or real_poll(self))
+    monkeypatch.setattr(SpeculativeDecode, "draft_step",
+                        lambda self, c: drafts.append(c) or real_draft(self, c))
     out = generate(target, head, prompts, max_new_tokens=30, budget=[4, 8, 16], page_size=8,
                    sync_every=3, cost_model={4: 1.0, 8: 1.2, 16: 1.45})
     assert out.tokens == ar
@@ -478,13 +482,13 @@ def test_auto_sampling_matches_target_distribution():
 def test_default_cost_model_is_measured_once_and_kept(monkeypatch):
     target, head = tiny_models(seed=0)
     calls = []
-    real = D.measure_round_costs
+    real = loop.measure_round_costs
 
     def counting(*a, **kw):
         calls.append(kw)
         return real(*a, **kw)
 
-    monkeypatch.setattr(D, "measure_round_costs", counting)
+    monkeypatch.setattr(loop, "measure_round_costs", counting)
     prompts = [[1, 2, 3], [4, 5]]
     a = generate(target, head, prompts, max_new_tokens=6, budget=[2, 4])
     b = generate(target, head, prompts, max_new_tokens=6, budget=[2, 4])
@@ -493,7 +497,7 @@ def test_default_cost_model_is_measured_once_and_kept(monkeypatch):
     assert set(a.stats.budget_costs) == {2, 4} and min(a.stats.budget_costs.values()) > 0
     generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4])     # another batch size
     assert len(calls) == 2
-    kept = D._kept(target, head)[("calibrator", True)]     # (calibrator, greedy)
+    kept = kept_for(target, head)[("calibrator", True)]     # (calibrator, greedy)
     assert float(kept.predicted.sum()) > 0          # the kept calibrator learned from the calls
 
 
@@ -505,11 +509,11 @@ def test_measure_round_costs():
     # between sizes survive, where a plain per-size median would not.
     base = torch.tensor([1.0, 1.2, 2.0], dtype=torch.float64)
     cycles = torch.stack([base, 3 * base, 9 * base, base * torch.tensor([5.0, 1.0, 1.0])])
-    got = D._cycle_costs(cycles)
+    got = round_costs.cycle_costs(cycles)
     assert got == pytest.approx((base * got[1] / 1.2).tolist())
     pooled = [2, 2, 2, 13 / 3, 13 / 3, 13 / 3]
-    assert D._non_decreasing([3.0, 1.0, 2.0, 5.0, 4.0, 4.0]) == pytest.approx(pooled)
-    assert D._non_decreasing([1.0, 2.0]) == [1.0, 2.0]
+    assert round_costs.non_decreasing([3.0, 1.0, 2.0, 5.0, 4.0, 4.0]) == pytest.approx(pooled)
+    assert round_costs.non_decreasing([1.0, 2.0]) == [1.0, 2.0]
     assert set(measure_round_costs(target, head, [[1, 2]], rounds=1).costs) == {4, 8, 16, 32, 64}
 
 

@@ -131,6 +131,11 @@ CASES = [
     (jk.draft_tree, draft_tree_args, _with("logits", [[1.0]]), TypeError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"].transpose(1, 2).transpose(1, 2)[..., ::2]), ValueError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][:, :0]), ValueError, "logits"),
+    # a last dim of stride 0 (an expanded row) is not contiguous either
+    (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][..., :1].expand(B, D, V)), ValueError, "logits"),
+    (jk.tree_attention, tree_attention_args, _with("q", lambda a: a["q"][..., :1].expand(B, N, HQ, DH)), ValueError, "q"),
+    (jk.verify_tree, verify_args, _with("target_logits", lambda a: a["target_logits"][..., :1].expand(B, N, V)), ValueError, "target_logits"),
+    (jk.qk_norm_rope_append, rope_args, _with("k_norm_w", torch.ones(1).expand(DH)), ValueError, "k_norm_w"),
     (jk.draft_tree, draft_tree_args, _with("logits", lambda a: a["logits"][..., :0]), ValueError, "logits"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", lambda a: a["root_tokens"].float()), TypeError, "root_tokens"),
     (jk.draft_tree, draft_tree_args, _with("root_tokens", torch.zeros(B + 1, dtype=I32)), ValueError, "root_tokens"),
@@ -394,3 +399,18 @@ def test_kernel_backends_reject_unsupported_head_dims(dh, monkeypatch):
     # auto passes the call on to the next backend that can take it
     want = jk.tree_attention(*args, backend="reference")
     assert torch.equal(jk.tree_attention(*args, backend="auto"), want)
+
+
+def test_one_value_controls_apply_to_every_sequence():
+    """verify_tree's seed, offset, temperature, top_k and top_p given as a [] or [1] tensor (or
+    a number) mean one value for every sequence: the same verdict as [B] tensors of it."""
+    tree = _tree()
+    logits = torch.randn(B, N, V, generator=torch.Generator().manual_seed(4)) * 3
+    full = dict(seed=torch.full((B,), 5, dtype=I64), offset=torch.full((B,), 3, dtype=I64),
+                temperature=torch.full((B,), 0.8), top_k=torch.full((B,), 4, dtype=I32),
+                top_p=torch.full((B,), 0.9))
+    want = jk.verify_tree(tree, logits, backend="reference", **full)
+    for form in (lambda t: t[:1], lambda t: t[0], lambda t: t[0].item()):
+        got = jk.verify_tree(tree, logits, backend="reference", **{k: form(v) for k, v in full.items()})
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)

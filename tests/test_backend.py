@@ -153,7 +153,11 @@ def test_ops_on_a_device_that_is_not_current(backend):
 
 
 def test_hidden_topk_input_limits_per_backend():
-    """The cuda hidden_topk takes fp16/bf16 with H % 8 == 0; auto sends the rest to triton."""
+    """The cuda hidden_topk takes fp16/bf16 with H % 8 == 0; auto sends the rest to triton. (The
+    cuda answers read _C.LIMITS: without _C the test skips, saying so.)"""
+    pytest.importorskip("jetspec_kernels._C", reason="_C not built: the cuda backend's limits "
+                                                     "come from _C.LIMITS")
+
     def _hidden_unsupported(name, hidden, lm_head_weight=None):
         return bk.supports(name, "hidden_topk", hidden=hidden, lm_head_weight=lm_head_weight)
 
@@ -189,36 +193,59 @@ def test_auto_keeps_cuda_tensors_off_unverified_cuda_kernels(fake_gpu_backends, 
     """Until an op's cuda kernels have passed on a GPU, auto runs it with triton; an explicit
     backend="cuda" still runs the cuda kernels."""
     dev = fake_gpu_backends
-    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset())
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {})
     for fn in bk.INTERFACE_FUNCTIONS:
         assert bk.select(dev, fn, "auto")() == "triton"
         assert bk.select(dev, fn, "cuda")() == "cuda"
     assert bk.resolve(dev) == "triton"
 
-    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset({"pack_mask", "verify_tree"}))
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"pack_mask": ("cuda",), "verify_tree": ("cuda",)})
     picks = {fn: bk.select(dev, fn, "auto")() for fn in bk.INTERFACE_FUNCTIONS}
     assert picks == {fn: "cuda" if fn in ("pack_mask", "verify_tree") else "triton"
                      for fn in bk.INTERFACE_FUNCTIONS}
     assert bk.resolve(dev, fn="pack_mask") == "cuda" and bk.resolve(dev) == "triton"
 
-    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset(bk.INTERFACE_FUNCTIONS))
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {fn: ("cuda",) for fn in bk.INTERFACE_FUNCTIONS})
     assert bk.resolve(dev) == "cuda"
     # an op the verified cuda backend cannot take still goes on to triton
     monkeypatch.setattr(bk, "supports", lambda n, fn, **call: "fp32" if n == "cuda" else None)
     assert bk.select(dev, "tree_attention", "auto", {})() == "triton"
 
 
+def test_auto_runs_the_fastest_hardware_verified_backend(fake_gpu_backends, monkeypatch):
+    """Each op's verified backends are tried fastest first; triton (verified or not) follows; an
+    unlisted cuda is never auto's choice, also when the listed backend cannot take a call."""
+    dev = fake_gpu_backends
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"tree_attention": ("triton", "cuda"),
+                                                  "commit_kv": ("cuda", "triton"),
+                                                  "verify_tree": ("triton",)})
+    picks = {fn: bk.select(dev, fn, "auto")() for fn in bk.INTERFACE_FUNCTIONS}
+    assert picks == {fn: "cuda" if fn == "commit_kv" else "triton" for fn in bk.INTERFACE_FUNCTIONS}
+    assert bk._auto_candidates(dev, "tree_attention") == ("triton", "cuda", "reference")
+    assert bk._auto_candidates(dev, "verify_tree") == ("triton", "reference")
+    assert bk.resolve(dev) == "triton" and bk.verified_backends(None) == ()
+    monkeypatch.setattr(bk, "supports", lambda n, fn, **call: "no" if n == "triton" else None)
+    assert bk.select(dev, "tree_attention", "auto", {})() == "cuda"
+    assert bk.select(dev, "verify_tree", "auto", {}) is bk.kernel("reference", "verify_tree")
+
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {fn: ("triton", "cuda") for fn in bk.INTERFACE_FUNCTIONS})
+    assert bk.verified_backends(None) == ("triton", "cuda") and bk.resolve(dev) == "triton"
+
+
 def test_hardware_verified_ops_are_recorded_in_notes():
-    """An op joins HARDWARE_VERIFIED only with its passing GPU run recorded in bench/NOTES.md (the
-    hardware record table: a row `| <op> | cuda | <dtypes> | <device> | passed | ...`)."""
+    """An op x backend joins HARDWARE_VERIFIED only with its passing GPU run recorded in
+    bench/NOTES.md (the hardware record: rows `| <op> | <backend> | <dtype> | <device> | passed |
+    <date> | <commit> | <files> |`), for both GPU backends."""
     import re
     from pathlib import Path
     notes = (Path(__file__).resolve().parents[1] / "bench" / "NOTES.md").read_text()
     assert "## Hardware record" in notes
-    assert set(bk.HARDWARE_VERIFIED) == {"cuda"}
-    assert set(bk.HARDWARE_VERIFIED["cuda"]) <= set(bk.INTERFACE_FUNCTIONS)
-    for fn in bk.HARDWARE_VERIFIED["cuda"]:
-        assert re.search(rf"^\| {fn} \| cuda \| [^|]+ \| [^|]*H[12]00[^|]* \| passed \|", notes, re.M), fn
+    assert set(bk.HARDWARE_VERIFIED) <= set(bk.INTERFACE_FUNCTIONS)
+    for fn, backends in bk.HARDWARE_VERIFIED.items():
+        assert backends and set(backends) <= set(bk.GPU_BACKENDS) and len(set(backends)) == len(backends), fn
+        for b in backends:
+            row = rf"^\| {fn} \| {b} \| [^|]+ \| [^|]*H[12]00[^|]* \| passed[^|]* \| 20\d\d-\d\d-\d\d \| [0-9a-f]{{7,}} \| [^|]+ \|"
+            assert re.search(row, notes, re.M), (fn, b)
 
 
 def test_interface_functions_match_the_backends():
@@ -226,3 +253,20 @@ def test_interface_functions_match_the_backends():
     from jetspec_kernels.ops import _reference
     for fn in bk.INTERFACE_FUNCTIONS:
         assert callable(getattr(_reference, fn)), fn
+
+
+def test_cpu_tests_skip_without_c_extension():
+    """A build without _C (JETSPEC_SKIP_CUDA_BUILD=1, or no nvcc) skips the tests that need it,
+    with a reason, instead of failing them: this file's tests in a process where _C cannot be
+    imported."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys; sys.modules['jetspec_kernels._C'] = None; import pytest; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rs', "
+            "'tests/test_backend.py', '-k', 'input_limits or extension_imports']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "_C not built" in proc.stdout and " skipped" in proc.stdout, proc.stdout[-2000:]

@@ -17,7 +17,8 @@ if str(ROOT) not in sys.path:  # bench/ is a top-level package of the checkout, 
 import jetspec_kernels as jk  # noqa: E402
 from jetspec_kernels import python_ref as ref  # noqa: E402
 from bench import common as bc  # noqa: E402
-BENCHES = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
+# bench_decode has its own tests (tests/test_bench_decode.py): its rows are rounds, not ops.
+BENCHES = ["tree_attention", "draft_tree", "verify", "draft_head"]
 NUMERIC = ["median_us", "tflops", "gbps", "floor_us", "time_over_floor", "flops", "bytes"]
 
 
@@ -215,8 +216,8 @@ def test_profile_kernels_smoke_and_ncu_summary(tmp_path, capsys):
 
 def test_hardware_record_from_a_gpu_run(tmp_path):
     """The per-test record a GPU run writes (JETSPEC_HW_RECORD) becomes the NOTES.md table: one
-    row per op x backend with its dtypes, FAILED when any of its tests failed, and the cuda ops
-    whose every test passed."""
+    row per op x backend x dtype with device, date, commit and files, FAILED when any of its tests
+    failed, and per op the GPU backends whose every row passed."""
     import json
     from bench import hardware_record as hr
     ops = "tests/test_cuda_ops.py"
@@ -234,16 +235,21 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
         e("test_rope_matches_reference", "passed", file="tests/test_triton_rope.py", dtype=torch.float32),
     ]
     rows = hr.aggregate(entries)
-    assert hr.classify(entries[1]) == ("tree_attention", "cuda kernel=tma", "fp16")
-    assert hr.status(rows[("tree_attention", "cuda")]) == "passed"
-    assert hr.status(rows[("tree_attention", "cuda kernel=tma")]) == "FAILED (1 of 1)"
-    assert rows[("qk_norm_rope_append", "cuda")]["dtypes"] == {"bf16", "fp16"}
-    assert hr.status(rows[("verify_tree", "cuda")]) == "FAILED (1 of 2)"
-    assert hr.status(rows[("pack_mask", "cuda")]) == "not run"
-    assert hr.verified_ops(rows) == ["tree_attention", "qk_norm_rope_append"]
-    lines = hr.table(rows, "NVIDIA H200", "2026-12-04 abc1234")
-    assert "| qk_norm_rope_append | cuda | bf16, fp16 | NVIDIA H200 | passed | 2026-12-04 abc1234 |" in lines
-    assert "| qk_norm_rope_append | triton | fp32 | NVIDIA H200 | passed | 2026-12-04 abc1234 |" in lines
+    assert hr.classify(entries[1]) == ("tree_attention", "cuda kernel=tma", ["fp16"])
+    assert hr.status(rows[("tree_attention", "cuda", "bf16")]) == "passed"
+    assert hr.status(rows[("tree_attention", "cuda kernel=tma", "fp16")]) == "FAILED (1 of 1)"
+    assert hr.status(rows[("qk_norm_rope_append", "cuda", "bf16")]) == "passed"
+    assert hr.status(rows[("qk_norm_rope_append", "cuda", "fp16")]) == "passed"
+    assert hr.status(rows[("verify_tree", "cuda", "fp32")]) == "FAILED (1 of 1)"
+    assert hr.status(rows[("verify_tree", "cuda", "-")]) == "passed"
+    assert hr.status(rows[("pack_mask", "cuda", "-")]) == "not run"
+    assert hr.verified(rows) == {"tree_attention": ["cuda"], "qk_norm_rope_append": ["cuda", "triton"]}
+    lines = hr.table(rows, "NVIDIA H200", "2026-12-04", "abc1234", "bench/results/NVIDIA_H200/")
+    assert lines[:2] == hr.HEADER
+    assert ("| qk_norm_rope_append | cuda | fp16 | NVIDIA H200 | passed | 2026-12-04 | abc1234 | "
+            "bench/results/NVIDIA_H200/ |") in lines
+    assert ("| qk_norm_rope_append | triton | fp32 | NVIDIA H200 | passed | 2026-12-04 | abc1234 | "
+            "bench/results/NVIDIA_H200/ |") in lines
 
     (tmp_path / "hw_record.jsonl").write_text("".join(json.dumps(x) + "\n" for x in entries))
     (tmp_path / "steps.tsv").write_text("gpu_tests\tFAIL(1)\t80\t2 failed, 4 passed\n")
@@ -252,13 +258,16 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "== hardware record" in out.stdout
-    assert "cuda ops whose every GPU test passed: tree_attention, qk_norm_rope_append" in out.stdout
+    assert "passed on this run, every dtype: qk_norm_rope_append: cuda, triton" in out.stdout
+    assert "passed on this run, every dtype: verify_tree" not in out.stdout
 
     # tests/ops: the backend is a parameter, and the file names the op when the test does not
     assert hr.classify(e("test_matches_reference", "passed", file="tests/ops/test_tree_attention.py",
-                         backend="triton", dtype=torch.float16)) == ("tree_attention", "triton", "fp16")
+                         backend="triton", dtype=torch.float16)) == ("tree_attention", "triton", ["fp16"])
+    assert hr.classify(e("test_tree_attention", "passed", file="tests/test_engine_layouts.py",
+                         engine="triton")) == ("tree_attention", "triton", ["-"])
     assert hr.classify(e("test_graph_replay", "passed", file="tests/ops/test_every_op.py",
-                         backend="cuda")) == ("other: test_graph_replay", "cuda", None)
+                         backend="cuda")) == ("other: test_graph_replay", "cuda", ["-"])
     assert hr.classify(e("test_topn_steps_match_model", "passed",
                          file="tests/test_cuda_build_tree_steps.py", backend="cuda"))[0] == \
         "other: test_topn_steps_match_model"

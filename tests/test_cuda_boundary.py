@@ -1,20 +1,17 @@
-"""The Python/C++ boundary: ``_C``'s launchers take named, typed arguments (a field list per
-launcher, checked against params.h), ``_C``'s enums and limits are the ones Python uses, and
-each backend's ``supports`` answers what it can run."""
+"""The Python/C++ boundary: ``_C``'s launchers take named, typed arguments (each launcher's
+field list in params.h), the cuda wrappers pass exactly those, ``_C``'s enums and limits are the
+ones Python uses, and each backend's ``supports`` answers what it can run."""
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
-from jetspec_kernels import limits
-from helpers import sim_module
+from jetspec_kernels import limits, python_ref
+from helpers import cu, sim_module, use_sim
 from test_cuda_errors import ARGS, Buffers, attention_args
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -26,7 +23,7 @@ def sim():
 
 def kwargs(sim, op, B, **changes):
     """The baseline call of ``op`` (test_cuda_errors) as keyword arguments."""
-    names = [f[0] for f in sim.FIELDS[op]["fields"]]
+    names = [f[0] for f in sim.FIELDS[op]]
     return dict(zip(names, ARGS[op](B, **changes)))
 
 
@@ -53,8 +50,9 @@ def test_argument_errors_name_the_argument(sim):
         sim.tree_attention(**{**kw, "q": "0"})
     with pytest.raises(TypeError, match=prefix + "argument 'scale' must be float, got NoneType$"):
         sim.tree_attention(**{**kw, "scale": None})
-    with pytest.raises(TypeError, match=prefix + r"argument 'sk' must be list\[int\].*, got int$"):
-        sim.tree_attention(**{**kw, "sk": 3})
+    wrong = r"argument 'k_cache_strides' must be list\[int\].*, got int$"
+    with pytest.raises(TypeError, match=prefix + wrong):
+        sim.tree_attention(**{**kw, "k_cache_strides": 3})
     with pytest.raises(TypeError, match=prefix + "takes 30 arguments, got 31 positional$"):
         sim.tree_attention(*kw.values(), 0)
     with pytest.raises(TypeError, match=r"verify_walk: argument 'n' must be int, got bool$"):
@@ -80,12 +78,14 @@ def test_page_size_and_cache_outer_are_taken_by_name(sim):
     for order in (("page_size", "cache_outer"), ("cache_outer", "page_size")):
         out = torch.zeros_like(q)
         sizes = {"page_size": 16, "cache_outer": 3}
-        kw = dict(q=q.data_ptr(), sq=list(q.stride()[:3]), k_cache=pages.data_ptr(),
-                  v_cache=vpages.data_ptr(), sk=list(pages.stride()[:3]),
-                  sv=list(vpages.stride()[:3]), block_table=table.data_ptr(), bt_stride=2,
+        kw = dict(q=q.data_ptr(), q_strides=list(q.stride()[:3]), k_cache=pages.data_ptr(),
+                  v_cache=vpages.data_ptr(), k_cache_strides=list(pages.stride()[:3]),
+                  v_cache_strides=list(vpages.stride()[:3]), block_table=table.data_ptr(),
+                  block_table_batch_stride=2,
                   **{name: sizes[name] for name in order}, prefix_lens=prefix.data_ptr(),
-                  tree_mask=0, sm0=0, sm1=0, tail=1, out=out.data_ptr(), so=list(out.stride()[:3]),
-                  lse=0, part_o=0, part_lse=0, batch=1, n=4, hq=2, hkv=1, splits=1, scale=0.125,
+                  tree_mask=0, tree_mask_batch_stride=0, tree_mask_row_stride=0, tail=1,
+                  out=out.data_ptr(), out_strides=list(out.stride()[:3]), lse=0, partial_o=0,
+                  partial_lse=0, batch=1, n=4, hq=2, hkv=1, splits=1, scale=0.125,
                   dtype=1, head_dim=64, kernel=1, stream=0)
         sim.tree_attention(**kw)
         outs.append(out)
@@ -101,12 +101,13 @@ def test_page_size_and_cache_outer_are_taken_by_name(sim):
 def test_python_enums_and_limits_are_C_s(sim):
     """limits.py (the contract limits ops check without _C) and every enum/limit the cuda
     backend reads agree with limits.h as _C exports it."""
-    from jetspec_kernels.cuda import _util as U
-    from jetspec_kernels.cuda import attention as A
+    from jetspec_kernels.cuda import extension as ext
+    from jetspec_kernels.cuda.tree_attention import cta_shape
     from jetspec_kernels.ops import draft_tree
     for module in (sim, pytest.importorskip("jetspec_kernels._C")):
         assert module.LIMITS["max_budget"] == limits.MAX_BUDGET == draft_tree.MAX_BUDGET
         assert module.LIMITS["max_topk"] == limits.MAX_TOPK == draft_tree.MAX_TOPK
+        assert module.LIMITS["top_p_max_vocab"] == python_ref.sampling.MAX_TOP_P_VOCAB
         assert module.ENUMS["TreeAlgorithm"] == {name: i for i, name in
                                                  enumerate(draft_tree.ALGORITHMS)}
         assert set(module.ENUMS["AttnTail"]) == {"mask", *jk.ops.tree_attention.TAILS}
@@ -114,46 +115,85 @@ def test_python_enums_and_limits_are_C_s(sim):
         for name, values in module.ENUMS.items():  # the py::enum_ types carry the same codes
             assert {k: int(v) for k, v in getattr(module, name).__members__.items()} == values
     C = pytest.importorskip("jetspec_kernels._C")
-    assert U.enum("AttnKernel") == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3,
-                                                             "hopper": 4}
-    assert U.limit("wgmma_head_dims") == C.LIMITS["wgmma_head_dims"] == (64, 128)
-    assert U.limit("walk_max_nodes") == C.LIMITS["walk_max_nodes"] == 4096
-    assert U.dtype_code(torch.empty(0, dtype=torch.bfloat16)) == 2
-    assert A.cta_shape(16, 4, "auto") == (C.LIMITS["attn_rows"], C.LIMITS["attn_ctas_per_sm"])
-    assert A.cta_shape(17, 4, "tma") == (C.LIMITS["attn_tma_wide_rows"], 1)
+    assert ext.enum("AttnKernel") == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3,
+                                                               "hopper": 4}
+    assert ext.limit("wgmma_head_dims") == C.LIMITS["wgmma_head_dims"] == (64, 128)
+    assert ext.limit("walk_max_nodes") == C.LIMITS["walk_max_nodes"] == 4096
+    assert ext.dtype_code(torch.empty(0, dtype=torch.bfloat16)) == 2
+    assert cta_shape(16, 4, "auto") == (C.LIMITS["attn_rows"], C.LIMITS["attn_ctas_per_sm"])
+    assert cta_shape(17, 4, "tma") == (C.LIMITS["attn_tma_wide_rows"], 1)
 
 
-def params_members():
-    """{struct name: member names} of csrc/include/jetspec/params.h."""
-    text = (ROOT / "csrc" / "include" / "jetspec" / "params.h").read_text()
-    out = {}
-    for name, body in re.findall(r"struct (\w+) \{(.*?)\n\};", text, re.S):
-        body = re.sub(r"//[^\n]*", "", body)
-        members = []
-        for decl in body.split(";"):
-            decl = decl.strip()
-            if decl:
-                # "const int32_t* tokens", "int64_t s0, s1", "int16_t *depth, *parent"
-                first, *rest = decl.split(",")
-                members += [re.sub(r"[*\s]", "", p) for p in [first.split()[-1], *rest]]
-        out[name] = members
-    return out
+class Recorder:
+    """Stands in for ``_C``: records, per launcher, each call's positional count and keywords."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self.module, name)
+        if name not in self.module.FIELDS:
+            return fn
+
+        def call(*args, **kwargs):
+            self.calls.setdefault(name, []).append((len(args), set(kwargs)))
+            return fn(*args, **kwargs)
+        return call
 
 
-@pytest.mark.parametrize("op", sorted(ARGS))
-def test_field_lists_match_params(sim, op):
-    """Each Params member is filled by exactly one field of the same name or is derived."""
-    spec = sim.FIELDS[op]
-    names = [f[0] for f in spec["fields"]]
-    assert len(set(names)) == len(names)
-    required = [f[0] for f in spec["fields"] if not f[3]]
-    assert len(ARGS[op](Buffers())) == len(required)
-    in_params = [f[0] for f in spec["fields"] if f[2]]
-    if not spec["params"]:
-        assert not in_params and not spec["derived"]
-        return
-    members = params_members()[spec["params"]]
-    assert sorted(in_params + list(spec["derived"])) == sorted(members)
+def call_every_wrapper():
+    """Runs every cuda wrapper (jetspec_kernels.cuda) on small CPU tensors, each _C path once."""
+    c = cu()
+    gen = torch.Generator().manual_seed(0)
+    h, i32 = torch.float16, torch.int32
+    parents = torch.tensor([[-1, 0, 0, 1]], dtype=i32)
+    num_nodes = torch.tensor([4], dtype=i32)
+    c.pack_mask(parents, num_nodes)
+    logits = torch.randn(1, 4, 50, generator=gen)
+    topk_tokens, topk_logprobs = c.log_softmax_topk(logits, 2)
+    c.hidden_topk(torch.randn(1, 4, 16, generator=gen).to(h),
+                  torch.randn(50, 16, generator=gen).to(h), 2)
+    tokens, parents, *_ = c.build_tree(topk_tokens, topk_logprobs, torch.tensor([7], dtype=i32),
+                                       4, "topn")
+    q = torch.randn(1, 4, 2, 64, generator=gen).to(h)
+    cache = torch.randn(2, 16, 1, 64, generator=gen).to(h)
+    prefix = torch.tensor([8], dtype=i32)
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 2, 4)
+    c.tree_attention(q, cache[0:1], cache[1:2], prefix, None, "causal", None, 0.125, out, lse,
+                     num_splits=2)
+    kv = torch.randn(1, 4, 1, 64, generator=gen).to(h)
+    w = torch.ones(64)
+    positions = torch.arange(4, dtype=i32)[None]
+    k_cache, v_cache = torch.zeros(1, 16, 1, 64, dtype=h), torch.zeros(1, 16, 1, 64, dtype=h)
+    c.qk_norm_rope_append(q, kv, kv, w, w, positions, k_cache, v_cache, 1e4, 1e-6, None, None)
+    c.qk_norm_rope_append(None, kv, kv, None, w, positions, k_cache, v_cache, 1e4, 1e-6, None,
+                          prefix)
+    seed = offset = torch.zeros(1, dtype=torch.int64)
+    c.verify_tree(tokens, parents, num_nodes, 2, logits, None, 0.0, None, None)
+    c.verify_tree(tokens, parents, num_nodes, 2, None, tokens, 0.0, None, None)
+    accept_len, path, *_ = c.verify_tree(tokens, parents, num_nodes, 2, logits, None, 1.0, seed,
+                                         offset, torch.tensor([3], dtype=i32), None)
+    c.commit_kv(k_cache, v_cache, prefix, path, accept_len, None, torch.randn(1, 4, 8))
+
+
+def test_wrappers_pass_every_field_by_keyword(monkeypatch):
+    """The cuda wrappers, run on the simulator, call each _C launcher with keywords only, naming
+    every field it requires (and none it lacks): a field added to or renamed in a params.h list
+    without its wrapper fails here, and so does a launcher no wrapper calls."""
+    import jetspec_kernels
+    use_sim(monkeypatch)
+    recorder = Recorder(jetspec_kernels._C)
+    monkeypatch.setattr(jetspec_kernels, "_C", recorder)
+    call_every_wrapper()
+    fields = sim_module().FIELDS
+    assert set(recorder.calls) == set(fields)
+    for op, rows in fields.items():
+        names = {name for name, _, _ in rows}
+        required = {name for name, _, optional in rows if not optional}
+        for positional, keywords in recorder.calls[op]:
+            assert positional == 0, op
+            assert required <= keywords <= names, (op, required ^ keywords)
 
 
 def test_field_lists_are_the_baseline_keywords(sim):
@@ -165,7 +205,8 @@ def test_field_lists_are_the_baseline_keywords(sim):
     for op, build in ARGS.items():
         src = inspect.getsource(build)
         keys = re.findall(r"(\w+)=", src.split("a.update")[0].split("dict(", 1)[1])
-        assert keys == [f[0] for f in sim.FIELDS[op]["fields"]][:len(keys)], op
+        assert keys == [f[0] for f in sim.FIELDS[op] if not f[2]], op
+        assert len(build(E.Buffers())) == len(keys)
     assert E.ARGS is ARGS
 
 

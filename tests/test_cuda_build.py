@@ -69,7 +69,7 @@ def test_no_device_reported_cleanly(_C):
 
 def test_split_heuristic_with_empty_shapes():
     """B = 0 or N = 0 is valid input: one split, and no device query (the launch is a no-op)."""
-    from jetspec_kernels.cuda.attention import choose_splits
+    from jetspec_kernels.cuda.tree_attention import choose_splits
     assert choose_splits(1, 0, 32, 8, 4096, "cpu") == 1
     assert choose_splits(0, 16, 32, 8, 4096, "cpu") == 1
 
@@ -77,9 +77,9 @@ def test_split_heuristic_with_empty_shapes():
 def test_split_heuristic_one_wave(monkeypatch):
     """Splits fill at most one wave of two CTAs per SM (132 SMs here), never round up into a
     second one, and respect the capacity floor of 256 keys per split."""
-    from jetspec_kernels.cuda import _util as U
-    from jetspec_kernels.cuda.attention import choose_splits
-    monkeypatch.setattr(U, "sm_count", lambda index: 132)
+    from jetspec_kernels.cuda import extension as ext
+    from jetspec_kernels.cuda.tree_attention import choose_splits
+    monkeypatch.setattr(ext, "sm_count", lambda index: 132)
     assert choose_splits(1, 64, 32, 8, 4160, "cpu") == 8      # 32 base CTAs: 256 <= 264
     assert choose_splits(1, 16, 32, 8, 32784, "cpu") == 32    # 8 base CTAs: capped at MAX_SPLITS
     assert choose_splits(1, 16, 32, 8, 1040, "cpu") == 4      # short cache: 4 x 256 keys

@@ -12,6 +12,7 @@ import torch
 import jetspec_kernels
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
+from jetspec_kernels.cuda import availability
 from helpers import sim_module
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA simulator needs g++")
@@ -64,24 +65,24 @@ def test_default_build_runs_on_hopper_and_newer(sim):
     (14000, 13000, True), (12080, 13000, False), (12040, 12080, True), (11080, 12000, False),
 ])
 def test_driver_runtime_reason(driver, runtime, ok):
-    reason = bk.driver_runtime_reason(driver, runtime)
+    reason = availability.driver_runtime_reason(driver, runtime)
     assert (reason is None) is ok
     if not ok:
         major, minor = divmod(driver, 1000)
         assert f"CUDA {major}.{minor // 10}" in reason and f"CUDA {runtime // 1000}." in reason
-    assert "no CUDA driver" in bk.driver_runtime_reason(0, runtime)
+    assert "no CUDA driver" in availability.driver_runtime_reason(0, runtime)
 
 
 @pytest.fixture
 def sim_as_C(sim, monkeypatch):
     """The simulated _C installed as jetspec_kernels._C, on a pretend sm_90 device."""
     monkeypatch.setattr(jetspec_kernels, "_C", sim, raising=False)
-    monkeypatch.setattr(bk, "_cuda_module_error", lambda: None)
+    monkeypatch.setattr(availability, "module_error", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
-    for cached in (bk._cuda_driver_reason, bk._cuda_arch_reason):
+    for cached in (availability.driver_reason, availability.arch_reason):
         cached.cache_clear()
     yield sim
-    for cached in (bk._cuda_driver_reason, bk._cuda_arch_reason):
+    for cached in (availability.driver_reason, availability.arch_reason):
         cached.cache_clear()
 
 
@@ -89,12 +90,12 @@ def test_old_driver_makes_cuda_unavailable(sim_as_C, monkeypatch):
     """R550/R570 drivers (CUDA 12.x) cannot run the CUDA 13 runtime _C links: an explicit cuda
     backend says so with both versions, and auto does not pick it, even for verified ops."""
     dev = torch.device("cuda", 0)
-    monkeypatch.setitem(bk.HARDWARE_VERIFIED, "cuda", frozenset(bk.INTERFACE_FUNCTIONS))
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {fn: ("cuda",) for fn in bk.INTERFACE_FUNCTIONS})
     assert bk.unavailable_reason("cuda", dev) is None
     assert bk.resolve(dev, "auto") == "cuda"
 
     monkeypatch.setenv("JETSPEC_SIM_DRIVER_VERSION", "12080")
-    bk._cuda_driver_reason.cache_clear()
+    availability.driver_reason.cache_clear()
     with pytest.raises(jk.BackendUnavailableError, match=r"driver supports CUDA 12\.8 .*CUDA 13\.0 runtime"):
         bk.resolve(dev, "cuda")
     assert bk.resolve(dev, "auto") == "triton"

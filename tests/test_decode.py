@@ -161,6 +161,19 @@ def test_rigged_draft_head_full_acceptance(page_size):
     assert out.stats.rounds == 2 and out.stats.accept_lengths == [4] * 6
 
 
+@pytest.mark.parametrize("max_new", [2, 7, 8])
+def test_rounds_after_the_last_token_fit_the_cache(max_new):
+    """Full acceptance past max_new_tokens (a round commits up to 4 tokens too many), then, with
+    sync_every 3, more rounds before the loop reads the done flags: the finished sequences' trees
+    are still written at their committed length, so the cache needs the room of a whole round
+    past max_new_tokens plus a tree (a cache one round short was refused by the value checks)."""
+    target, head = _rigged_repeat_models()
+    prompts = [[3, 1, 4, 1, 5], [9, 2]]
+    ar = generate_ar(target, prompts, max_new_tokens=max_new).tokens
+    out = generate(target, head, prompts, max_new_tokens=max_new, budget=8, topk=2, sync_every=3)
+    assert out.tokens == ar
+
+
 def test_eos_inside_accepted_path_and_max_new_inside_round(models, ar_tokens):
     target, _ = models
     # EOS: a token of sequence 0's greedy output that is not its first few tokens; max_new: 13

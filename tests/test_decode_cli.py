@@ -4,6 +4,7 @@ input gives one ``jetspec: error:`` line naming the option and exit status 2; th
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -163,7 +164,7 @@ BAD = [
     (["--tiny", "--head", "{tmp}", "--prompt", "x"], "--head"),
     (["--tiny", "--prompt", "x", "--device", "nonsense"], "--device"),
     (["--tiny", "--prompt", "x", "--backend", "cuda"], "--backend"),
-    (["--prompt", "x"], "--tiny"),
+    (["--prompt", "x"], "--target"),
     ("MISMATCH", "--head"),
 ]
 
@@ -179,9 +180,13 @@ def _argv(args, tmp_path):
 
 
 def _one_error_line(err: str, option: str) -> None:
+    """One line ``jetspec: error: ...`` whose first option named is ``option`` (the one to blame;
+    a message may name others after it, e.g. the option that overrides a default)."""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jetspec: error: "), err
-    assert option in lines[0] and "Traceback" not in err
+    named = re.findall(r"--[a-z][\w-]*|\{[\w,]+\}", lines[0])
+    assert named and named[0] == option, f"blames {named[:1]}, not {option}: {lines[0]}"
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("args,option", BAD, ids=[" ".join(a) if a != "MISMATCH" else a for a, _ in BAD])
@@ -199,7 +204,9 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, option):
     (["generate", "--random-tiny", "--prompt", "1 300"], "--prompt"),
     ("MISMATCH", "--head"),
     ([], "{demo,generate,info}"),
-    (["serve"], "serve"),
+    (["serve"], "{demo,generate,info}"),      # the subcommand argument, then 'serve'
+    (["info", "--bogus"], "--bogus"),
+    (["demo", "--prompts", "0"], "--prompts"),
 ])
 def test_bad_input_in_a_process(tmp_path, argv, option):
     """The same through ``python -m jetspec_kernels``: exit status 2, no traceback."""
@@ -226,3 +233,75 @@ def test_console_script_entry_point(capsys):
                  "--topk", "1", "--backend", "reference"]) == 0
     assert "[jetspec] 2 tokens" in capsys.readouterr().out
     assert main(["generate", "--random-tiny", "--prompt", "1", "--budget", "0"]) == 2
+
+
+def test_info(capsys):
+    """``jetspec info`` prints the version and every backend's availability, exit 0; anything after
+    it is bad input (status 2, the argument named), not ignored."""
+    import jetspec_kernels as jk
+    assert package_main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"jetspec_kernels {jk.__version__}, torch ")
+    for name in ("cuda", "triton", "reference"):
+        assert re.search(rf"^  cpu   {name} ", out, re.M), name
+    for bad in (["--bogus"], ["extra"], ["--verbose", "1"]):
+        assert package_main(["info", *bad]) == 2, bad
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("jetspec: error: info takes no arguments")
+        assert bad[0] in lines[0]
+
+
+def test_ar_outputs_that_differ_exit_1(monkeypatch, capsys):
+    """``generate --ar`` compares greedy outputs with the baseline: a difference is reported and
+    the exit status is 1 (0 when they match; sampled runs are not compared)."""
+    import jetspec_kernels.decode as decode_mod
+    real = decode_mod.generate_ar
+
+    def off_by_one(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.tokens[-1][-1] = (out.tokens[-1][-1] + 1) % 97
+        return out
+
+    argv = ["generate", "--random-tiny", "--prompt", "1 2 3", "--prompt", "4", "--max-new-tokens",
+            "4", "--budget", "4", "--topk", "2", "--ar", "--backend", "reference"]
+    monkeypatch.setattr(decode_mod, "generate_ar", off_by_one)
+    assert package_main(argv) == 1
+    captured = capsys.readouterr()
+    assert "greedy outputs DIFFER" in captured.out and captured.err == ""
+    assert package_main(argv + ["--temperature", "0.8"]) == 0
+    assert "greedy outputs" not in capsys.readouterr().out
+    monkeypatch.setattr(decode_mod, "generate_ar", real)
+    assert package_main(argv) == 0
+    assert "greedy outputs match" in capsys.readouterr().out
+
+
+def test_eos_errors_blame_the_right_thing(checkpoint_dirs, capsys):
+    """An --eos out of the vocabulary blames --eos; a bad default EOS from the checkpoint blames
+    that default (and says --eos overrides it), and --eos then fixes the run; an unreadable
+    generation_config.json blames --target."""
+    target_dir, head_dir = checkpoint_dirs
+    base = ["generate", "--target", str(target_dir), "--head", str(head_dir), "--prompt", "5 6",
+            "--max-new-tokens", "2", "--budget", "4", "--topk", "2", "--backend", "reference"]
+
+    def error_of(argv):
+        assert package_main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1, captured.err
+        return lines[0]
+
+    assert error_of(base + ["--eos", "97"]) == \
+        "jetspec: error: --eos: eos_token_id must be in [0, 96], got 97"
+    assert error_of(base + ["--eos", "5", "--eos", "-1"]) == \
+        "jetspec: error: --eos: eos_token_id must be in [0, 96], got -1"
+    (target_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 500]}))
+    assert error_of(base) == ("jetspec: error: the target's default eos_token_id (override it with "
+                              "--eos): eos_token_id must be in [0, 96], got 500")
+    assert package_main(base + ["--eos", "96"]) == 0
+    capsys.readouterr()
+    (target_dir / "generation_config.json").write_text("{not json")
+    assert error_of(base).startswith(f"jetspec: error: --target {target_dir}: "
+                                     "generation_config.json cannot be read")

@@ -1,6 +1,8 @@
 """The demo on the shipped tiny models: runs, reports, and fails loudly when outputs differ."""
 import os
 
+import pytest
+
 import jetspec_kernels.decode as decode_mod
 from jetspec_kernels.demo import main
 
@@ -33,3 +35,32 @@ def test_demo_fails_when_outputs_differ(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(decode_mod, "generate", corrupted)
     assert main(SMALL[:-5] + ["--budgets", "--out", str(tmp_path)]) == 1
     assert "lossless check: FAIL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["--prompts", "0"], "--prompts"),
+    (["--prompts", "5"], "--prompts"),
+    (["--backend", "bogus"], "--backend"),
+    (["--device", "nonsense"], "--device"),
+    (["--budget", "0"], "--budget"),
+    (["--budget", "4097"], "--budget"),
+    (["--topk", "65"], "--topk"),
+    (["--budgets", "1", "0"], "--budgets"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--dtype", "float8"], "--dtype"),
+    (["--bogus"], "--bogus"),
+    (["--backend", "cuda", "--device", "cpu"], "--backend"),
+    (["--random-round", "--vocab", "0"], "--vocab"),
+    (["--random-round", "--topk", "9", "--vocab", "5"], "--topk"),
+    (["--random-round", "--heads", "3", "2", "64"], "--heads"),
+    (["--random-round", "--budget", "4097"], "--budget"),
+    (["--random-round", "--backend", "cuda", "--device", "cpu"], "--backend"),
+])
+def test_bad_input_is_one_line_and_status_2(capsys, argv, option):
+    """Bad demo options: one line ``jetspec: error:`` naming the option first, exit status 2."""
+    import re
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("jetspec: error: ")
+    assert re.findall(r"--[a-z][\w-]*", lines[0])[0] == option, lines[0]

@@ -18,7 +18,8 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels import backend as _backend
-from helpers import paged, poisoned_empty, random_tree, steering_logits, use_sim
+from helpers import (after_rows, cache_layout, fused_qkv, paged, poisoned_empty, random_tree,
+                     steering_logits, use_sim_backend, widened)
 
 NAN = float("nan")
 
@@ -38,68 +39,6 @@ def engine(request, monkeypatch):
         return Engine("cuda", "cuda")
     gpu = request.param == "triton" and torch.cuda.is_available()
     return Engine(request.param, "cuda" if gpu else "cpu")
-
-
-def use_sim_backend(monkeypatch):
-    """The simulated kernels as _C, and the public ops allowed to send CPU tensors to them."""
-    use_sim(monkeypatch)
-    real = _backend.unavailable_reason
-    monkeypatch.setattr(_backend, "unavailable_reason",
-                        lambda name, device: None if name == "cuda" else real(name, device))
-
-
-# ---- layouts (built on the target device: .to() would make a strided view contiguous) ----
-
-def widened(x, extra, dim=-1, fill=NAN):
-    """``x`` copied into a buffer ``extra`` elements wider in ``dim``, viewed back to its size."""
-    shape = list(x.shape)
-    shape[dim] += extra
-    wide = torch.full(shape, fill, dtype=x.dtype, device=x.device)
-    view = wide.narrow(dim, 0, x.shape[dim])
-    view.copy_(x)
-    return view
-
-
-def after_rows(x, extra, fill=NAN):
-    """``x`` [B, R, ...] stored as rows ``extra ..`` of a ``[B, extra + R, ...]`` buffer."""
-    buf = torch.full((x.shape[0], extra + x.shape[1], *x.shape[2:]), fill, dtype=x.dtype,
-                     device=x.device)
-    buf[:, extra:] = x
-    return buf[:, extra:]
-
-
-def heads_major(x):
-    """``x`` [B|P, L|page, H, Dh] stored as ``[B|P, H, L|page, Dh]`` (the "HND" cache layout)."""
-    return x.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def halves(k, v):
-    """K and V as ``buf[:, :, 0]`` and ``buf[:, :, 1]`` of one [B|P, L|page, 2, Hkv, Dh] buffer."""
-    buf = torch.empty(*k.shape[:2], 2, *k.shape[2:], dtype=k.dtype, device=k.device)
-    buf[:, :, 0] = k
-    buf[:, :, 1] = v
-    return buf[:, :, 0], buf[:, :, 1]
-
-
-def cache_layout(layout, k, v):
-    """K and V caches in one of the cache layouts ("kv_halves", "kv_heads_major", "v_padded"), or
-    unchanged for any other layout name."""
-    if layout == "kv_halves":
-        return halves(k, v)
-    if layout == "kv_heads_major":
-        return heads_major(k), heads_major(v)
-    if layout == "v_padded":
-        return k, widened(v, 16)
-    return k, v
-
-
-def fused_qkv(q, k, v):
-    """q, k, v sliced from one ``[B, N, (Hq + 2 Hkv) * Dh]`` projection output, viewed as heads."""
-    b, n, hq, dh = q.shape
-    hkv = k.shape[2]
-    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=2)
-    cuts = [0, hq * dh, (hq + hkv) * dh, (hq + 2 * hkv) * dh]
-    return [qkv[..., lo:hi].view(b, n, -1, dh) for lo, hi in zip(cuts, cuts[1:])]
 
 
 def copies(args):

@@ -257,27 +257,61 @@ def test_bad_moe_config_fields(small_checkpoint):
 
 
 def test_bench_decode_quick_moe(tmp_path, capsys):
-    """bench_decode --model moe: the CPU quick run decodes a tiny MoE target losslessly, and its
-    weight-read floor counts k experts per token for one token and every expert for many."""
+    """bench_decode --model moe: the CPU quick run times a tiny MoE target's round (grouped
+    experts, one host read per round), and its costs count k experts per token for one token and
+    every expert for many."""
     import csv
     import sys
     from pathlib import Path
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
         sys.path.insert(0, root)
-    from bench import bench_decode, model_setup as ms
+    from bench import bench_decode, decode_costs as dc
 
     assert bench_decode.main(["--quick", "--device", "cpu", "--model", "moe", "--no-plot",
-                              "--backends", "reference", "--out", str(tmp_path)]) == 0
-    assert "MoE target: 8 experts, top-2" in capsys.readouterr().out
+                              "--out", str(tmp_path)]) == 0
+    assert "MoE 8 experts top-2" in capsys.readouterr().out
     with open(tmp_path / "decode.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
-    assert {r["backend"] for r in rows} == {"ar", "spec"}
-    assert all(float(r["lossless"]) == 1.0 for r in rows if r["backend"] == "spec")
+    assert [r["backend"] for r in rows] == ["prefill", "ar", "spec", "spec"]
+    assert all(float(r["host_syncs_per_round"]) == 1.0 for r in rows if r["backend"] == "spec")
 
-    m = ms.build(torch.device("cpu"), torch.float32, size="tiny_moe", with_target=True)
-    target, lm_head = m.target, m.target.lm_head_weight.numel()
+    m = dc.Model.of_size("tiny_moe", elt=4)
     expert = 3 * 64 * 32
-    assert ms.target_param_count(target) - ms.target_active_params(target) == 2 * (8 - 2) * expert
-    assert ms.target_read_params(target, 1) == pytest.approx(ms.target_active_params(target) + lm_head)
-    assert ms.target_read_params(target, 10 ** 4) == pytest.approx(ms.target_param_count(target) + lm_head)
+    assert m.all_params - m.dense_params == 2 * 8 * expert and m.expert_params == expert
+    one, many = dc.ar_step(m, 1, 0), dc.target_forward(m, 1, 10 ** 4, 0, logits_rows=1)
+    kv = 2 * 2 * 2 * 16 * 4
+    assert one.nbytes == 4 * (m.dense_params + 2 * 2 * expert + m.lm_head) + 2 * kv
+    assert many.nbytes == pytest.approx(4 * (m.all_params + m.lm_head) + 2 * 10 ** 4 * kv)
+
+
+def test_grouped_mm_selection(monkeypatch):
+    """The experts' grouped GEMM: torch.nn.functional.grouped_mm where torch has it (2.10 on),
+    else torch._grouped_mm (2.8, 2.9), else the per-expert loop, which reads row counts on the
+    host and so cannot be captured in a CUDA graph. The private op computes what the loop does;
+    grouped_mm=True without either raises."""
+    import types
+    import torch.nn.functional as F
+    from jetspec_kernels.models import moe
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 16, generator=gen)
+    weights, experts = moe.route(x, torch.randn(4, 16, generator=gen), 2, True)
+    gate_up, down = torch.randn(4, 16, 16, generator=gen), torch.randn(4, 16, 8, generator=gen)
+    loop = moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=False)
+    cuda_bf16 = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+
+    if hasattr(F, "grouped_mm"):
+        assert moe.grouped_mm_impl() is F.grouped_mm
+        monkeypatch.delattr(F, "grouped_mm")
+    assert moe.grouped_mm_impl() is torch._grouped_mm and moe._use_grouped_mm(cuda_bf16)
+    assert not moe._use_grouped_mm(types.SimpleNamespace(is_cuda=True, dtype=torch.float16))
+    assert not moe._use_grouped_mm(x)
+    private = moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=True)
+    assert rel(private, loop) < 1e-6
+
+    monkeypatch.delattr(torch, "_grouped_mm")
+    assert moe.grouped_mm_impl() is None and not moe._use_grouped_mm(cuda_bf16)
+    assert torch.equal(moe.grouped_experts(x, weights, experts, gate_up, down), loop)
+    with pytest.raises(RuntimeError, match="neither torch.nn.functional.grouped_mm nor"):
+        moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=True)

@@ -46,6 +46,23 @@ def test_rms_norm():
                - 1e-4 / math.sqrt(1e-8 + 1e-6)) < 1e-12
 
 
+@pytest.mark.parametrize("scale", [1e-4, 1e-3, 1.0, 1e3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_hugging_face_form(scale, dtype):
+    """rms_norm(dtype=...) is transformers' Qwen3RMSNorm bit for bit (normalised in fp32, cast to
+    the model dtype, then times the weight), at activation scales where eps matters too."""
+    pytest.importorskip("transformers")
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 7, 64, generator=g) * scale).to(dtype)
+    norm = Qwen3RMSNorm(64, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64, generator=g) + 0.5)
+        want = norm(x)
+    got = R.rms_norm(x, norm.weight.detach(), 1e-6, dtype)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("Dh,theta", [(8, 10000.0), (64, 1e6), (16, 500.0)])
 def test_apply_rope_is_complex_rotation(Dh, theta):
     g = torch.Generator().manual_seed(Dh)

@@ -5,7 +5,9 @@ import torch
 import triton
 import triton.language as tl
 
-from jetspec_kernels.triton import tree_build as T
+import importlib
+
+T = importlib.import_module("jetspec_kernels.triton.build_tree")
 
 
 @triton.jit

@@ -112,3 +112,10 @@ def test_positions():
     assert pos.dtype == torch.int32
     want = prefix[:, None] + tree.depths.clamp_min(0)
     assert torch.equal(pos, want)
+    # Padding rows (depth -1) sit at the prefix, as the root does, never before it (a prefix of 0
+    # would give position -1): d 1, k 2 has 3 nodes in a capacity of 9.
+    small = _trees(d=1, k=2, budget=9)
+    assert small.num_nodes.tolist() == [3, 3, 3]
+    pos = small.positions(prefix)
+    assert torch.equal(pos[:, 3:], prefix[:, None].expand(3, 6))
+    assert pos[:, :3].tolist() == [[p, p + 1, p + 1] for p in prefix.tolist()]

@@ -1,6 +1,6 @@
 """How many batched steps the CUDA topn build_tree takes: a model of the rule, not of the kernel.
 
-The rule (jetspec_kernels/triton/tree_build.py's docstring, csrc/include/jetspec/build_tree.cuh):
+The rule (jetspec_kernels/triton/build_tree.py's docstring, csrc/include/jetspec/build_tree.cuh):
 the heap is every unselected child of a selected node, keyed ``q | depth | parent position |
 rank`` with ``q`` the 31-bit magnitude of the float32 score; a node's window is its next
 ``min(K, 8)`` unselected children. A step takes every window entry ``e`` with

@@ -1,7 +1,7 @@
 // Today's cuda attention kernels (bf16), registered for the sweep next to the Hopper variants:
 // mma.sync (attention.cuh; also the reference the variants are checked against), the cp.async
 // wgmma kernel (auto's choice on sm_90a today) and the warp-specialised TMA kernel. Their split
-// counts follow jetspec_kernels/cuda/attention.py (choose_splits, cta_shape).
+// counts follow jetspec_kernels/cuda/tree_attention.py (choose_splits, cta_shape).
 #include <algorithm>
 
 #include "sweep.h"
@@ -10,7 +10,7 @@ namespace jetspec_sweep {
 namespace {
 using T = __nv_bfloat16;
 
-// choose_splits of jetspec_kernels/cuda/attention.py: one wave of `per_sm` CTAs of `rows` rows.
+// choose_splits of jetspec_kernels/cuda/tree_attention.py: one wave of `per_sm` CTAs of `rows` rows.
 jetspec::Status python_splits(int batch, int n, int group, int hkv, int capacity, int rows,
                               int per_sm, int* out) {
   int dev = 0, sms = 0;

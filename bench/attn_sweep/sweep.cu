@@ -112,6 +112,29 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// The shapes to run, in the order --shapes names them (a time-limited run measures the first
+// ones first), else every shape in kShapes' order.
+std::vector<const Shape*> selected_shapes(const Options& o) {
+  std::vector<const Shape*> out;
+  if (o.shapes.empty()) {
+    for (const auto& s : kShapes) out.push_back(&s);
+    return out;
+  }
+  size_t start = 0;
+  while (start <= o.shapes.size()) {
+    size_t end = o.shapes.find(',', start);
+    if (end == std::string::npos) end = o.shapes.size();
+    const std::string name = o.shapes.substr(start, end - start);
+    const Shape* found = nullptr;
+    for (const auto& s : kShapes)
+      if (name == s.name) found = &s;
+    if (found == nullptr) die(("unknown shape " + name + " (--list shows them)").c_str());
+    out.push_back(found);
+    start = end + 1;
+  }
+  return out;
+}
+
 // ---- per-shape arithmetic (bench/NOTES.md, "Floor formulas") ----------------------------------
 int words(const Shape& s) { return (s.n + 31) / 32; }
 double shape_bytes(const Shape& s) {
@@ -233,32 +256,35 @@ struct ShapeData {
     AttnParams p{};
     const int cap = capacity(*s);
     p.q = q;
-    p.sq = {int64_t(s->n) * kHq * s->dh, int64_t(kHq) * s->dh, s->dh};
+    p.q_strides = {int64_t(s->n) * kHq * s->dh, int64_t(kHq) * s->dh, s->dh};
     p.k_cache = k[set];
     p.v_cache = v[set];
     const int rows = s->page ? s->page : cap;
-    p.sk = p.sv = {int64_t(rows) * kHkv * s->dh, int64_t(kHkv) * s->dh, s->dh};
+    p.k_cache_strides = p.v_cache_strides = {int64_t(rows) * kHkv * s->dh, int64_t(kHkv) * s->dh, s->dh};
     p.block_table = table;
-    p.bt_stride = pages_per_seq;
+    p.block_table_batch_stride = pages_per_seq;
     p.page_size = rows;
     p.cache_outer = s->page ? pool : s->b;
     p.prefix_lens = prefix;
     p.tree_mask = mask;
-    p.sm0 = int64_t(s->n) * words(*s);
-    p.sm1 = words(*s);
+    p.tree_mask_batch_stride = int64_t(s->n) * words(*s);
+    p.tree_mask_row_stride = words(*s);
     p.tail = jetspec::kTailMask;
     p.out = dst;
-    p.so = p.sq;
+    p.out_strides = p.q_strides;
     p.lse = lse;
-    p.part_o = part_o;
-    p.part_lse = part_lse;
+    p.partial_o = part_o;
+    p.partial_lse = part_lse;
     p.batch = s->b;
     p.n = s->n;
     p.hq = kHq;
     p.hkv = kHkv;
     p.group = kHq / kHkv;
     p.splits = splits;
-    p.scale_log2 = 1.4426950408889634f / std::sqrt(float(s->dh));
+    p.scale = 1.0f / std::sqrt(float(s->dh));
+    p.scale_log2 = 1.4426950408889634f * p.scale;  // what launch_tree_attention derives
+    p.dtype = jetspec::kBFloat16;
+    p.head_dim = s->dh;
     p.kernel = 0;
     return p;
   }
@@ -472,8 +498,8 @@ void print_plan(const Options& o) {
               "occupancy calculator's)\n\n");
   std::printf("%-15s %3s %6s %4s %4s %5s %8s %9s %8s %5s\n", "shape", "B", "prefix", "N", "Dh",
               "page", "GFLOP", "MB", "bound", "sets");
-  for (const auto& s : kShapes) {
-    if (!in_list(o.shapes, s.name)) continue;
+  for (const Shape* shape : selected_shapes(o)) {
+    const Shape& s = *shape;
     std::printf("%-15s %3d %6d %4d %4d %5d %8.2f %9.1f %8s %5d\n", s.name, s.b, s.prefix, s.n,
                 s.dh, s.page, shape_flops(s) / 1e9, shape_bytes(s) / 1e6, s.bound, kv_sets(s));
   }
@@ -484,8 +510,8 @@ void dry_run(const Options& o) {
   std::printf("\nplan (no GPU touched): kernel x shape, grid = tiles x (B * Hkv) x splits\n");
   std::printf("%-16s %-15s %6s %10s %12s\n", "kernel", "shape", "tiles", "base_CTAs", "K/V_MB");
   size_t combos = 0;
-  for (const auto& s : kShapes) {
-    if (!in_list(o.shapes, s.name)) continue;
+  for (const Shape* shape : selected_shapes(o)) {
+    const Shape& s = *shape;
     for (const auto& k : registry()) {
       if (!in_list(o.only, k.name) || !runs_on(k, s)) continue;
       const long long tiles = (static_cast<long long>(s.n) * (kHq / kHkv) + k.rows - 1) / k.rows;
@@ -553,9 +579,41 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, bw / 1e9, peak / 1e12,
               peak_from);
 
+  // A row's best time (eager or graph), TFLOP/s, GB/s and time over the floor.
+  struct Metrics {
+    double us, tflops, gbps, x_floor;
+  };
+  auto metrics = [&](const Row& r) {
+    const Shape* s = nullptr;
+    for (const auto& x : kShapes)
+      if (r.shape == x.name) s = &x;
+    const double t = std::isnan(r.graph_us) ? r.eager_us : std::min(r.eager_us, r.graph_us);
+    const double floor_us = std::max(shape_flops(*s) / peak, shape_bytes(*s) / bw) * 1e6;
+    return Metrics{t, shape_flops(*s) / t / 1e6, shape_bytes(*s) / t / 1e3, t / floor_us};
+  };
+  // The CSV (every field) gets each row as it is measured, flushed, so a run stopped by a time
+  // limit (bench/attn_sweep.sh) keeps the rows it finished.
+  FILE* csv = nullptr;
+  if (!o.csv.empty()) {
+    csv = std::fopen(o.csv.c_str(), "w");
+    if (csv == nullptr) die(("cannot write " + o.csv).c_str());
+    std::fprintf(csv, "kernel,shape,status,splits,ctas_per_sm,eager_us,graph_us,tflops,gbps,"
+                      "x_floor,max_rel,rel_l2,copy_gbps,peak_tflops,note\n");
+    std::fflush(csv);
+  }
   std::vector<Row> rows;
-  for (const auto& s : kShapes) {
-    if (!in_list(o.shapes, s.name)) continue;
+  auto record = [&](const Row& r) {
+    rows.push_back(r);
+    if (csv == nullptr) return;
+    const Metrics m = metrics(r);
+    std::fprintf(csv, "%s,%s,%s,%d,%d,%.2f,%.2f,%.1f,%.0f,%.3f,%.3g,%.3g,%.0f,%.0f,\"%s\"\n",
+                 r.kernel.c_str(), r.shape.c_str(), r.status.c_str(), r.splits, r.ctas, r.eager_us,
+                 r.graph_us, m.tflops, m.gbps, m.x_floor, r.max_rel, r.rel_l2, bw / 1e9,
+                 peak / 1e12, r.note.c_str());
+    std::fflush(csv);
+  };
+  for (const Shape* shape : selected_shapes(o)) {
+    const Shape& s = *shape;
     // Split counts first (they size the partial buffers), then the reference output.
     std::vector<std::pair<const SweepKernel*, int>> plan;
     int max_splits = 1;
@@ -585,7 +643,7 @@ int main(int argc, char** argv) {
       if (splits < 1) {
         row.status = "error";
         row.note = "split planning failed";
-        rows.push_back(row);
+        record(row);
         continue;
       }
       // Correctness first: set 0, poisoned output, compared with the reference.
@@ -595,7 +653,7 @@ int main(int argc, char** argv) {
       if (!st.ok() || sync != cudaSuccess) {
         row.status = "error";
         row.note = st.ok() ? cudaGetErrorString(sync) : status_text(st);
-        rows.push_back(row);
+        record(row);
         std::fprintf(stderr, "attn_sweep: %s at %s: %s\n", k->name.c_str(), s.name,
                      row.note.c_str());
         if (sync != cudaSuccess && cudaDeviceSynchronize() != cudaSuccess) {
@@ -615,42 +673,17 @@ int main(int argc, char** argv) {
         row.status = row.rel_l2 < 1e-2 ? "pass" : "FAIL";
       }
       if (!time_kernel(*k, d, splits, o, stream, row)) {
-        rows.push_back(row);
+        record(row);
         if (cudaDeviceSynchronize() != cudaSuccess) goto report;
         continue;
       }
-      rows.push_back(row);
+      record(row);
     }
     d.release();
   }
 report:
-  // CSV (every field), then the table (printed last: the reply carries the end of the output).
-  // A row's best time (eager or graph), TFLOP/s, GB/s and time over the floor.
-  struct Metrics {
-    double us, tflops, gbps, x_floor;
-  };
-  auto metrics = [&](const Row& r) {
-    const Shape* s = nullptr;
-    for (const auto& x : kShapes)
-      if (r.shape == x.name) s = &x;
-    const double t = std::isnan(r.graph_us) ? r.eager_us : std::min(r.eager_us, r.graph_us);
-    const double floor_us = std::max(shape_flops(*s) / peak, shape_bytes(*s) / bw) * 1e6;
-    return Metrics{t, shape_flops(*s) / t / 1e6, shape_bytes(*s) / t / 1e3, t / floor_us};
-  };
-  if (!o.csv.empty()) {
-    FILE* f = std::fopen(o.csv.c_str(), "w");
-    if (f == nullptr) die(("cannot write " + o.csv).c_str());
-    std::fprintf(f, "kernel,shape,status,splits,ctas_per_sm,eager_us,graph_us,tflops,gbps,"
-                    "x_floor,max_rel,rel_l2,copy_gbps,peak_tflops,note\n");
-    for (const auto& r : rows) {
-      const Metrics m = metrics(r);
-      std::fprintf(f, "%s,%s,%s,%d,%d,%.2f,%.2f,%.1f,%.0f,%.3f,%.3g,%.3g,%.0f,%.0f,\"%s\"\n",
-                   r.kernel.c_str(), r.shape.c_str(), r.status.c_str(), r.splits, r.ctas,
-                   r.eager_us, r.graph_us, m.tflops, m.gbps, m.x_floor, r.max_rel, r.rel_l2,
-                   bw / 1e9, peak / 1e12, r.note.c_str());
-    }
-    std::fclose(f);
-  }
+  if (csv != nullptr) std::fclose(csv);
+  // The table (printed last: the reply carries the end of the output).
   if (!o.best.empty()) {
     FILE* f = std::fopen(o.best.c_str(), "w");
     if (f == nullptr) die(("cannot write " + o.best).c_str());

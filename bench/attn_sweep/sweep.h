@@ -16,7 +16,7 @@ struct SweepKernel {
   bool pingpong, fast_exp;
   size_t smem;
   // Launch (splits in p) and the split count for a launch of `batch` x `n` rows over `capacity`
-  // keys (the family: occupancy + wave rule; today's kernels: jetspec_kernels/cuda/attention.py's
+  // keys (the family: occupancy + wave rule; today's kernels: jetspec_kernels/cuda/tree_attention.py's
   // choose_splits).
   jetspec::Status (*launch)(const jetspec::AttnParams& p, cudaStream_t stream);
   jetspec::Status (*splits)(int batch, int n, int group, int hkv, int capacity, int* splits);

@@ -4,20 +4,20 @@ from __future__ import annotations
 import torch
 
 from ..tree import mask_words
-from . import _util as U
+from . import extension as ext
 
 
 @torch.library.custom_op("jetspec::pack_mask", mutates_args=())
 def _pack_mask(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
     from .. import _C
-    with U.on_device(parents):
+    with ext.on_device(parents):
         b, n = parents.shape
         w = mask_words(n)
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
         mask = torch.empty(b, n, w, dtype=torch.int32, device=parents.device)
-        _C.pack_mask(parents=U.ptr(parents), num_nodes=U.ptr(num_nodes), mask=U.ptr(mask), batch=b,
-                     n=n, words=w, stream=U.stream())
+        _C.pack_mask(parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes), mask=ext.ptr(mask), batch=b,
+                     n=n, words=w, stream=ext.stream())
         return mask
 
 

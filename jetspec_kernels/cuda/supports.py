@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from ..ops._checks import misaligned_rows
-from . import _util as U
+from ..checks import misaligned_rows
+from . import extension as ext
 
 
 def _dtype(t) -> str:
@@ -23,7 +23,7 @@ def _half(op: str, t) -> str | None:
 
 
 def _aligned(op: str, **tensors) -> str | None:
-    align = U.limit("row_align_bytes")
+    align = ext.limit("row_align_bytes")
     for name, t in tensors.items():
         if t is not None and misaligned_rows(t, align):
             return (f"{op} needs {name} rows on {align}-byte boundaries, got strides "
@@ -40,10 +40,10 @@ def attention_kernel_reason(kernel: str, q, k_cache, block_table) -> str | None:
     """Why the attention kernel named ``kernel`` cannot take these shapes (None if it can).
     ``hopper`` runs head dims other than 64 / 128 on the mma.sync kernel."""
     dh = q.shape[-1]
-    wgmma_dims = U.limit("wgmma_head_dims")
+    wgmma_dims = ext.limit("wgmma_head_dims")
     if kernel in ("wgmma", "tma") and dh not in wgmma_dims:
         return f"kernel={kernel!r} takes head dims {wgmma_dims}, got {dh}"
-    multiple = U.limit("attn_tma_page_multiple")
+    multiple = ext.limit("attn_tma_page_multiple")
     tma = kernel == "tma" or (kernel == "hopper" and dh in wgmma_dims)
     if tma and block_table is not None and k_cache.shape[1] % multiple:
         return (f"kernel={kernel!r} needs a page size (k_cache.shape[1]) that is a multiple of "
@@ -53,7 +53,7 @@ def attention_kernel_reason(kernel: str, q, k_cache, block_table) -> str | None:
 
 def _tree_attention(q, k_cache=None, v_cache=None, block_table=None, kernel=None, **_):
     dh = q.shape[-1]
-    dims = U.limit("attn_head_dims")
+    dims = ext.limit("attn_head_dims")
     if dh not in dims:
         return f"tree_attention does not support q head dim {dh} (supported: {dims})"
     reason = _half("tree_attention", q) or _aligned("tree_attention", k_cache=k_cache,
@@ -64,7 +64,7 @@ def _tree_attention(q, k_cache=None, v_cache=None, block_table=None, kernel=None
 
 
 def _hidden_topk(hidden, lm_head_weight=None, **_):
-    multiple = U.limit("hidden_topk_multiple")
+    multiple = ext.limit("hidden_topk_multiple")
     reason = _half("hidden_topk", hidden)
     if reason is None and hidden.shape[-1] % multiple:
         reason = (f"hidden_topk needs the hidden size to be a multiple of {multiple} "
@@ -73,14 +73,14 @@ def _hidden_topk(hidden, lm_head_weight=None, **_):
 
 
 def _qk_norm_rope_append(k, **_):
-    limit = U.limit("rope_max_head_dim")
+    limit = ext.limit("rope_max_head_dim")
     if k.shape[-1] > limit:
         return f"qk_norm_rope_append supports head dims up to {limit}, got {k.shape[-1]}"
     return None
 
 
 def _verify_tree(tokens, **_):
-    limit = U.limit("walk_max_nodes")
+    limit = ext.limit("walk_max_nodes")
     if tokens.shape[1] > limit:
         return f"verify_tree takes trees of at most {limit} nodes, got N={tokens.shape[1]}"
     return None

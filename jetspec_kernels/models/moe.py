@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .checkpoint import CheckpointError, take
 
-__all__ = ["moe_shapes", "fuse_expert_weights", "route", "grouped_experts"]
+__all__ = ["moe_shapes", "fuse_expert_weights", "route", "grouped_experts", "grouped_mm_impl"]
 
 _PER_EXPERT = ("gate_proj", "up_proj", "down_proj")
 _EXPERT_KEY = re.compile(r"mlp\.experts\.(\d+)\.")
@@ -94,10 +94,17 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
     return weights.to(x.dtype), experts
 
 
+def grouped_mm_impl():
+    """torch's grouped GEMM, or None: ``torch.nn.functional.grouped_mm`` (public from torch 2.10),
+    else ``torch._grouped_mm`` (the private op it wraps, in 2.8 and 2.9). Both take
+    ``(rows [M, K], weights [G, K, N], offs=int32 [G] group ends)`` and read no value on the host."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def _use_grouped_mm(x: torch.Tensor) -> bool:
     # torch's grouped GEMM kernel takes bf16 on CUDA; for other dtypes and on the CPU torch would
     # loop over the groups itself after copying the offsets to the host, as our loop does.
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, "grouped_mm")
+    return x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_impl() is not None
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
@@ -109,8 +116,8 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     contiguous, and each expert with rows runs as one matmul for gate+up and one for down. No
     Python loop over tokens.
 
-    Host syncs: none when ``grouped_mm`` (one ``torch.nn.functional.grouped_mm`` per projection
-    over all experts, with the group offsets on the device; CUDA-graph capturable). Otherwise a
+    Host syncs: none when ``grouped_mm`` (one grouped GEMM per projection over all experts, with
+    the group offsets on the device: :func:`grouped_mm_impl`; CUDA-graph capturable). Otherwise a
     loop over the experts that have rows, which reads the per-expert row counts on the host once
     per call (one sync per sparse layer on a GPU; such a forward cannot be captured in a CUDA
     graph, and this raises if asked to).
@@ -119,7 +126,8 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     ----------
     x : [T, H]; weights : [T, k] (x.dtype); experts : int64 [T, k]
     gate_up : [E, 2I, H]; down : [E, H, I]
-    grouped_mm : None = when the device has a grouped GEMM for the dtype (CUDA bf16)
+    grouped_mm : None = when the device has a grouped GEMM for the dtype (CUDA bf16) and torch
+        has one (:func:`grouped_mm_impl`); True without one raises ``RuntimeError``
 
     Returns
     -------
@@ -134,9 +142,13 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     if grouped_mm is None:
         grouped_mm = _use_grouped_mm(x)
     if grouped_mm:
+        mm = grouped_mm_impl()
+        if mm is None:
+            raise RuntimeError(f"MoE experts: grouped_mm=True but torch {torch.__version__} has neither "
+                               "torch.nn.functional.grouped_mm nor torch._grouped_mm")
         offs = ends.to(torch.int32)
-        h = F.grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)
-        y = F.grouped_mm(F.silu(h[:, :inter]) * h[:, inter:], down.transpose(1, 2), offs=offs)
+        h = mm(rows, gate_up.transpose(1, 2), offs=offs)
+        y = mm(F.silu(h[:, :inter]) * h[:, inter:], down.transpose(1, 2), offs=offs)
     else:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("MoE experts: the per-expert loop reads row counts on the host and "

@@ -4,32 +4,32 @@ from __future__ import annotations
 import torch
 
 from .. import backend as _backend
+from .. import checks
 from ..tree import Commit, Verdict
-from . import _checks as C
 
 
 def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden):
     if not isinstance(verdict, Verdict):
         raise TypeError(f"verdict must be a jetspec_kernels.Verdict, got {type(verdict).__name__}")
-    C.tensor("prefix_lens", prefix_lens, dtypes=C.INDEX_DTYPES, ndim=1)
+    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, ndim=1)
     b = prefix_lens.shape[0]
     dev = prefix_lens.device
-    C.tensor("verdict.accept_len", verdict.accept_len, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
-    C.tensor("verdict.path", verdict.path, dtypes=C.INDEX_DTYPES, shape=[b, None], device=dev)
+    checks.tensor("verdict.accept_len", verdict.accept_len, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+    checks.tensor("verdict.path", verdict.path, dtypes=checks.INDEX_DTYPES, shape=[b, None], device=dev)
     m = verdict.path.shape[1]
     if m < 1:
         raise ValueError("verdict.path must have at least one column (the root)")
-    cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=None,
-                               dtypes=C.FLOAT_DTYPES, device=dev)
-    C.value_range("verdict.accept_len", verdict.accept_len, 0, m - 1)
-    C.value_range("verdict.path", verdict.path, -1, None)
+    cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=None,
+                               dtypes=checks.FLOAT_DTYPES, device=dev)
+    checks.value_range("verdict.accept_len", verdict.accept_len, 0, m - 1)
+    checks.value_range("verdict.path", verdict.path, -1, None)
     if hidden is not None:
-        C.tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=3, device=dev)
+        checks.tensor("hidden", hidden, dtypes=checks.FLOAT_DTYPES, ndim=3, device=dev)
         if hidden.shape[0] != b:
             raise ValueError(f"hidden must have batch {b} in dim 0, got shape {list(hidden.shape)}")
-        C.value_range("verdict.path", verdict.path, -1, hidden.shape[1] - 1)
-    if C.values_checked(verdict.path) and b:
-        C.fits_in_cache(prefix_lens, int(verdict.path.max()) + 1, cap)
+        checks.value_range("verdict.path", verdict.path, -1, hidden.shape[1] - 1)
+    if checks.values_checked(verdict.path) and b:
+        checks.fits_in_cache(prefix_lens, int(verdict.path.max()) + 1, cap)
         # Overlap safety of the in-place move relies on a root-first, strictly increasing path.
         idx = torch.arange(m, device=dev)
         live = idx[None, :] <= verdict.accept_len[:, None]

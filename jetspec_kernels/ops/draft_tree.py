@@ -1,12 +1,12 @@
-"""draft_tree, draft_tree_from_topk, draft_tree_from_hidden and pack_mask: build the draft tree."""
+"""draft_tree, draft_tree_from_topk and draft_tree_from_hidden: build the draft tree."""
 from __future__ import annotations
 
 import torch
 
 from .. import backend as _backend
+from .. import checks
 from ..limits import MAX_BUDGET, MAX_TOPK
 from ..tree import Tree
-from . import _checks as C
 
 ALGORITHMS = ("topn", "accum_logp")
 TOKEN_DTYPES = (torch.int32, torch.int64)
@@ -14,12 +14,12 @@ TOKEN_DTYPES = (torch.int32, torch.int64)
 
 def _check_common(root_tokens, budget, topk, algorithm, *, batch, vocab, device):
     """Checks shared by the draft_tree ops; ``vocab`` None: unknown (draft_tree_from_topk)."""
-    C.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
-    C.value_range("root_tokens", root_tokens, 0, C.INT32_MAX if vocab is None else vocab - 1)
-    C.integer("budget", budget, lo=1, hi=MAX_BUDGET)
+    checks.tensor("root_tokens", root_tokens, dtypes=TOKEN_DTYPES, shape=[batch], device=device)
+    checks.value_range("root_tokens", root_tokens, 0, checks.INT32_MAX if vocab is None else vocab - 1)
+    checks.integer("budget", budget, lo=1, hi=MAX_BUDGET)
     if topk is not None:
-        C.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
-    C.choice("algorithm", algorithm, ALGORITHMS)
+        checks.integer("topk", topk, lo=1, hi=min(MAX_TOPK, vocab))
+    checks.choice("algorithm", algorithm, ALGORITHMS)
 
 
 def _nonempty(name: str, t, dim: int, what: str) -> None:
@@ -27,26 +27,40 @@ def _nonempty(name: str, t, dim: int, what: str) -> None:
         raise ValueError(f"{name} must have {what} in dim {dim}, got shape {list(t.shape)}")
 
 
+def _log_softmax_defined(name: str, t) -> None:
+    """Every row of ``t`` has a log-softmax: no NaN or +inf, and some value above -inf (only
+    where value checks run; elsewhere such a row gives an unspecified tree)."""
+    if not t.numel() or not C.values_checked(t):
+        return
+    if bool(t.isnan().any()) or bool(t.isposinf().any()):
+        raise ValueError(f"{name} must hold no NaN or +inf (a row with one has no log-softmax), "
+                         f"got {int(t.isnan().sum())} NaN and {int(t.isposinf().sum())} +inf")
+    if bool(t.isneginf().all(-1).any()):
+        raise ValueError(f"{name} must hold a value above -inf in every row (a row of -inf has no "
+                         f"log-softmax)")
+
+
 def check_draft_tree(logits, root_tokens, budget, topk, algorithm):
-    C.tensor("logits", logits, dtypes=C.FLOAT_DTYPES, ndim=3)
+    checks.tensor("logits", logits, dtypes=checks.FLOAT_DTYPES, ndim=3)
     b, _, v = logits.shape
     _nonempty("logits", logits, 1, "at least one draft depth")
     _nonempty("logits", logits, 2, "a non-empty vocabulary")
     _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=v, device=logits.device)
+    _log_softmax_defined("logits", logits)
 
 
 def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
-    C.tensor("topk_tokens", topk_tokens, dtypes=TOKEN_DTYPES, ndim=3)
+    checks.tensor("topk_tokens", topk_tokens, dtypes=TOKEN_DTYPES, ndim=3)
     b, d, k = topk_tokens.shape
-    C.tensor("topk_logprobs", topk_logprobs, dtypes=(torch.float32,), shape=[b, d, k],
+    checks.tensor("topk_logprobs", topk_logprobs, dtypes=(torch.float32,), shape=[b, d, k],
              device=topk_tokens.device)
     _nonempty("topk_tokens", topk_tokens, 1, "at least one draft depth")
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"topk_tokens must hold K in [1, {MAX_TOPK}] candidates in dim 2, got shape "
                          f"{list(topk_tokens.shape)}")
     _check_common(root_tokens, budget, None, algorithm, batch=b, vocab=None, device=topk_tokens.device)
-    C.value_range("topk_tokens", topk_tokens, 0, C.INT32_MAX)
-    if C.values_checked(topk_logprobs) and topk_logprobs.numel():
+    checks.value_range("topk_tokens", topk_tokens, 0, checks.INT32_MAX)
+    if checks.values_checked(topk_logprobs) and topk_logprobs.numel():
         if not bool((topk_logprobs <= 0).all()):
             raise ValueError("topk_logprobs must be log-probabilities (<= 0)")
         if k > 1 and not bool((topk_logprobs[..., 1:] <= topk_logprobs[..., :-1]).all()):
@@ -54,9 +68,9 @@ def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, 
 
 
 def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm):
-    C.tensor("hidden", hidden, dtypes=C.FLOAT_DTYPES, ndim=3)
+    checks.tensor("hidden", hidden, dtypes=checks.FLOAT_DTYPES, ndim=3)
     b, _, h = hidden.shape
-    C.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
+    checks.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
     if lm_head_weight.shape[1] != h:
         raise ValueError(f"lm_head_weight must have shape [V, {h}] to match hidden, got "
                          f"{list(lm_head_weight.shape)}")
@@ -65,9 +79,17 @@ def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, to
     _nonempty("lm_head_weight", lm_head_weight, 0, "a non-empty vocabulary")
     _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=lm_head_weight.shape[0],
                   device=hidden.device)
+    for name, t in (("hidden", hidden), ("lm_head_weight", lm_head_weight)):
+        if t.numel() and C.values_checked(t) and not bool(t.isfinite().all()):
+            raise ValueError(f"{name} must be finite (its logits would have no log-softmax), got "
+                             f"{int((~t.isfinite()).sum())} NaN or infinite values")
 
 
-def _build(backend, topk_tokens, topk_logprobs, root_tokens, budget, algorithm) -> Tree:
+def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int, algorithm: str,
+                           backend: str | None = None) -> Tree:
+    """The second half of :func:`draft_tree` (the first is :func:`checked_topk`): the tree of
+    ``budget`` nodes from per-depth top-K whose arguments were already checked (int32
+    [B, D, K] tokens, float32 [B, D, K] log-probs, root tokens [B]); no checks run here."""
     parts = _backend.select(topk_tokens.device, "build_tree", backend)(
         topk_tokens, topk_logprobs, root_tokens.to(torch.int32), budget, algorithm)
     return Tree(*parts, max_depth=min(topk_tokens.shape[1], budget - 1))
@@ -97,9 +119,9 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
         Row d holds the draft's logits for depth d + 1 (log-softmax is taken in fp32).
     root_tokens : int32/int64 [B]
         The anchor (last committed token) of each sequence; becomes node 0.
-    budget : int in [1, 4096]
+    budget : int in [1, MAX_BUDGET] (jetspec_kernels.limits)
         Tree capacity N (root included).
-    topk : int in [1, min(64, V)]
+    topk : int in [1, min(MAX_TOPK, V)]
         Children per node (the per-depth top-K).
     algorithm : "topn" | "accum_logp"
         "topn": the budget best nodes by cumulative log-prob; "accum_logp": JetSpec's heap rule.
@@ -112,7 +134,8 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
     """
     tk, lp = checked_topk(logits, None, root_tokens, budget=budget, topk=topk, algorithm=algorithm,
                           backend=backend)
-    return _build(backend, tk, lp, root_tokens, budget, algorithm)
+    return tree_from_checked_topk(tk, lp, root_tokens, budget=budget, algorithm=algorithm,
+                                  backend=backend)
 
 
 def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int,
@@ -132,7 +155,8 @@ def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int
     Tree (bit-exact across backends).
     """
     check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, algorithm)
-    return _build(backend, topk_tokens.to(torch.int32), topk_logprobs, root_tokens, budget, algorithm)
+    return tree_from_checked_topk(topk_tokens.to(torch.int32), topk_logprobs, root_tokens,
+                                  budget=budget, algorithm=algorithm, backend=backend)
 
 
 def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, topk: int,
@@ -148,33 +172,5 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
     """
     tk, lp = checked_topk(hidden, lm_head_weight, root_tokens, budget=budget, topk=topk,
                           algorithm=algorithm, backend=backend)
-    return _build(backend, tk, lp, root_tokens, budget, algorithm)
-
-
-def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor:
-    """Pack the ancestor-or-self mask of trees given by parent indices.
-
-    Parameters
-    ----------
-    parents : int32 [B, N], N >= 1   parent index (< own index), -1 for the root and padding
-    num_nodes : int32 [B]      valid nodes; rows >= num_nodes get only their own bit
-
-    Returns
-    -------
-    mask : int32 [B, N, ceil(N / 32)]
-    """
-    C.tensor("parents", parents, dtypes=C.INDEX_DTYPES, ndim=2)
-    b, n = parents.shape
-    if n < 1:
-        raise ValueError(f"parents must have at least one column (the root), got shape {list(parents.shape)}")
-    C.tensor("num_nodes", num_nodes, dtypes=C.INDEX_DTYPES, shape=[b], device=parents.device)
-    C.value_range("num_nodes", num_nodes, 0, n)
-    if C.values_checked(parents) and parents.numel():
-        idx = torch.arange(n, device=parents.device)
-        valid = idx[None, :] < num_nodes[:, None]
-        bad = valid & (idx[None, :] > 0) & ((parents < 0) | (parents >= idx[None, :]))
-        if bool(bad.any()):
-            raise ValueError("parents must satisfy 0 <= parents[b, i] < i for valid non-root nodes")
-        if bool((valid[:, 0] & (parents[:, 0] != -1)).any()):
-            raise ValueError("parents[b, 0] must be -1 (the root has no parent) where num_nodes[b] > 0")
-    return _backend.select(parents.device, "pack_mask", backend)(parents, num_nodes)
+    return tree_from_checked_topk(tk, lp, root_tokens, budget=budget, algorithm=algorithm,
+                                  backend=backend)

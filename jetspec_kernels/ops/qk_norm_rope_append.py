@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import backend as _backend
-from . import _checks as C
+from .. import checks
 
 POSITION_DTYPES = (torch.int32, torch.int64)
 
@@ -13,7 +13,7 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
                               rope_theta, eps, block_table, cache_start):
     if q is None:
         # K/V only: sizes and device come from k, and q_norm_w is optional.
-        C.tensor("k", k, dtypes=C.FLOAT_DTYPES, ndim=4)
+        checks.tensor("k", k, dtypes=checks.FLOAT_DTYPES, ndim=4)
         b, n, hkv, dh = k.shape
         dev = k.device
         if dh % 2:
@@ -21,39 +21,39 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
         if hkv == 0:
             raise ValueError(f"k must have at least one head, got shape {list(k.shape)}")
     else:
-        C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
+        checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
         b, n, hq, dh = q.shape
         dev = q.device
         if dh % 2:
             raise ValueError(f"q head dim must be even for RoPE, got {dh}")
-        C.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
+        checks.tensor("k", k, dtypes=(q.dtype,), ndim=4, device=dev)
         if k.shape[0] != b or k.shape[1] != n or k.shape[3] != dh:
             raise ValueError(f"k must have shape [{b}, {n}, Hkv, {dh}] to match q, got {list(k.shape)}")
         hkv = k.shape[2]
         if hkv == 0 or hq % hkv != 0:
             raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
-    C.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
+    checks.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
     if q is None:
-        C.optional("q_norm_w", q_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
+        checks.optional("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
     else:
-        C.tensor("q_norm_w", q_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
-    C.tensor("k_norm_w", k_norm_w, dtypes=C.FLOAT_DTYPES, shape=[dh], device=dev)
-    C.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
-    C.number("rope_theta", rope_theta, positive=True)
-    C.number("eps", eps, positive=True)
-    cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv, head_dim=dh,
-                               dtypes=C.FLOAT_DTYPES, device=dev)
-    C.value_range("positions", positions, 0, C.INT32_MAX)  # the cuda backend narrows to int32
+        checks.tensor("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
+    checks.tensor("k_norm_w", k_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
+    checks.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
+    checks.number("rope_theta", rope_theta, positive=True)
+    checks.number("eps", eps, positive=True)
+    cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv, head_dim=dh,
+                               dtypes=checks.FLOAT_DTYPES, device=dev)
+    checks.value_range("positions", positions, 0, checks.INT32_MAX)  # the cuda backend narrows to int32
     if cache_start is None:
-        C.value_range("positions", positions, 0, cap - 1)
-        if C.values_checked(positions) and n > 1:
+        checks.value_range("positions", positions, 0, cap - 1)
+        if checks.values_checked(positions) and n > 1:
             srt = positions.sort(1).values
             if bool((srt[:, 1:] == srt[:, :-1]).any()):
                 raise ValueError("positions must be distinct within a sequence when they are the "
                                  "cache slots (cache_start=None); pass cache_start for tree rows")
     else:
-        C.tensor("cache_start", cache_start, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
-        C.fits_in_cache(cache_start, n, cap, "cache_start")
+        checks.tensor("cache_start", cache_start, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+        checks.fits_in_cache(cache_start, n, cap, "cache_start")
 
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, *,

@@ -6,33 +6,33 @@ import math
 import torch
 
 from .. import backend as _backend
+from .. import checks
 from ..tree import mask_words
-from . import _checks as C
 
 TAILS = ("causal", "full")
 
 
 def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
                          lse=None, return_lse=False):
-    C.tensor("q", q, dtypes=C.FLOAT_DTYPES, ndim=4)
+    checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
     b, n, hq, dh = q.shape
     if dh < 1:
         raise ValueError(f"q head dim (dim 3) must be >= 1, got shape {list(q.shape)}")
     dev = q.device
-    cap, _ = C.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=dh,
+    cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=None, head_dim=dh,
                                dtypes=(q.dtype,), device=dev)
     hkv = k_cache.shape[2]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hkv}) for GQA")
-    C.tensor("prefix_lens", prefix_lens, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
-    C.optional("tree_mask", tree_mask, dtypes=C.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
-    C.choice("tail", tail, TAILS)
+    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+    checks.optional("tree_mask", tree_mask, dtypes=checks.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
+    checks.choice("tail", tail, TAILS)
     if scale is not None:
-        C.number("scale", scale, positive=True)
-    C.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
-    C.optional("lse", lse, dtypes=(torch.float32,), shape=[b, hq, n], device=dev)
-    C.flag("return_lse", return_lse)
-    C.fits_in_cache(prefix_lens, n, cap)
+        checks.number("scale", scale, positive=True)
+    checks.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
+    checks.optional("lse", lse, dtypes=(torch.float32,), shape=[b, hq, n], device=dev)
+    checks.flag("return_lse", return_lse)
+    checks.fits_in_cache(prefix_lens, n, cap)
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: str = "causal",

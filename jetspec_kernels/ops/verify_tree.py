@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from .. import backend as _backend
+from .. import checks
 from ..tree import Tree, Verdict, mask_words
-from . import _checks as C
 from ..python_ref.sampling import MAX_TOP_P_VOCAB
 
 SEED_DTYPES = (torch.int64, torch.int32)
@@ -16,18 +16,18 @@ def check_tree(tree) -> None:
     checked here only where value checks run)."""
     if not isinstance(tree, Tree):
         raise TypeError(f"tree must be a jetspec_kernels.Tree, got {type(tree).__name__}")
-    C.tensor("tree.tokens", tree.tokens, dtypes=C.INDEX_DTYPES, ndim=2)
+    checks.tensor("tree.tokens", tree.tokens, dtypes=checks.INDEX_DTYPES, ndim=2)
     b, n = tree.tokens.shape
     dev = tree.tokens.device
-    C.tensor("tree.parents", tree.parents, dtypes=C.INDEX_DTYPES, shape=[b, n], device=dev)
-    C.tensor("tree.depths", tree.depths, dtypes=C.INDEX_DTYPES, shape=[b, n], device=dev)
-    C.tensor("tree.scores", tree.scores, dtypes=(torch.float32,), shape=[b, n], device=dev)
-    C.tensor("tree.num_nodes", tree.num_nodes, dtypes=C.INDEX_DTYPES, shape=[b], device=dev)
-    C.tensor("tree.mask", tree.mask, dtypes=C.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
-    C.integer("tree.max_depth", tree.max_depth, lo=0, hi=max(n - 1, 0))
-    C.value_range("tree.num_nodes", tree.num_nodes, 1 if n else 0, n)
-    C.value_range("tree.parents", tree.parents, -1, n - 1)
-    C.value_range("tree.depths", tree.depths, -1, tree.max_depth)
+    checks.tensor("tree.parents", tree.parents, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
+    checks.tensor("tree.depths", tree.depths, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
+    checks.tensor("tree.scores", tree.scores, dtypes=(torch.float32,), shape=[b, n], device=dev)
+    checks.tensor("tree.num_nodes", tree.num_nodes, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+    checks.tensor("tree.mask", tree.mask, dtypes=checks.INDEX_DTYPES, shape=[b, n, mask_words(n)], device=dev)
+    checks.integer("tree.max_depth", tree.max_depth, lo=0, hi=max(n - 1, 0))
+    checks.value_range("tree.num_nodes", tree.num_nodes, 1 if n else 0, n)
+    checks.value_range("tree.parents", tree.parents, -1, n - 1)
+    checks.value_range("tree.depths", tree.depths, -1, tree.max_depth)
 
 
 def _seed(name, t, b, dev):
@@ -35,11 +35,11 @@ def _seed(name, t, b, dev):
         raise ValueError(f"{name} is required when sampling (a temperature tensor, or temperature "
                          f"> 0): an int64 tensor [B] or [], or an int")
     if isinstance(t, int) and not isinstance(t, bool):
-        t = torch.tensor(C.integer(name, t, lo=-2**63, hi=2**63 - 1), dtype=torch.int64, device=dev)
-    C.tensor(name, t, dtypes=SEED_DTYPES, device=dev)
+        t = torch.tensor(checks.integer(name, t, lo=-2**63, hi=2**63 - 1), dtype=torch.int64, device=dev)
+    checks.tensor(name, t, dtypes=SEED_DTYPES, device=dev)
     if t.dim() == 0 or (t.dim() == 1 and t.shape[0] == 1):
         return t.reshape(1).to(torch.int64).expand(b).contiguous()
-    C.tensor(name, t, shape=[b])
+    checks.tensor(name, t, shape=[b])
     return t.to(torch.int64)
 
 
@@ -60,7 +60,7 @@ def _per_sequence(name, t, b, dev, dtypes, out_dtype):
 
 def _checked_values(name, t, ok, what):
     """``ok(t)`` holds for every value (only where value checks run: no host sync otherwise)."""
-    if t.numel() and C.values_checked(t) and not bool(ok(t).all()):
+    if t.numel() and checks.values_checked(t) and not bool(ok(t).all()):
         bad = t[~ok(t)].reshape(-1)[0].item()
         raise ValueError(f"{name} values must be {what}, got {bad}")
 
@@ -87,22 +87,22 @@ def check_sampling(temperature, top_k, top_p, batch: int, device):
         _checked_values("temperature", temperature, lambda t: torch.isfinite(t) & (t >= 0),
                         "finite and >= 0")
     else:
-        temperature = C.number("temperature", temperature, lo=0.0)
+        temperature = checks.number("temperature", temperature, lo=0.0)
     if torch.is_tensor(top_k):
         top_k = _per_sequence("top_k", top_k, batch, device, (torch.int32, torch.int64),
                               torch.int64)
         _checked_values("top_k", top_k, lambda t: t >= 0, ">= 0 (0 = off)")
-        top_k = top_k.clamp(max=C.INT32_MAX).to(torch.int32)
+        top_k = top_k.clamp(max=checks.INT32_MAX).to(torch.int32)
     else:
-        k = C.integer("top_k", top_k, lo=0)
-        top_k = None if k == 0 else torch.full((batch,), min(k, C.INT32_MAX), dtype=torch.int32,
+        k = checks.integer("top_k", top_k, lo=0)
+        top_k = None if k == 0 else torch.full((batch,), min(k, checks.INT32_MAX), dtype=torch.int32,
                                                device=device)
     if torch.is_tensor(top_p):
         top_p = _per_sequence("top_p", top_p, batch, device, (torch.float32, torch.float64),
                               torch.float32)
         _checked_values("top_p", top_p, lambda t: (t > 0) & (t <= 1), "in (0, 1] (as float32)")
     else:
-        p = C.number("top_p", top_p)
+        p = checks.number("top_p", top_p)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
         p32 = torch.tensor(p, dtype=torch.float32)
@@ -130,18 +130,18 @@ def check_verify_tree(tree, target_logits, target_tokens, temperature, seed, off
         raise ValueError("pass exactly one of target_logits [B, N, V] and target_tokens [B, N]")
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, b, dev)
     if target_logits is not None:
-        C.tensor("target_logits", target_logits, dtypes=C.FLOAT_DTYPES, shape=[b, n, None], device=dev)
+        checks.tensor("target_logits", target_logits, dtypes=checks.FLOAT_DTYPES, shape=[b, n, None], device=dev)
         v = target_logits.shape[2]
         if v == 0:
             raise ValueError("target_logits must have a non-empty vocabulary dim")
         if top_p is not None and v > MAX_TOP_P_VOCAB:
             raise ValueError(f"target_logits: top_p takes vocabularies of at most {MAX_TOP_P_VOCAB} "
                              f"tokens (exact fixed-point masses), got V={v}")
-        C.value_range("tree.tokens", tree.tokens, 0, v - 1)
+        checks.value_range("tree.tokens", tree.tokens, 0, v - 1)
     else:
-        C.tensor("target_tokens", target_tokens, dtypes=C.INDEX_DTYPES, shape=[b, n], device=dev)
-        C.value_range("target_tokens", target_tokens, 0, None)
-        C.value_range("tree.tokens", tree.tokens, 0, None)
+        checks.tensor("target_tokens", target_tokens, dtypes=checks.INDEX_DTYPES, shape=[b, n], device=dev)
+        checks.value_range("target_tokens", target_tokens, 0, None)
+        checks.value_range("tree.tokens", tree.tokens, 0, None)
         if sampling(temperature):
             raise ValueError("sampling (a temperature tensor, or temperature > 0) needs "
                              "target_logits, not target_tokens")
@@ -168,8 +168,9 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     Parameters
     ----------
     tree : Tree with capacity N
-    target_logits : float [B, N, V], optional   the target's logits at each node (NaN-free:
-        backends differ on where a NaN wins the argmax)
+    target_logits : float [B, N, V], optional   the target's logits at each node (a NaN is
+        the maximum, as in torch.argmax: a node whose row holds one gets its first NaN's token,
+        greedy or sampled, whatever the filters)
     target_tokens : int32 [B, N], optional      or the target's already chosen token per node
     temperature : float >= 0, or float32/float64 tensor [B] or [] (0 = greedy for that sequence;
         filters do not apply to greedy sequences)

@@ -1,21 +1,21 @@
 """The ``triton`` backend: Triton kernels for every op (CONTRIBUTING.md, backend interface).
 
 Runs on CUDA GPUs, and on the CPU under ``TRITON_INTERPRET=1`` (how CI checks the kernels'
-logic; the interpreter cannot do ``tl.dot`` in bf16, so CPU tests use fp32 and fp16).
-Submodules are imported on first use so that importing the package does not import triton.
+logic; the interpreter cannot do ``tl.dot`` in bf16, so CPU tests use fp32 and fp16). One module
+per interface function, named after it; the package re-exports each function under that name (so
+``jetspec_kernels.triton.verify_tree`` is the function: import a module's other names with
+``from jetspec_kernels.triton.verify_tree import ...``). The backend machinery imports this package
+only once triton is known to be importable.
 """
-import importlib
+from .build_tree import build_tree  # noqa: F401
+from .commit_kv import commit_kv  # noqa: F401
+from .hidden_topk import hidden_topk  # noqa: F401
+from .log_softmax_topk import log_softmax_topk  # noqa: F401
+from .pack_mask import pack_mask  # noqa: F401
+from .qk_norm_rope_append import qk_norm_rope_append  # noqa: F401
+from .tree_attention import tree_attention  # noqa: F401
+from .verify_tree import verify_tree  # noqa: F401
 
-_FUNCTIONS = {
-    "tree_attention": "attention",
-    "log_softmax_topk": "topk",
-    "hidden_topk": "topk",
-    "build_tree": "tree_build",
-    "pack_mask": "tree_build",
-    "qk_norm_rope_append": "rope",
-    "verify_tree": "verify",
-    "commit_kv": "commit",
-}
 ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -27,16 +27,3 @@ def supports(op: str, **call) -> str | None:
         return (f"tree_attention does not support q head dim {q.shape[-1]} "
                 f"(supported: {ATTENTION_HEAD_DIMS})")
     return None
-
-
-def __getattr__(name):
-    module = _FUNCTIONS.get(name)
-    if module is None:
-        raise AttributeError(name)
-    try:
-        mod = importlib.import_module(f".{module}", __name__)
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{module}":
-            raise
-        raise AttributeError(name) from None
-    return getattr(mod, name)

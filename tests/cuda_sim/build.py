@@ -2,8 +2,9 @@
 
 The result runs the real kernel source of every op on CPU threads (the attention kernel's PTX
 wrappers are emulated by mma_sim.h), behind the same bindings.cpp, so the cuda backend's Python
-wrappers can be tested against python_ref on a machine without a GPU. The module is cached under
-``build/cuda_sim/<hash of the sources>``.
+wrappers can be tested against python_ref on a machine without a GPU. ``load("_primitives")``
+builds the test-only launchers of csrc/include/jetspec/primitives (primitives.cpp) the same way.
+Modules are cached under ``build/cuda_sim/<hash of the sources>``.
 """
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(__file__).resolve().parent
-SOURCES = [ROOT / "csrc" / f for f in ("bindings.cpp", "attention.cu", "draft_tree.cu", "verify.cu",
-                                      "commit.cu", "pack_mask.cu", "rope.cu")]
+SOURCES = {
+    "_C": [ROOT / "csrc" / f for f in ("bindings.cpp", "attention.cu", "draft_tree.cu", "verify.cu",
+                                       "commit.cu", "pack_mask.cu", "rope.cu")],
+    "_primitives": [SIM_DIR / "primitives.cpp"],
+}
 
 
-def _fingerprint() -> str:
-    h = hashlib.sha256()
-    files = [Path(__file__), SIM_DIR / "sim_shared.ld"] + SOURCES + sorted((ROOT / "csrc" / "include").rglob("*")) + sorted(SIM_DIR.glob("*.[ch]*"))
+def _fingerprint(name: str) -> str:
+    h = hashlib.sha256(name.encode())
+    files = [Path(__file__), SIM_DIR / "sim_shared.ld"] + SOURCES[name] + sorted((ROOT / "csrc" / "include").rglob("*")) + sorted(SIM_DIR.glob("*.h"))
     for f in files:
         if f.is_file():
             h.update(f.name.encode())
@@ -35,13 +39,13 @@ def compiler() -> str | None:
     return shutil.which("g++")
 
 
-def load():
-    """Build (if needed) and import the simulated ``_C``; a build error raises RuntimeError with
-    the compiler's output."""
+def load(name: str = "_C"):
+    """Build (if needed) and import the simulated ``_C`` (or ``_primitives``); a build error raises
+    RuntimeError with the compiler's output."""
     import pybind11
 
-    out_dir = ROOT / "build" / "cuda_sim" / _fingerprint()
-    so = out_dir / ("_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+    out_dir = ROOT / "build" / "cuda_sim" / _fingerprint(name)
+    so = out_dir / (name + sysconfig.get_config_var("EXT_SUFFIX"))
     if not so.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = so.with_suffix(".tmp")
@@ -50,18 +54,18 @@ def load():
                "-Wno-unknown-pragmas", "-fdata-sections", f"-Wl,-T,{SIM_DIR / 'sim_shared.ld'}",
                "-DJETSPEC_CPU_SIM", '-DJETSPEC_CUDA_ARCHS="90a,80"',
                f"-I{ROOT / 'csrc' / 'include'}", f"-I{SIM_DIR}", f"-I{pybind11.get_include()}",
-               f"-I{sysconfig.get_paths()['include']}", "-x", "c++", *map(str, SOURCES),
+               f"-I{sysconfig.get_paths()['include']}", "-x", "c++", *map(str, SOURCES[name]),
                "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"building the CUDA simulator failed:\n{' '.join(cmd)}\n"
                                f"{proc.stderr[-6000:]}")
         tmp.replace(so)
-    spec = importlib.util.spec_from_file_location("_C", so)
+    spec = importlib.util.spec_from_file_location(name, so)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 if __name__ == "__main__":
-    print(load().__file__, file=sys.stdout)
+    print(load(*sys.argv[1:]).__file__, file=sys.stdout)

@@ -49,7 +49,7 @@ MUTS = {
     # a skipped final block, a wrong V layout, a wrong split merge
     "skip_final_block": (H, "  const int nblk = t.blk_end - t.blk_begin;", "  const int nblk = max(0, t.blk_end - t.blk_begin - 1);"),
     "v_lbo_wrong": (H, "sw128_desc(tV, BN * 128, kSw128Bytes)", "sw128_desc(tV, kSw128Bytes, kSw128Bytes)"),
-    "merge_unweighted": (A, "acc += expf(ls - m) * p.part_o[(s * rows + row) * hd + d];", "acc += p.part_o[(s * rows + row) * hd + d];"),
+    "merge_unweighted": (A, "acc += expf(ls - m) * p.partial_o[(s * rows + row) * hd + d];", "acc += p.partial_o[(s * rows + row) * hd + d];"),
 }
 
 

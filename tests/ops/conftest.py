@@ -3,7 +3,7 @@ from typing import NamedTuple
 
 import pytest
 
-from helpers import DEV, use_sim
+from helpers import DEV, use_sim_backend
 
 
 class Backend(NamedTuple):
@@ -13,11 +13,12 @@ class Backend(NamedTuple):
 
 @pytest.fixture
 def backend(request, monkeypatch):
-    """The backend under test: sim installs the simulated kernels as _C for CPU tensors; cuda
-    (gpu-marked by ``helpers.backends``) uses the GPU; reference and triton use helpers.DEV."""
+    """The backend under test: sim installs the simulated kernels as _C for CPU tensors (and lets
+    the public ops' ``backend="cuda"`` take CPU tensors); cuda (gpu-marked by
+    ``helpers.backends``) uses the GPU; reference and triton use helpers.DEV."""
     name = request.param
     if name == "sim":
-        use_sim(monkeypatch)
+        use_sim_backend(monkeypatch)
         return Backend(name, "cpu")
     return Backend(name, "cuda" if name == "cuda" else DEV)
 

@@ -6,8 +6,10 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Verdict
-from jetspec_kernels.triton import commit
-from helpers import DEV, backends, cu, paged, poisoned_empty, shuffled_table, sync
+from helpers import (DEV, api_backend, backend_module, backends, cache_layout, cu, paged,
+                     poisoned_empty, shuffled_table, sync)
+
+commit = backend_module("triton", "commit_kv")
 
 
 @backends("sim", "cuda")
@@ -163,3 +165,46 @@ def test_bf16_qwen_shapes(page):
     """No tl.dot in the kernel, so bf16 runs under the interpreter too (about 1.5 s a case)."""
     run_case(16, 16, 64, 8, 128, torch.bfloat16, page, False, seed=7, forced=FORCED,
              hidden_dim=4096)
+
+
+# ---------------------------------------------------------------- engine layouts
+# tests/test_engine_layouts.py checks each layout against a contiguous copy on the same backend;
+# this checks them against python_ref, in this op's own file.
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("is_paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("layout", ["kv_halves", "kv_heads_major", "v_padded", "hidden_taps"])
+def test_engine_layouts(backend, layout, is_paged):
+    """Caches as K/V halves of one buffer, heads-major or with padded V rows, hidden rows as one
+    layer's slice of [B, N, taps, Hh]: bit-exact with python_ref."""
+    dev = backend.device
+    gen = torch.Generator().manual_seed(len(layout) * 2 + is_paged)
+    B, N, Hkv, Dh, Hh, L, page = 3, 7, 2, 16, 24, 18, 6
+    k = torch.randn(B, L, Hkv, Dh, generator=gen).half()
+    v = torch.randn(B, L, Hkv, Dh, generator=gen).half()
+    table = None
+    if is_paged:
+        k, table = paged(k, page, gen)
+        v, _ = paged(v, page, gen, table)
+    taps = torch.randn(B, N, 3, Hh, generator=gen).half()
+    hidden = taps[:, :, 1].contiguous()
+    path = torch.tensor([[0, 2, 5, -1], [0, 1, 3, 6], [0, -1, -1, -1]], dtype=torch.int32)
+    accept = torch.tensor([2, 3, 0], dtype=torch.int32)
+    prefix = torch.tensor([4, 0, 9], dtype=torch.int32)
+    kr, vr = k.clone(), v.clone()
+    want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, table, hidden)
+    kd, vd = k.to(dev), v.to(dev)
+    hd = hidden.to(dev)
+    if layout == "hidden_taps":
+        hd = taps.to(dev)[:, :, 1]
+    else:
+        kd, vd = cache_layout(layout, kd, vd)
+    verdict = jk.Verdict(accept.to(dev), path.to(dev), torch.zeros(B, dtype=torch.int32, device=dev),
+                         path.to(dev))
+    with poisoned_empty():
+        got = jk.commit_kv(kd, vd, prefix.to(dev), verdict, block_table=None if table is None else
+                           table.to(dev), hidden=hd, backend=api_backend(backend))
+    sync(dev)
+    assert torch.equal(got.prefix_lens.cpu(), want_lens) and torch.equal(got.hidden.cpu(), want_rows)
+    assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)

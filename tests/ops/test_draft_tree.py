@@ -6,10 +6,9 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from jetspec_kernels.triton import tree_build as triton_tree
-from jetspec_kernels.triton import topk as triton_topk
-from helpers import (DEV, TOL, TREE_FIELDS, assert_padding, backends, cu, poisoned_empty, rel_l2,
-                     sync, tree_difference, tree_fields)
+import jetspec_kernels.triton as triton_backend
+from helpers import (DEV, TOL, TREE_FIELDS, after_rows, api_backend, assert_padding, backends, cu,
+                     on, poisoned_empty, rel_l2, sync, tree_difference, tree_fields, widened)
 
 
 @backends("sim", "cuda")
@@ -207,7 +206,7 @@ def test_log_softmax_topk_blocks(B, D, V, k, block_v, dtype):
     x = (torch.randn(B, D, V, generator=gen) * 3).to(dtype)
     x[0, 0, 7] = x[0, 0, 3] = x[0, 0].max() + 1  # a tied maximum: the lower id comes first
     with poisoned_empty():
-        tok, lp = triton_topk.log_softmax_topk(x.to(DEV), k, block_v=block_v)
+        tok, lp = triton_backend.log_softmax_topk(x.to(DEV), k, block_v=block_v)
     want_tok, want_lp = ref.log_softmax_topk(x.double(), k)
     assert tok.dtype == torch.int32 and lp.dtype == torch.float32
     assert torch.equal(tok.cpu(), want_tok)
@@ -219,7 +218,7 @@ def test_log_softmax_topk_blocks(B, D, V, k, block_v, dtype):
 def test_log_softmax_topk_strided_rows():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(4, 6, 1000, generator=gen)[1::2, ::2]  # strided B and D, contiguous V
-    tok, lp = triton_topk.log_softmax_topk(x.to(DEV), 4, block_v=128)
+    tok, lp = triton_backend.log_softmax_topk(x.to(DEV), 4, block_v=128)
     want_tok, want_lp = ref.log_softmax_topk(x.double(), 4)
     assert torch.equal(tok.cpu(), want_tok)
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
@@ -236,7 +235,7 @@ def test_hidden_topk_triton_shapes(B, D, H, V, k, dtype):
     hidden = torch.randn(B, D, H, generator=gen).to(dtype)
     weight = torch.randn(V, H, generator=gen).to(dtype)
     with poisoned_empty():
-        tok, lp = triton_topk.hidden_topk(hidden.to(DEV), weight.to(DEV), k)
+        tok, lp = triton_backend.hidden_topk(hidden.to(DEV), weight.to(DEV), k)
     want_tok, want_lp = ref.log_softmax_topk(hidden.double() @ weight.double().T, k)
     assert torch.equal(tok.cpu(), want_tok)
     # fp16 inputs are exact in fp32; only the accumulation order differs from float64
@@ -361,7 +360,7 @@ def test_build_tree_continuous_and_strided(algorithm):
     lp = sorted_logprobs(gen, 5, 4, 6).transpose(0, 1).contiguous().transpose(0, 1)
     tok = torch.randint(0, 1000, (5, 4, 6), generator=gen, dtype=torch.int32)
     root = torch.arange(5, dtype=torch.int32)
-    got = triton_tree.build_tree(tok.to(DEV), lp.to(DEV), root.to(DEV), 45, algorithm)
+    got = triton_backend.build_tree(tok.to(DEV), lp.to(DEV), root.to(DEV), 45, algorithm)
     check_tree_exact(got, ref.build_tree(tok, lp, root, 45, algorithm))
 
 
@@ -456,7 +455,7 @@ def test_bf16_logits(B, D, V, K, budget, algorithm):
     logits = (torch.randn(B, D, V, generator=gen) * 4).to(torch.bfloat16)
     root = torch.randint(0, V, (B,), generator=gen, dtype=torch.int32)
     with poisoned_empty():
-        tok, lp = triton_topk.log_softmax_topk(logits.to(DEV), K)
+        tok, lp = triton_backend.log_softmax_topk(logits.to(DEV), K)
     want_tok, want_lp = ref.log_softmax_topk(logits.double(), K)
     assert torch.equal(tok.cpu(), want_tok)
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
@@ -477,7 +476,7 @@ def test_gpu_bf16_hidden_topk():
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(1, 15, 256, generator=gen).to(torch.bfloat16)
     weight = (torch.randn(151936, 256, generator=gen) / 16).to(torch.bfloat16)
-    tok, lp = triton_topk.hidden_topk(hidden.cuda(), weight.cuda(), 8)
+    tok, lp = triton_backend.hidden_topk(hidden.cuda(), weight.cuda(), 8)
     want_tok, want_lp = ref.log_softmax_topk(hidden.double() @ weight.double().T, 8)
     assert torch.equal(tok.cpu(), want_tok)
     assert rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
@@ -491,5 +490,117 @@ def test_gpu_large_budget(algorithm):
     lp = sorted_logprobs(gen, 2, 20, 16, levels=4)
     tok = torch.randint(0, 151936, (2, 20, 16), generator=gen, dtype=torch.int32)
     root = torch.tensor([1, 2], dtype=torch.int32)
-    got = triton_tree.build_tree(tok.cuda(), lp.cuda(), root.cuda(), 4096, algorithm)
+    got = triton_backend.build_tree(tok.cuda(), lp.cuda(), root.cuda(), 4096, algorithm)
     check_tree_exact(got, ref.build_tree(tok, lp, root, 4096, algorithm))
+
+
+# ------------------------------------------------------------------ engine layouts
+# tests/test_engine_layouts.py checks each layout against a contiguous copy on the same backend;
+# these check them against python_ref, in this op's own file.
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("algorithm", ALGS)
+@pytest.mark.parametrize("layout", ["tokens_sliced", "logprobs_sliced", "batch_major_swapped",
+                                    "int64_tokens"])
+def test_draft_tree_from_topk_engine_layouts(backend, layout, algorithm):
+    """Per-depth top-K an engine holds: K columns of a wider top-k buffer (tokens, log-probs or
+    both), depth-major storage, int64 tokens; bit-exact with python_ref."""
+    gen = torch.Generator().manual_seed(len(layout))
+    B, D, K = 3, 4, 3
+    lp = sorted_logprobs(gen, B, D, K + 2, levels=2)
+    tok = torch.randint(0, 50000, (B, D, K + 2), generator=gen, dtype=torch.int32)
+    root = torch.randint(0, 50000, (B,), generator=gen, dtype=torch.int32)
+    dev = backend.device
+    tok_d, lp_d = on(tok, dev), on(lp, dev)
+    if layout == "tokens_sliced":
+        tok_d, lp_d = tok_d[..., :K], lp_d[..., :K].contiguous()
+    elif layout == "logprobs_sliced":
+        tok_d, lp_d = tok_d[..., :K].contiguous(), lp_d[..., :K]
+    elif layout == "batch_major_swapped":
+        tok_d = tok_d[..., :K].transpose(0, 1).contiguous().transpose(0, 1)
+        lp_d = lp_d[..., :K].transpose(0, 1).contiguous().transpose(0, 1)
+    else:
+        tok_d, lp_d = tok_d[..., :K].to(torch.int64), lp_d[..., :K].contiguous()
+    with poisoned_empty():
+        got = jk.draft_tree_from_topk(tok_d, lp_d, root.to(dev), budget=20, algorithm=algorithm,
+                                      backend=api_backend(backend))
+    sync(dev)
+    check_tree_exact(got, ref.build_tree(tok[..., :K], lp[..., :K].contiguous(), root, 20, algorithm))
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("layout", ["vocab_padded", "block_rows", "batch_major_swapped"])
+def test_draft_tree_engine_layouts(backend, layout):
+    """Logits of a padded vocabulary, the rows 1.. of a draft block, depth-major storage: the
+    same tree as python_ref (logits whose fp32 log-softmax is exact)."""
+    gen = torch.Generator().manual_seed(len(layout) + 7)
+    B, D, V, K = 3, 4, 1000, 3
+    dtype = torch.float16 if backend.name != "triton" else torch.float32
+    logits = separated_logits(gen, B, D, V, K, dtype)
+    root = torch.randint(0, V, (B,), generator=gen, dtype=torch.int32)
+    x = logits.to(backend.device)
+    if layout == "vocab_padded":
+        x = widened(x, 24)
+    elif layout == "block_rows":
+        x = after_rows(x, 1)
+    else:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    with poisoned_empty():
+        got = jk.draft_tree(x, root.to(backend.device), budget=13, topk=K,
+                            backend=api_backend(backend))
+    sync(backend.device)
+    check_tree_exact(got, ref.draft_tree(logits.float(), root, 13, K))
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("layout", ["block_rows", "padded"])
+def test_draft_tree_from_hidden_engine_layouts(backend, layout):
+    """Hidden states as rows 1.. of the draft block, or hidden and lm_head_weight in padded rows
+    (16-byte aligned): python_ref's tree up to ties within float32 rounding."""
+    gen = torch.Generator().manual_seed(len(layout) + 11)
+    B, D, H, V = 3, 4, 64, 300
+    hidden = torch.randn(B, D, H, generator=gen).half()
+    weight = (torch.randn(V, H, generator=gen) / 4).half()
+    root = torch.zeros(B, dtype=torch.int32)
+    h, w = hidden.to(backend.device), weight.to(backend.device)
+    if layout == "block_rows":
+        h = after_rows(h, 1)
+    else:
+        h, w = widened(h, 8), widened(w, 8)
+    with poisoned_empty():
+        got = jk.draft_tree_from_hidden(h, w, root.to(backend.device), budget=12, topk=3,
+                                        backend=api_backend(backend))
+    sync(backend.device)
+    why = tree_difference(got, ref.draft_tree(hidden.double() @ weight.double().T, root, 12, 3), 1e-4)
+    assert why is None, why
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("scale", [1e-4, 1e3, "identical"])
+def test_draft_tree_logit_magnitudes(backend, scale):
+    """Logits of 1e-4 (near-uniform log-probs, close to -log V) and 1e3 (spreads of thousands)
+    against the float64 spec, up to ties within float32 rounding at that scale; rows of one
+    repeated value (every candidate ties: the lowest ids, bit for bit with the fp32 spec)."""
+    gen = torch.Generator().manual_seed(5)
+    B, D, V, K, budget = 2, 3, 700, 4, 30
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    if scale == "identical":
+        logits = (torch.randn(B, D, 1, generator=gen) * 5).expand(B, D, V).contiguous().to(dtype)
+    else:
+        logits = (torch.randn(B, D, V, generator=gen) * scale).to(dtype)
+    root = torch.tensor([3, 4], dtype=torch.int32)
+    with poisoned_empty():
+        got = jk.draft_tree(logits.to(backend.device), root.to(backend.device), budget=budget,
+                            topk=K, backend=api_backend(backend))
+    sync(backend.device)
+    if scale == "identical":
+        want = ref.draft_tree(logits.float(), root, budget, K)
+        for key in ("tokens", "parents", "depths", "num_nodes", "mask"):
+            assert torch.equal(tree_fields(got)[key], want[key].to(torch.int32)), key
+        assert tree_fields(got)["tokens"][:, 1:1 + K].tolist() == [list(range(K))] * B
+        return
+    eps = 1e-5 + 4e-7 * D * max(1.0, scale)
+    why = tree_difference(got, ref.draft_tree(logits.double(), root, budget, K), eps,
+                          score_tol=TOL[torch.float32])
+    assert why is None, why

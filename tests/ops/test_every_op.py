@@ -33,7 +33,7 @@ def test_opcheck(dev):
     q, kc, vc, prefix, out, lse, logits, hid, root = _round_inputs(dev, gen)
     b, n, _, dh = q.shape
     hkv = kc.shape[2]
-    for name, kernel in cu()._util.enum("AttnKernel").items():
+    for name, kernel in cu().extension.enum("AttnKernel").items():
         if name != "tma":  # test_opcheck_tma: a TMA fault must not take the other ops with it
             opcheck(torch.ops.jetspec.tree_attention.default,
                     (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, kernel))
@@ -67,7 +67,7 @@ def test_opcheck(dev):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_ops_on_a_device_that_is_not_current():
     """Tensors on cuda:1 while cuda:0 is current: every op launches on its tensors' device (the
-    CPU tests check that every _C call sits inside U.on_device; this checks it on hardware)."""
+    CPU tests check that every _C call sits inside ext.on_device; this checks it on hardware)."""
     gen = torch.Generator().manual_seed(3)
     q, kc, vc, prefix, out, lse, logits, hid, root = _round_inputs("cuda:1", gen)
     lm_head = torch.randn(700, 64, generator=gen).half().to("cuda:1")
@@ -110,7 +110,7 @@ def test_opcheck_tma(dev, n):
     q, kc, vc, prefix, out, lse = _tma_inputs(dev, torch.Generator().manual_seed(1), n)
     opcheck(torch.ops.jetspec.tree_attention.default,
             (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2,
-             cu()._util.enum("AttnKernel")["tma"]))
+             cu().extension.enum("AttnKernel")["tma"]))
 
 
 def _capture(fn):

@@ -6,8 +6,10 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from jetspec_kernels.triton import rope
-from helpers import DEV, TOL, backends, cu, paged, rel_l2, shuffled_table, sync
+from helpers import (DEV, TOL, api_backend, backend_module, backends, cache_layout, cu, fused_qkv,
+                     paged, rel_l2, shuffled_table, sync, widened)
+
+rope = backend_module("triton", "qk_norm_rope_append")
 
 
 def sentinel_caches(shape, cache_dtype, is_paged, gen):
@@ -276,3 +278,86 @@ def test_bf16_kv_only(shape, page):
 def test_fp32_long_positions_on_gpu():
     run_case(2, 33, 16, 4, 128, torch.float32, torch.float32, "contiguous", 16, False, 40000,
              seed=2)
+
+
+# ---------------------------------------------------------------- engine layouts
+# tests/test_engine_layouts.py checks each layout against a contiguous copy on the same backend;
+# this checks them against python_ref, in this op's own file.
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "kv_only"])
+@pytest.mark.parametrize("is_paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("layout", ["qkv", "kv_halves", "kv_heads_major", "v_padded"])
+def test_engine_layouts(backend, layout, is_paged, with_q):
+    """q, k, v sliced from one fused qkv projection (positions from a wider buffer), or caches as
+    K/V halves of one buffer, heads-major or with padded V rows: python_ref's q and caches."""
+    dtype = torch.float16
+    dev = backend.device
+    gen = torch.Generator().manual_seed(len(layout) * 4 + 2 * is_paged + with_q)
+    B, N, Hq, Hkv, Dh, L, page = 3, 5, 6, 2, 64, 20, 4
+    q, k, v = (torch.randn(B, N, h, Dh, generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
+    qw, kw = torch.rand(Dh, generator=gen) + 0.5, torch.rand(Dh, generator=gen) + 0.5
+    prefix = torch.tensor([2, 9, 0], dtype=torch.int32)
+    cache = torch.full((B, L, Hkv, Dh), float("nan"), dtype=dtype)
+    table = start = None
+    if is_paged:                                  # tree rows: RoPE at depth, slot at row
+        cache, table = paged(cache, page, gen)
+        positions = prefix[:, None] + torch.tensor([0, 1, 1, 2, 3])[None, :]
+        start = prefix
+    else:
+        positions = prefix[:, None] + torch.arange(N)[None, :]
+    positions = positions.to(torch.int32)
+    kr, vr = cache.double(), cache.double()
+    dbl = (lambda t: t.double()) if with_q else (lambda t: None)
+    want = ref.qk_norm_rope_append(dbl(q), k.double(), v.double(), dbl(qw), kw.double(), positions,
+                                   kr, vr, 1e6, block_table=table, cache_start=start)
+    kc, vc = cache.to(dev), cache.clone().to(dev)
+    q_d, k_d, v_d, pos_d = q.to(dev), k.to(dev), v.to(dev), positions.to(dev)
+    if layout == "qkv":
+        q_d, k_d, v_d = fused_qkv(q_d, k_d, v_d)
+        pos_d = widened(pos_d, 3, fill=-1)
+    else:
+        kc, vc = cache_layout(layout, kc, vc)
+    to = lambda t: None if t is None else t.to(dev)
+    got = jk.qk_norm_rope_append(q_d if with_q else None, k_d, v_d, qw.to(dev) if with_q else None,
+                                 kw.to(dev), pos_d, kc, vc, rope_theta=1e6, block_table=to(table),
+                                 cache_start=to(start), backend=api_backend(backend))
+    sync(dev)
+    if with_q:
+        assert rel_l2(got, want) < TOL[dtype]
+    else:
+        assert got is None
+    written = ~kr.isnan()
+    assert torch.equal(~kc.cpu().isnan(), written) and torch.equal(~vc.cpu().isnan(), written)
+    assert rel_l2(kc.cpu()[written], kr[written]) < TOL[dtype]
+    assert torch.equal(vc.cpu()[written], vr[written].to(dtype))
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("scale", [1e-4, 1e-3, 1e3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_activation_scales(backend, scale, dtype):
+    """Activations of 1e-4 .. 1e3 (hidden states of some layers live at 1e-3, where eps = 1e-6
+    is as large as mean(x**2)) and a head of identical values: RMSNorm's epsilon sits inside the
+    square root (an epsilon outside it is 38 % off at 1e-3 and passes at scale 1)."""
+    gen = torch.Generator().manual_seed(int(scale * 1e4) % 1000)
+    B, N, Hq, Hkv, Dh = 2, 3, 4, 2, 64
+    q = (torch.randn(B, N, Hq, Dh, generator=gen) * scale).to(dtype)
+    k = (torch.randn(B, N, Hkv, Dh, generator=gen) * scale).to(dtype)
+    v = torch.randn(B, N, Hkv, Dh, generator=gen).to(dtype)
+    k[0, 0, 0] = k[0, 0, 0, :1]                           # identical values: normalised to w
+    qw, kw = torch.rand(Dh, generator=gen) + 0.5, torch.rand(Dh, generator=gen) + 0.5
+    pos = torch.tensor([[0, 1, 2], [7, 8, 9]], dtype=torch.int32)
+    kc = torch.full((B, 12, Hkv, Dh), float("nan"), dtype=dtype)
+    kr, vr = kc.double(), kc.double()
+    want = ref.qk_norm_rope_append(q.double(), k.double(), v.double(), qw.double(), kw.double(),
+                                   pos, kr, vr, 1e6)
+    dev = backend.device
+    kd, vd = kc.to(dev), kc.clone().to(dev)
+    got = jk.qk_norm_rope_append(q.to(dev), k.to(dev), v.to(dev), qw.to(dev), kw.to(dev),
+                                 pos.to(dev), kd, vd, rope_theta=1e6, backend=api_backend(backend))
+    sync(dev)
+    written = ~kr.isnan()
+    assert rel_l2(got, want) < TOL[dtype]
+    assert rel_l2(kd.cpu()[written], kr[written]) < TOL[dtype]

@@ -13,8 +13,10 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
-from jetspec_kernels.triton import attention as TA
-from helpers import TOL, backends, cu, paged, random_tree, rel_l2, shuffled_table, sync
+from helpers import (TOL, api_backend, backend_module, backends, cache_layout, cu, fused_qkv, paged,
+                     random_tree, rel_l2, shuffled_table, sync, widened)
+
+TA = backend_module("triton", "tree_attention")
 
 
 ATTN_CASES = [
@@ -32,7 +34,7 @@ ATTN_CASES = [
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel in ("wgmma", "tma") and dh not in cu()._util.limit("wgmma_head_dims"):
+    if kernel in ("wgmma", "tma") and dh not in cu().extension.limit("wgmma_head_dims"):
         pytest.skip("the sm_90a kernels take head dims 64 and 128 (hopper runs mma.sync there)")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
@@ -440,3 +442,78 @@ def test_qwen3_8b_shapes_on_gpu(B, N, prefix, page_size, mode, dtype):
     out, lse, scale = run_backend(case)
     torch.cuda.synchronize()
     assert_close(case, out, lse, scale)
+
+
+# ---------------------------------------------------------------- engine layouts
+# tests/test_engine_layouts.py checks each layout against a contiguous copy on the same backend;
+# this checks them against python_ref, in this op's own file.
+ENGINE_LAYOUTS = ["kv_halves", "kv_heads_major", "v_padded", "qkv", "outputs", "tables"]
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("is_paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("layout", ENGINE_LAYOUTS)
+def test_tree_attention_engine_layouts(backend, layout, is_paged):
+    """K and V as halves of one buffer or heads-major, V rows padded, q sliced from a fused qkv
+    projection, out / lse inside padded buffers, mask and block table sliced from wider ones:
+    python_ref's answer (float64), NaN past every sequence's end never read."""
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    dev = backend.device
+    gen = torch.Generator().manual_seed(len(layout) * 2 + is_paged)
+    B, N, Hq, Hkv, Dh, L, page = 3, 7, 4, 2, 64, 24, 6
+    prefix = torch.tensor([0, 11, 5], dtype=torch.int32)
+    q = torch.randn(B, N, Hq, Dh, generator=gen).to(dtype)
+    k = torch.randn(B, L, Hkv, Dh, generator=gen).to(dtype)
+    v = torch.randn(B, L, Hkv, Dh, generator=gen).to(dtype)
+    for b in range(B):
+        k[b, int(prefix[b]) + N:] = float("nan")
+        v[b, int(prefix[b]) + N:] = float("nan")
+    table = None
+    if is_paged:
+        k, table = paged(k, page, gen)
+        v, _ = paged(v, page, gen, table)
+    parents, num_nodes = random_tree(B, N, gen, pad=False)      # padding with junk parents
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask, "causal",
+                                      table, None)
+    q_d, k_d, v_d, mask_d = q.to(dev), *cache_layout(layout, k.to(dev), v.to(dev)), mask.to(dev)
+    table_d = None if table is None else table.to(dev)
+    out = torch.full((B, N, Hq, Dh), float("nan"), dtype=dtype, device=dev)
+    lse = torch.full((B, Hq, N), float("nan"), device=dev)
+    if layout == "qkv":
+        q_d = fused_qkv(q_d, torch.randn(B, N, Hkv, Dh).to(dtype).to(dev),
+                        torch.randn(B, N, Hkv, Dh).to(dtype).to(dev))[0]
+    elif layout == "outputs":
+        out = widened(out.flatten(2), 24).view(B, N, Hq, Dh)
+        lse = widened(lse, 5)
+    elif layout == "tables":
+        mask_d = widened(mask_d, 3, dim=1, fill=-1)
+        table_d = None if table_d is None else widened(table_d, 2, fill=-1)
+    got, got_lse = jk.tree_attention(q_d, k_d, v_d, prefix.to(dev), mask_d, block_table=table_d,
+                                     out=out, lse=lse, backend=api_backend(backend))
+    sync(dev)
+    assert got is out and got_lse is lse
+    assert not got.isnan().any() and not got_lse.isnan().any()
+    assert rel_l2(got, o_ref) < TOL[dtype] and rel_l2(got_lse, l_ref) < TOL[dtype]
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("qk_scale,v_scale", [(1e-3, 1e3), (30.0, 1e-2), (1.0, 1e3)])
+def test_tree_attention_magnitudes(backend, qk_scale, v_scale):
+    """Queries and keys of 1e-3 (uniform weights) or 30 (one-hot softmax: scores of 1e4 need the
+    running max), values of 1e-2 .. 1e3: python_ref's output and lse (float64) within tolerance."""
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    dev = backend.device
+    gen = torch.Generator().manual_seed(int(qk_scale * 7 + v_scale))
+    B, N, Hq, Hkv, Dh, L = 2, 9, 4, 2, 64, 40
+    prefix = torch.tensor([20, 31], dtype=torch.int32)
+    q = (torch.randn(B, N, Hq, Dh, generator=gen) * qk_scale).to(dtype)
+    k = (torch.randn(B, L, Hkv, Dh, generator=gen) * qk_scale).to(dtype)
+    v = (torch.randn(B, L, Hkv, Dh, generator=gen) * v_scale).to(dtype)
+    parents, num_nodes = random_tree(B, N, gen)
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    o_ref, l_ref = ref.tree_attention(q.double(), k.double(), v.double(), prefix, mask)
+    out, lse = jk.tree_attention(q.to(dev), k.to(dev), v.to(dev), prefix.to(dev), mask.to(dev),
+                                 return_lse=True, backend=api_backend(backend))
+    sync(dev)
+    assert rel_l2(out, o_ref) < TOL[dtype] and rel_l2(lse, l_ref) < TOL[dtype]

@@ -159,10 +159,10 @@ def test_hopper_splits_fill_one_wave(b, prefix, n, variant):
     """The split count at the headline shapes (Qwen3-8B heads) from the kernel's occupancy (the
     simulator computes it: 1 CTA per SM for both variants, by shared memory and the launch
     bounds) on 132 SMs; rows of the wide variant's tiles are 128, the small one's 64."""
-    from jetspec_kernels.cuda import attention as A
+    from jetspec_kernels.cuda.tree_attention import hopper_splits
     hq, hkv, dh = 32, 8, 128
     q = torch.zeros(b, n, hq, dh, dtype=torch.bfloat16)
-    got = A.hopper_splits(q, hkv, prefix + n)
+    got = hopper_splits(q, hkv, prefix + n)
     rows = 128 if variant == "wide" else 64
     assert (variant == "wide") == (n * hq // hkv > 64)
     base = -(-n * (hq // hkv) // rows) * b * hkv

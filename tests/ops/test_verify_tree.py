@@ -6,9 +6,11 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Tree
-from jetspec_kernels.triton import verify
-from helpers import (DEV, VERIFY_KEYS, backends, cu, filter_case, kept_by_thresholds,
-                     poisoned_empty, random_tree, skip_on_interpreter, steering_logits, sync)
+from helpers import (DEV, VERIFY_KEYS, after_rows, api_backend, backend_module, backends, cu,
+                     filter_case, kept_by_thresholds, on, poisoned_empty, random_tree,
+                     skip_on_interpreter, steering_logits, sync, widened)
+
+verify = backend_module("triton", "verify_tree")
 
 
 def verify_on(backend, tokens, parents, num_nodes, max_depth, logits=None, target=None,
@@ -58,7 +60,8 @@ def thresholds_on(backend, logits, temperature, top_k=None, top_p=None):
     """``backend``'s filter step on its own (poisoned outputs) -> (thr_x, thr_id) on the CPU."""
     dev = backend.device
     to = lambda t: None if t is None else t.to(dev)
-    fn = verify.filter_thresholds if backend.name == "triton" else cu().verify.filter_thresholds
+    fn = backend_module(backend.name if backend.name == "triton" else "cuda",
+                        "verify_tree").filter_thresholds
     with poisoned_empty():
         thr = fn(logits.to(dev), temperature.to(dev), to(top_k), to(top_p))
     sync(dev)
@@ -149,10 +152,6 @@ def test_verify_tree_logits(backend, make, args, temperature, request):
     """Greedy and sampled target tokens from logits, then the walk: bit-exact python_ref."""
     if backend.name == "sim" and "qwen_vocab" in request.node.callspec.id:
         pytest.skip("the Qwen vocabulary is too large for the simulator (runs on triton and cuda)")
-    if make is random_logits_case and backend.name == "triton":
-        # NaN logits are outside the contract: python_ref and the cuda kernels take a NaN as the
-        # maximum (torch.argmax), triton's target step skips it. Triton runs the case without it.
-        args = (*args, False)
     case = make(*args)
     want = check(backend, case["tokens"], case["parents"], case["num_nodes"], case["max_depth"],
                  logits=case["logits"], temperature=temperature, seed=case["seed"],
@@ -283,7 +282,7 @@ def test_sibling_token_ties_lowest_index_wins(backend):
 def test_verify_tree_walk_limit(dev):
     # The cuda walk stages at most walk_max_nodes nodes; a larger tree is an error from the
     # launcher (and `auto` never sends one there). triton has no such limit.
-    n = cu()._util.limit("walk_max_nodes")
+    n = cu().extension.limit("walk_max_nodes")
     tokens = torch.zeros(1, n + 1, dtype=torch.int32, device=dev)
     parents = torch.full((1, n + 1), -1, dtype=torch.int32, device=dev)
     num_nodes = torch.tensor([n + 1], dtype=torch.int32, device=dev)
@@ -387,10 +386,74 @@ def test_filtered_samples_and_verdicts_equal_reference(backend, num_splits):
     assert int(want["accept_len"].max()) >= 2, "the steering should make some walks go deep"
 
 
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("num_splits", [3])
+def test_nan_and_inf_logits(backend, num_splits):
+    """A NaN logit is the maximum, as in torch.argmax (the first NaN wins), greedy or sampled,
+    whatever top-k and top-p say (before, triton skipped NaNs and cuda with a filter could keep
+    no token at all and return 2**31 - 1); +inf and -inf are values (a row of -inf gives token
+    0). One-node trees, so each bonus is that row's target token."""
+    V = 300
+    rows = torch.randn(12, 1, V, generator=torch.Generator().manual_seed(3))
+    rows[0, 0, [7, 200]] = float("nan")                          # two NaNs: the first wins
+    rows[1, 0, 250] = float("nan")                               # a NaN in a late split
+    rows[1, 0, 3] = float("inf")
+    rows[2, 0, [5, 260]] = float("inf")                          # tied maxima: the lower id
+    rows[3, 0] = float("-inf")                                   # no finite value: token 0
+    rows[4, 0, 100:] = float("-inf")
+    rows[5, 0] = float("nan")                                    # all NaN: token 0
+    rows[6, 0, 299] = float("nan")
+    rows[6, 0, 0] = 1e30
+    rows[7:] = rows[:5].clone()
+    rows[7:, 0, 150] = float("nan")
+    rows[11, 0] = torch.arange(V) * 1e-3                          # +inf maxima off id 0 with
+    rows[11, 0, [9, 11, 40]] = float("inf")                      # top-p: each weighs 2**32
+    b = rows.shape[0]
+    zeros = torch.zeros(b, 1, dtype=torch.int32)
+    seed, offset = torch.arange(b, dtype=torch.int64) + 5, torch.zeros(b, dtype=torch.int64)
+    temp = torch.tensor([0.0, 1.0, 0.7, 2.0] * 3)
+    top_k = torch.tensor([0, 1, 5, 299, 300, 2] * 2, dtype=torch.int32)
+    top_p = torch.tensor([1.0, 1e-4, 0.5, 0.9] * 3)
+    for kw in (dict(), dict(temperature=temp), dict(temperature=temp, top_p=top_p),
+               dict(temperature=temp, top_k=top_k, top_p=top_p)):
+        want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows, seed=seed,
+                     offset=offset, num_splits=num_splits, block_v=128, **kw)
+        first_nan = [int(r[0].isnan().nonzero()[0]) if r[0].isnan().any() else None for r in rows]
+        for i, n in enumerate(first_nan):
+            if n is not None:
+                assert int(want["bonus"][i]) == n, (kw, i)
+        assert int(want["bonus"][3]) == 0 and int(want["bonus"][5]) == 0
+        assert int(want["bonus"][11]) == 9
+
+
+@backends("triton", "sim", "cuda")
+def test_logit_magnitudes(backend):
+    """Logits of 1e-4 (near-uniform: the Gumbel noise decides, bit for bit), 1e3 with T 0.05
+    (x / T = 2e4), half the float32 range (x / T overflows to inf), and rows of one repeated
+    value (every token ties: top-k keeps the lowest ids), greedy and sampled with per-sequence
+    top-k and top-p: python_ref's tokens."""
+    V = 200
+    gen = torch.Generator().manual_seed(21)
+    scales = [1e-4, 1e-4, 1e3, 1e3, 1.7e38, 1.0, 1.0, 1e-4]
+    rows = torch.randn(len(scales), 1, V, generator=gen) * torch.tensor(scales)[:, None, None]
+    rows[5] = 0.25                                                # every token ties
+    rows[6] = -3.0
+    b = rows.shape[0]
+    zeros = torch.zeros(b, 1, dtype=torch.int32)
+    seed, offset = torch.arange(b, dtype=torch.int64) * 31 + 1, torch.arange(b, dtype=torch.int64)
+    temp = torch.tensor([1.0, 0.0, 0.05, 1.0, 0.5, 1.0, 0.7, 2.0])
+    top_k = torch.tensor([0, 0, 3, 0, 2, 5, 0, 7], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.3, 0.9, 1.0, 0.5, 0.05])
+    want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows, temperature=temp,
+                 seed=seed, offset=offset, top_k=top_k, top_p=top_p)
+    assert int(want["bonus"][5]) < 5 and int(want["bonus"][6]) < 100
+
+
 @backends("sim", "cuda")
 def test_verify_tree_filters_survive_nan_logits(dev):
-    """NaN logits are outside the contract (the result is unspecified), but the filter's search
-    must still finish without a trap: its integer divisions are guarded."""
+    """A NaN logit breaks the filter search's invariants (a NaN is kept anyway, see
+    test_nan_and_inf_logits), but the search must still finish without a trap: its integer
+    divisions are guarded."""
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(2, 3, 500, generator=gen)
     logits[0, 0, ::7] = float("nan")
@@ -398,8 +461,9 @@ def test_verify_tree_filters_survive_nan_logits(dev):
     temp = torch.tensor([1.0, 0.5])
     for k_, p_ in ((torch.tensor([5, 0], dtype=torch.int32), None), (None, torch.tensor([0.5, 0.3])),
                    (torch.tensor([5, 0], dtype=torch.int32), torch.tensor([0.5, 0.3]))):
-        cu().verify.filter_thresholds(logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
-                                      None if p_ is None else p_.to(dev))
+        backend_module("cuda", "verify_tree").filter_thresholds(
+            logits.to(dev), temp.to(dev), None if k_ is None else k_.to(dev),
+            None if p_ is None else p_.to(dev))
     sync(dev)
 
 
@@ -483,3 +547,50 @@ def test_public_api_dispatches_to_triton():
         want = jk.verify_tree(tree, logits, backend="reference", **kw)
         for g, w in zip(got, want):
             assert g.dtype == torch.int32 and torch.equal(g, w)
+
+
+# ------------------------------------------------------------- engine layouts
+# tests/test_engine_layouts.py checks each layout against a contiguous copy on the same backend;
+# this checks them against python_ref, in this op's own file.
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("layout", ["vocab_padded", "vocab_padded_aligned", "rows",
+                                    "target_tokens", "tree_fields"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_engine_layouts(backend, layout, temperature):
+    """Logits of a padded vocabulary (rows off 16 bytes, or aligned), the tree's rows of a longer
+    forward, target tokens or tree fields sliced from wider buffers: python_ref's verdicts."""
+    if layout == "target_tokens" and temperature:
+        pytest.skip("target tokens are greedy")
+    dev = backend.device
+    gen = torch.Generator().manual_seed(len(layout) + int(temperature * 10))
+    B, D, V = 3, 4, 500
+    tokens, parents, num_nodes, max_depth, _ = real_tree(B, D, V, 15, 3, gen)
+    logits = steering_logits(tokens, parents, num_nodes, V, gen, boost=40.0)
+    target = ref.sample_tokens(logits, 0.0)
+    seed, offset = torch.tensor([1, 2, 3]), torch.tensor([0, 5, 9])
+    want = ref.verify_tree(tokens, parents, num_nodes, max_depth,
+                           target_logits=None if layout == "target_tokens" else logits,
+                           target_tokens=target if layout == "target_tokens" else None,
+                           temperature=temperature, seed=seed, offset=offset)
+    parts = [on(t, dev) for t in (tokens, parents, ref.pack_mask(parents, num_nodes).to(torch.int32))]
+    lg = logits.to(dev)
+    kw = dict(target_logits=lg)
+    if layout == "vocab_padded":
+        kw["target_logits"] = widened(lg, 13)
+    elif layout == "vocab_padded_aligned":
+        kw["target_logits"] = widened(lg, 12)
+    elif layout == "rows":
+        kw["target_logits"] = after_rows(lg, 2)
+    elif layout == "target_tokens":
+        kw = dict(target_tokens=widened(target.to(dev), 3, fill=-1))
+    else:
+        parts = [widened(parts[0], 2, fill=7), widened(parts[1], 2, fill=0), parts[2]]
+    tree = Tree(parts[0], parts[1], torch.zeros_like(parts[1]).contiguous(),
+                torch.zeros(B, tokens.shape[1], device=dev), num_nodes.to(dev), parts[2], max_depth)
+    got = jk.verify_tree(tree, temperature=temperature, seed=seed.to(dev), offset=offset.to(dev),
+                         backend=api_backend(backend), **kw)
+    for key, g in zip(VERIFY_KEYS, got):
+        assert torch.equal(g.cpu(), want[key].to(torch.int32)), key
+    assert int(want["accept_len"].sum()) > 0

@@ -1,7 +1,7 @@
 // Host-callable launchers compiled in the .cu files; bindings.cpp includes only this header.
-// Every launcher checks its arguments and its launch and returns a Status (status.h): the CUDA
-// error, and for refused input a message naming the argument, its value and the limit;
-// dtype codes are jetspec::DType values (0 float32, 1 float16, 2 bfloat16).
+// Every launcher takes its params struct (params.h: the fields _C.<op> takes, declared once) and a
+// stream, checks its arguments and its launch, and returns a Status (status.h): the CUDA error,
+// and for refused input a message naming the argument, its value and the limit.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,30 +11,26 @@
 
 namespace jetspec {
 
-Status launch_pack_mask(const int32_t* parents, const int32_t* num_nodes, int32_t* mask, int batch,
-                        int n, int words, cudaStream_t stream);
+Status launch_pack_mask(const PackMaskParams& p, cudaStream_t stream);
 
 // q/k/v dtype and cache dtype may differ (the cache receives rounded fp32 results).
-Status launch_qk_norm_rope_append(const RopeParams& p, int dtype, int cache_dtype,
-                                  cudaStream_t stream);
+Status launch_qk_norm_rope_append(const RopeParams& p, cudaStream_t stream);
 
-Status launch_sample_filter(const SampleFilterParams& p, int logits_dtype, cudaStream_t stream);
-Status launch_target_tokens(const TargetTokenParams& p, int logits_dtype, cudaStream_t stream);
+Status launch_sample_filter(const SampleFilterParams& p, cudaStream_t stream);
+Status launch_target_tokens(const TargetTokenParams& p, cudaStream_t stream);
 Status launch_verify_walk(const VerifyWalkParams& p, cudaStream_t stream);
 
-// Element sizes in bytes (2 or 4): the copies are raw.
-Status launch_commit_kv(const CommitParams& p, int cache_elem_bytes, int hidden_elem_bytes,
-                        cudaStream_t stream);
+Status launch_commit_kv(const CommitParams& p, cudaStream_t stream);
 
 size_t topk_workspace_bytes(long long rows, int vocab, int k);
-Status launch_log_softmax_topk(const TopkParams& p, int logits_dtype, cudaStream_t stream);
+Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream);
 // hidden and weight float16 or bfloat16; the workspace size depends on the current device.
 Status hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes);
-Status launch_hidden_topk(const HiddenTopkParams& p, int dtype, cudaStream_t stream);
+Status launch_hidden_topk(const HiddenTopkParams& p, cudaStream_t stream);
 Status launch_build_tree(const BuildTreeParams& p, cudaStream_t stream);
 
 // dtype float16 or bfloat16; head_dim 64, 128 or 256.
-Status launch_tree_attention(const AttnParams& p, int dtype, int head_dim, cudaStream_t stream);
+Status launch_tree_attention(const AttnParams& p, cudaStream_t stream);
 // The split count kernel 4 (hopper) picks for these shapes on the current device (occupancy and
 // wave efficiency); capacity = the keys one sequence's cache can hold. 1 where it would not run.
 Status tree_attention_hopper_splits(int batch, int n, int hq, int hkv, int capacity, int dtype,

@@ -33,7 +33,8 @@ __device__ __forceinline__ bool attn_visible(const AttnParams& p, int b, int pre
   if (j >= p.n) return false;
   if (p.tail == kTailFull) return true;
   if (p.tail == kTailCausal) return j <= i;
-  const uint32_t w = static_cast<uint32_t>(p.tree_mask[b * p.sm0 + i * p.sm1 + (j >> 5)]);
+  const uint32_t w = static_cast<uint32_t>(
+      p.tree_mask[b * p.tree_mask_batch_stride + i * p.tree_mask_row_stride + (j >> 5)]);
   return (w >> (j & 31)) & 1u;
 }
 
@@ -56,7 +57,7 @@ __device__ __forceinline__ void attn_load_q(const AttnParams& p, int b, int kvh,
     const T* src = q;
     if (ok) {
       const int i = pr / p.group, h = kvh * p.group + pr % p.group;
-      src = q + b * p.sq.s0 + i * p.sq.s1 + h * p.sq.s2 + col;
+      src = q + b * p.q_strides.batch + i * p.q_strides.row + h * p.q_strides.head + col;
     }
     cp_async_16(dst(r, col), src, ok);
   }
@@ -77,8 +78,10 @@ __device__ __forceinline__ void attn_load_kv(const AttnParams& p, int b, int kvh
     const T* ks = kc;
     const T* vs = vc;
     if (ok) {
-      ks = kc + cache_offset(p.sk, p.block_table, p.bt_stride, p.page_size, b, pos, kvh) + col;
-      vs = vc + cache_offset(p.sv, p.block_table, p.bt_stride, p.page_size, b, pos, kvh) + col;
+      ks = kc + cache_offset(p.k_cache_strides, p.block_table, p.block_table_batch_stride,
+                             p.page_size, b, pos, kvh) + col;
+      vs = vc + cache_offset(p.v_cache_strides, p.block_table, p.block_table_batch_stride,
+                             p.page_size, b, pos, kvh) + col;
     }
     cp_async_16(dk(r, col), ks, ok);
     cp_async_16(dv(r, col), vs, ok);
@@ -168,7 +171,8 @@ __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)
     const float lse = l > 0.f ? (m_run[h2] + log2f(l)) * 0.69314718055994531f : -INFINITY;
     const int64_t ridx = (static_cast<int64_t>(b) * p.hq + h) * p.n + i;
     if (p.splits == 1) {
-      T* dst = static_cast<T*>(p.out) + b * p.so.s0 + i * p.so.s1 + h * p.so.s2;
+      T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + i * p.out_strides.row +
+               h * p.out_strides.head;
 #pragma unroll
       for (int dt = 0; dt < HD / 8; ++dt) {
         const int d = dt * 8 + 2 * tq;
@@ -178,14 +182,14 @@ __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)
       if (p.lse != nullptr && tq == 0) p.lse[ridx] = lse;
     } else {
       const int64_t prow = static_cast<int64_t>(split) * p.batch * p.hq * p.n + ridx;
-      float* dst = p.part_o + prow * HD;
+      float* dst = p.partial_o + prow * HD;
 #pragma unroll
       for (int dt = 0; dt < HD / 8; ++dt) {
         const int d = dt * 8 + 2 * tq;
         *reinterpret_cast<float2*>(dst + d) =
             make_float2(o[dt][2 * h2] * inv, o[dt][2 * h2 + 1] * inv);
       }
-      if (tq == 0) p.part_lse[prow] = lse;
+      if (tq == 0) p.partial_lse[prow] = lse;
     }
   }
 }
@@ -326,20 +330,21 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, in
   const int h = static_cast<int>((row / p.n) % p.hq);
   const int b = static_cast<int>(row / (static_cast<long long>(p.n) * p.hq));
   float m = -INFINITY;
-  for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.part_lse[s * rows + row]);
+  for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.partial_lse[s * rows + row]);
   m = warp_max(m);
   float sum = 0.f;
   if (m != -INFINITY)
-    for (int s = lane; s < p.splits; s += 32) sum += expf(p.part_lse[s * rows + row] - m);
+    for (int s = lane; s < p.splits; s += 32) sum += expf(p.partial_lse[s * rows + row] - m);
   sum = warp_sum(sum);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  T* dst = static_cast<T*>(p.out) + b * p.so.s0 + i * p.so.s1 + h * p.so.s2;
+  T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + i * p.out_strides.row +
+           h * p.out_strides.head;
   for (int d = lane; d < hd; d += 32) {
     float acc = 0.f;
     if (m != -INFINITY) {
       for (int s = 0; s < p.splits; ++s) {
-        const float ls = p.part_lse[s * rows + row];
-        if (ls != -INFINITY) acc += expf(ls - m) * p.part_o[(s * rows + row) * hd + d];
+        const float ls = p.partial_lse[s * rows + row];
+        if (ls != -INFINITY) acc += expf(ls - m) * p.partial_o[(s * rows + row) * hd + d];
       }
     }
     dst[d] = from_float<T>(acc * inv);
@@ -358,8 +363,8 @@ Status attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd,
   JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 1));
   if (p.group < 1 || p.hq != p.hkv * p.group)
     return bad_input("hq ", p.hq, " is not a multiple of hkv ", p.hkv);
-  if (p.splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr))
-    return bad_input("splits ", p.splits, " needs part_o and part_lse");
+  if (p.splits > 1 && (p.partial_o == nullptr || p.partial_lse == nullptr))
+    return bad_input("splits ", p.splits, " needs partial_o and partial_lse");
   const long long rows = static_cast<long long>(p.n) * p.group;
   const long long tiles = (rows + cta_rows - 1) / cta_rows;
   const long long bh = static_cast<long long>(p.batch) * p.hkv;

@@ -130,7 +130,7 @@ __device__ __forceinline__ void hopper_mask(float (&s)[BN / 8][4], const AttnPar
     if (p.tail == kTailMask) {
       const int words = (p.n + 31) >> 5;
       const int w0 = jbase >> 5;  // floor
-      const int32_t* row = p.tree_mask + t.b * p.sm0 + i * p.sm1;
+      const int32_t* row = p.tree_mask + t.b * p.tree_mask_batch_stride + i * p.tree_mask_row_stride;
       uint32_t w[BN / 32 + 1];
 #pragma unroll
       for (int q = 0; q <= BN / 32; ++q) {
@@ -256,7 +256,7 @@ __device__ __forceinline__ void hopper_attention_body(const AttnParams& p, const
           const int pos = key0 + ci * chunk;
           int row = pos, outer = t.b;
           if (p.block_table != nullptr) {
-            outer = p.block_table[t.b * p.bt_stride + pos / p.page_size];
+            outer = p.block_table[t.b * p.block_table_batch_stride + pos / p.page_size];
             row = pos % p.page_size;
           }
           tma_load_4d(tile + kb * BN * 128 + ci * chunk * 128, map, kb * 64, t.kvh, row, outer,

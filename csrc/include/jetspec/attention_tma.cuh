@@ -99,7 +99,7 @@ __device__ __forceinline__ void tma_fill_stage(const TmaRing& r, int i, const CU
     const int pos = key0 + c * chunk;
     int row = pos, outer = t.b;
     if (p.block_table != nullptr) {
-      outer = p.block_table[t.b * p.bt_stride + pos / p.page_size];
+      outer = p.block_table[t.b * p.block_table_batch_stride + pos / p.page_size];
       row = pos % p.page_size;
     }
 #pragma unroll
@@ -271,19 +271,20 @@ Status attention_tensor_maps(const AttnParams& p, int chunk, CUtensorMap (&maps)
   JETSPEC_RETURN_IF_FAILED(check_range("cache_outer", p.cache_outer, 1));
   JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 1));
   const void* bases[2] = {p.k_cache, p.v_cache};
-  const Strides4* strides[2] = {&p.sk, &p.sv};
+  const Strides4* strides[2] = {&p.k_cache_strides, &p.v_cache_strides};
   const char* names[2] = {"k_cache", "v_cache"};
   for (int m = 0; m < 2; ++m) {
     const Strides4& st = *strides[m];
-    if (st.s0 < 0 || st.s1 < 0 || st.s2 < 0) {
-      return bad_input(names[m], " strides (", st.s0, ", ", st.s1, ", ", st.s2,
+    if (st.batch < 0 || st.row < 0 || st.head < 0) {
+      return bad_input(names[m], " strides (", st.batch, ", ", st.row, ", ", st.head,
                        ") are negative (", who, ")");
     }
     const uint64_t dims[4] = {static_cast<uint64_t>(HD), static_cast<uint64_t>(p.hkv),
                               static_cast<uint64_t>(p.page_size),
                               static_cast<uint64_t>(p.cache_outer)};
-    const uint64_t bytes[3] = {static_cast<uint64_t>(st.s2) * 2, static_cast<uint64_t>(st.s1) * 2,
-                               static_cast<uint64_t>(st.s0) * 2};
+    const uint64_t bytes[3] = {static_cast<uint64_t>(st.head) * 2,
+                               static_cast<uint64_t>(st.row) * 2,
+                               static_cast<uint64_t>(st.batch) * 2};
     const uint32_t box[4] = {64, 1, static_cast<uint32_t>(chunk), 1};
     JETSPEC_RETURN_IF_FAILED(encode_tensor_map_4d(&maps[m], names[m], bases[m], dims, bytes, box));
   }

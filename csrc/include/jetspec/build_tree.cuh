@@ -1,16 +1,16 @@
 // Draft tree selection from per-depth top-K, one CTA per sequence, bit-exact with
 // python_ref/tree.py (float32 scores summed left to right, the same tie rules).
 //
-// topn (256 threads): the best-first order taken in batches, the algorithm of
-// jetspec_kernels/triton/tree_build.py (its docstring has the argument). Nodes live at their
+// topn (kTopnThreads): the best-first order taken in batches, the algorithm of
+// jetspec_kernels/triton/build_tree.py (its docstring has the argument). Nodes live at their
 // output (breadth-first) positions, so a child's spec-order key (TopnKey) is
 //   q(score) << 30 | depth << 18 | parent position << 6 | rank
 // with q = the 31-bit magnitude of the (<= 0) score: one int64 comparison applies the whole
 // tie rule. A step looks at a window of the next kTopnWindow children of every node and takes
 // every entry that provably precedes anything not yet seen (the heap minimum always), then
-// re-lays the tree out in shared memory (one block scan). At budget 256 (D 15, K 8, random
-// logits) 4-38 steps, median 9.5 over 40 draws, instead of 255; many steps when a deeper level
-// costs almost nothing (a top log-prob near 0), since a step then takes about one generation.
+// re-lays the tree out in shared memory (one block scan). Far fewer steps than nodes (measured
+// counts: bench/NOTES.md, "CUDA build_tree, topn"); many when a deeper level costs almost
+// nothing (a top log-prob near 0), since a step then takes about one generation.
 // A step is one iteration of the `while (n < target)` loop, the last (partial) one included;
 // when p.steps is not null, thread 0 writes the count to p.steps[b] (0 when the
 // root alone fills the tree). A bound made stricter only costs steps, never parity, so
@@ -21,6 +21,9 @@
 // when one of them is popped. It leaves p.steps unwritten.
 #pragma once
 #include "jetspec/common.cuh"
+#include "jetspec/primitives/block_reduce.cuh"
+#include "jetspec/primitives/block_scan.cuh"
+#include "jetspec/primitives/radix_select.cuh"
 
 namespace jetspec {
 
@@ -130,7 +133,7 @@ struct TopnSmem {
   }
 };
 
-// The topn key of a candidate child (DESIGN.md 4a; triton/tree_build.py: _q, _topn_key,
+// The topn key of a candidate child (DESIGN.md 4a; triton/build_tree.py: _q, _topn_key,
 // _topn_key_q_depth, _q_depth_key):
 //   q(score) << 30 | depth << 18 | parent position << 6 | rank
 // q is the 31-bit magnitude of the (<= 0) score; depth and position take 12 bits (budget <=
@@ -160,89 +163,13 @@ struct TopnKey {
   }
 };
 
-// All threads get op over every thread's v. `red` (kTopnThreads / 32 entries) is free on entry.
-template <typename T, typename Op>
-__device__ __forceinline__ T block_all_reduce(T v, Op op, T* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();  // the previous reduction's readers are done with `red`
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = red[0];
-#pragma unroll
-  for (int w = 1; w < kTopnThreads / 32; ++w) v = op(v, red[w]);
-  return v;
-}
-
-__device__ __forceinline__ long long block_min(long long v, long long* red) {
-  return block_all_reduce(v, [](long long a, long long b) { return a < b ? a : b; }, red);
-}
-
-// Three block minima in one pass (two barriers instead of six); red3 holds 3 x 8 entries.
-__device__ __forceinline__ void block_min3(long long& a, long long& b, long long& c,
-                                           long long* red3) {
-  constexpr int W = kTopnThreads / 32;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const long long oa = __shfl_xor_sync(0xffffffffu, a, o);
-    const long long ob = __shfl_xor_sync(0xffffffffu, b, o);
-    const long long oc = __shfl_xor_sync(0xffffffffu, c, o);
-    a = oa < a ? oa : a;
-    b = ob < b ? ob : b;
-    c = oc < c ? oc : c;
-  }
-  __syncthreads();  // the previous call's readers are done with red3
-  if ((threadIdx.x & 31) == 0) {
-    red3[threadIdx.x >> 5] = a;
-    red3[W + (threadIdx.x >> 5)] = b;
-    red3[2 * W + (threadIdx.x >> 5)] = c;
-  }
-  __syncthreads();
-  a = red3[0];
-  b = red3[W];
-  c = red3[2 * W];
-#pragma unroll
-  for (int w = 1; w < W; ++w) {
-    a = red3[w] < a ? red3[w] : a;
-    b = red3[W + w] < b ? red3[W + w] : b;
-    c = red3[2 * W + w] < c ? red3[2 * W + w] : c;
-  }
-}
-
-__device__ __forceinline__ long long block_max(long long v, long long* red) {
-  return block_all_reduce(v, [](long long a, long long b) { return a > b ? a : b; }, red);
-}
-
-__device__ __forceinline__ long long block_sum(long long v, long long* red) {
-  return block_all_reduce(v, [](long long a, long long b) { return a + b; }, red);
-}
-
-// Exclusive prefix sum of v over threads in index order.
-__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  long long inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const long long u = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += u;
-  }
-  __syncthreads();
-  if (lane == 31) red[warp] = inc;
-  __syncthreads();
-  long long base = 0;
-  for (int w = 0; w < warp; ++w) base += red[w];
-  return base + inc - v;
-}
-
-constexpr int kRadixBits = 8;  // digit of kth_key's radix select: 256 bins
-
 // The k-th smallest (1-based) of the keys `key_at(s, i)`, i < cnt[s], over slots s < n (distinct,
-// non-negative): a most-significant-digit radix select, 8 bits a pass, over the bits below the
-// highest one in which the smallest and largest key differ. `hist` holds 256 + 2 ints. About
-// 7 passes for keys that differ in the score, instead of the ~25-55 rounds of a bisection.
+// non-negative): a radix select over the bits below the highest one in which the smallest and
+// largest key differ (as the k-th largest of those bits complemented). About 7 passes for keys
+// that differ in the score, instead of the ~25-55 rounds of a bisection.
 template <typename KeyAt>
 __device__ __forceinline__ long long kth_key(KeyAt key_at, const uint8_t* cnt, int n, long long k,
-                                             long long* red, int* hist) {
+                                             long long* red, RadixSelectSmem<false>& select) {
   auto visit = [&](auto fn) {
     for (int s = threadIdx.x; s < n; s += kTopnThreads)
       for (int i = 0; i < cnt[s]; ++i) fn(key_at(s, i));
@@ -252,46 +179,15 @@ __device__ __forceinline__ long long kth_key(KeyAt key_at, const uint8_t* cnt, i
     lo = v < lo ? v : lo;
     hi = v > hi ? v : hi;
   });
-  lo = block_min(lo, red);
-  hi = block_max(hi, red);
+  lo = block_reduce<kTopnThreads>(lo, MinOp(), red);
+  hi = block_reduce<kTopnThreads>(hi, MaxOp(), red);
   if (lo == hi) return lo;
-  int shift = 64 - __clzll(lo ^ hi);          // the bits still to decide: shift - 1 .. 0
-  long long prefix = (lo >> shift) << shift;  // the bits every key shares
-  while (shift > 0) {
-    const int nb = shift < kRadixBits ? shift : kRadixBits;
-    shift -= nb;
-    for (int b = threadIdx.x; b < (1 << kRadixBits); b += kTopnThreads) hist[b] = 0;
-    __syncthreads();
-    const long long high = prefix >> (shift + nb);
-    visit([&](long long v) {
-      if ((v >> (shift + nb)) == high) atomicAdd(&hist[(v >> shift) & ((1 << nb) - 1)], 1);
-    });
-    __syncthreads();
-    if (threadIdx.x < 32) {  // warp 0 finds the digit: lane l sums bins 8l .. 8l + 7
-      const int lane = threadIdx.x;
-      int own = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) own += hist[lane * 8 + j];
-      int inc = own;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += u;
-      }
-      const unsigned hit = __ballot_sync(0xffffffffu, inc >= k);
-      if (lane == __ffs(hit) - 1) {
-        long long before = inc - own;
-        int b = lane * 8;
-        while (before + hist[b] < k) before += hist[b++];
-        hist[256] = b;
-        hist[257] = static_cast<int>(k - before);
-      }
-    }
-    __syncthreads();
-    prefix |= static_cast<long long>(hist[256]) << shift;
-    k = hist[257];
-  }
-  return prefix;
+  const int nbits = 64 - __clzll(lo ^ hi);  // every key shares the bits above these
+  const unsigned long long low = (1ull << nbits) - 1;
+  const RadixSelected<unsigned long long> c = radix_select<kTopnThreads, false, unsigned long long>(
+      [&](auto add) { visit([&](long long v) { add(~static_cast<unsigned long long>(v) & low, 0ull); }); },
+      nbits, false, static_cast<unsigned long long>(k), select);
+  return (lo & ~static_cast<long long>(low)) | static_cast<long long>(~c.key & low);
 }
 
 __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTreeParams p) {
@@ -299,7 +195,7 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
   JETSPEC_DYNAMIC_SMEM(smem_raw);
   __shared__ long long red[kTopnThreads / 32];
   __shared__ long long red3[3 * kTopnThreads / 32];
-  __shared__ int hist[(1 << kRadixBits) + 2];  // kth_key
+  __shared__ RadixSelectSmem<false> select;  // kth_key
   const int cap = p.budget, D = p.depth, K = p.k, b = blockIdx.x, tid = threadIdx.x;
   const float* lp = p.topk_logprobs + static_cast<int64_t>(b) * D * K;
 
@@ -346,7 +242,11 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
         hidden = hk < hidden ? hk : hidden;
       }
     }
-    block_min3(heap_min, best_child, hidden, red3);
+    long long bounds[3] = {heap_min, best_child, hidden};
+    block_reduce_n<kTopnThreads>(bounds, MinOp(), red3);
+    heap_min = bounds[0];
+    best_child = bounds[1];
+    hidden = bounds[2];
 
     // Taken entries form a prefix of every window (the test is monotone in the key). The heap
     // minimum passes both bounds anyway (tests/tree_steps_model.py asserts it); naming it keeps
@@ -365,10 +265,10 @@ __global__ void __launch_bounds__(kTopnThreads) build_tree_topn_kernel(BuildTree
       cnt[s] = static_cast<uint8_t>(take);
       m += take;
     }
-    m = block_sum(m, red);
+    m = block_reduce<kTopnThreads>(m, SumOp(), red);
     if (m > target - n) {  // the last step: keep the (target - n) smallest
       m = target - n;
-      const long long last = kth_key(key_at, cnt, n, m, red, hist);
+      const long long last = kth_key(key_at, cnt, n, m, red, select);
       for (int s = tid; s < n; s += kTopnThreads) {
         int take = 0;
         while (take < cnt[s] && key_at(s, take) <= last) ++take;
@@ -520,7 +420,7 @@ inline Status build_tree(const BuildTreeParams& p, cudaStream_t stream) {
     return bad_input("algorithm ", p.algorithm, " is not 0 (topn) or 1 (accum_logp)");
   const bool topn = p.algorithm == kTreeTopn;
   const size_t smem = topn ? TopnSmem::bytes(p.budget) : accum_smem_bytes(p.budget);
-  if (smem > 48 * 1024) {
+  if (smem > kSmemWithoutOptIn) {
     JETSPEC_RETURN_IF_FAILED(cuda_context(
         cudaFuncSetAttribute(topn ? build_tree_topn_kernel : build_tree_accum_kernel,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),

@@ -9,11 +9,13 @@
 
 namespace jetspec {
 
+constexpr int kCommitThreads = 256;
 
 // Copies in units U (uint4 when every row is 16-byte aligned, else the raw element type) of
 // elements of elem_bytes bytes.
 template <typename U>
-__global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem_bytes) {
+__global__ void __launch_bounds__(kCommitThreads) commit_kv_kernel(CommitParams p,
+                                                                int elem_bytes) {
   pdl_begin();
   const int b = blockIdx.x;
   const int pre = p.prefix_lens[b];
@@ -22,11 +24,12 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
   if (blockIdx.y == 0 && threadIdx.x == 0) p.new_prefix_lens[b] = pre + acc + 1;
   char* kc = static_cast<char*>(p.k_cache);
   char* vc = static_cast<char*>(p.v_cache);
-  const int per_head = p.dh * elem_bytes / static_cast<int>(sizeof(U));
+  const int per_head = p.head_dim * elem_bytes / static_cast<int>(sizeof(U));
   const int row = p.hkv * per_head;
   auto unit = [&](char* base, const Strides4& st, int pos, int h, int d) {
     return reinterpret_cast<U*>(
-               base + cache_offset(st, p.block_table, p.bt_stride, p.page_size, b, pos, h) *
+               base + cache_offset(st, p.block_table, p.block_table_batch_stride, p.page_size, b,
+                                   pos, h) *
                           elem_bytes) + d;
   };
   for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < row; e += gridDim.y * blockDim.x) {
@@ -34,8 +37,8 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
     for (int i = 0; i <= acc; ++i) {
       const int src = pre + path[i], dst = pre + i;
       if (src == dst) continue;
-      *unit(kc, p.sk, dst, h, d) = *unit(kc, p.sk, src, h, d);
-      *unit(vc, p.sv, dst, h, d) = *unit(vc, p.sv, src, h, d);
+      *unit(kc, p.k_cache_strides, dst, h, d) = *unit(kc, p.k_cache_strides, src, h, d);
+      *unit(vc, p.v_cache_strides, dst, h, d) = *unit(vc, p.v_cache_strides, src, h, d);
     }
   }
 }
@@ -43,7 +46,8 @@ __global__ void __launch_bounds__(256) commit_kv_kernel(CommitParams p, int elem
 // One CTA per (b, i): hidden_rows[b, i] = hidden[b, path[b, i]] for i <= accept_len, else 0;
 // units U of elem_bytes-byte elements as above.
 template <typename U>
-__global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p, int elem_bytes) {
+__global__ void __launch_bounds__(kCommitThreads) gather_hidden_kernel(CommitParams p,
+                                                                    int elem_bytes) {
   pdl_begin();
   const int b = blockIdx.x, i = blockIdx.y;
   const int units = p.hidden_dim * elem_bytes / static_cast<int>(sizeof(U));
@@ -52,7 +56,7 @@ __global__ void __launch_bounds__(256) gather_hidden_kernel(CommitParams p, int 
   const bool on_path = i <= p.accept_len[b];
   const U* src = nullptr;
   if (on_path) {
-    const int64_t off = b * p.sh0 + p.path[b * p.cols + i] * p.sh1;
+    const int64_t off = b * p.hidden_batch_stride + p.path[b * p.cols + i] * p.hidden_row_stride;
     src = reinterpret_cast<const U*>(static_cast<const char*>(p.hidden) + off * elem_bytes);
   }
   for (int e = threadIdx.x; e < units; e += blockDim.x) dst[e] = on_path ? src[e] : U{};
@@ -70,35 +74,37 @@ inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
 }
 
 template <typename E>
-Status commit_kv(const CommitParams& p, int hidden_elem_bytes, cudaStream_t stream) {
+Status commit_kv(const CommitParams& p, cudaStream_t stream) {
   // Every check comes before the first launch: the K/V moves are in place.
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
-  JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, 65535));  // grid y of the gather
+  JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, kMaxGridYZ));  // grid y of the gather
   const bool gather = p.hidden_rows != nullptr && p.hidden_dim != 0;
-  const int hb = hidden_elem_bytes;
+  const int hb = p.hidden_elem_bytes;
   if (gather && hb != 2 && hb != 4)
     return bad_input("hidden_elem_bytes ", hb, " is not 2 or 4");
   if (p.batch == 0) return cudaSuccess;
   const int eb = static_cast<int>(sizeof(E));
-  const bool vec = rows_aligned16(p.k_cache, eb, p.dh, {p.sk.s0, p.sk.s1, p.sk.s2}) &&
-                   rows_aligned16(p.v_cache, eb, p.dh, {p.sv.s0, p.sv.s1, p.sv.s2});
-  const int units = p.hkv * p.dh * eb / (vec ? 16 : eb);
-  const int chunks = units > 0 ? min(ceil_div(units, 256), 64) : 1;
+  const Strides4 &ks = p.k_cache_strides, &vs = p.v_cache_strides;
+  const bool vec = rows_aligned16(p.k_cache, eb, p.head_dim, {ks.batch, ks.row, ks.head}) &&
+                   rows_aligned16(p.v_cache, eb, p.head_dim, {vs.batch, vs.row, vs.head});
+  const int units = p.hkv * p.head_dim * eb / (vec ? 16 : eb);
+  const int chunks = units > 0 ? min(ceil_div(units, kCommitThreads), 64) : 1;
+  const dim3 moves(p.batch, chunks);
   if (vec) {
-    JETSPEC_LAUNCH(commit_kv_kernel<uint4>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
+    JETSPEC_LAUNCH(commit_kv_kernel<uint4>, moves, kCommitThreads, 0, stream, p, eb);
   } else {
-    JETSPEC_LAUNCH(commit_kv_kernel<E>, dim3(p.batch, chunks), 256, 0, stream, p, eb);
+    JETSPEC_LAUNCH(commit_kv_kernel<E>, moves, kCommitThreads, 0, stream, p, eb);
   }
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (!gather) return cudaSuccess;
   const dim3 grid(p.batch, p.cols);
-  if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.sh0, p.sh1}) &&
+  if (rows_aligned16(p.hidden, hb, p.hidden_dim, {p.hidden_batch_stride, p.hidden_row_stride}) &&
       rows_aligned16(p.hidden_rows, hb, p.hidden_dim, {})) {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, 256, 0, stream, p, hb);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint4>, grid, kCommitThreads, 0, stream, p, hb);
   } else if (hb == 2) {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, 256, 0, stream, p, hb);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint16_t>, grid, kCommitThreads, 0, stream, p, hb);
   } else {
-    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, 256, 0, stream, p, hb);
+    JETSPEC_LAUNCH(gather_hidden_kernel<uint32_t>, grid, kCommitThreads, 0, stream, p, hb);
   }
   return cudaGetLastError();
 }

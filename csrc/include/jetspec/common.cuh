@@ -12,6 +12,7 @@
 
 #include "jetspec/params.h"
 #include "jetspec/pdl.cuh"
+#include "jetspec/primitives/warp_reduce.cuh"
 #include "jetspec/status.h"
 
 namespace jetspec {
@@ -37,6 +38,12 @@ namespace jetspec {
 #endif
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Launch limits of every CUDA device the package builds for: grid x, grids y and z, and the
+// dynamic shared memory a kernel gets without cudaFuncSetAttribute's opt-in.
+constexpr long long kMaxGridX = 0x7fffffffLL;
+constexpr int kMaxGridYZ = 65535;
+constexpr int kSmemWithoutOptIn = 48 * 1024;
 
 // "<name> <code> (<type>) is not supported (<taken>)": an element type code the launcher does not
 // take; taken lists those it does, e.g. "1 float16, 2 bfloat16".
@@ -66,38 +73,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 
 // Element offset of logical cache position p of sequence b, kv head h (contiguous or paged).
 __device__ __forceinline__ int64_t cache_offset(const Strides4& st, const int32_t* block_table,
-                                                int64_t bt_stride, int page_size, int b, int p,
-                                                int h) {
-  if (block_table == nullptr) return b * st.s0 + p * st.s1 + h * st.s2;
-  const int page = block_table[b * bt_stride + p / page_size];
-  return page * st.s0 + (p % page_size) * st.s1 + h * st.s2;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Warp-wide best of each lane's (v, i) by the strict order better(av, ai, bv, bi); every lane
-// gets the winner.
-template <typename Better>
-__device__ __forceinline__ void warp_best(float& v, int& i, Better better) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+                                                int64_t block_table_batch_stride, int page_size,
+                                                int b, int p, int h) {
+  if (block_table == nullptr) return b * st.batch + p * st.row + h * st.head;
+  const int page = block_table[b * block_table_batch_stride + p / page_size];
+  return page * st.batch + (p % page_size) * st.row + h * st.head;
 }
 
 }  // namespace jetspec

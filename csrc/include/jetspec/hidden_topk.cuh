@@ -181,13 +181,15 @@ __global__ void __launch_bounds__(kHtThreads) hidden_topk_partial_kernel(HiddenT
     for (int c = tid; c < kHtTileV * CH; c += kHtThreads) {
       const int r = c / CH, col = (c % CH) * 8;
       const bool ok = v0 + r < v_end && h0 + col < p.hidden_dim;
-      cp_async_16(dw + r * kHtLd + col, ok ? w + (v0 + r) * p.sw0 + h0 + col : w, ok);
+      cp_async_16(dw + r * kHtLd + col, ok ? w + (v0 + r) * p.weight_row_stride + h0 + col : w, ok);
     }
     for (int c = tid; c < BM * CH; c += kHtThreads) {
       const int r = c / CH, col = (c % CH) * 8;
       const int m = m0 + r;
       const bool ok = m < rows && h0 + col < p.hidden_dim;
-      const T* src = ok ? x + (m / p.depth) * p.sh0 + (m % p.depth) * p.sh1 + h0 + col : x;
+      const T* src = ok ? x + (m / p.depth) * p.hidden_batch_stride +
+                              (m % p.depth) * p.hidden_row_stride + h0 + col
+                        : x;
       cp_async_16(dx + r * kHtLd + col, src, ok);
     }
   };
@@ -304,16 +306,16 @@ Status hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 0));
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL) return bad_input("batch * depth = ", rows, " exceeds 2147483647");
+  if (rows > kMaxGridX) return bad_input("batch * depth = ", rows, " exceeds ", kMaxGridX);
   JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1, kMaxTopk));
   if (p.k > p.vocab) return bad_input("k ", p.k, " exceeds vocab ", p.vocab);
   if (p.hidden_dim < kHiddenTopkMultiple || p.hidden_dim % kHiddenTopkMultiple != 0)
     return bad_input("hidden_dim ", p.hidden_dim, " is not a positive multiple of 8");
   HiddenTopkPlan plan;
   JETSPEC_RETURN_IF_FAILED(hidden_topk_plan(rows, p.vocab, p.k, &plan));
-  if (plan.m_blocks > 65535)
+  if (plan.m_blocks > kMaxGridYZ)
     return bad_input("batch * depth = ", rows, " rows need ", plan.m_blocks, " blocks of ",
-                     16 * plan.mtiles, ", over 65535");
+                     16 * plan.mtiles, ", over ", kMaxGridYZ);
   const cudaError_t err = plan.mtiles == 1 ? hidden_topk_partials<T, 1>(p, plan, stream)
                                             : hidden_topk_partials<T, 4>(p, plan, stream);
   JETSPEC_RETURN_IF_ERROR(err);

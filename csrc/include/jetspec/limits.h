@@ -39,8 +39,12 @@ inline constexpr EnumName kTreeAlgorithmNames[] = {
 // build_tree: the topn key packs a parent position in 12 bits and a rank in 6 (TopnKey).
 constexpr int kMaxBudget = 4096;
 constexpr int kMaxTopk = 64;
-// verify_walk: tokens, parents and targets of at most this many nodes are staged in 48 KB.
+// verify_walk: tokens, parents and targets of at most this many nodes are staged in shared
+// memory (12 bytes a node: 48 KB, the most without an opt-in).
 constexpr int kWalkMaxNodes = 4096;
+// verify_sample_filter with top-p: masses (< vocab * 2**32) stay exact in float64
+// (python_ref.sampling.MAX_TOP_P_VOCAB).
+constexpr int kTopPMaxVocab = 1 << 21;
 // qk_norm_rope_append: 32 lanes x kRopeMaxPairsPerLane rotated pairs per head.
 constexpr int kRopeMaxHeadDim = 512;
 

@@ -19,6 +19,7 @@ __host__ __device__ inline int rope_q_heads(const RopeParams& p) {
 }
 
 constexpr int kRopeHeadsPerWarp = 8;  // heads that share one warp's cos/sin of a token
+constexpr int kRopeThreads = 256;
 
 // RMSNorm + rotation of one head of token (b, n) with the token's cos/sin, then its stores (the
 // rotated q row, or the rotated k row and the v row into the cache).
@@ -28,9 +29,9 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
   const int lane = threadIdx.x & 31;
   const bool is_q = head < hq;
   const int h = is_q ? head : head - hq;
-  const int half = p.dh / 2;
-  const T* src = is_q ? static_cast<const T*>(p.q) + b * p.sq.s0 + n * p.sq.s1 + h * p.sq.s2
-                      : static_cast<const T*>(p.k) + b * p.sk.s0 + n * p.sk.s1 + h * p.sk.s2;
+  const int half = p.head_dim / 2;
+  const Strides4& st = is_q ? p.q_strides : p.k_strides;
+  const T* src = static_cast<const T*>(is_q ? p.q : p.k) + b * st.batch + n * st.row + h * st.head;
   const float* w = is_q ? p.q_norm_w : p.k_norm_w;
 
   float x1[kRopeMaxPairsPerLane], x2[kRopeMaxPairsPerLane];
@@ -47,11 +48,12 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
   }
   ss = warp_sum(ss);
   // Correctly rounded sqrt and division (no fast-math): close to torch.rsqrt in fp32.
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(p.dh) + p.eps);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(p.head_dim) + p.eps);
   const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
   const int64_t dst_off =
-      is_q ? ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.dh
-           : cache_offset(p.sc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
+      is_q ? ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.head_dim
+           : cache_offset(p.k_cache_strides, p.block_table, p.block_table_batch_stride, p.page_size,
+                          b, slot, h);
 #pragma unroll
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
@@ -72,11 +74,13 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
     }
   }
   if (!is_q) {
-    const T* vs = static_cast<const T*>(p.v) + b * p.sv.s0 + n * p.sv.s1 + h * p.sv.s2;
+    const T* vs = static_cast<const T*>(p.v) + b * p.v_strides.batch + n * p.v_strides.row +
+                  h * p.v_strides.head;
     // v_cache shares k_cache's shape but may have its own strides.
     TC* vd = static_cast<TC*>(p.v_cache) +
-             cache_offset(p.svc, p.block_table, p.bt_stride, p.page_size, b, slot, h);
-    for (int i = lane; i < p.dh; i += 32) vd[i] = from_float<TC>(to_float(vs[i]));
+             cache_offset(p.v_cache_strides, p.block_table, p.block_table_batch_stride, p.page_size,
+                          b, slot, h);
+    for (int i = lane; i < p.head_dim; i += 32) vd[i] = from_float<TC>(to_float(vs[i]));
   }
 }
 
@@ -84,7 +88,7 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
 // pow and sincos, the costly part) once, then each head. Heads 0..Hq'-1 are q heads,
 // Hq'..Hq'+Hkv-1 are k heads (+ their v), with Hq' = rope_q_heads(p).
 template <typename T, typename TC>
-__global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) {
+__global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(RopeParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
@@ -96,19 +100,20 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
   const int group = static_cast<int>(wid % groups);
   const int n = static_cast<int>((wid / groups) % p.n);
   const int b = static_cast<int>(wid / (static_cast<long long>(groups) * p.n));
-  const int half = p.dh / 2;
+  const int half = p.head_dim / 2;
   const int pos = p.positions[static_cast<long long>(b) * p.n + n];
 
   // The warp's cos/sin live in shared memory (entry t * 32 + lane is this lane's pair t), not
   // in registers that would have to survive the double sincos slow-path calls.
-  __shared__ float cs_all[256 / 32][2][kRopeMaxPairsPerLane * 32];
+  __shared__ float cs_all[kRopeThreads / 32][2][kRopeMaxPairsPerLane * 32];
   float* c = cs_all[threadIdx.x >> 5][0];
   float* s = cs_all[threadIdx.x >> 5][1];
 #pragma unroll
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
     if (i >= half) break;
-    const float inv = static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(p.dh)));
+    const float inv =
+        static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(p.head_dim)));
     const float angle = __fmul_rn(static_cast<float>(pos), inv);
     double sd, cd;
     sincos(static_cast<double>(angle), &sd, &cd);
@@ -122,9 +127,11 @@ __global__ void __launch_bounds__(256) qk_norm_rope_append_kernel(RopeParams p) 
 
 template <typename T, typename TC>
 Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
-  JETSPEC_RETURN_IF_FAILED(check_range("dh", p.dh, 0, kRopeMaxHeadDim));
-  if (p.dh % 2 != 0) return bad_input("dh ", p.dh, " is not even (RoPE rotates halves)");
-  if (p.q != nullptr && p.q_out == nullptr) return bad_input("q needs q_out");
+  JETSPEC_RETURN_IF_FAILED(check_range("head_dim", p.head_dim, 0, kRopeMaxHeadDim));
+  if (p.head_dim % 2 != 0)
+    return bad_input("head_dim ", p.head_dim, " is not even (RoPE rotates halves)");
+  if ((p.q == nullptr) != (p.q_out == nullptr))
+    return bad_input("q and q_out must both be set or both be 0");
   if (p.q != nullptr && p.q_norm_w == nullptr) return bad_input("q needs q_norm_w");
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
@@ -133,13 +140,12 @@ Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
   const int groups = (rope_q_heads(p) + p.hkv + kRopeHeadsPerWarp - 1) / kRopeHeadsPerWarp;
   const long long warps = static_cast<long long>(p.batch) * p.n * groups;
   if (warps == 0) return cudaSuccess;
-  const int threads = 256;
-  const long long blocks = (warps * 32 + threads - 1) / threads;
-  if (blocks > 0x7fffffffLL)
+  const long long blocks = (warps * 32 + kRopeThreads - 1) / kRopeThreads;
+  if (blocks > kMaxGridX)
     return bad_input("batch * n * head groups = ", warps, " warps need ", blocks,
-                     " blocks, over 2147483647");
+                     " blocks, over ", kMaxGridX);
   const auto kernel = qk_norm_rope_append_kernel<T, TC>;
-  JETSPEC_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, 0, stream, p);
+  JETSPEC_LAUNCH(kernel, static_cast<unsigned>(blocks), kRopeThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

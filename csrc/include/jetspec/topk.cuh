@@ -6,6 +6,7 @@
 // logits round to the same float32 log-prob, which the tests' eps-aware checker accepts.
 #pragma once
 #include "jetspec/common.cuh"
+#include "jetspec/primitives/block_reduce.cuh"
 
 namespace jetspec {
 
@@ -25,31 +26,6 @@ inline size_t log_softmax_topk_workspace_bytes(long long rows, int vocab, int k)
   return static_cast<size_t>(rows * chunks * (2 + 2 * static_cast<long long>(k)) * 4);
 }
 
-// Block-wide argmax of each thread's (v, i) by topk_before; every thread gets the winner.
-// `buf` holds 2 x 8 slots; `parity` alternates so that one barrier per call suffices.
-__device__ __forceinline__ void topk_block_best(float& v, int& i, float* buf_v, int* buf_i,
-                                                int parity) {
-  warp_best(v, i, topk_before);
-  const int warps = kTopkThreads / 32;
-  if ((threadIdx.x & 31) == 0) {
-    buf_v[parity * warps + (threadIdx.x >> 5)] = v;
-    buf_i[parity * warps + (threadIdx.x >> 5)] = i;
-  }
-  __syncthreads();
-  v = buf_v[parity * warps];
-  i = buf_i[parity * warps];
-#pragma unroll
-  for (int w = 1; w < warps; ++w) {
-    const float ov = buf_v[parity * warps + w];
-    const int oi = buf_i[parity * warps + w];
-    if (topk_before(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
-
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p) {
   pdl_begin();
@@ -58,7 +34,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
   const int chunk = blockIdx.y, chunks = gridDim.y;
   const int row = blockIdx.x;
   const int b = row / p.depth, d = row % p.depth;
-  const T* x = static_cast<const T*>(p.logits) + b * p.s0 + d * p.s1;
+  const T* x =
+      static_cast<const T*>(p.logits) + b * p.logits_batch_stride + d * p.logits_row_stride;
   const int base = chunk * kTopkChunk;
 
   float val[kTopkPerThread];
@@ -71,7 +48,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
   }
   // Chunk max (all threads), then the chunk's sum of exp relative to it.
   int dummy = 0;
-  topk_block_best(m, dummy, buf_v, buf_i, 0);
+  block_best<kTopkThreads>(m, dummy, topk_before, buf_v, buf_i, 0);
   float s = 0.f;
   if (m != -INFINITY) {
 #pragma unroll
@@ -109,7 +86,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
   for (int r = 0; r < p.k; ++r) {
     float wv = bv;
     int wi = bi;
-    topk_block_best(wv, wi, buf_v, buf_i, (r + 1) & 1);
+    block_best<kTopkThreads>(wv, wi, topk_before, buf_v, buf_i, (r + 1) & 1);
     if (threadIdx.x == 0) {
       cand_v[r] = wv;
       cand_i[r] = wi;
@@ -155,14 +132,14 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
       si[c] = cand_i[c];
     }
     cand_v = sv;
-    cand_i = si;  // visible to every thread after the barrier in the first topk_block_best
+    cand_i = si;  // visible to every thread after the barrier in the first block_best
   }
 
   // Global max and sum of exp: combine the chunk partials.
   float m = -INFINITY;
   for (int c = threadIdx.x; c < chunks; c += kTopkThreads) m = fmaxf(m, stats[2 * c]);
   int dummy = 0;
-  topk_block_best(m, dummy, buf_v, buf_i, 0);
+  block_best<kTopkThreads>(m, dummy, topk_before, buf_v, buf_i, 0);
   float s = 0.f;
   if (m != -INFINITY) {
     for (int c = threadIdx.x; c < chunks; c += kTopkThreads) {
@@ -170,12 +147,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
       if (mc != -INFINITY) s += stats[2 * c + 1] * expf(mc - m);
     }
   }
-  s = warp_sum(s);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < kTopkThreads / 32; ++w) total += red[w];
-  const float log_sum = logf(total);
+  const float log_sum = logf(block_reduce<kTopkThreads>(s, SumOp(), red));
 
   float last_v = INFINITY;
   int last_i = -1;
@@ -199,7 +171,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
   for (int r = 0; r < p.k; ++r) {
     float wv = bv;
     int wi = bi;
-    topk_block_best(wv, wi, buf_v, buf_i, (r + 1) & 1);
+    block_best<kTopkThreads>(wv, wi, topk_before, buf_v, buf_i, (r + 1) & 1);
     if (threadIdx.x == 0) {
       out_t[r] = wi;
       // As torch's log_softmax: (x - max) - log(sum exp(x - max)).
@@ -237,15 +209,15 @@ Status log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 0));
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL) return bad_input("batch * depth = ", rows, " exceeds 2147483647");
+  if (rows > kMaxGridX) return bad_input("batch * depth = ", rows, " exceeds ", kMaxGridX);
   JETSPEC_RETURN_IF_FAILED(check_range("k", p.k, 1));
   if (p.k > p.vocab) return bad_input("k ", p.k, " exceeds vocab ", p.vocab);
-  constexpr long long kMaxVocab = 65535LL * kTopkChunk;  // vocabulary chunks on grid y
+  constexpr long long kMaxVocab = static_cast<long long>(kMaxGridYZ) * kTopkChunk;  // grid y
   if (p.vocab > kMaxVocab)
-    return bad_input("vocab ", p.vocab, " exceeds ", kMaxVocab, " (65535 chunks of ", kTopkChunk,
-                     ")");
+    return bad_input("vocab ", p.vocab, " exceeds ", kMaxVocab, " (", kMaxGridYZ, " chunks of ",
+                     kTopkChunk, ")");
   const int chunks = ceil_div(p.vocab, kTopkChunk);
-  // Rows on grid x (up to 2^31 - 1), vocabulary chunks on y.
+  // Rows on grid x, vocabulary chunks on y.
   JETSPEC_LAUNCH(topk_partial_kernel<T>, dim3(static_cast<unsigned>(rows), chunks), kTopkThreads, 0,
                  stream, p);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());

@@ -3,6 +3,8 @@
 // mix32 hash of CONTRIBUTING.md) in vocab splits, then the acceptance walk, one CTA per sequence.
 #pragma once
 #include "jetspec/common.cuh"
+#include "jetspec/primitives/block_reduce.cuh"
+#include "jetspec/primitives/radix_select.cuh"
 
 namespace jetspec {
 
@@ -46,8 +48,6 @@ __device__ __forceinline__ void for_each_logit(const T* x, int v0, int v1, bool 
 // ---- phase 0: top-k / top-p thresholds (python_ref.filter_keep) ------------------------------
 
 constexpr int kFilterThreads = 512;
-constexpr int kFilterRadixBits = 8;
-constexpr int kFilterBins = 1 << kFilterRadixBits;
 constexpr uint32_t kKeepAllKey = 0x007fffffu;  // order_key(-inf)
 
 // A uint32 with the order of x (-0.0 keyed as +0.0, so float == and key == agree).
@@ -78,99 +78,9 @@ __device__ __forceinline__ unsigned long long mass_budget(float top_p, unsigned 
 }
 
 struct FilterSmem {
-  unsigned int cnt[kFilterBins];         // this pass's histogram: tokens per digit
-  unsigned long long mass[kFilterBins];  // and their mass
+  RadixSelectSmem<true> select;
   float red[kFilterThreads / 32];
-  int digit;                             // warp 0's choice, for every thread (the next
-  unsigned long long above_cnt, above_mass, eq_cnt, eq_mass, target;  // pass zeroes cnt/mass)
 };
-
-struct Selected {
-  uint32_t key;                                 // the selected key c
-  unsigned long long above_cnt, above_mass;     // tokens with keys above c, and their mass
-  unsigned long long eq_cnt, eq_mass;           // tokens with key c, and their mass
-  unsigned long long target;                    // the weight the search reached
-};
-
-// Radix select, 8 bits a pass from the top of an nbits-bit key: the largest key c whose tokens
-// at or above it weigh at least `target` (weight: count, or mass when by_mass). key_of(value, v,
-// &key, &mass) says whether token v takes part and gives its key and mass. With budget_p >= 0
-// the target is mass_budget(budget_p, total mass), the total taken from the first pass. Every
-// sum is an integer, so the order of the atomics does not matter.
-template <typename T, typename KeyOf>
-__device__ __forceinline__ Selected radix_select(const T* x, int vocab, bool vec, KeyOf key_of, int nbits,
-                                 bool by_mass, unsigned long long target, float budget_p,
-                                 FilterSmem& sm) {
-  const int npass = (nbits + kFilterRadixBits - 1) / kFilterRadixBits;
-  Selected r{0u, 0ull, 0ull, 0ull, 0ull, target};
-  for (int pass = 0; pass < npass; ++pass) {
-    const int shift = (npass - 1 - pass) * kFilterRadixBits;
-    for (int i = threadIdx.x; i < kFilterBins; i += kFilterThreads) {
-      sm.cnt[i] = 0u;
-      sm.mass[i] = 0ull;
-    }
-    __syncthreads();
-    const uint64_t high = static_cast<uint64_t>(r.key) >> (shift + kFilterRadixBits);
-    for_each_logit<T, kFilterThreads>(x, 0, vocab, vec, [&](float val, int v) {
-      uint32_t key;
-      unsigned long long q;
-      if (!key_of(val, v, key, q) || (static_cast<uint64_t>(key) >> (shift + kFilterRadixBits)) != high)
-        return;
-      const int d = (key >> shift) & (kFilterBins - 1);
-      atomicAdd(&sm.cnt[d], 1u);
-      if (q) atomicAdd(&sm.mass[d], q);
-    });
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // Lane l holds bins 8 (31 - l) .. 8 (31 - l) + 7: lane 0 the highest keys.
-      const int lane = threadIdx.x, top = 8 * (31 - lane) + 7;
-      unsigned long long own_c = 0, own_m = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        own_c += sm.cnt[top - j];
-        own_m += sm.mass[top - j];
-      }
-      unsigned long long inc_c = own_c, inc_m = own_m;  // lanes 0..l: the bins from the top
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long uc = __shfl_up_sync(0xffffffffu, inc_c, o);
-        const unsigned long long um = __shfl_up_sync(0xffffffffu, inc_m, o);
-        if (lane >= o) {
-          inc_c += uc;
-          inc_m += um;
-        }
-      }
-      unsigned long long goal = r.target;
-      if (pass == 0 && budget_p >= 0.f)
-        goal = mass_budget(budget_p, __shfl_sync(0xffffffffu, inc_m, 31));
-      const bool reach = (by_mass ? r.above_mass + inc_m : r.above_cnt + inc_c) >= goal;
-      const unsigned hit = __ballot_sync(0xffffffffu, reach);
-      if (lane == (hit ? __ffs(hit) - 1 : 31)) {
-        unsigned long long rc = r.above_cnt + inc_c - own_c, rm = r.above_mass + inc_m - own_m;
-        int d = top;
-        for (; d > top - 7; --d) {
-          if ((by_mass ? rm + sm.mass[d] : rc + sm.cnt[d]) >= goal) break;
-          rc += sm.cnt[d];
-          rm += sm.mass[d];
-        }
-        sm.digit = d;
-        sm.above_cnt = rc;
-        sm.above_mass = rm;
-        sm.eq_cnt = sm.cnt[d];
-        sm.eq_mass = sm.mass[d];
-        sm.target = goal;
-      }
-    }
-    __syncthreads();
-    r.key |= static_cast<uint32_t>(sm.digit) << shift;
-    r.above_cnt = sm.above_cnt;
-    r.above_mass = sm.above_mass;
-    r.eq_cnt = sm.eq_cnt;
-    r.eq_mass = sm.eq_mass;
-    r.target = sm.target;
-  }
-  return r;
-}
 
 // One CTA per node (b, i): the threshold of python_ref.filter_keep's kept set. Stages: the row
 // maximum of x = logit / T (for the masses); with top-k, the k-th key (count select), its ties
@@ -192,52 +102,53 @@ __global__ void __launch_bounds__(kFilterThreads, 1) sample_filter_kernel(Sample
   uint32_t thr_key = kKeepAllKey;
   int thr_id = 0x7fffffff;
   if (temp > 0.f && real && (k_on || p_on)) {  // the same for the whole block
-    const T* x = static_cast<const T*>(p.logits) + b * p.s0 + i * p.s1;
+    const T* x =
+        static_cast<const T*>(p.logits) + b * p.logits_batch_stride + i * p.logits_row_stride;
     const bool vec = p.vec != 0;
     float m = -INFINITY;
     for_each_logit<T, kFilterThreads>(x, 0, p.vocab, vec,
                                       [&](float val, int) { m = fmaxf(m, __fdiv_rn(val, temp)); });
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = sm.red[0];
-    for (int w = 1; w < kFilterThreads / 32; ++w) m = fmaxf(m, sm.red[w]);
-    auto by_value = [&](float val, int, uint32_t& key, unsigned long long& q) {
-      const float xs = __fdiv_rn(val, temp);
-      key = order_key(xs);
-      q = token_mass(xs, m);
-      return true;
+    m = block_reduce<kFilterThreads>(m, [](float a, float b) { return fmaxf(a, b); }, sm.red);
+    // Every token, keyed by x = logit / T, with its mass.
+    auto by_value = [&](auto add) {
+      for_each_logit<T, kFilterThreads>(x, 0, p.vocab, vec, [&](float val, int) {
+        const float xs = __fdiv_rn(val, temp);
+        add(order_key(xs), token_mass(xs, m));
+      });
     };
     unsigned long long ties = 0, keep = 0, z = 0;
     if (k_on) {
-      const Selected s = radix_select<T>(x, p.vocab, vec, by_value, 32, false,
-                                         static_cast<unsigned long long>(k), -1.f, sm);
+      const auto s = radix_select<kFilterThreads, true, uint32_t>(
+          by_value, 32, false, static_cast<unsigned long long>(k), sm.select);
       thr_key = s.key;
-      ties = s.eq_cnt;
-      keep = k - s.above_cnt;
-      z = s.above_mass + keep * (s.eq_mass / max(s.eq_cnt, 1ull));  // the top-k set's mass
+      ties = s.equal_count;
+      keep = k - s.above_count;
+      z = s.above_mass + keep * (s.equal_mass / max(s.equal_count, 1ull));  // the top-k set's mass
     }
     if (p_on) {
-      const Selected s = radix_select<T>(x, p.vocab, vec, by_value, 32, true,
-                                         k_on ? mass_budget(top_p, z) : 0ull,
-                                         k_on ? -1.f : top_p, sm);
+      // The mass budget: of the top-k set's mass, or (top-k off) of the total.
+      const auto s = radix_select<kFilterThreads, true, uint32_t>(
+          by_value, 32, true, k_on ? mass_budget(top_p, z) : 0ull, sm.select,
+          [=](unsigned long long total) { return mass_budget(top_p, total); });
       // Tokens at the key are kept while the mass ranked before them is below the budget. (The
       // max()es only matter for NaN logits, which break the search's invariants: no trap.)
-      const unsigned long long q = max(s.eq_mass / max(s.eq_cnt, 1ull), 1ull);
-      const unsigned long long kept = min(s.eq_cnt, (s.target - s.above_mass - 1) / q + 1);
+      const unsigned long long q = max(s.equal_mass / max(s.equal_count, 1ull), 1ull);
+      const unsigned long long kept = min(s.equal_count, (s.target - s.above_mass - 1) / q + 1);
       keep = (k_on && s.key == thr_key) ? min(keep, kept) : kept;
       thr_key = s.key;
-      ties = s.eq_cnt;
+      ties = s.equal_count;
     }
     if (keep < ties) {  // the `keep` lowest token ids among the ties
       const uint32_t tie_key = thr_key;
-      auto by_id = [&](float val, int v, uint32_t& key, unsigned long long& q) {
-        key = static_cast<uint32_t>(p.vocab - 1 - v);
-        q = 0;
-        return order_key(__fdiv_rn(val, temp)) == tie_key;
+      auto by_id = [&](auto add) {  // the tied tokens; a lower id is a larger key
+        for_each_logit<T, kFilterThreads>(x, 0, p.vocab, vec, [&](float val, int v) {
+          if (order_key(__fdiv_rn(val, temp)) == tie_key)
+            add(static_cast<uint32_t>(p.vocab - 1 - v), 0ull);
+        });
       };
       const int nbits = 64 - __clzll(static_cast<long long>(p.vocab - 1));
-      const Selected s = radix_select<T>(x, p.vocab, vec, by_id, nbits, false, keep, -1.f, sm);
+      const auto s = radix_select<kFilterThreads, true, uint32_t>(
+          by_id, nbits, false, keep, sm.select);
       thr_id = p.vocab - 1 - static_cast<int>(s.key);
     }
   }
@@ -262,7 +173,8 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
   const int row = blockIdx.x, split = blockIdx.y;
   const int b = row / p.n, i = row % p.n;
   if (i > 0 && i >= p.num_nodes[b]) return;  // never read by the walk
-  const T* x = static_cast<const T*>(p.logits) + b * p.s0 + i * p.s1;
+  const T* x =
+      static_cast<const T*>(p.logits) + b * p.logits_batch_stride + i * p.logits_row_stride;
   const int v0 = split * p.split_len;
   const int v1 = min(p.vocab, v0 + p.split_len);
   const float temp = p.temperature != nullptr ? p.temperature[b] : 0.f;
@@ -282,7 +194,8 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
   for_each_logit<T, kTargetThreads>(x, v0, v1, p.vec != 0, [&](float val, int v) {
     if (sample) {
       const float xs = __fdiv_rn(val, temp);
-      if (filter && !(xs > thr_x || (xs == thr_x && v <= thr_id))) return;
+      // A NaN is kept whatever the filters say: it is the maximum (argmax_better).
+      if (filter && xs == xs && !(xs > thr_x || (xs == thr_x && v <= thr_id))) return;
       const uint32_t h = mix32(hrow ^ static_cast<uint32_t>(v));
       // One rounding of the exact value to float32; the largest value clamps below 1.
       float u = static_cast<float>((static_cast<double>(h >> 8) + 0.5) / 16777216.0);
@@ -296,24 +209,13 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
     }
   });
 
-  warp_best(best_v, best_i, argmax_better);
-  __shared__ float sv[kTargetThreads / 32];
-  __shared__ int si[kTargetThreads / 32];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sv[warp] = best_v;
-    si[warp] = best_i;
-  }
-  __syncthreads();
+  __shared__ float sv[2 * kTargetThreads / 32];
+  __shared__ int si[2 * kTargetThreads / 32];
+  block_best<kTargetThreads>(best_v, best_i, argmax_better, sv, si, 0);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kTargetThreads / 32; ++w)
-      if (argmax_better(sv[w], si[w], best_v, best_i)) {
-        best_v = sv[w];
-        best_i = si[w];
-      }
     const int64_t slot = static_cast<int64_t>(row) * p.splits + split;
-    p.part_v[slot] = best_v;
-    p.part_i[slot] = best_i;
+    p.partial_value[slot] = best_v;
+    p.partial_token[slot] = best_i;
   }
 }
 
@@ -336,14 +238,14 @@ __global__ void __launch_bounds__(kWalkThreads) verify_walk_kernel(VerifyWalkPar
     s_tok[c] = p.tokens[static_cast<int64_t>(b) * p.n + c];
     s_par[c] = p.parents[static_cast<int64_t>(b) * p.n + c];
     if (p.target != nullptr) {
-      s_tgt[c] = p.target[b * p.target_stride + c];
+      s_tgt[c] = p.target[b * p.target_batch_stride + c];
     } else {
       const int64_t row = static_cast<int64_t>(b) * p.n + c;
       float bv = -INFINITY;
       int bi = 0x7fffffff;
       for (int s = 0; s < p.splits; ++s) {
-        const float v = p.part_v[row * p.splits + s];
-        const int i = p.part_i[row * p.splits + s];
+        const float v = p.partial_value[row * p.splits + s];
+        const int i = p.partial_token[row * p.splits + s];
         if (argmax_better(v, i, bv, bi)) {
           bv = v;
           bi = i;
@@ -395,7 +297,7 @@ template <typename T>
 cudaError_t sample_filter(const SampleFilterParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  if (rows > kMaxGridX) return cudaErrorInvalidConfiguration;
   JETSPEC_LAUNCH(sample_filter_kernel<T>, dim3(static_cast<unsigned>(rows)), kFilterThreads, 0,
                  stream, p);
   return cudaGetLastError();
@@ -405,7 +307,8 @@ template <typename T>
 cudaError_t target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.n;
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7fffffffLL || p.splits < 1 || p.splits > 65535) return cudaErrorInvalidConfiguration;
+  if (rows > kMaxGridX || p.splits < 1 || p.splits > kMaxGridYZ)
+    return cudaErrorInvalidConfiguration;
   if (p.split_len < 1 || static_cast<long long>(p.splits) * p.split_len < p.vocab ||
       (p.vec && p.split_len % 8 != 0))
     return cudaErrorInvalidValue;
@@ -417,9 +320,10 @@ cudaError_t target_tokens(const TargetTokenParams& p, cudaStream_t stream) {
 inline cudaError_t verify_walk(const VerifyWalkParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   if (p.n < 1) return cudaErrorInvalidValue;  // a tree holds at least its root
-  if (p.target == nullptr && (p.part_v == nullptr || p.part_i == nullptr || p.splits < 1))
+  if (p.target == nullptr &&
+      (p.partial_value == nullptr || p.partial_token == nullptr || p.splits < 1))
     return cudaErrorInvalidValue;
-  // n <= kWalkMaxNodes: 48 KB (the Python layer sends larger trees to another backend).
+  // n <= kWalkMaxNodes (the Python layer sends larger trees to another backend).
   const size_t smem = 3 * sizeof(int32_t) * static_cast<size_t>(p.n);
   if (p.n > kWalkMaxNodes) return cudaErrorInvalidConfiguration;
   JETSPEC_LAUNCH(verify_walk_kernel, p.batch, kWalkThreads, smem, stream, p);

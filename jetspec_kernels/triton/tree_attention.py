@@ -48,21 +48,24 @@ _CPU_SM_COUNT = 4
 
 
 @triton.jit
-def _kv_offsets(pos, valid, b, kv_head, bt_ptr, stride_btb, page_size,
-                stride_k0, stride_k1, stride_kh, stride_v0, stride_v1, stride_vh,
+def _kv_offsets(pos, valid, b, kv_head, bt_ptr, block_table_batch_stride, page_size,
+                k_batch_stride, k_row_stride, k_head_stride,
+                v_batch_stride, v_row_stride, v_head_stride,
                 PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr):
     """Element offsets of the key rows and of the value rows at logical positions ``pos`` of
-    sequence ``b`` (V's strides may differ from K's, e.g. V rows padded wider)."""
+    sequence ``b`` (V's strides may differ from K's, e.g. V rows padded wider). A cache's batch
+    stride is its dim 0's: the sequence's, or the page's when paged."""
     if PAGED:
-        c0 = tl.load(bt_ptr + b * stride_btb + pos // page_size, mask=valid, other=0).to(tl.int64)
+        c0 = tl.load(bt_ptr + b * block_table_batch_stride + pos // page_size, mask=valid,
+                     other=0).to(tl.int64)
         c1 = (pos % page_size).to(tl.int64)
     else:
         c0 = b.to(tl.int64)
         c1 = pos.to(tl.int64)
-    k_off = c0 * stride_k0 + c1 * stride_k1 + kv_head * stride_kh
+    k_off = c0 * k_batch_stride + c1 * k_row_stride + kv_head * k_head_stride
     if SAME_KV_STRIDES:     # the usual layouts: no second offset vector kept live
         return k_off, k_off
-    v_off = c0 * stride_v0 + c1 * stride_v1 + kv_head * stride_vh
+    v_off = c0 * v_batch_stride + c1 * v_row_stride + kv_head * v_head_stride
     return k_off, v_off
 
 
@@ -86,14 +89,14 @@ def _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok, visible,
 
 @triton.jit
 def _tree_attention_fwd(
-    q_ptr, k_ptr, v_ptr, prefix_ptr, mask_ptr, bt_ptr, out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr,
-    stride_qb, stride_qn, stride_qh,
-    stride_k0, stride_k1, stride_kh,
-    stride_v0, stride_v1, stride_vh,
-    stride_mb, stride_mn,
-    stride_btb, page_size,
-    stride_ob, stride_on, stride_oh,
-    stride_lb, stride_lh, stride_ln,
+    q_ptr, k_ptr, v_ptr, prefix_ptr, mask_ptr, bt_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    q_batch_stride, q_row_stride, q_head_stride,
+    k_batch_stride, k_row_stride, k_head_stride,
+    v_batch_stride, v_row_stride, v_head_stride,
+    mask_batch_stride, mask_row_stride,
+    block_table_batch_stride, page_size,
+    o_batch_stride, o_row_stride, o_head_stride,
+    lse_batch_stride, lse_head_stride, lse_row_stride,
     B, N, HQ, HKV, G, num_splits, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
     PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr, TAIL_MODE: tl.constexpr,
@@ -114,7 +117,8 @@ def _tree_attention_fwd(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
 
-    q_off = b.to(tl.int64) * stride_qb + row_i.to(tl.int64) * stride_qn + head.to(tl.int64) * stride_qh
+    q_off = (b.to(tl.int64) * q_batch_stride + row_i.to(tl.int64) * q_row_stride
+             + head.to(tl.int64) * q_head_stride)
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
 
     prefix = tl.load(prefix_ptr + b)
@@ -129,9 +133,10 @@ def _tree_attention_fwd(
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         key_ok = pos < hi
-        k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, stride_btb, page_size,
-                                   stride_k0, stride_k1, stride_kh, stride_v0, stride_v1,
-                                   stride_vh, PAGED, SAME_KV_STRIDES)
+        k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
+                                   page_size, k_batch_stride, k_row_stride, k_head_stride,
+                                   v_batch_stride, v_row_stride, v_head_stride, PAGED,
+                                   SAME_KV_STRIDES)
         visible = row_ok[:, None] & key_ok[None, :]
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
                                       visible, offs_d, qk_scale_log2, INPUT_PRECISION)
@@ -145,15 +150,17 @@ def _tree_attention_fwd(
         for j0 in range(0, tail_end, TAIL_N):
             j = j0 + offs_t
             key_ok = j < tail_end
-            k_off, v_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr, stride_btb,
-                                       page_size, stride_k0, stride_k1, stride_kh, stride_v0,
-                                       stride_v1, stride_vh, PAGED, SAME_KV_STRIDES)
+            k_off, v_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr,
+                                       block_table_batch_stride, page_size, k_batch_stride,
+                                       k_row_stride, k_head_stride, v_batch_stride, v_row_stride,
+                                       v_head_stride, PAGED, SAME_KV_STRIDES)
             both = row_ok[:, None] & key_ok[None, :]
             if TAIL_MODE == 0:
                 # TAIL_N is 32 here, so one mask word per row covers the block: a [BLOCK_M]
                 # load instead of a [BLOCK_M, BLOCK_N] gather (which spilled at Dh 128).
-                word = tl.load(mask_ptr + b.to(tl.int64) * stride_mb
-                               + row_i.to(tl.int64) * stride_mn + j0 // 32, mask=row_ok, other=0)
+                word = tl.load(mask_ptr + b.to(tl.int64) * mask_batch_stride
+                               + row_i.to(tl.int64) * mask_row_stride + j0 // 32, mask=row_ok,
+                               other=0)
                 visible = both & (((word[:, None] >> offs_t[None, :]) & 1) != 0)
             elif TAIL_MODE == 1:
                 visible = both & (j[None, :] <= row_i[:, None])
@@ -167,23 +174,25 @@ def _tree_attention_fwd(
     lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
     if SPLIT:
         # Workspace rows ordered (split, b, i, head): [S, B, N, HQ] (+ HEAD_DIM for the output).
-        ws_row = ((split * B + b).to(tl.int64) * N + row_i) * HQ + head
-        tl.store(ws_o_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(ws_lse_ptr + ws_row, lse2, mask=row_ok)
+        part_row = ((split * B + b).to(tl.int64) * N + row_i) * HQ + head
+        tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o,
+                 mask=row_ok[:, None])
+        tl.store(part_lse_ptr + part_row, lse2, mask=row_ok)
     else:
-        o_off = b.to(tl.int64) * stride_ob + row_i.to(tl.int64) * stride_on + head.to(tl.int64) * stride_oh
+        o_off = (b.to(tl.int64) * o_batch_stride + row_i.to(tl.int64) * o_row_stride
+                 + head.to(tl.int64) * o_head_stride)
         tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
         if STORE_LSE:
-            l_off = b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \
-                + row_i.to(tl.int64) * stride_ln
+            l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
+                + row_i.to(tl.int64) * lse_row_stride
             tl.store(lse_ptr + l_off, lse2 * _LN2, mask=row_ok)
 
 
 @triton.jit
 def _merge_splits(
-    ws_o_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-    stride_ob, stride_on, stride_oh, stride_lb, stride_lh, stride_ln,
+    part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
+    o_batch_stride, o_row_stride, o_head_stride, lse_batch_stride, lse_head_stride, lse_row_stride,
     N, HQ, rows, num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
@@ -196,8 +205,8 @@ def _merge_splits(
     w_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
     for s in range(0, num_splits):
         row = r.to(tl.int64) + s * rows
-        lse_s = tl.load(ws_lse_ptr + row, mask=r_ok, other=float("-inf"))
-        o_s = tl.load(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=r_ok[:, None],
+        lse_s = tl.load(part_lse_ptr + row, mask=r_ok, other=float("-inf"))
+        o_s = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=r_ok[:, None],
                       other=0.0)
         m_new = tl.maximum(m, lse_s)
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -211,23 +220,21 @@ def _merge_splits(
     head = r % HQ
     row_i = (r // HQ) % N
     b = r // (HQ * N)
-    o_off = b.to(tl.int64) * stride_ob + row_i.to(tl.int64) * stride_on + head.to(tl.int64) * stride_oh
+    o_off = (b.to(tl.int64) * o_batch_stride + row_i.to(tl.int64) * o_row_stride
+             + head.to(tl.int64) * o_head_stride)
     tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=r_ok[:, None])
     if STORE_LSE:
         lse2 = tl.where(has_key, m + tl.log2(tl.where(has_key, w_sum, 1.0)), float("-inf"))
-        l_off = b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \
-            + row_i.to(tl.int64) * stride_ln
+        l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
+            + row_i.to(tl.int64) * lse_row_stride
         tl.store(lse_ptr + l_off, lse2 * _LN2, mask=r_ok)
 
 
 def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows.
-
-    The CUDA choices were checked for register spills by compiling for sm_90a offline (ptxas,
-    with 16-divisible strides as the launcher specialises them): 4 warps at BLOCK_M = 128 or
-    Dh >= 128 spill, 8 do not; 3 stages at 128 x 128 spill a little, 2 do not.
-    """
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows; the CUDA
+    choices are the ones that do not spill registers on sm_90a (bench/NOTES.md, "Triton kernels
+    compiled offline")."""
     block_m = min(128 if head_dim <= 128 else 64, max(16, triton.next_power_of_2(rows)))
     if device.type != "cuda":
         return block_m, 32, 4, 1
@@ -293,10 +300,10 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
     tail_mode = 0 if tree_mask is not None else (1 if tail == "causal" else 2)
 
     if split:
-        ws_o = torch.empty(num_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
-        ws_lse = torch.empty(num_splits, B, N, HQ, device=dev, dtype=torch.float32)
+        partial_o = torch.empty(num_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
+        partial_lse = torch.empty(num_splits, B, N, HQ, device=dev, dtype=torch.float32)
     else:
-        ws_o = ws_lse = out           # unused pointers
+        partial_o = partial_lse = out           # unused pointers
     mask_arg = tree_mask if tree_mask is not None else prefix_lens
     mask_strides = (tree_mask.stride(0), tree_mask.stride(1)) if tree_mask is not None else (0, 0)
     bt_arg = block_table if paged else prefix_lens
@@ -306,7 +313,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
 
     grid = (q_tiles, B * HKV, num_splits)
     _tree_attention_fwd[grid](
-        q, k_cache, v_cache, prefix_lens, mask_arg, bt_arg, out, lse_arg, ws_o, ws_lse,
+        q, k_cache, v_cache, prefix_lens, mask_arg, bt_arg, out, lse_arg, partial_o, partial_lse,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -325,7 +332,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         rows = B * N * HQ
         block_r = 16 if D >= 128 else 32
         _merge_splits[(triton.cdiv(rows, block_r),)](
-            ws_o, ws_lse, out, lse_arg,
+            partial_o, partial_lse, out, lse_arg,
             out.stride(0), out.stride(1), out.stride(2), *lse_strides,
             N, HQ, rows, num_splits,
             HEAD_DIM=D, BLOCK_R=block_r, STORE_LSE=store_lse, num_warps=4,

@@ -1,4 +1,5 @@
-"""Triton per-depth log-softmax top-K, from logits or fused with the lm_head matmul.
+"""Triton per-depth log-softmax top-K of logits (``triton/hidden_topk.py`` fuses it with the lm_head
+matmul and shares this file's partial and merge steps).
 
 Two launches, no host sync:
 
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["log_softmax_topk", "hidden_topk"]
+__all__ = ["log_softmax_topk"]
 
 # Smaller than every real key: real keys have a low word in (0, 2**31).
 _NEG_KEY = tl.constexpr(-(2**63))
@@ -68,7 +69,7 @@ def _merge_topk(acc, tile, K, KP: tl.constexpr):
 
 
 @triton.jit
-def _write_partials(x, tok, valid, rows, rows_ok, chunk, C, pm_ptr, ps_ptr, pk_ptr,
+def write_partials(x, tok, valid, rows, rows_ok, chunk, C, pm_ptr, ps_ptr, pk_ptr,
                     K, KP: tl.constexpr):
     """Reduce a ``[R, T]`` tile of logits (``valid`` marks real entries) to per-row partials."""
     x = tl.where(valid, x, float("-inf"))
@@ -85,7 +86,8 @@ def _write_partials(x, tok, valid, rows, rows_ok, chunk, C, pm_ptr, ps_ptr, pk_p
 
 
 @triton.jit
-def _logits_partial_kernel(x_ptr, stride_b, stride_d, D, V, C, pm_ptr, ps_ptr, pk_ptr,
+def _logits_partial_kernel(x_ptr, logits_batch_stride, logits_row_stride, D, V, C,
+                           pm_ptr, ps_ptr, pk_ptr,
                            K, KP: tl.constexpr, BLOCK_V: tl.constexpr):
     """Grid ``[B*D, C]``: partial (max, sumexp, top-K) of one vocabulary chunk of one row."""
     row = tl.program_id(0)
@@ -94,42 +96,10 @@ def _logits_partial_kernel(x_ptr, stride_b, stride_d, D, V, C, pm_ptr, ps_ptr, p
     d = row % D
     tok = chunk * BLOCK_V + tl.arange(0, BLOCK_V)[None, :]
     valid = tok < V
-    base = x_ptr + b.to(tl.int64) * stride_b + d.to(tl.int64) * stride_d
+    base = x_ptr + b.to(tl.int64) * logits_batch_stride + d.to(tl.int64) * logits_row_stride
     x = tl.load(base + tok, mask=valid, other=float("-inf")).to(tl.float32)
     rows = tl.full([1], 0, tl.int32) + row
-    _write_partials(x, tok, valid, rows, rows >= 0, chunk, C, pm_ptr, ps_ptr, pk_ptr, K, KP)
-
-
-@triton.jit
-def _hidden_partial_kernel(h_ptr, w_ptr, stride_hb, stride_hd, stride_wv, D, H, V, M, C,
-                           pm_ptr, ps_ptr, pk_ptr, K, KP: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                           IEEE: tl.constexpr):
-    """Grid ``[cdiv(B*D, BLOCK_M), C]``: logits of BLOCK_M rows x BLOCK_V vocabulary entries by
-    ``tl.dot`` (fp32 accumulation), reduced at once to partials; the tile never leaves the chip."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    chunk = tl.program_id(1)
-    rows_ok = rows < M
-    b = rows // D
-    d = rows % D
-    h_row = h_ptr + b.to(tl.int64) * stride_hb + d.to(tl.int64) * stride_hd
-    tok = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
-    tok_ok = tok < V
-    w_col = w_ptr + tok.to(tl.int64) * stride_wv
-    acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        hh = h0 + tl.arange(0, BLOCK_H)
-        hv = tl.load(h_row[:, None] + hh[None, :],
-                     mask=rows_ok[:, None] & (hh[None, :] < H), other=0.0)
-        wv = tl.load(w_col[None, :] + hh[:, None],
-                     mask=tok_ok[None, :] & (hh[:, None] < H), other=0.0)
-        if IEEE:
-            acc = tl.dot(hv, wv, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(hv, wv, acc)
-    valid = rows_ok[:, None] & tok_ok[None, :]
-    _write_partials(acc, tok[None, :], valid, rows, rows_ok, chunk, C, pm_ptr, ps_ptr, pk_ptr,
-                    K, KP)
+    write_partials(x, tok, valid, rows, rows >= 0, chunk, C, pm_ptr, ps_ptr, pk_ptr, K, KP)
 
 
 @triton.jit
@@ -164,7 +134,7 @@ def _merge_kernel(pm_ptr, ps_ptr, pk_ptr, C, tok_ptr, lp_ptr, K, KP: tl.constexp
     tl.store(lp_ptr + out, (_key_value(top) - big) - log_s, mask=kk < K)
 
 
-def _finish(pm, ps, pk, rows_shape, k, device):
+def merge_partials(pm, ps, pk, rows_shape, k, device):
     """Launch the merge kernel over the partials; returns (tokens int32, logprobs fp32)."""
     R, C, KP = pk.shape
     tokens = torch.empty(*rows_shape, k, dtype=torch.int32, device=device)
@@ -183,7 +153,7 @@ def log_softmax_topk(logits, k, *, block_v=None):
     Parameters
     ----------
     logits : float32/float16/bfloat16 ``[B, D, V]``, last dim contiguous
-    k : int, ``1 <= k <= min(64, V)``
+    k : int, ``1 <= k <= min(MAX_TOPK, V)`` (jetspec_kernels.limits)
     block_v : int, optional
         Vocabulary chunk per program (a power of two >= 16); default ``min(4096, next_pow2(V))``.
 
@@ -205,42 +175,4 @@ def log_softmax_topk(logits, k, *, block_v=None):
         _logits_partial_kernel[(R, C)](logits, logits.stride(0), logits.stride(1), D, V, C,
                                        pm, ps, pk, k, KP=KP, BLOCK_V=bv,
                                        num_warps=8 if bv >= 4096 else 4)
-    return _finish(pm, ps, pk, (B, D), k, dev)
-
-
-def hidden_topk(hidden, lm_head_weight, k, *, block_v=None):
-    """Top-K of ``log_softmax(hidden @ lm_head_weight.T)`` without materialising the logits.
-
-    Parameters
-    ----------
-    hidden : float32/float16/bfloat16 ``[B, D, H]``, last dim contiguous
-    lm_head_weight : same dtype ``[V, H]``, last dim contiguous
-    k : int, ``1 <= k <= min(64, V)``
-    block_v : int, optional
-        Vocabulary entries per program (a power of two >= 16; default 128).
-
-    Returns
-    -------
-    topk_tokens : int32 ``[B, D, k]``; topk_logprobs : float32 ``[B, D, k]`` (as
-    :func:`log_softmax_topk` of the fp32-accumulated logits).
-    """
-    B, D, H = hidden.shape
-    V = lm_head_weight.shape[0]
-    M = B * D
-    bv = block_v or 128
-    C = triton.cdiv(V, bv)
-    KP = max(2, triton.next_power_of_2(k))
-    fp32 = hidden.dtype == torch.float32
-    block_m = 16 if M <= 16 else 32
-    block_h = 32 if fp32 else 64
-    dev = hidden.device
-    pm = torch.empty(M, C, dtype=torch.float32, device=dev)
-    ps = torch.empty(M, C, dtype=torch.float32, device=dev)
-    pk = torch.empty(M, C, KP, dtype=torch.int64, device=dev)
-    if M:
-        grid = (triton.cdiv(M, block_m), C)
-        _hidden_partial_kernel[grid](hidden, lm_head_weight, hidden.stride(0), hidden.stride(1),
-                                     lm_head_weight.stride(0), D, H, V, M, C, pm, ps, pk, k,
-                                     KP=KP, BLOCK_M=block_m, BLOCK_V=bv, BLOCK_H=block_h,
-                                     IEEE=fp32, num_warps=4)
-    return _finish(pm, ps, pk, (B, D), k, dev)
+    return merge_partials(pm, ps, pk, (B, D), k, dev)

@@ -1,4 +1,6 @@
-"""Helpers shared by the cuda backend wrappers: _C, stream handle, dtype codes, strides, alignment."""
+"""How the cuda backend wrappers call the ``_C`` extension: the module, its enums and limits, the
+device and stream a launch runs on, and Python values as its arguments (pointers, strides, dtype
+codes, alignment)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +11,7 @@ import torch
 from ..backend import BackendUnavailableError
 
 
-def ext():
+def module():
     """The ``_C`` module, imported on first use (the package imports without it)."""
     from .. import _C
     return _C
@@ -17,12 +19,12 @@ def ext():
 
 def enum(name: str) -> dict[str, int]:
     """``_C.ENUMS[name]``: the codes of a limits.h enum by their Python names."""
-    return ext().ENUMS[name]
+    return module().ENUMS[name]
 
 
 def limit(name: str):
     """``_C.LIMITS[name]``: a number (or tuple) of csrc/include/jetspec/limits.h."""
-    return ext().LIMITS[name]
+    return module().LIMITS[name]
 
 
 def on_device(t: torch.Tensor):

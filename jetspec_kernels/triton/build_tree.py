@@ -1,4 +1,4 @@
-"""Triton draft-tree construction from per-depth top-K: ``topn``, ``accum_logp`` and the mask.
+"""Triton ``build_tree``: the draft tree from per-depth top-K (``topn``, ``accum_logp``) and its mask.
 
 One program per sequence (grid ``[B]``) holds the tree in vectors of ``NP = next_pow2(budget)``
 slots, runs the selection loop on the device, and writes every output element, the packed
@@ -18,14 +18,10 @@ position). Per step: four reductions, one scan, two barriers. A K = 1 chain take
 the set of inserted, unpopped slots; the key pops the best score, ties to the earliest inserted. A
 popped node of depth < D appends ``min(K, budget - n)`` children in rank order with one vector load.
 
-The mask (shared with :func:`pack_mask`) is built by an ancestor walk over tiles of rows: every
-row sets the bit of its current node and steps to the parent until all rows reach the root.
+The mask is written by ``triton/pack_mask.py``'s tile (an ancestor walk over tiles of rows).
 
-Step counts, floor and predicted time: ``bench/NOTES.md``.
-
-Checked offline for sm_90 (no GPU needed): ``triton.compile(ASTSource(_tree_kernel, signature,
-constexprs), target=GPUTarget("cuda", 90, 64), options={"num_warps": ...})`` and
-``cuobjdump -res-usage`` on the cubin (triton 3.9's bundled ptxas), budgets 1 to 4096.
+Step counts, floor, predicted time and register use on sm_90 (``bench/triton_resources.py``, run by
+``tests/test_triton_sm90_resources.py``): ``bench/NOTES.md``.
 """
 from __future__ import annotations
 
@@ -34,7 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["build_tree", "pack_mask"]
+from .pack_mask import mask_layout, mask_tile
+
+__all__ = ["build_tree"]
 
 _INF_KEY = tl.constexpr(2**63 - 1)
 # topn: heap-window entries per step (NP * KB of them); bounds the registers of one program
@@ -52,55 +50,13 @@ def _tree_size(D, K, cap):
     return min(total, cap)
 
 
-def _mask_layout(n):
-    """(W, WP, ROWS): mask words, their power-of-two padding, and rows per mask tile."""
-    w = triton.cdiv(n, 32)
-    wp = triton.next_power_of_2(w)
-    rows = max(1, min(triton.next_power_of_2(n), 4096 // wp))
-    return w, wp, rows
-
-
 def _warps(np_):
     return max(1, min(8, np_ // 256))
 
 
 def _topn_warps(entries):
-    # sm_90 ptxas (triton 3.9): 64x8 / 256x8 / 512x4 windows fit in 94 / 180 / 177 registers
-    # at 4 / 8 / 8 warps with no spill; 4096x1 spills least (440 bytes) at 16 warps
+    # enough warps that the window fits in registers on sm_90 (bench/NOTES.md, build_tree topn)
     return max(4, min(16, entries // 256))
-
-
-@triton.jit
-def _mask_tile(par_row, num, mask_row, r0, N, W, ROWS: tl.constexpr, WP: tl.constexpr):
-    """Write mask rows ``r0 .. r0+ROWS-1`` of one tree from its parents (``par_row``)."""
-    rows = r0 + tl.arange(0, ROWS)
-    ok = rows < N
-    ww = tl.arange(0, WP)[None, :]
-    words = tl.zeros([ROWS, WP], tl.int64)
-    node = tl.where(ok, rows, -1)
-    first = ok
-    while tl.max(node, axis=0) >= 0:
-        live = node >= 0
-        nd = tl.maximum(node, 0)
-        bit = tl.where(live, tl.full([ROWS], 1, tl.int64) << (nd % 32).to(tl.int64), 0)
-        words = words | tl.where(ww == (nd // 32)[:, None], bit[:, None], 0)
-        # a padding row (i >= num) stops after its own bit
-        walk = live & ((rows < num) | ~first)
-        nxt = tl.load(par_row + node, mask=walk, other=-1)
-        node = tl.where(walk, nxt, -1)
-        first = rows < 0
-    # the int64 -> int32 cast keeps the low 32 bits: bit 31 becomes the sign
-    tl.store(mask_row + rows[:, None].to(tl.int64) * W + ww, words.to(tl.int32),
-             mask=ok[:, None] & (ww < W))
-
-
-@triton.jit
-def _pack_mask_kernel(par_ptr, num_ptr, mask_ptr, N, W, ROWS: tl.constexpr, WP: tl.constexpr):
-    """Grid ``[B, cdiv(N, ROWS)]``: one tile of mask rows."""
-    b = tl.program_id(0).to(tl.int64)
-    num = tl.load(num_ptr + b)
-    _mask_tile(par_ptr + b * N, num, mask_ptr + b * N * W, tl.program_id(1) * ROWS, N, W,
-               ROWS, WP)
 
 
 @triton.jit
@@ -200,7 +156,8 @@ def _kth_key(key, valid, k):
 
 
 @triton.jit
-def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stride_ld,
+def _tree_kernel(tt_ptr, lp_ptr, root_ptr, tokens_batch_stride, tokens_row_stride,
+                 logprobs_batch_stride, logprobs_row_stride,
                  D, K, budget, n_target,
                  tok_ptr, par_ptr, dep_ptr, sc_ptr, num_ptr, mask_ptr, W,
                  TOPN: tl.constexpr, NP: tl.constexpr, KB: tl.constexpr, ROWS: tl.constexpr,
@@ -208,8 +165,8 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
     b = tl.program_id(0).to(tl.int64)
     row = b * budget
     slot = tl.arange(0, NP)
-    lp_row = lp_ptr + b * stride_lb
-    tt_row = tt_ptr + b * stride_tb
+    lp_row = lp_ptr + b * logprobs_batch_stride
+    tt_row = tt_ptr + b * tokens_batch_stride
     sc = tl.where(slot == 0, 0.0, float("-inf"))          # node score
     dep = tl.where(slot == 0, 0, -1)                        # node depth, -1 = empty slot
     rk = tl.zeros([NP], tl.int32)                           # rank among its siblings
@@ -231,22 +188,22 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             # the heap window: children nc .. nc+KB-1 of every node, keyed in spec order
             r = nc[:, None] + j
             vis = grow[:, None] & (r < K)
-            lpv = tl.load(lp_row + dep[:, None] * stride_ld + r, mask=vis, other=0.0)
+            lpv = tl.load(lp_row + dep[:, None] * logprobs_row_stride + r, mask=vis, other=0.0)
             csc = sc[:, None] + lpv
             key = _topn_key(csc, dep[:, None] + 1, slot[:, None], r)
             key = tl.where(vis, key, _INF_KEY)
             hmin = tl.min(tl.min(key, axis=1), axis=0)
             # bound 1: the best child of any window entry (primary key q | depth only)
             first = grow & (nc < K)
-            c0 = sc + tl.load(lp_row + dep * stride_ld + nc, mask=first, other=0.0)
+            c0 = sc + tl.load(lp_row + dep * logprobs_row_stride + nc, mask=first, other=0.0)
             has_bc = first & (dep + 1 < D)
-            bc = c0 + tl.load(lp_row + (dep + 1) * stride_ld, mask=has_bc, other=0.0)
+            bc = c0 + tl.load(lp_row + (dep + 1) * logprobs_row_stride, mask=has_bc, other=0.0)
             bc_key = tl.where(has_bc, _q_depth_key(bc, dep + 2), _INF_KEY)
             bc_min = tl.min(bc_key, axis=0)
             # bound 2: the first child hidden behind the window (full key)
             hr = nc + KB
             has_h = grow & (hr < K)
-            hsc = sc + tl.load(lp_row + dep * stride_ld + hr, mask=has_h, other=0.0)
+            hsc = sc + tl.load(lp_row + dep * logprobs_row_stride + hr, mask=has_h, other=0.0)
             h_key = _topn_key(hsc, dep + 1, slot, hr)
             h_min = tl.min(tl.where(has_h, h_key, _INF_KEY), axis=0)
             take = vis & ((key == hmin) | ((_topn_key_q_depth(key) < bc_min) & (key < h_min)))
@@ -297,7 +254,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
             m = tl.where(d < D, tl.minimum(K, budget - n), 0)
             new = (slot >= n) & (slot < n + m)
             r = slot - n
-            lpv = tl.load(lp_row + d * stride_ld + r, mask=new, other=0.0)
+            lpv = tl.load(lp_row + d * logprobs_row_stride + r, mask=new, other=0.0)
             sc = tl.where(new, score + lpv, sc)
             dep = tl.where(new, d + 1, dep)
             par = tl.where(new, i, par)
@@ -309,7 +266,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
 
     valid = slot < n_target
     root = tl.load(root_ptr + b)
-    tok = tl.load(tt_row + (dep - 1) * stride_td + rk, mask=valid & (dep > 0), other=0)
+    tok = tl.load(tt_row + (dep - 1) * tokens_row_stride + rk, mask=valid & (dep > 0), other=0)
     tok = tl.where(dep == 0, root, tok)
     tl.store(tok_ptr + row + out, tok, mask=valid)
     tl.store(par_ptr + row + out, parent, mask=valid)
@@ -324,7 +281,7 @@ def _tree_kernel(tt_ptr, lp_ptr, root_ptr, stride_tb, stride_td, stride_lb, stri
     # the mask walk reads the parents this program just wrote
     tl.debug_barrier()
     for r0 in range(0, budget, ROWS):
-        _mask_tile(par_ptr + row, n_target, mask_ptr + row * W, r0, budget, W, ROWS, WP)
+        mask_tile(par_ptr + row, n_target, mask_ptr + row * W, r0, budget, W, ROWS, WP)
 
 
 def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
@@ -335,7 +292,7 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
     topk_tokens : int32 ``[B, D, K]``, last dim contiguous; row d = children of depth-d nodes
     topk_logprobs : float32 ``[B, D, K]``, ``<= 0``, sorted descending along K
     root_tokens : int32 ``[B]``
-    budget : int in ``[1, 4096]``, tree capacity N
+    budget : int in ``[1, MAX_BUDGET]`` (jetspec_kernels.limits), tree capacity N
     algorithm : ``"topn"`` or ``"accum_logp"`` (DESIGN.md section 4)
 
     Returns
@@ -346,7 +303,7 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
     B, D, K = topk_tokens.shape
     N = int(budget)
     dev = topk_tokens.device
-    W, WP, ROWS = _mask_layout(N)
+    W, WP, ROWS = mask_layout(N)
     tokens = torch.empty(B, N, dtype=torch.int32, device=dev)
     parents = torch.empty(B, N, dtype=torch.int32, device=dev)
     depths = torch.empty(B, N, dtype=torch.int32, device=dev)
@@ -364,27 +321,3 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
                            TOPN=algorithm == "topn", NP=NP, KB=KB, ROWS=ROWS, WP=WP,
                            num_warps=_topn_warps(NP * KB) if algorithm == "topn" else _warps(NP))
     return tokens, parents, depths, scores, num_nodes, mask
-
-
-def pack_mask(parents, num_nodes):
-    """Bit-packed ancestor-or-self mask.
-
-    Parameters
-    ----------
-    parents : int32 ``[B, N]``, ``-1`` for the root and padding, ``parents[b, i] < i``
-    num_nodes : int32 ``[B]``; rows ``i >= num_nodes[b]`` get only their own bit
-
-    Returns
-    -------
-    mask : int32 ``[B, N, ceil(N / 32)]``; bit ``j % 32`` of word ``j // 32`` of row i is set iff
-    j is i or an ancestor of i
-    """
-    B, N = parents.shape
-    W, WP, ROWS = _mask_layout(N)
-    parents = parents.contiguous()
-    mask = torch.empty(B, N, W, dtype=torch.int32, device=parents.device)
-    if B and N:
-        _pack_mask_kernel[(B, triton.cdiv(N, ROWS))](parents, num_nodes.contiguous(), mask,
-                                                     N, W, ROWS=ROWS, WP=WP, num_warps=4)
-    return mask
-

@@ -26,7 +26,9 @@ __all__ = ["commit_kv"]
 def _commit_kv_kernel(
     kc_ptr, vc_ptr, pre_ptr, path_ptr, acc_ptr, bt_ptr, new_ptr,
     HKV, page_size,
-    skc_0, skc_1, skc_2, svc_0, svc_1, svc_2, sp_b, sbt_b,
+    k_cache_batch_stride, k_cache_row_stride, k_cache_head_stride,
+    v_cache_batch_stride, v_cache_row_stride, v_cache_head_stride,
+    path_batch_stride, block_table_batch_stride,
     DH: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, PAGED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -39,16 +41,16 @@ def _commit_kv_kernel(
     h = hb * BH + tl.arange(0, BH)[:, None]
     d = tl.arange(0, BD)[None, :]
     tile_mask = (h < HKV) & (d < DH)
-    k_off = h * skc_2 + d
-    v_off = h * svc_2 + d
+    k_off = h * k_cache_head_stride + d
+    v_off = h * v_cache_head_stride + d
     for i in range(0, acc + 1):
-        src = tl.load(path_ptr + b * sp_b + i).to(tl.int64)
+        src = tl.load(path_ptr + b * path_batch_stride + i).to(tl.int64)
         ps = pre + src
         pd = pre + i
         if PAGED:
-            s0 = tl.load(bt_ptr + b * sbt_b + ps // page_size).to(tl.int64)
+            s0 = tl.load(bt_ptr + b * block_table_batch_stride + ps // page_size).to(tl.int64)
             s1 = ps % page_size
-            d0 = tl.load(bt_ptr + b * sbt_b + pd // page_size).to(tl.int64)
+            d0 = tl.load(bt_ptr + b * block_table_batch_stride + pd // page_size).to(tl.int64)
             d1 = pd % page_size
         else:
             s0 = b
@@ -58,26 +60,27 @@ def _commit_kv_kernel(
         # a node already in place needs no copy; the compare is made full-shape because the
         # interpreter types (bool tile & bool scalar) as int32, which tl.load rejects as a mask
         m = tile_mask & (tl.zeros([BH, BD], tl.int64) + src != i)
-        kt = tl.load(kc_ptr + s0 * skc_0 + s1 * skc_1 + k_off, mask=m)
-        vt = tl.load(vc_ptr + s0 * svc_0 + s1 * svc_1 + v_off, mask=m)
-        tl.store(kc_ptr + d0 * skc_0 + d1 * skc_1 + k_off, kt, mask=m)
-        tl.store(vc_ptr + d0 * svc_0 + d1 * svc_1 + v_off, vt, mask=m)
+        kt = tl.load(kc_ptr + s0 * k_cache_batch_stride + s1 * k_cache_row_stride + k_off, mask=m)
+        vt = tl.load(vc_ptr + s0 * v_cache_batch_stride + s1 * v_cache_row_stride + v_off, mask=m)
+        tl.store(kc_ptr + d0 * k_cache_batch_stride + d1 * k_cache_row_stride + k_off, kt, mask=m)
+        tl.store(vc_ptr + d0 * v_cache_batch_stride + d1 * v_cache_row_stride + v_off, vt, mask=m)
 
 
 @triton.jit
 def _gather_hidden_kernel(hid_ptr, path_ptr, acc_ptr, out_ptr, HH,
-                          sh_b, sh_n, sp_b, so_b, so_i, BLOCK: tl.constexpr):
+                          hidden_batch_stride, hidden_row_stride, path_batch_stride,
+                          out_batch_stride, out_row_stride, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     acc = tl.load(acc_ptr + b)
     live = i <= acc
-    row = tl.load(path_ptr + b * sp_b + i, mask=live, other=0).to(tl.int64)
+    row = tl.load(path_ptr + b * path_batch_stride + i, mask=live, other=0).to(tl.int64)
     for h0 in range(0, HH, BLOCK):
         h = h0 + tl.arange(0, BLOCK)
         # rows after accept_len read nothing and store zeros (full-shape mask: see above)
-        x = tl.load(hid_ptr + b * sh_b + row * sh_n + h, mask=(h < HH) & (h * 0 + i <= acc),
-                    other=0.0)
-        tl.store(out_ptr + b * so_b + i * so_i + h, x, mask=h < HH)
+        x = tl.load(hid_ptr + b * hidden_batch_stride + row * hidden_row_stride + h,
+                    mask=(h < HH) & (h * 0 + i <= acc), other=0.0)
+        tl.store(out_ptr + b * out_batch_stride + i * out_row_stride + h, x, mask=h < HH)
 
 
 def launch(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden, new_lens,

@@ -5,14 +5,14 @@ from typing import Optional
 
 import torch
 
-from . import _util as U
+from . import extension as ext
 
 
 def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps, block_table,
             cache_start, q_out):
     """Call _C; ``q``, ``q_norm_w`` and ``q_out`` are None for a K/V-only append."""
     from .. import _C
-    with U.on_device(k):
+    with ext.on_device(k):
         b, n, hkv, dh = k.shape
         hq = 0 if q is None else q.shape[2]
         qw = None if q is None else q_norm_w.to(torch.float32).contiguous()
@@ -21,14 +21,16 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
         start = None if cache_start is None else cache_start.contiguous()
         table = None if block_table is None else block_table.contiguous()
         _C.qk_norm_rope_append(
-            q=U.ptr(q), k=U.ptr(k), v=U.ptr(v), q_norm_w=U.ptr(qw), k_norm_w=U.ptr(kw),
-            positions=U.ptr(pos), cache_start=U.ptr(start), q_out=U.ptr(q_out),
-            k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache), block_table=U.ptr(table),
-            sq=[0, 0, 0] if q is None else U.strides3(q), sk=U.strides3(k), sv=U.strides3(v),
-            sc=U.strides3(k_cache), svc=U.strides3(v_cache),
-            bt_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq, hkv=hkv, dh=dh,
+            q=ext.ptr(q), k=ext.ptr(k), v=ext.ptr(v), q_norm_w=ext.ptr(qw), k_norm_w=ext.ptr(kw),
+            positions=ext.ptr(pos), cache_start=ext.ptr(start), q_out=ext.ptr(q_out),
+            k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache), block_table=ext.ptr(table),
+            q_strides=[0, 0, 0] if q is None else ext.strides3(q), k_strides=ext.strides3(k),
+            v_strides=ext.strides3(v), k_cache_strides=ext.strides3(k_cache),
+            v_cache_strides=ext.strides3(v_cache),
+            block_table_batch_stride=0 if table is None else table.stride(0), batch=b, n=n, hq=hq,
+            hkv=hkv, head_dim=dh,
             page_size=k_cache.shape[1], theta=float(rope_theta), eps=float(eps),
-            dtype=U.dtype_code(k), cache_dtype=U.dtype_code(k_cache), stream=U.stream())
+            dtype=ext.dtype_code(k), cache_dtype=ext.dtype_code(k_cache), stream=ext.stream())
 
 
 @torch.library.custom_op("jetspec::qk_norm_rope_append", mutates_args=("k_cache", "v_cache"))

@@ -1,4 +1,5 @@
-"""Argument-checking helpers shared by the per-op checking functions.
+"""Argument-checking helpers shared by the per-op checking functions (ops/), the result types
+(tree.py), the backends' ``supports`` and the decoding loop's argument checks.
 
 Errors name the argument: ``TypeError`` for a non-tensor or a wrong dtype, ``ValueError`` for
 a wrong rank, shape, device, layout or value.

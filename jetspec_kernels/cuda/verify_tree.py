@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from . import _util as U
+from . import extension as ext
 
 
 # Each phase-1 CTA scans at least this many logits (two 16-byte loads per thread).
@@ -31,47 +31,49 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
                  top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .. import _C
-    with U.on_device(tokens):
+    with ext.on_device(tokens):
         b, n = tokens.shape
         dev = tokens.device
         cols = max_depth + 1
         tokens = tokens.contiguous()
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
-        part_v = part_i = target = None
+        partial_value = partial_token = target = None
         splits = 1
         if target_tokens is None:
             v = target_logits.shape[2]
-            splits, split_len = target_splits(b * n, v, U.sm_count(dev.index or 0))
-            part_v = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
-            part_i = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
+            splits, split_len = target_splits(b * n, v, ext.sm_count(dev.index or 0))
+            partial_value = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
+            partial_token = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
             sample = temperature is not None
             seed_t = seed.to(torch.int64).contiguous() if sample else None
             offset_t = offset.to(torch.int64).contiguous() if sample else None
             temp_t = temperature.contiguous() if sample else None
             # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
-            vec = U.aligned16(target_logits)
+            vec = ext.aligned16(target_logits)
             thr_x = thr_id = None
             if sample and (top_k is not None or top_p is not None):
                 thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
             _C.verify_target_tokens(
-                logits=U.ptr(target_logits), s0=target_logits.stride(0),
-                s1=target_logits.stride(1), num_nodes=U.ptr(num_nodes), seed=U.ptr(seed_t),
-                offset=U.ptr(offset_t), part_v=U.ptr(part_v), part_i=U.ptr(part_i), batch=b, n=n,
-                vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=U.ptr(temp_t),
-                thr_x=U.ptr(thr_x), thr_id=U.ptr(thr_id), dtype=U.dtype_code(target_logits),
-                stream=U.stream())
+                logits=ext.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
+                logits_row_stride=target_logits.stride(1), num_nodes=ext.ptr(num_nodes),
+                seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=ext.ptr(partial_value),
+                partial_token=ext.ptr(partial_token), batch=b, n=n,
+                vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=ext.ptr(temp_t),
+                thr_x=ext.ptr(thr_x), thr_id=ext.ptr(thr_id), dtype=ext.dtype_code(target_logits),
+                stream=ext.stream())
         else:
             target = target_tokens.contiguous()
         accept_len = torch.empty(b, device=dev, dtype=torch.int32)
         path = torch.empty(b, cols, device=dev, dtype=torch.int32)
         bonus = torch.empty(b, device=dev, dtype=torch.int32)
         emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
-        _C.verify_walk(tokens=U.ptr(tokens), parents=U.ptr(parents), num_nodes=U.ptr(num_nodes),
-                       target=U.ptr(target), target_stride=0 if target is None else target.stride(0),
-                       part_v=U.ptr(part_v), part_i=U.ptr(part_i), splits=splits,
-                       accept_len=U.ptr(accept_len), path=U.ptr(path), bonus=U.ptr(bonus),
-                       emitted=U.ptr(emitted), batch=b, n=n, cols=cols, stream=U.stream())
+        _C.verify_walk(tokens=ext.ptr(tokens), parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes),
+                       target=ext.ptr(target),
+                       target_batch_stride=0 if target is None else target.stride(0),
+                       partial_value=ext.ptr(partial_value), partial_token=ext.ptr(partial_token), splits=splits,
+                       accept_len=ext.ptr(accept_len), path=ext.ptr(path), bonus=ext.ptr(bonus),
+                       emitted=ext.ptr(emitted), batch=b, n=n, cols=cols, stream=ext.stream())
         return accept_len, path, bonus, emitted
 
 
@@ -97,18 +99,19 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
 
 
 def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
-    """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside U.on_device."""
+    """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside ext.on_device."""
     from .. import _C
     b, n, v = logits.shape
     thr_x = torch.empty(b * n, device=logits.device, dtype=torch.float32)
     thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
     top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
     top_p = None if top_p is None else top_p.contiguous()
-    _C.verify_sample_filter(logits=U.ptr(logits), s0=logits.stride(0), s1=logits.stride(1),
-                            num_nodes=U.ptr(num_nodes), temperature=U.ptr(temperature),
-                            top_k=U.ptr(top_k), top_p=U.ptr(top_p), thr_x=U.ptr(thr_x),
-                            thr_id=U.ptr(thr_id), batch=b, n=n, vocab=v, vec=vec,
-                            dtype=U.dtype_code(logits), stream=U.stream())
+    _C.verify_sample_filter(logits=ext.ptr(logits), logits_batch_stride=logits.stride(0),
+                            logits_row_stride=logits.stride(1),
+                            num_nodes=ext.ptr(num_nodes), temperature=ext.ptr(temperature),
+                            top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=ext.ptr(thr_x),
+                            thr_id=ext.ptr(thr_id), batch=b, n=n, vocab=v, vec=vec,
+                            dtype=ext.dtype_code(logits), stream=ext.stream())
     return thr_x, thr_id
 
 
@@ -126,12 +129,12 @@ def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=Non
     ``(thr_x float32 [B, N], thr_id int32 [B, N])``, as the triton backend's
     ``filter_thresholds``: node (b, n) keeps v iff ``x > thr_x or (x == thr_x and v <= thr_id)``.
     """
-    with U.on_device(logits):
+    with ext.on_device(logits):
         b, n, _ = logits.shape
         if num_nodes is None:
             num_nodes = torch.full((b,), n, dtype=torch.int32, device=logits.device)
         num_nodes = num_nodes.contiguous()
         temperature = temperature.contiguous()
         thr_x, thr_id = _thresholds(logits, temperature, num_nodes, top_k, top_p,
-                                    U.aligned16(logits))
+                                    ext.aligned16(logits))
         return thr_x.view(b, n), thr_id.view(b, n)

@@ -1,15 +1,15 @@
 """cuda backend: tree_attention (fp16/bf16): a wgmma kernel on sm_90a for head dims 64/128, the
 mma.sync kernel for head dim 256 and on other GPUs; kernel="tma" picks the warp-specialised sm_90a
 kernel (TMA loads, mbarrier ring) and kernel="hopper" the Hopper family (attention_hopper.cuh:
-ping-pong consumers, 128-key blocks, splits from the kernel's occupancy); neither is the default
-until measured on a GPU."""
+ping-pong consumers, 128-key blocks, splits from the kernel's occupancy); which kernel auto picks
+follows the hardware record (docs/DESIGN.md section 2, bench/NOTES.md)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from . import _util as U
+from . import extension as ext
 from .supports import attention_kernel, attention_kernel_reason
 
 MAX_SPLITS = 32
@@ -22,10 +22,10 @@ def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
     warpgroup's rows, at the CTAs per SM the kernels are sized for (the mma.sync and cp.async
     wgmma kernels fit two at Dh 128 and 256; whether the one-warpgroup TMA kernel does at Dh 128
     is for a GPU run to show, bench/NOTES.md). The numbers are _C's (limits.h)."""
-    rows = U.limit("attn_rows")
+    rows = ext.limit("attn_rows")
     if kernel == "tma" and n * group > rows:
-        return U.limit("attn_tma_wide_rows"), U.limit("attn_tma_wide_ctas_per_sm")
-    return rows, U.limit("attn_ctas_per_sm")
+        return ext.limit("attn_tma_wide_rows"), ext.limit("attn_tma_wide_ctas_per_sm")
+    return rows, ext.limit("attn_ctas_per_sm")
 
 
 def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
@@ -43,7 +43,7 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
     base = tiles * batch * hkv
     if base == 0:  # nothing to compute (the launcher returns early)
         return 1
-    sms = U.sm_count(torch.device(device).index or 0)
+    sms = ext.sm_count(torch.device(device).index or 0)
     if base >= per_sm * sms // 2:
         return 1
     want = per_sm * sms // base
@@ -57,9 +57,9 @@ def hopper_splits(q: torch.Tensor, hkv: int, capacity: int) -> int:
     b, n, hq, dh = q.shape
     if b == 0 or n == 0:
         return 1
-    with U.on_device(q):
-        return int(U.ext().tree_attention_hopper_splits(
-            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=U.dtype_code(q), head_dim=dh))
+    with ext.on_device(q):
+        return int(ext.module().tree_attention_hopper_splits(
+            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh))
 
 
 @torch.library.custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
@@ -68,13 +68,13 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
                     lse: Optional[torch.Tensor], num_splits: int, kernel: int) -> None:
     from .. import _C
-    with U.on_device(q):
+    with ext.on_device(q):
         # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if not U.aligned16(t):
+            if not ext.aligned16(t):
                 raise ValueError(f"{name} rows must start on 16-byte boundaries for the cuda backend "
                                  f"(strides {t.stride()}, data_ptr % 16 = {t.data_ptr() % 16})")
-        if not U.aligned16(q):
+        if not ext.aligned16(q):
             q = q.clone(memory_format=torch.contiguous_format)
         # The epilogue stores pairs of elements (4 bytes); lse is written as a contiguous [B, Hq, N].
         direct = out.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in out.stride()[:3])
@@ -90,22 +90,24 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             tree_mask = tree_mask.contiguous()
         if block_table is not None:
             block_table = block_table.contiguous()
-        part_o = part_lse = None
+        partial_o = partial_lse = None
         if num_splits > 1:
-            part_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
-            part_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
+            partial_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
+            partial_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
         _C.tree_attention(
-            q=U.ptr(q), sq=U.strides3(q), k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache),
-            sk=U.strides3(k_cache), sv=U.strides3(v_cache), block_table=U.ptr(block_table),
-            bt_stride=0 if block_table is None else block_table.stride(0),
+            q=ext.ptr(q), q_strides=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
+            k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
+            block_table=ext.ptr(block_table),
+            block_table_batch_stride=0 if block_table is None else block_table.stride(0),
             page_size=k_cache.shape[1], cache_outer=k_cache.shape[0],
-            prefix_lens=U.ptr(prefix_lens), tree_mask=U.ptr(tree_mask),
-            sm0=0 if tree_mask is None else tree_mask.stride(0),
-            sm1=0 if tree_mask is None else tree_mask.stride(1), tail=U.enum("AttnTail")[mode],
-            out=U.ptr(out_buf), so=U.strides3(out_buf), lse=U.ptr(lse_buf), part_o=U.ptr(part_o),
-            part_lse=U.ptr(part_lse), batch=b, n=n, hq=hq, hkv=hkv, splits=num_splits,
-            scale=float(scale), dtype=U.dtype_code(q), head_dim=dh, kernel=kernel,
-            stream=U.stream())
+            prefix_lens=ext.ptr(prefix_lens), tree_mask=ext.ptr(tree_mask),
+            tree_mask_batch_stride=0 if tree_mask is None else tree_mask.stride(0),
+            tree_mask_row_stride=0 if tree_mask is None else tree_mask.stride(1),
+            tail=ext.enum("AttnTail")[mode], out=ext.ptr(out_buf), out_strides=ext.strides3(out_buf),
+            lse=ext.ptr(lse_buf), partial_o=ext.ptr(partial_o), partial_lse=ext.ptr(partial_lse), batch=b,
+            n=n, hq=hq, hkv=hkv, splits=num_splits,
+            scale=float(scale), dtype=ext.dtype_code(q), head_dim=dh, kernel=kernel,
+            stream=ext.stream())
         if out_buf is not out:
             out.copy_(out_buf)
         if lse_buf is not lse:
@@ -133,7 +135,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     before choosing this backend, and _C refuses bad input to a direct call (ValueError).
     """
     kernel = attention_kernel(kernel)
-    kernels = U.enum("AttnKernel")
+    kernels = ext.enum("AttnKernel")
     if kernel not in kernels:
         raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
     reason = attention_kernel_reason(kernel, q, k_cache, block_table)
@@ -141,7 +143,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
         raise ValueError(reason)
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-        if kernel == "hopper" and q.shape[-1] in U.limit("wgmma_head_dims"):
+        if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
             num_splits = hopper_splits(q, k_cache.shape[2], capacity)
         else:
             num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2],

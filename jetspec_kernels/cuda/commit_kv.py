@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from . import _util as U
+from . import extension as ext
 
 
 @torch.library.custom_op("jetspec::commit_kv", mutates_args=("k_cache", "v_cache"))
@@ -13,7 +13,7 @@ def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.
                path: torch.Tensor, accept_len: torch.Tensor, block_table: Optional[torch.Tensor],
                hidden: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     from .. import _C
-    with U.on_device(k_cache):
+    with ext.on_device(k_cache):
         b, cols = path.shape
         dev = path.device
         prefix_lens = prefix_lens.contiguous()
@@ -23,20 +23,23 @@ def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.
         new_lens = torch.empty(b, device=dev, dtype=torch.int32)
         if hidden is None:
             rows = torch.empty(0, device=dev, dtype=k_cache.dtype)
-            hidden_dim, sh0, sh1, helem = 0, 0, 0, 4
+            hidden_dim, hidden_batch_stride, hidden_row_stride, hidden_elem_bytes = 0, 0, 0, 4
         else:
             hidden_dim = hidden.shape[2]
             rows = torch.empty(b, cols, hidden_dim, device=dev, dtype=hidden.dtype)
-            sh0, sh1, helem = hidden.stride(0), hidden.stride(1), hidden.element_size()
-        _C.commit_kv(k_cache=U.ptr(k_cache), v_cache=U.ptr(v_cache), sk=U.strides3(k_cache),
-                     sv=U.strides3(v_cache), block_table=U.ptr(table),
-                     bt_stride=0 if table is None else table.stride(0),
-                     prefix_lens=U.ptr(prefix_lens), path=U.ptr(path), accept_len=U.ptr(accept_len),
-                     new_prefix_lens=U.ptr(new_lens), hidden=U.ptr(hidden), sh0=sh0, sh1=sh1,
-                     hidden_rows=0 if hidden is None else U.ptr(rows), batch=b, cols=cols,
-                     hkv=k_cache.shape[2], dh=k_cache.shape[3], page_size=k_cache.shape[1],
+            hidden_batch_stride, hidden_row_stride = hidden.stride(0), hidden.stride(1)
+            hidden_elem_bytes = hidden.element_size()
+        _C.commit_kv(k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
+                     k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
+                     block_table=ext.ptr(table),
+                     block_table_batch_stride=0 if table is None else table.stride(0),
+                     prefix_lens=ext.ptr(prefix_lens), path=ext.ptr(path), accept_len=ext.ptr(accept_len),
+                     new_prefix_lens=ext.ptr(new_lens), hidden=ext.ptr(hidden),
+                     hidden_batch_stride=hidden_batch_stride, hidden_row_stride=hidden_row_stride,
+                     hidden_rows=0 if hidden is None else ext.ptr(rows), batch=b, cols=cols,
+                     hkv=k_cache.shape[2], head_dim=k_cache.shape[3], page_size=k_cache.shape[1],
                      hidden_dim=hidden_dim, cache_elem_bytes=k_cache.element_size(),
-                     hidden_elem_bytes=helem, stream=U.stream())
+                     hidden_elem_bytes=hidden_elem_bytes, stream=ext.stream())
         return new_lens, rows
 
 

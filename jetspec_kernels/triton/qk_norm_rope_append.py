@@ -34,8 +34,14 @@ def _norm_rope_tile(x_ptrs, w1, w2, cos, sin, mask, eps, DH: tl.constexpr, HALF:
 def _qk_norm_rope_append_kernel(
     q_ptr, k_ptr, v_ptr, qo_ptr, qw_ptr, kw_ptr, pos_ptr, start_ptr, kc_ptr, vc_ptr, bt_ptr,
     N, HQ, HKV, page_size,
-    sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, so_b, so_n, so_h,
-    sp_b, sp_n, skc_0, skc_1, skc_2, svc_0, svc_1, svc_2, sbt_b,
+    q_batch_stride, q_row_stride, q_head_stride,
+    k_batch_stride, k_row_stride, k_head_stride,
+    v_batch_stride, v_row_stride, v_head_stride,
+    q_out_batch_stride, q_out_row_stride, q_out_head_stride,
+    positions_batch_stride, positions_row_stride,
+    k_cache_batch_stride, k_cache_row_stride, k_cache_head_stride,
+    v_cache_batch_stride, v_cache_row_stride, v_cache_head_stride,
+    block_table_batch_stride,
     theta_hi, theta_lo, eps,
     DH: tl.constexpr, HALF_P: tl.constexpr, BH_Q: tl.constexpr, BH_K: tl.constexpr,
     PAGED: tl.constexpr, HAS_START: tl.constexpr, HAS_Q: tl.constexpr,
@@ -47,7 +53,7 @@ def _qk_norm_rope_append_kernel(
 
     j = tl.arange(0, HALF_P)
     jm = j < HALF
-    pos = tl.load(pos_ptr + b * sp_b + n * sp_n)
+    pos = tl.load(pos_ptr + b * positions_batch_stride + n * positions_row_stride)
 
     # inv_freq = float32(theta ** (-2j/Dh)) with the power in float64; theta arrives as an exact
     # float32 hi/lo pair because scalar kernel arguments are float32.
@@ -68,9 +74,10 @@ def _qk_norm_rope_append_kernel(
         for h0 in range(0, HQ, BH_Q):
             h = h0 + tl.arange(0, BH_Q)[:, None]
             m = (h < HQ) & jm[None, :]
-            o1, o2 = _norm_rope_tile(q_ptr + b * sq_b + n * sq_n + h * sq_h + d, qw1, qw2, cos,
-                                     sin, m, eps, DH, HALF)
-            o_ptrs = qo_ptr + b * so_b + n * so_n + h * so_h + d
+            q_ptrs = q_ptr + b * q_batch_stride + n * q_row_stride + h * q_head_stride + d
+            o1, o2 = _norm_rope_tile(q_ptrs, qw1, qw2, cos, sin, m, eps, DH, HALF)
+            o_ptrs = (qo_ptr + b * q_out_batch_stride + n * q_out_row_stride
+                      + h * q_out_head_stride + d)
             tl.store(o_ptrs, o1.to(qo_ptr.dtype.element_ty), mask=m)
             tl.store(o_ptrs + HALF, o2.to(qo_ptr.dtype.element_ty), mask=m)
 
@@ -79,7 +86,7 @@ def _qk_norm_rope_append_kernel(
     else:
         slot = pos.to(tl.int64)
     if PAGED:
-        c0 = tl.load(bt_ptr + b * sbt_b + slot // page_size).to(tl.int64)
+        c0 = tl.load(bt_ptr + b * block_table_batch_stride + slot // page_size).to(tl.int64)
         c1 = slot % page_size
     else:
         c0 = b
@@ -88,13 +95,15 @@ def _qk_norm_rope_append_kernel(
     for h0 in range(0, HKV, BH_K):
         h = h0 + tl.arange(0, BH_K)[:, None]
         m = (h < HKV) & jm[None, :]
-        o1, o2 = _norm_rope_tile(k_ptr + b * sk_b + n * sk_n + h * sk_h + d, kw1, kw2, cos, sin,
-                                 m, eps, DH, HALF)
-        kc_ptrs = kc_ptr + c0 * skc_0 + c1 * skc_1 + h * skc_2 + d
+        k_ptrs = k_ptr + b * k_batch_stride + n * k_row_stride + h * k_head_stride + d
+        o1, o2 = _norm_rope_tile(k_ptrs, kw1, kw2, cos, sin, m, eps, DH, HALF)
+        kc_ptrs = (kc_ptr + c0 * k_cache_batch_stride + c1 * k_cache_row_stride
+                   + h * k_cache_head_stride + d)
         tl.store(kc_ptrs, o1.to(kc_ptr.dtype.element_ty), mask=m)
         tl.store(kc_ptrs + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
-        v_ptrs = v_ptr + b * sv_b + n * sv_n + h * sv_h + d
-        vc_ptrs = vc_ptr + c0 * svc_0 + c1 * svc_1 + h * svc_2 + d
+        v_ptrs = v_ptr + b * v_batch_stride + n * v_row_stride + h * v_head_stride + d
+        vc_ptrs = (vc_ptr + c0 * v_cache_batch_stride + c1 * v_cache_row_stride
+                   + h * v_cache_head_stride + d)
         v1 = tl.load(v_ptrs, mask=m, other=0.0)
         v2 = tl.load(v_ptrs + HALF, mask=m, other=0.0)
         tl.store(vc_ptrs, v1.to(vc_ptr.dtype.element_ty), mask=m)
@@ -109,11 +118,8 @@ def _f32_split(x: float) -> tuple[float, float]:
 
 
 def _heads_per_tile(heads: int, half_p: int) -> int:
-    """Heads per tile: all of them when small, else 512 elements per half-tile.
-
-    At 4 warps, 1024 or more elements per half-tile spill on sm_90a (255 registers and a 624 B
-    stack at Dh 128); 512 uses 70 registers (bench/triton_resources.py).
-    """
+    """Heads per tile: all of them when small, else 512 elements per half-tile (larger tiles
+    spill registers on sm_90a at 4 warps: bench/NOTES.md, "Triton kernels compiled offline")."""
     return min(triton.next_power_of_2(max(heads, 1)), max(1, 512 // half_p))
 
 

@@ -1,5 +1,5 @@
-"""Adaptive tree budget: each round picks its tree size from the draft's own confidence and the
-measured cost of verifying it.
+"""The per-round choice of the adaptive tree budget: expected accepted length of every tree size,
+its correction by observed acceptance, and the size with the most expected tokens per second.
 
 For ``topn`` trees the best ``n``-node tree holds the ``n - 1`` best non-root nodes of the implicit
 tree, and under the draft's model node ``i`` is accepted with probability ``exp(score_i)`` (siblings
@@ -9,26 +9,24 @@ carry distinct tokens, so at most one node per depth is accepted). Its expected 
 
 so one sorted pass over the scores gives E(n) for every n. :class:`AcceptanceCalibrator` corrects
 the draft's estimate with the acceptance actually observed (per depth or per score bucket, running
-sums kept as device tensors), :class:`CostModel` holds the time of a round at each candidate size,
-and :func:`choose_budget` picks ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device;
-:func:`choose_budget_from_topk` does the same straight from the per-depth top-K in fewer ops (the
-decoding loop's per-round choice).
-:func:`jetspec_kernels.decode.generate` does this with ``budget="auto"`` (or a list of sizes).
-The per-round functions run in ``torch.inference_mode`` (a quarter less host time on the CPU);
-they return inference tensors, and the calibrator's sums are only ever changed inside it.
+sums kept as device tensors), and :func:`choose_budget` picks
+``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device with the round costs ``c`` of a
+:class:`~jetspec_kernels.adaptive.round_costs.CostModel`; :func:`choose_budget_from_topk` does the
+same straight from the per-depth top-K in fewer ops (the decoding loop's per-round choice).
+The per-round functions run in ``torch.inference_mode`` (less host time: bench/NOTES.md, adaptive
+budget); they return inference tensors, and the calibrator's sums are only ever changed inside it.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
-
 import torch
 
-from .ops.draft_tree import MAX_BUDGET
-from .tree import Tree
+from ..limits import MAX_BUDGET
+from ..tree import Tree
+from .round_costs import CostModel
 
-__all__ = ["DEFAULT_SIZES", "AcceptanceCalibrator", "CostModel", "choose_budget",
+__all__ = ["DEFAULT_SIZES", "AcceptanceCalibrator", "choose_budget",
            "choose_budget_from_topk", "expected_accept_curve", "expected_accept_curve_from_topk",
            "parse_budget"]
 
@@ -53,8 +51,8 @@ def parse_budget(budget, *, topk: int, depth: int) -> tuple[tuple[int, ...], boo
 
     Parameters
     ----------
-    budget : int in [1, 4096] (a fixed size), ``"auto"`` (:data:`DEFAULT_SIZES` capped by what the
-        head can draft), or a non-empty list/tuple of such ints (the candidate sizes)
+    budget : int in [1, MAX_BUDGET] (a fixed size), ``"auto"`` (:data:`DEFAULT_SIZES` capped by
+        what the head can draft), or a non-empty list/tuple of such ints (the candidate sizes)
     topk, depth : the draft's children per node and depths per round; the implicit tree has
         ``1 + K + ... + K**D`` nodes, and larger "auto" candidates would build the same tree
 
@@ -273,68 +271,12 @@ def _level_scores(lp: torch.Tensor, m: int) -> list[torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=64)
-def _levels(widths: tuple, device: torch.device):
-    """int32 depths [C] (depth j + 1 repeated widths[j] times) and their :func:`_tie_key`.
+def _levels(level_sizes: tuple, device: torch.device):
+    """int32 depths [C] (depth j + 1 repeated level_sizes[j] times) and their :func:`_tie_key`.
     Cached: the first (eager) round makes them, so CUDA-graph captures copy nothing from the host."""
-    depths = torch.repeat_interleave(torch.arange(1, len(widths) + 1, dtype=torch.int32),
-                                     torch.tensor(widths))
+    depths = torch.repeat_interleave(torch.arange(1, len(level_sizes) + 1, dtype=torch.int32),
+                                     torch.tensor(level_sizes))
     return tuple(t.to(device) for t in (depths, *_tie_key(depths)))
-
-
-class CostModel:
-    """Seconds per decoding round as a function of the tree size n, for one model pair, batch size
-    and device (measured by timing rounds, see :func:`jetspec_kernels.decode.measure_round_costs`,
-    or given).
-
-    Parameters
-    ----------
-    costs : dict {n: seconds} (int n >= 1, finite seconds > 0) or a callable n -> seconds
-    """
-
-    def __init__(self, costs: dict | Callable[[int], float]):
-        if isinstance(costs, CostModel):
-            costs = costs.costs
-        if isinstance(costs, dict):
-            if not costs:
-                raise ValueError("cost_model must hold at least one size, got an empty dict")
-            checked = {}
-            for n, c in costs.items():
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise ValueError(f"cost_model keys must be tree sizes (ints >= 1), got {n!r}")
-                checked[n] = self._seconds(n, c)
-            costs = checked
-        elif not callable(costs):
-            raise TypeError(f"cost_model must be a dict {{n: seconds}}, a callable or a CostModel, got "
-                            f"{type(costs).__name__}")
-        self.costs = costs
-
-    @staticmethod
-    def _seconds(n: int, c) -> float:
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
-            raise ValueError(f"cost_model[{n}] must be a finite number of seconds > 0, got {c!r}")
-        return float(c)
-
-    def __call__(self, n: int) -> float:
-        if isinstance(self.costs, dict):
-            if n not in self.costs:
-                raise ValueError(f"cost_model has no cost for tree size {n} (it has "
-                                 f"{sorted(self.costs)})")
-            return self.costs[n]
-        return self._seconds(n, self.costs(n))
-
-    def table(self, sizes) -> dict[int, float]:
-        """{n: seconds} for each candidate size (validated)."""
-        return {int(n): self(int(n)) for n in sizes}
-
-    def tensor(self, sizes, device=None) -> torch.Tensor:
-        """float32 [S]: the cost of each candidate size."""
-        return torch.tensor([self(int(n)) for n in sizes], dtype=torch.float32, device=device)
-
-    def __repr__(self) -> str:
-        if isinstance(self.costs, dict):
-            inner = ", ".join(f"{n}: {c * 1e3:.3g} ms" for n, c in sorted(self.costs.items()))
-            return f"CostModel({{{inner}}})"
-        return f"CostModel({self.costs!r})"
 
 
 @torch.inference_mode()
@@ -420,10 +362,10 @@ def choose_budget_from_topk(topk_logprobs: torch.Tensor, sizes, costs,
 
 
 @functools.lru_cache(maxsize=64)
-def _size_columns(sizes: tuple, width: int, device: torch.device) -> tuple[torch.Tensor, bool]:
-    """int64 [S]: the column of E(n) for each size in a cumulative sum of ``width`` nodes (flat
+def _size_columns(sizes: tuple, curve_cols: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """int64 [S]: the column of E(n) for each size in a cumulative sum of ``curve_cols`` nodes (flat
     past it), and whether a zero column must come first (some size is 1). Cached like
     :func:`_levels`."""
     pad = min(sizes) == 1
-    cols = [min(n - 1, width) - (not pad) for n in sizes]
+    cols = [min(n - 1, curve_cols) - (not pad) for n in sizes]
     return torch.tensor(cols, dtype=torch.int64, device=device), pad

@@ -137,13 +137,13 @@ def _select(base, V, T, m, target, tie_key, nbits,
 @triton.jit
 def _filter_kernel(
     logits_ptr, temp_ptr, nn_ptr, topk_ptr, topp_ptr, thx_ptr, thi_ptr,
-    N, V, vbits, sl_b, sl_n,
+    N, V, vbits, logits_batch_stride, logits_row_stride,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, BLOCK_V: tl.constexpr, RADIX: tl.constexpr,
 ):
     row = tl.program_id(0)
     b = row // N
     n = row % N
-    base = logits_ptr + b.to(tl.int64) * sl_b + n.to(tl.int64) * sl_n
+    base = logits_ptr + b.to(tl.int64) * logits_batch_stride + n.to(tl.int64) * logits_row_stride
     T = tl.load(temp_ptr + b)
     k = tl.zeros([], tl.int64)
     if HAS_K:
@@ -205,8 +205,8 @@ def _filter_kernel(
 
 @triton.jit
 def _target_partial_kernel(
-    logits_ptr, seed_ptr, off_ptr, temp_ptr, thx_ptr, thi_ptr, pval_ptr, pidx_ptr,
-    N, V, chunk, S, sl_b, sl_n,
+    logits_ptr, seed_ptr, off_ptr, temp_ptr, thx_ptr, thi_ptr, part_v_ptr, part_i_ptr,
+    N, V, chunk, S, logits_batch_stride, logits_row_stride,
     BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr, FILTER: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -215,7 +215,7 @@ def _target_partial_kernel(
     n = row % N
     start = s * chunk
     end = tl.minimum(start + chunk, V)
-    base = logits_ptr + b.to(tl.int64) * sl_b + n.to(tl.int64) * sl_n
+    base = logits_ptr + b.to(tl.int64) * logits_batch_stride + n.to(tl.int64) * logits_row_stride
     if SAMPLE:
         key = _node_key(seed_ptr, off_ptr, b, n)
         T = tl.load(temp_ptr + b)
@@ -235,23 +235,29 @@ def _target_partial_kernel(
             g = -tl.log(-tl.log(u))
             xs = tl.div_rn(x, T)
             keep = m
-            if FILTER:
-                keep = keep & ((xs > thr_x) | ((xs == thr_x) & (v <= thr_id)))
+            if FILTER:   # a NaN is kept: it is the maximum whatever the filters say
+                keep = keep & ((xs > thr_x) | ((xs == thr_x) & (v <= thr_id)) | (xs != xs))
             x = tl.where(sampled, tl.where(keep, xs + g, float("-inf")), x)
-        tile_max = tl.max(x, axis=0)
-        tile_arg = tl.argmax(x, axis=0, tie_break_left=True)
-        better = tile_max > best_val            # strict: an earlier tile keeps a tie
-        best_idx = tl.where(better, v0 + tile_arg, best_idx)
-        best_val = tl.maximum(best_val, tile_max)
-    tl.store(pval_ptr + row * S + s, best_val)
-    tl.store(pidx_ptr + row * S + s, best_idx)
+        # torch.argmax order: a NaN is the maximum (the first NaN wins), ties to the lower index
+        nan = x != x
+        tile_nan = tl.max(nan.to(tl.int32), axis=0) > 0
+        finite = tl.where(nan, float("-inf"), x)
+        tile_max = tl.max(finite, axis=0)
+        tile_arg = tl.where(tile_nan, tl.min(tl.where(nan, v, 2147483647), axis=0),
+                            v0 + tl.argmax(finite, axis=0, tie_break_left=True))
+        better = (best_val == best_val) & (tile_nan | (tile_max > best_val))  # strict: ties stay
+        best_idx = tl.where(better, tile_arg, best_idx)
+        best_val = tl.where(better, tl.where(tile_nan, float("nan"), tile_max), best_val)
+    tl.store(part_v_ptr + row * S + s, best_val)
+    tl.store(part_i_ptr + row * S + s, best_idx)
 
 
 @triton.jit
 def _walk_kernel(
-    tok_ptr, par_ptr, nn_ptr, tgt_ptr, pval_ptr,
+    tok_ptr, par_ptr, nn_ptr, tgt_ptr, part_v_ptr,
     acc_ptr, path_ptr, bonus_ptr, emit_ptr,
-    N, S, C, max_depth, st_b, sp_b, stg_b, stg_n, so_path, so_emit,
+    N, S, C, max_depth, tokens_batch_stride, parents_batch_stride, target_batch_stride,
+    target_row_stride, path_batch_stride, emitted_batch_stride,
     NP: tl.constexpr, SP: tl.constexpr, CP: tl.constexpr, FROM_PARTIALS: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -261,15 +267,18 @@ def _walk_kernel(
         sidx = tl.arange(0, SP)[None, :]
         pm = nmask[:, None] & (sidx < S)
         poff = (b * N + nidx)[:, None] * S + sidx
-        vals = tl.load(pval_ptr + poff, mask=pm, other=float("-inf"))
+        vals = tl.load(part_v_ptr + poff, mask=pm, other=float("-inf"))
         idxs = tl.load(tgt_ptr + poff, mask=pm, other=2147483647)
-        vmax = tl.max(vals, axis=1)
+        nan = vals != vals                      # a split whose best is NaN: the maximum
+        vmax = tl.max(tl.where(nan, float("-inf"), vals), axis=1)
+        best = tl.where(tl.max(nan.to(tl.int32), axis=1)[:, None] > 0, nan, vals == vmax[:, None])
         # splits are in vocabulary order, so the lowest index among the maxima is the argmax
-        tgt = tl.min(tl.where(vals == vmax[:, None], idxs, 2147483647), axis=1)
+        tgt = tl.min(tl.where(best, idxs, 2147483647), axis=1)
     else:
-        tgt = tl.load(tgt_ptr + b * stg_b + nidx * stg_n, mask=nmask, other=0)
-    tok = tl.load(tok_ptr + b * st_b + nidx, mask=nmask, other=0)
-    par = tl.load(par_ptr + b * sp_b + nidx, mask=nmask, other=-2)
+        tgt = tl.load(tgt_ptr + b * target_batch_stride + nidx * target_row_stride, mask=nmask,
+                      other=0)
+    tok = tl.load(tok_ptr + b * tokens_batch_stride + nidx, mask=nmask, other=0)
+    par = tl.load(par_ptr + b * parents_batch_stride + nidx, mask=nmask, other=-2)
     valid = nidx < tl.load(nn_ptr + b)
 
     cidx = tl.arange(0, CP)
@@ -291,8 +300,8 @@ def _walk_kernel(
     bonus = tl.sum(tl.where(nidx == cur, tgt, 0), axis=0)
     emitted = tl.where(cidx == alen, bonus, emitted)
     cm = cidx < C
-    tl.store(path_ptr + b * so_path + cidx, path, mask=cm)
-    tl.store(emit_ptr + b * so_emit + cidx, emitted, mask=cm)
+    tl.store(path_ptr + b * path_batch_stride + cidx, path, mask=cm)
+    tl.store(emit_ptr + b * emitted_batch_stride + cidx, emitted, mask=cm)
     tl.store(acc_ptr + b, alen)
     tl.store(bonus_ptr + b, bonus)
 
@@ -337,26 +346,26 @@ def _launch_filter(logits, num_nodes, temps, top_k, top_p, block_v=512, radix=4)
 
 
 def _launch_partials(logits, temps, seed, offset, num_splits, block_v, thresholds=None):
-    """Step 1: partial (value, index) per row and split; returns ``(pval, pidx, S)``."""
+    """Step 1: partial (value, index) per row and split; returns ``(partial_value, partial_token, S)``."""
     B, N, V = logits.shape
     if num_splits is None:
         num_splits = _splits(B * N, V, block_v, logits.device)
     chunk = triton.cdiv(triton.cdiv(V, num_splits), block_v) * block_v
     S = triton.cdiv(V, chunk)
-    pval = torch.empty((B * N, S), dtype=torch.float32, device=logits.device)
-    pidx = torch.empty((B * N, S), dtype=torch.int32, device=logits.device)
+    partial_value = torch.empty((B * N, S), dtype=torch.float32, device=logits.device)
+    partial_token = torch.empty((B * N, S), dtype=torch.int32, device=logits.device)
     sample = temps is not None
-    dummy = pidx                                    # pointers a greedy / unfiltered launch never reads
+    dummy = partial_token                                  # pointers a greedy / unfiltered launch never reads
     thr_x, thr_id = thresholds if thresholds is not None else (dummy, dummy)
     if B * N:
         _target_partial_kernel[(B * N, S)](
             logits, seed if sample else dummy, offset if sample else dummy,
-            temps if sample else dummy, thr_x, thr_id, pval, pidx,
+            temps if sample else dummy, thr_x, thr_id, partial_value, partial_token,
             N, V, chunk, S, logits.stride(0), logits.stride(1),
             BLOCK_V=block_v, SAMPLE=sample, FILTER=thresholds is not None,
             num_warps=8 if block_v >= 2048 else 4,
         )
-    return pval, pidx, S
+    return partial_value, partial_token, S
 
 
 def _block_v(V: int) -> int:
@@ -375,18 +384,18 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
     if B == 0:
         return
     if target_tokens is not None:
-        tgt, pval, S, from_partials = target_tokens, None, 1, False
+        tgt, partial_value, S, from_partials = target_tokens, None, 1, False
     else:
         temps = _temperatures(temperature, B, tokens.device)
         thresholds = None
         if temps is not None and (top_k is not None or top_p is not None):
             thresholds = _launch_filter(target_logits, num_nodes, temps, top_k, top_p)
-        pval, tgt, S = _launch_partials(target_logits, temps, seed, offset, num_splits,
+        partial_value, tgt, S = _launch_partials(target_logits, temps, seed, offset, num_splits,
                                         block_v or _block_v(target_logits.shape[2]), thresholds)
         from_partials = True
     C = max_depth + 1
     _walk_kernel[(B,)](
-        tokens, parents, num_nodes, tgt, pval if from_partials else tgt,
+        tokens, parents, num_nodes, tgt, partial_value if from_partials else tgt,
         accept_len, path, bonus, emitted,
         N, S, C, max_depth, tokens.stride(0), parents.stride(0),
         tgt.stride(0), tgt.stride(1), path.stride(0), emitted.stride(0),
@@ -443,8 +452,8 @@ def sample_tokens(logits, temperature, seed=None, offset=None, top_k=None, top_p
     if temps is not None and (top_k is not None or top_p is not None):
         every = torch.full((B,), N, dtype=torch.int32, device=logits.device)
         thresholds = _launch_filter(logits, every, temps, top_k, top_p)
-    _, pidx, _ = _launch_partials(logits, temps, seed, offset, 1, _block_v(V), thresholds)
-    return pidx.view(B, N)
+    _, partial_token, _ = _launch_partials(logits, temps, seed, offset, 1, _block_v(V), thresholds)
+    return partial_token.view(B, N)
 
 
 def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):

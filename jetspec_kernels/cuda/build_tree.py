@@ -1,0 +1,51 @@
+"""cuda backend: build_tree (one CTA per sequence)."""
+from __future__ import annotations
+
+import torch
+
+from ..tree import mask_words
+from . import extension as ext
+
+
+@torch.library.custom_op("jetspec::build_tree", mutates_args=())
+def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tokens: torch.Tensor,
+                budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .. import _C
+    with ext.on_device(topk_tokens):
+        b, d, k = topk_tokens.shape
+        dev = topk_tokens.device
+        n, w = budget, mask_words(budget)
+        tt = topk_tokens.to(torch.int32).contiguous()
+        tl = topk_logprobs.to(torch.float32).contiguous()
+        root = root_tokens.to(torch.int32).contiguous()
+        tokens = torch.empty(b, n, device=dev, dtype=torch.int32)
+        parents = torch.empty(b, n, device=dev, dtype=torch.int32)
+        depths = torch.empty(b, n, device=dev, dtype=torch.int32)
+        scores = torch.empty(b, n, device=dev, dtype=torch.float32)
+        num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
+        mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
+        _C.build_tree(topk_tokens=ext.ptr(tt), topk_logprobs=ext.ptr(tl), root_tokens=ext.ptr(root),
+                      tokens=ext.ptr(tokens), parents=ext.ptr(parents), depths=ext.ptr(depths),
+                      scores=ext.ptr(scores), num_nodes=ext.ptr(num_nodes), mask=ext.ptr(mask),
+                      batch=b, depth=d, k=k, budget=n, words=w,
+                      algorithm=ext.enum("TreeAlgorithm")[algorithm], stream=ext.stream())
+        return tokens, parents, depths, scores, num_nodes, mask
+
+
+@_build_tree.register_fake
+def _(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    b = topk_tokens.shape[0]
+    i32 = dict(dtype=torch.int32)
+    return (topk_tokens.new_empty(b, budget, **i32), topk_tokens.new_empty(b, budget, **i32),
+            topk_tokens.new_empty(b, budget, **i32),
+            topk_tokens.new_empty(b, budget, dtype=torch.float32),
+            topk_tokens.new_empty(b, **i32), topk_tokens.new_empty(b, budget, mask_words(budget), **i32))
+
+
+def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    """Per-depth top-K [B, D, K] -> (tokens, parents, depths, scores, num_nodes, mask).
+
+    Bit-exact with python_ref.build_tree given log-probs sorted descending along K.
+    """
+    return _build_tree(topk_tokens, topk_logprobs, root_tokens, int(budget), algorithm)

@@ -1,0 +1,647 @@
+"""Seeded random inputs for every public op: ``make(op, seed)`` -> a :class:`Case`.
+
+A case is a deterministic function of ``(op, seed)``, so a failure is replayed from the pair
+alone (``tests/fuzz/run.py --op OP --seed SEED``). Every draw mixes the awkward corners:
+
+* shapes: odd sizes, N not a power of two, ragged prefixes and node counts, one-node trees;
+* layouts: strided and sliced views (padded vocabularies, fused qkv, K/V halves of one buffer,
+  heads-major caches, outputs with outer strides), paged caches with shuffled block tables and
+  spare pages, NaN in every cache slot no query may read;
+* magnitudes: 1e-4 to 1e3 (and half the dtype's maximum where an op must take it), exact ties,
+  rows of identical values, -inf, +inf and NaN where the contract gives them a meaning;
+* trees: deep chains, wide fans, random and real draft trees, padding rows whose parents,
+  tokens and depths look like real data (not -1);
+* controls: temperature, top-k and top-p as numbers or per-sequence tensors, at and around
+  each limit (top-k 1, V - 1, V, V + 1; top-p 1e-30, 1 - 2**-24, 1);
+* refusals: a few draws break one rule (one past a limit, NaN where it has no meaning), and every
+  engine must refuse them with the same exception naming the same argument.
+
+``Case.call`` holds the public op's keyword arguments (CPU tensors; the runner moves them);
+``Case.meta`` what the checker needs (the mode, the value-check setting, the expected refusal).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from jetspec_kernels import python_ref as ref
+from jetspec_kernels.tree import Tree, Verdict
+from helpers import (after_rows, cache_layout, fused_qkv, random_tree, shuffled_table,
+                     steering_logits, widened)
+
+NAN, INF = float("nan"), float("inf")
+I32 = torch.int32
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+MAGNITUDES = (1e-4, 1e-3, 1e-2, 1.0, 30.0, 1e3)
+OPS = ("pack_mask", "draft_tree_from_topk", "draft_tree", "draft_tree_from_hidden",
+       "tree_attention", "qk_norm_rope_append", "verify_tree", "commit_kv")
+
+
+@dataclass
+class Case:
+    op: str
+    seed: int
+    call: dict
+    meta: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        def show(v):
+            if isinstance(v, torch.Tensor):
+                dense = v.is_contiguous()
+                return f"{str(v.dtype)[6:]}{list(v.shape)}{'' if dense else f' strides {v.stride()}'}"
+            if isinstance(v, (Tree, Verdict)):
+                return f"{type(v).__name__}(N={v[1].shape[-1] if isinstance(v, Verdict) else v.tokens.shape[1]})"
+            return repr(v)
+        args = ", ".join(f"{k}={show(v)}" for k, v in self.call.items())
+        return f"{self.op}({args}) meta={self.meta}"
+
+
+def _rng(op, seed):
+    r = random.Random(f"{op}:{seed}")
+    return r, torch.Generator().manual_seed(r.getrandbits(62))
+
+
+def make(op: str, seed: int) -> Case:
+    """The case ``seed`` of public op ``op`` (a fresh copy each call: ops write in place)."""
+    r, g = _rng(op, seed)
+    return Case(op, seed, *MAKERS[op](r, g))
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def swapped(x):
+    """``x`` [A, B, ...] stored as [B, A, ...] (outer strides swapped)."""
+    return x.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def outer_layout(r, x, fill=NAN):
+    """``x`` as is, or in one of the outer-strided layouts engines pass."""
+    kind = r.choice(("contiguous", "widened", "shifted", "swapped"))
+    if kind == "widened" and x.dim() >= 2:
+        return widened(x, r.randint(1, 9), fill=fill)
+    if kind == "shifted" and x.dim() >= 2:
+        return after_rows(x, r.randint(1, 3), fill=fill)
+    if kind == "swapped" and x.dim() >= 2:
+        return swapped(x)
+    return x
+
+
+def int_layout(r, x):
+    """An index tensor as is or sliced from a wider buffer (junk -1 past its columns)."""
+    return widened(x, r.randint(1, 5), fill=-1) if x.dim() >= 2 and r.random() < 0.4 else x
+
+
+def cache_pair(r, k, v):
+    """K and V caches [B|P, L|page, H, D] in one of the engine layouts (helpers.cache_layout)."""
+    return cache_layout(r.choice(("contiguous", "kv_halves", "kv_heads_major", "v_padded")), k, v)
+
+
+def paged_cache(r, g, cache_list, page):
+    """Contiguous caches [B, L, H, D] -> paged pools [B*pages + spare, page, H, D] (spare pages
+    NaN) sharing one shuffled block table."""
+    B, L = cache_list[0].shape[:2]
+    pages = -(-L // page)
+    spare = r.randint(0, 3)
+    table = shuffled_table(B, pages, g, spare=spare)
+    out = []
+    for c in cache_list:
+        pool = torch.full((B * pages + spare, page, *c.shape[2:]), NAN, dtype=c.dtype)
+        for b in range(B):
+            for p in range(pages):
+                rows = c[b, p * page:(p + 1) * page]
+                pool[table[b, p], :rows.shape[0]] = rows
+        out.append(pool)
+    return out, table
+
+
+def dtype_choice(r, options=(F32, F16, BF16)):
+    return r.choice(options)
+
+
+def logit_fill(r, g, shape, dtype, mag):
+    """Random logits of scale ``mag`` with exact ties, rows of identical values and -inf."""
+    x = torch.randn(*shape, generator=g) * mag
+    if r.random() < 0.3:                                  # a few levels: exact ties everywhere
+        x = (x / mag * 2).round() * mag / 2
+    rows = x.view(-1, shape[-1])
+    for _ in range(r.randint(0, 2)):                      # a row of identical values
+        rows[r.randrange(rows.shape[0])] = r.choice((0.0, mag, -mag))
+    if shape[-1] > 1 and r.random() < 0.3:                # impossible tokens (never a whole row)
+        row = rows[r.randrange(rows.shape[0])]
+        row[torch.randperm(shape[-1], generator=g)[:r.randint(1, shape[-1] - 1)]] = -INF
+    return x.to(dtype)
+
+
+# ------------------------------------------------------------------ trees
+
+
+def tree_shape(r, g, B, N):
+    """parents int32 [B, N] and num_nodes [B]: chains, fans or random trees, ragged sizes, and
+    padding rows whose parents are arbitrary indices (not -1) past num_nodes."""
+    kind = r.choice(("random", "chain", "fan", "random"))
+    parents, num_nodes = random_tree(B, N, g, min_nodes=1, pad=False)
+    if kind == "chain":
+        parents[:] = torch.arange(-1, N - 1, dtype=I32)
+    elif kind == "fan":
+        parents[:] = 0
+        parents[:, 0] = -1
+    if r.random() < 0.5:
+        num_nodes[r.randrange(B)] = N
+    for b in range(B):                                    # padding that looks like real data
+        n = int(num_nodes[b])
+        if n < N and r.random() < 0.8:
+            parents[b, n:] = torch.randint(-1, N, (N - n,), generator=g, dtype=I32)
+    return parents, num_nodes, kind
+
+
+# ------------------------------------------------------------------ pack_mask
+
+
+def make_pack_mask(r, g):
+    B, N = r.randint(1, 4), r.choice((1, 2, 5, 31, 32, 33, 37, 64, 65, 70))
+    parents, num_nodes, kind = tree_shape(r, g, B, N)
+    if r.random() < 0.3:
+        num_nodes[r.randrange(B)] = 0                     # a tree of padding only
+    meta = dict(kind=kind)
+    if r.random() < 0.08:                                 # refusals
+        bad = r.choice(("num_nodes", "parents", "root"))
+        if bad == "num_nodes":
+            num_nodes[0] = N + 1
+        elif bad == "parents" and N > 1:
+            num_nodes[0] = N
+            parents[0, N - 1] = N - 1                     # not below its own index
+        else:
+            num_nodes[0] = max(int(num_nodes[0]), 1)
+            parents[0, 0] = 0                             # the root has a parent
+        meta["refuse"] = (ValueError, "num_nodes" if bad == "num_nodes" else "parents")
+    return dict(parents=int_layout(r, parents), num_nodes=num_nodes), meta
+
+
+# ------------------------------------------------------------------ draft trees
+
+
+def sorted_logprobs(r, g, B, D, K):
+    """log-probs [B, D, K] sorted descending: magnitudes 1e-4 .. 1e3, exact ties, exact zeros
+    (and -0.0), -inf tails."""
+    mag = r.choice(MAGNITUDES)
+    lp = -torch.rand(B, D, K, generator=g) * mag
+    if r.random() < 0.4:
+        levels = r.choice((1, 2, 4))
+        lp = (lp / mag * levels).round() * mag / levels
+    if r.random() < 0.2:
+        lp[..., 0] = r.choice((0.0, -0.0))
+    if r.random() < 0.2 and K > 1:
+        cut = r.randint(1, K - 1)
+        lp[r.randrange(B), :, cut:] = -INF
+    lp = lp.sort(-1, descending=True).values
+    if r.random() < 0.1:                                  # -0.0 wherever it was 0
+        lp = torch.where(lp == 0, torch.tensor(-0.0), lp)
+    return lp.contiguous()
+
+
+def budget_choice(r, D, K):
+    total = ref.implicit_tree_size(D, K) if K ** D < 10 ** 6 else 10 ** 6
+    return r.choice((1, 2, r.randint(1, 64), r.randint(1, 300), min(total, 4096),
+                     min(total + 1, 4096), max(1, min(total - 1, 4096))))
+
+
+def draft_dims(r):
+    kind = r.choice(("random", "chain", "wide", "random"))
+    if kind == "chain":
+        return kind, r.randint(1, 40), 1
+    if kind == "wide":
+        return kind, r.randint(1, 3), r.choice((16, 33, 63, 64))
+    return kind, r.randint(1, 9), r.randint(1, 12)
+
+
+def make_draft_tree_from_topk(r, g):
+    B = r.randint(1, 3)
+    kind, D, K = draft_dims(r)
+    budget = budget_choice(r, D, K)
+    if budget > 600 and r.random() < 0.7:                 # large budgets: the long run mostly
+        budget = r.randint(1, 600)
+    lp = sorted_logprobs(r, g, B, D, K)
+    tdt = r.choice((torch.int32, torch.int64))
+    high = r.choice((5, 151936, 2 ** 31 - 1))
+    tok = torch.randint(0, high, (B, D, K), generator=g).to(tdt)
+    root = torch.randint(0, high, (B,), generator=g).to(r.choice((torch.int32, torch.int64)))
+    call = dict(topk_tokens=outer_layout(r, tok, fill=-1) if r.random() < 0.5 else int_layout(r, tok),
+                topk_logprobs=outer_layout(r, lp), root_tokens=root, budget=budget,
+                algorithm=r.choice(("topn", "accum_logp")))
+    meta = dict(kind=kind)
+    if r.random() < 0.08:
+        bad = r.choice(("budget", "logprobs_positive", "logprobs_order", "nan"))
+        if bad == "budget":
+            call["budget"] = r.choice((0, 4097))
+            meta["refuse"] = (ValueError, "budget")
+        elif bad == "logprobs_positive":
+            lp2 = call["topk_logprobs"].clone()
+            lp2[0, 0, 0] = 1e-30
+            call["topk_logprobs"] = lp2
+            meta["refuse"] = (ValueError, "topk_logprobs")
+        elif bad == "nan":
+            lp2 = call["topk_logprobs"].clone()
+            lp2[-1, -1, -1] = NAN
+            call["topk_logprobs"] = lp2
+            meta["refuse"] = (ValueError, "topk_logprobs")
+        elif K > 1:
+            lp2 = torch.zeros(B, D, K)
+            lp2[0, 0, 1] = -0.0
+            lp2[0, 0, 0] = -1.0
+            call["topk_logprobs"] = lp2
+            meta["refuse"] = (ValueError, "topk_logprobs")
+    return call, meta
+
+
+def separated_logits(r, g, B, D, V, K, mag):
+    """Logits whose fp32 log-softmax is exact (one 0 per row, candidates at -(30 + integers) *
+    mag with ties, fillers at -1000 * mag): every backend must give the same tree bit for bit."""
+    x = torch.full((B, D, V), -1000.0 * mag)
+    for b in range(B):
+        for d in range(D):
+            where = torch.randperm(V, generator=g)[:min(V, K + 3)]
+            vals = (torch.randint(0, 6, (len(where) - 1,), generator=g).float() + 30) * mag
+            x[b, d, where[0]] = 0.0
+            x[b, d, where[1:]] = -vals
+    return x
+
+
+def make_draft_tree(r, g):
+    B = r.randint(1, 3)
+    kind, D, K = draft_dims(r)
+    D = min(D, 6)
+    V = r.choice((1, 2, 5, 31, 100, 257, 1000, 1500))
+    K = max(1, min(K, V))
+    budget = min(budget_choice(r, D, K), 200)
+    dtype = dtype_choice(r)
+    mode = r.choice(("random", "random", "separated", "identical"))
+    mag = r.choice(MAGNITUDES)
+    if mode == "separated":                               # exact in every dtype (fp16 < 65504)
+        mag = r.choice((1.0, 30.0))
+        x = separated_logits(r, g, B, D, V, K, mag)
+    elif mode == "identical":                             # every row constant (a different one)
+        x = (torch.randn(B, D, 1, generator=g) * mag).expand(B, D, V).clone()
+    else:
+        if r.random() < 0.1:
+            mag = float(torch.finfo(dtype).max) / 4       # near the dtype's range
+        x = logit_fill(r, g, (B, D, V), torch.float32, mag)
+    big = float(torch.finfo(dtype).max)
+    x = x.clamp(-big, big).to(dtype)                      # -inf stays
+    root = torch.randint(0, V, (B,), generator=g).to(r.choice((torch.int32, torch.int64)))
+    call = dict(logits=outer_layout(r, x), root_tokens=root, budget=budget, topk=K,
+                algorithm=r.choice(("topn", "accum_logp")))
+    meta = dict(mode=mode, kind=kind, mag=mag)
+    if r.random() < 0.1:
+        bad = r.choice(("nan", "pos_inf", "all_inf", "topk", "topk_vocab", "budget"))
+        if bad in ("nan", "pos_inf", "all_inf"):
+            x2 = call["logits"].clone()
+            if bad == "all_inf":
+                x2[-1, -1] = -INF
+            else:
+                x2[r.randrange(B), r.randrange(D), r.randrange(V)] = NAN if bad == "nan" else INF
+            call["logits"] = x2
+            meta["refuse"] = (ValueError, "logits")
+        elif bad == "topk":
+            call["topk"] = r.choice((0, 65))
+            meta["refuse"] = (ValueError, "topk")
+        elif bad == "topk_vocab" and V < 64:
+            call["topk"] = V + 1
+            meta["refuse"] = (ValueError, "topk")
+        elif bad == "budget":
+            call["budget"] = r.choice((0, 4097))
+            meta["refuse"] = (ValueError, "budget")
+    return call, meta
+
+
+def make_draft_tree_from_hidden(r, g):
+    B = r.randint(1, 3)
+    kind, D, K = draft_dims(r)
+    D = min(D, 5)
+    H = r.choice((8, 16, 24, 40, 64, 72))
+    V = r.choice((3, 37, 300, 700))
+    K = max(1, min(K, V))
+    budget = min(budget_choice(r, D, K), 150)
+    dtype = dtype_choice(r)
+    mag = r.choice(MAGNITUDES)
+    hidden = torch.randn(B, D, H, generator=g)
+    weight = torch.randn(V, H, generator=g) / math.sqrt(H)
+    if r.random() < 0.2:                                  # exact ties: repeated lm_head rows
+        weight[torch.randperm(V, generator=g)[:min(V, 5)]] = weight[0].clone()
+    hidden = (hidden * mag).to(dtype)
+    weight = weight.to(dtype)
+    root = torch.randint(0, V, (B,), generator=g, dtype=I32)
+    call = dict(hidden=outer_layout(r, hidden), lm_head_weight=weight, root_tokens=root,
+                budget=budget, topk=K, algorithm=r.choice(("topn", "accum_logp")))
+    if r.random() < 0.3:
+        call["lm_head_weight"] = widened(weight, r.choice((3, 8)))
+    meta = dict(kind=kind, mag=mag)
+    if r.random() < 0.08:
+        h2 = call["hidden"].clone()
+        h2[0, 0, 0] = r.choice((NAN, INF))
+        call["hidden"] = h2
+        meta["refuse"] = (ValueError, "hidden")
+    return call, meta
+
+
+# ------------------------------------------------------------------ tree_attention
+
+
+def make_tree_attention(r, g):
+    B = r.randint(1, 3)
+    N = r.choice((1, 2, 5, 7, 16, 19, 33, 40))
+    hkv = r.randint(1, 3)
+    hq = hkv * r.choice((1, 2, 3, 4))
+    dh = r.choice((16, 32, 64, 64, 128, 128, 256))
+    dtype = dtype_choice(r, (F32, F16, F16, BF16))
+    prefix = torch.tensor([r.choice((0, 1, r.randint(0, 90))) for _ in range(B)], dtype=I32)
+    L = int(prefix.max()) + N + r.randint(0, 5)
+    mq, mk = r.choice(MAGNITUDES), r.choice(MAGNITUDES)
+    mv = r.choice(MAGNITUDES if dtype != F16 else MAGNITUDES[2:])   # no fp16 subnormal outputs
+    q = (torch.randn(B, N, hq, dh, generator=g) * mq).to(dtype)
+    k = (torch.randn(B, L, hkv, dh, generator=g) * mk).to(dtype)
+    v = (torch.randn(B, L, hkv, dh, generator=g) * mv).to(dtype)
+    for b in range(B):                                    # past each sequence's end: never read
+        k[b, int(prefix[b]) + N:] = NAN
+        v[b, int(prefix[b]) + N:] = NAN
+    table = None
+    page = r.choice((None, None, 1, 3, 8, 16, 24))
+    if page is not None:
+        (k, v), table = paged_cache(r, g, [k, v], page)
+    k, v = cache_pair(r, k, v)
+    tail = r.choice(("mask", "mask", "causal", "full"))
+    mask = None
+    if tail == "mask":
+        parents, num_nodes, _ = tree_shape(r, g, B, N)
+        mask = int_layout(r, ref.pack_mask(parents, num_nodes).to(I32))
+        tail = r.choice(("causal", "full"))               # ignored with a mask
+    qkind = r.choice(("contiguous", "transposed", "sliced"))
+    if qkind == "transposed":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    elif qkind == "sliced":
+        q = widened(q, r.randint(1, 3), dim=2)
+    call = dict(q=q, k_cache=k, v_cache=v, prefix_lens=prefix, tree_mask=mask, tail=tail,
+                block_table=None if table is None else int_layout(r, table))
+    if r.random() < 0.3:
+        call["scale"] = r.choice((0.01, 0.3, 1.0, 2.0))
+    out_kind = r.choice(("none", "none", "out", "lse", "both"))
+    if out_kind in ("out", "both"):
+        call["out"] = widened(torch.full_like(q, NAN, memory_format=torch.contiguous_format), 2, dim=2)
+    if out_kind in ("lse", "both"):
+        call["lse"] = widened(torch.full((B, hq, N), NAN), 3)
+    elif r.random() < 0.5:
+        call["return_lse"] = True
+    meta = dict(mags=(mq, mk, mv), page=page)
+    if r.random() < 0.06:
+        bad = r.choice(("prefix", "scale"))
+        if bad == "prefix":
+            p2 = prefix.clone()
+            p2[-1] = L - N + 1 if table is None else p2[-1] + 10 ** 6
+            call["prefix_lens"] = p2
+            meta["refuse"] = (ValueError, "prefix_lens")
+        else:
+            call["scale"] = r.choice((0.0, -1.0, NAN))
+            meta["refuse"] = (ValueError, "scale")
+    return call, meta
+
+
+# ------------------------------------------------------------------ qk_norm_rope_append
+
+
+def make_qk_norm_rope_append(r, g):
+    B, N = r.randint(1, 3), r.choice((1, 2, 5, 7, 9))
+    hkv = r.randint(1, 3)
+    hq = hkv * r.choice((1, 2, 3))
+    dh = r.choice((2, 8, 16, 30, 64, 128, 256))
+    dtype = dtype_choice(r)
+    cache_dtype = r.choice((dtype, dtype, F32, F16))
+    mag = r.choice(MAGNITUDES)
+    with_q = r.random() < 0.75
+    q = (torch.randn(B, N, hq, dh, generator=g) * mag).to(dtype)
+    k = (torch.randn(B, N, hkv, dh, generator=g) * r.choice(MAGNITUDES)).to(dtype)
+    v = (torch.randn(B, N, hkv, dh, generator=g) * r.choice(MAGNITUDES)).to(dtype)
+    if r.random() < 0.2:
+        k[..., :] = k[..., :1]                            # a head of identical values
+    wdt = r.choice((dtype, F32))
+    qw = (torch.rand(dh, generator=g) + 0.5).to(wdt)
+    kw = (torch.rand(dh, generator=g) + 0.5).to(wdt)
+    base = r.choice((0, 7, 4000, 40000, 2 ** 17))
+    pre = torch.randint(0, 9, (B,), generator=g, dtype=I32)
+    tree_rows = r.random() < 0.5
+    if tree_rows:                                         # RoPE at prefix + depth, slots prefix + n
+        depth = torch.randint(0, 4, (B, N), generator=g, dtype=I32)
+        positions = base + pre[:, None] + depth
+        start, cap = pre, 9 + N + r.randint(0, 3)
+    else:
+        positions = base + pre[:, None] + torch.randperm(N, generator=g).to(I32)[None]
+        start, cap = None, base + 9 + N + r.randint(0, 3)
+    positions = positions.to(r.choice((torch.int32, torch.int64)))
+    cache = torch.full((B, cap, hkv, dh), NAN, dtype=cache_dtype)
+    k_cache, v_cache, table = cache, cache.clone(), None
+    page = r.choice((None, 1, 4, 16))
+    if page is not None and cap < 5000:
+        (k_cache, v_cache), table = paged_cache(r, g, [k_cache, v_cache], page)
+    if r.random() < 0.5 and (cache_dtype == dtype):
+        k_cache, v_cache = cache_pair(r, k_cache, v_cache)
+    if r.random() < 0.4:                                  # slices of one fused qkv projection
+        q, k, v = fused_qkv(q, k, v)
+    call = dict(q=q if with_q else None, k=k, v=v, q_norm_w=qw if with_q else None, k_norm_w=kw,
+                positions=int_layout(r, positions), k_cache=k_cache, v_cache=v_cache,
+                rope_theta=r.choice((1e4, 5e5, 1e6)), eps=r.choice((1e-6, 1e-5, 1e-2)),
+                block_table=table, cache_start=start)
+    meta = dict(mag=mag, with_q=with_q)
+    if r.random() < 0.06:
+        bad = r.choice(("eps", "theta", "positions"))
+        if bad == "eps":
+            call["eps"] = r.choice((0.0, -1e-6))
+        elif bad == "theta":
+            call["rope_theta"] = r.choice((0.0, INF))
+            bad = "rope_theta"
+        elif start is None:
+            p2 = call["positions"].clone()
+            p2[0, 0] = cap if table is None else table.shape[1] * k_cache.shape[1]
+            call["positions"] = p2
+        else:
+            call["cache_start"] = start + 10 ** 6
+            bad = "cache_start"
+        meta["refuse"] = (ValueError, bad)
+    return call, meta
+
+
+# ------------------------------------------------------------------ verify_tree
+
+
+def verify_tree_inputs(r, g, B):
+    """(tokens, parents, num_nodes, depths, max_depth, vocab of tokens, kind)."""
+    kind = r.choice(("random", "real", "chain", "fan"))
+    if kind == "real":
+        D, V = r.randint(1, 6), r.choice((4, 60, 300))
+        t = ref.draft_tree(torch.randn(B, D, V, generator=g) * 3,
+                           torch.randint(0, V, (B,), generator=g), r.randint(1, 40),
+                           r.randint(1, min(V, 5)))
+        tokens, parents, num_nodes = (t[k].to(I32) for k in ("tokens", "parents", "num_nodes"))
+        depths = t["depths"].to(I32)
+        max_depth = min(D, tokens.shape[1] - 1)
+        return tokens, parents, num_nodes, depths, max_depth, V, kind
+    N = r.choice((1, 2, 3, 7, 9, 16, 33, 40))
+    parents, num_nodes, _ = tree_shape(r, g, B, N)
+    if kind == "chain":
+        parents[:] = torch.arange(-1, N - 1, dtype=I32)
+    elif kind == "fan":
+        parents[:] = 0
+        parents[:, 0] = -1
+    tv = r.choice((1, 2, 3, 4))
+    tokens = torch.randint(0, tv, (B, N), generator=g, dtype=I32)
+    max_depth = r.randint(0, N - 1)
+    depths = torch.randint(-1, max_depth + 1, (B, N), generator=g, dtype=I32)   # not read
+    return tokens, parents, num_nodes, depths, max_depth, tv, kind
+
+
+def control(r, B, scalar_values, tensor_dtypes, tensor_values):
+    """A sampling control: a number, a [] or [1] tensor, or a per-sequence [B] tensor."""
+    form = r.choice(("number", "number", "tensor", "scalar_tensor", "one_tensor"))
+    if form == "number":
+        return r.choice(scalar_values)
+    dt = r.choice(tensor_dtypes)
+    if form == "scalar_tensor":
+        return torch.tensor(r.choice(tensor_values), dtype=dt)
+    if form == "one_tensor":                              # [1]: one value for every sequence
+        return torch.tensor([r.choice(tensor_values)], dtype=dt)
+    return torch.tensor([r.choice(tensor_values) for _ in range(B)], dtype=dt)
+
+
+def make_verify_tree(r, g):
+    B = r.randint(1, 4)
+    tokens, parents, num_nodes, depths, max_depth, tv, kind = verify_tree_inputs(r, g, B)
+    N = tokens.shape[1]
+    meta = dict(kind=kind)
+    tree_fields = dict(tokens=tokens, parents=parents, depths=depths,
+                       scores=torch.zeros(B, N), num_nodes=num_nodes,
+                       mask=ref.pack_mask(parents, num_nodes).to(I32))
+    if r.random() < 0.25:
+        target = torch.randint(0, tv, (B, N), generator=g, dtype=I32)
+        tree = Tree(**{k: int_layout(r, v) if k != "num_nodes" else v for k, v in tree_fields.items()
+                       if k != "mask"}, mask=tree_fields["mask"], max_depth=max_depth)
+        return dict(tree=tree, target_tokens=int_layout(r, target)), meta
+    V = max(tv, r.choice((1, 2, 3, 7, 64, 97, 300, 513)))
+    dtype = dtype_choice(r)
+    mag = r.choice(MAGNITUDES)
+    temperature = control(r, B, (0.0, 0.0, 0.05, 0.7, 1.0, 2.5), (F32, torch.float64),
+                          (0.0, 0.05, 0.7, 1.0, 2.5))
+    sampled = torch.is_tensor(temperature) or temperature > 0
+    T = 1.0 if not sampled else (float(temperature.max()) if torch.is_tensor(temperature)
+                                 else temperature) or 1.0
+    if r.random() < 0.8:                                  # most nodes point at a child: deep walks
+        boost = max(25.0, 40 * T / mag)
+        logits = steering_logits(tokens, parents, num_nodes, V, g, boost=boost) * mag
+    else:
+        logits = torch.randn(B, N, V, generator=g) * mag
+    specials = r.sample(("ties", "identical", "-inf", "+inf", "nan", "max", "none", "none"), 2)
+    rows = logits.view(-1, V)
+    pick = lambda: r.randrange(rows.shape[0])
+    if "ties" in specials:
+        rows[pick(), torch.randperm(V, generator=g)[:max(1, V // 3)]] = float(rows.max())
+    if "identical" in specials:
+        rows[pick()] = r.choice((0.0, mag))
+    if "-inf" in specials:
+        row = pick()
+        rows[row, torch.randperm(V, generator=g)[:r.randint(1, V)]] = -INF   # whole rows too
+    if "+inf" in specials:
+        rows[pick(), r.randrange(V)] = INF
+    if "nan" in specials:                                 # the maximum, as torch.argmax
+        for _ in range(r.randint(1, 2)):
+            rows[pick(), r.randrange(V)] = NAN
+    if "max" in specials:
+        rows[pick(), r.randrange(V)] = float(torch.finfo(dtype).max) * r.choice((1, -1))
+    logits = logits.to(dtype)
+    call = dict(tree=Tree(**tree_fields, max_depth=max_depth), target_logits=outer_layout(r, logits),
+                temperature=temperature)
+    if sampled:
+        seed_vals = (0, 1, -1, 2 ** 40 + 7, 2 ** 63 - 1, -2 ** 63)
+        call["seed"] = control(r, B, seed_vals, (torch.int64, torch.int32), (0, 5, -3, 2 ** 31 - 1))
+        call["offset"] = control(r, B, (0, 3, 2 ** 33 + 1), (torch.int64,), (0, 1, 2 ** 40))
+        call["top_k"] = control(r, B, (0, 0, 1, 2, V - 1 if V > 1 else 0, V, V + 1, 2 ** 40),
+                                (torch.int32, torch.int64), (0, 1, 3, max(V - 1, 0), V, V + 1))
+        call["top_p"] = control(r, B, (1.0, 1.0, 0.5, 0.9, 1e-4, 1e-30, 1 - 2 ** -24),
+                                (F32, torch.float64), (1.0, 0.5, 0.9, 1e-4, 1 - 2 ** -24))
+    meta.update(mode="sampled" if sampled else "greedy", specials=specials, mag=mag)
+    if r.random() < 0.08:
+        bad = r.choice(("top_p", "top_k", "temperature", "tokens"))
+        if bad == "top_p":
+            call["top_p"] = r.choice((0.0, 1.0000001, -0.5, NAN))
+        elif bad == "top_k":
+            call["top_k"] = -1
+        elif bad == "temperature":
+            call["temperature"] = r.choice((-0.5, NAN, INF))
+        else:
+            t2 = call["tree"]
+            toks = t2.tokens.clone()
+            toks[0, 0] = V
+            call["tree"] = Tree(toks, t2.parents, t2.depths, t2.scores, t2.num_nodes, t2.mask,
+                                t2.max_depth)
+            bad = "tree.tokens"
+        meta["refuse"] = (ValueError, bad)
+    return call, meta
+
+
+# ------------------------------------------------------------------ commit_kv
+
+
+def make_commit_kv(r, g):
+    B = r.randint(1, 4)
+    N = r.choice((1, 2, 5, 9, 13, 24))
+    M = r.randint(1, N)
+    path = torch.full((B, M), -1, dtype=I32)
+    acc = torch.zeros(B, dtype=I32)
+    for b in range(B):
+        a = r.randint(0, M - 1)
+        nodes = [0] + sorted(r.sample(range(1, N), min(a, N - 1)))
+        path[b, :len(nodes)] = torch.tensor(nodes, dtype=I32)
+        acc[b] = len(nodes) - 1
+    prefix = torch.tensor([r.choice((0, r.randint(0, 30))) for _ in range(B)], dtype=I32)
+    L = int(prefix.max()) + N + r.randint(0, 4)
+    hkv, dh = r.randint(1, 3), r.choice((1, 6, 16, 64))
+    dtype = dtype_choice(r)
+    k = torch.randn(B, L, hkv, dh, generator=g).to(dtype)
+    v = torch.randn(B, L, hkv, dh, generator=g).to(dtype)
+    table = None
+    page = r.choice((None, 1, 3, 8))
+    if page is not None:
+        (k, v), table = paged_cache(r, g, [k, v], page)
+        k, v = k.nan_to_num(7.0), v.nan_to_num(-7.0)      # spare pages: values the op must keep
+    k, v = cache_pair(r, k, v)
+    hidden = None
+    if r.random() < 0.7:
+        hh = r.choice((1, 7, 24))
+        hidden = outer_layout(r, torch.randn(B, N, hh, generator=g).to(r.choice((F32, F16, BF16))))
+    verdict = Verdict(acc, int_layout(r, path), torch.zeros(B, dtype=I32), path.clone())
+    call = dict(k_cache=k, v_cache=v, prefix_lens=prefix, verdict=verdict, block_table=table,
+                hidden=hidden)
+    meta = dict(page=page)
+    if r.random() < 0.06:
+        bad = r.choice(("accept", "path"))
+        if bad == "accept":
+            call["verdict"] = Verdict(acc.clone().fill_(M), verdict.path, verdict.bonus,
+                                      verdict.emitted)
+            meta["refuse"] = (ValueError, "verdict.accept_len")
+        elif M > 1:
+            p2 = path.clone()
+            p2[0, 0] = 1
+            call["verdict"] = Verdict(acc, p2, verdict.bonus, verdict.emitted)
+            meta["refuse"] = (ValueError, "verdict.path")
+    return call, meta
+
+
+MAKERS = {
+    "pack_mask": make_pack_mask,
+    "draft_tree_from_topk": make_draft_tree_from_topk,
+    "draft_tree": make_draft_tree,
+    "draft_tree_from_hidden": make_draft_tree_from_hidden,
+    "tree_attention": make_tree_attention,
+    "qk_norm_rope_append": make_qk_norm_rope_append,
+    "verify_tree": make_verify_tree,
+    "commit_kv": make_commit_kv,
+}
