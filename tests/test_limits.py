@@ -303,7 +303,7 @@ def test_generate_size_lists_and_prompts_at_the_limits():
 def sim_limits(monkeypatch):
     """The cuda backend reading the simulated build's _C.LIMITS."""
     use_sim(monkeypatch)
-    return cu()._util.limit
+    return cu().extension.limit
 
 
 def test_cuda_supports_at_each_limit(sim_limits):
@@ -341,7 +341,7 @@ def test_cuda_launchers_at_their_limits(monkeypatch):
     """The simulated kernels take a tree of exactly max_budget nodes, K = max_topk children, a head
     dim of exactly rope_max_head_dim (against python_ref), a top-K of the whole vocabulary."""
     use_sim(monkeypatch)
-    limit = cu()._util.limit
+    limit = cu().extension.limit
     n, k = limit("max_budget"), limit("max_topk")
     tok = torch.arange(2 * k, dtype=I32).view(1, 2, k)
     lp = -(torch.arange(2 * k, dtype=F32).view(1, 2, k) % k) / 8
