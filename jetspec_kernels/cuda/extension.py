@@ -4,7 +4,6 @@ codes, alignment)."""
 from __future__ import annotations
 
 import contextlib
-from functools import lru_cache
 
 import torch
 
@@ -58,11 +57,6 @@ def aligned16(t: torch.Tensor) -> bool:
     """Whether every row of the last dim starts on a 16-byte boundary (cp.async needs it)."""
     per = 16 // t.element_size()
     return t.data_ptr() % 16 == 0 and all(s % per == 0 for s in t.stride()[:-1])
-
-
-@lru_cache(maxsize=None)
-def sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def unavailable(what: str) -> BackendUnavailableError:

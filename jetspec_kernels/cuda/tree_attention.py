@@ -9,11 +9,9 @@ from typing import Optional
 
 import torch
 
+from .. import launch_plan
 from . import extension as ext
 from .supports import attention_kernel, attention_kernel_reason
-
-MAX_SPLITS = 32
-
 
 def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
     """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
@@ -30,24 +28,16 @@ def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
 
 def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
                   kernel: str = "auto") -> int:
-    """Split-KV factor from static shapes only (no host sync, fixed under graph capture).
-
-    Splits only when the (tile, sequence, kv head) CTAs cannot fill the GPU, and never below about
-    four 64-key blocks per split at the cache's full capacity. The grid stays within one wave of
-    the kernel's CTAs per SM (:func:`cta_shape`): rounding the split count up instead would
-    start a second, nearly empty wave that costs as much as the first (B1, 32 base CTAs, 132
-    SMs, two per SM: 8 splits = 256 CTAs, not 9 = 288).
-    """
+    """Split-KV factor of the mma / wgmma / tma kernels for q [batch, n, hq, Dh] over caches of
+    ``capacity`` keys a sequence on ``device``: :func:`launch_plan.cuda_attention_splits` (one
+    wave) with the CTA shape of the kernel that will run (:func:`cta_shape`). Static shapes only
+    (no host sync, fixed under graph capture)."""
     rows, per_sm = cta_shape(n, hq // hkv, kernel)
-    tiles = -(-n * (hq // hkv) // rows)
-    base = tiles * batch * hkv
+    base = -(-n * (hq // hkv) // rows) * batch * hkv
     if base == 0:  # nothing to compute (the launcher returns early)
         return 1
-    sms = ext.sm_count(torch.device(device).index or 0)
-    if base >= per_sm * sms // 2:
-        return 1
-    want = per_sm * sms // base
-    return max(1, min(want, capacity // 256, MAX_SPLITS))
+    return launch_plan.cuda_attention_splits(base, per_sm, capacity,
+                                             launch_plan.sm_count(device))
 
 
 def hopper_splits(q: torch.Tensor, hkv: int, capacity: int) -> int:
