@@ -11,7 +11,7 @@ FUZZ_ARGS ?=
 STAMP := $(VENV)/.jetspec-installed
 BUILD_INPUTS := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: install test fuzz demo bench-quick device-bundle clean
+.PHONY: install test test-slow fuzz demo bench-quick device-bundle clean
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -23,7 +23,12 @@ $(STAMP): $(BUILD_INPUTS)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --benchmark-disable $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --benchmark-disable -m "not slow" $(PYTEST_ARGS) tests
+
+# The tests marked slow (minutes on 2 cores): the Hopper attention gates, which build the sweep
+# harness (bench/attn_sweep) for sm_90a and read its ptxas reports and SASS.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q --benchmark-disable -m slow $(PYTEST_ARGS) tests
 
 fuzz: $(STAMP)
 	$(PY) tests/fuzz/run.py --seconds 600 $(FUZZ_ARGS)

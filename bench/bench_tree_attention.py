@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     table.header_lines.append(f"Hq {hq}, Hkv {hkv}, Dh {dh}, {str(dtype)[6:]}; shape = B x L(prefix) x N(tree)")
     table.header_lines.append("cuda: the kernel auto picks (wgmma on sm_90a at Dh 64/128); "
                               "cuda_mma: the mma.sync kernel; cuda_tma: the warp-specialised "
-                              "TMA kernel (sm_90a)")
+                              "TMA kernel (sm_90a); cuda_hopper: the Hopper family (sm_90a)")
     status = bc.backend_status(opts)
     flash, flash_why = _optional_import("flash_attn")
     finfer, finfer_why = _optional_import("flashinfer")
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
             if row["status"] == "ok" and ref_out is not None:
                 row["rel_err"] = rel_err(out, ref_out)
         # The cuda backend's other kernels next to `cuda` (auto: wgmma on sm_90a).
-        kernels = ("mma", "tma") if bc.tma_kernel_enabled() else ("mma",)
+        kernels = ("mma", "tma", "hopper") if bc.tma_kernel_enabled() else ("mma",)
         for kernel in kernels if "cuda" in status else ():
             out_k = torch.full_like(q, float("nan"))
 

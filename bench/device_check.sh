@@ -24,7 +24,8 @@
 #   small_ops      host time per eager call of the four hot ops (bench/host_overhead.py
 #                  --gpu: host, kernel, wall - kernel), then the draft_tree and verify
 #                  benches replayed from CUDA graphs and eager                          60
-#   attn_sweep     SLOT (branch attn-hopper): the attention sweep binary, when present   25
+#   attn_sweep     the Hopper attention sweep (bench/attn_sweep.sh; carry build/attn_sweep),
+#                  shapes in priority order until the limit                             25
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
 #                  needs about 65-85 GB)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -177,8 +178,9 @@ step small_ops 60 25 "rc=0; set -o pipefail; timeout 20 '$PY' bench/host_overhea
     set -- \$run; timeout 25 '$PY' bench/bench_\$1.py --quick --no-plot \${2:-} --out '$RES' || rc=1
   done; exit \$rc"
 
-# 7. SLOT for the attention sweep of branch attn-hopper (issue 26): it adds bench/attn_sweep.sh,
-#    which writes its CSV under the results folder it is given. Until then this step says so.
+# 7. The Hopper attention sweep (issue 26): bench/attn_sweep.sh runs the carried sweep binary
+#    (build/attn_sweep: carry it) over the headline shapes in priority order, rows into
+#    attn_sweep.csv as they finish; ncu on its best kernels only by hand (attn_sweep.sh --ncu).
 step attn_sweep 25 0 "if [[ -x bench/attn_sweep.sh ]]; then bench/attn_sweep.sh '$RES'; else
     echo 'SKIP: no bench/attn_sweep.sh in this checkout (branch attn-hopper adds it)'; fi"
 

@@ -139,13 +139,14 @@ def noop_launches(backend: str):
     jk.set_value_checks("never")
     try:
         if backend == "cuda":
+            from jetspec_kernels import launch_plan
             from jetspec_kernels.cuda import extension as ext
             real = _c_constants()
             if real is None:
                 raise RuntimeError("no _C and no simulated _C to take limits and enums from")
             patch(jk, "_C", noop_c(real))
             patch(ext, "stream", lambda: 0)
-            patch(ext, "sm_count", lambda index: 132)   # an H200's
+            patch(launch_plan, "sm_count", lambda device: 132)   # an H200's
             reason = bk.unavailable_reason
             patch(bk, "unavailable_reason",
                   lambda name, device: None if name == "cuda" else reason(name, device))

@@ -79,10 +79,8 @@ def _as_cuda(module) -> None:
     if hasattr(module, "_block_sizes"):  # attention
         block_sizes = module._block_sizes
         module._block_sizes = lambda device, rows, head_dim: block_sizes(cuda, rows, head_dim)
-        module._sm_count = lambda device: H200_SMS
     if hasattr(module, "_splits"):  # verify
         splits = module._splits
-        module._sm_count = lambda index: H200_SMS
         module._splits = lambda rows, V, block_v, device: splits(rows, V, block_v, cuda)
 
 
@@ -91,11 +89,13 @@ def _cases():
     import importlib
 
     import jetspec_kernels.triton as kernels
+    from jetspec_kernels import launch_plan
     attention = importlib.import_module("jetspec_kernels.triton.tree_attention")
     verify = importlib.import_module("jetspec_kernels.triton.verify_tree")
 
     for m in (attention, verify):
         _as_cuda(m)
+    launch_plan.sm_count = lambda device: H200_SMS  # split counts as on an H200 (its 132 SMs)
     e = torch.empty
     i32 = dict(dtype=torch.int32)
     bf16 = torch.bfloat16

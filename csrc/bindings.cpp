@@ -278,7 +278,8 @@ void define_launchers(py::module_& m, py::dict& t) {
       m, t, "tree_attention", {JETSPEC_ATTN_FIELDS(JETSPEC_BIND_FIELD)}, launch_tree_attention,
       "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits; "
       "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a), 3 warp-specialised wgmma with TMA loads "
-      "(sm_90a; page sizes multiple of 8).");
+      "(sm_90a; page sizes multiple of 8), 4 the Hopper family (sm_90a; head dims 64, 128, others "
+      "run mma.sync; page sizes multiple of 8).");
 }
 
 #undef JETSPEC_BIND_FIELD
@@ -358,6 +359,20 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("rows"), py::arg("vocab"), py::arg("k"),
       "Workspace bytes hidden_topk needs for rows x vocab and top-k on the current device.");
+
+  m.def(
+      "tree_attention_hopper_splits",
+      [](int batch, int n, int hq, int hkv, int capacity, int dtype, int head_dim) {
+        int splits = 1;
+        check(jetspec::tree_attention_hopper_splits(batch, n, hq, hkv, capacity, dtype, head_dim,
+                                                    &splits),
+              "tree_attention_hopper_splits");
+        return splits;
+      },
+      py::arg("batch"), py::arg("n"), py::arg("hq"), py::arg("hkv"), py::arg("capacity"),
+      py::arg("dtype"), py::arg("head_dim"),
+      "Split-KV count of tree_attention kernel 4 (hopper) for these shapes on the current device, "
+      "from the kernel's occupancy and the wave efficiency (capacity: keys a sequence can hold).");
 
   // Every launcher: positional or keyword arguments, as its params.h field list declares them.
   py::dict fields;

@@ -25,8 +25,9 @@ def pytest_addoption(parser):
                           "gpu-marked ones and every triton case (a backend or engine parameter "
                           "'triton', or a tests/test_triton_*.py file); device_check.sh runs these")
     parser.addoption("--tma", choices=("all", "only", "skip"), default="all",
-                     help="tests whose name (parameter ids included) says tma: all, only, or skip "
-                          "(device_check.sh runs them in a process of their own)")
+                     help="tests of the TMA kernels (whose name, parameter ids included, says "
+                          "tma or hopper): all, only, or skip (device_check.sh runs them in a "
+                          "process of their own)")
 
 
 def on_gpu(item) -> bool:
@@ -45,7 +46,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             ok = (not gpu_only or "gpu" in item.keywords) and (not gpu_side or on_gpu(item))
             if tma != "all":
-                ok = ok and (("tma" in item.name) == (tma == "only"))
+                tma_kernel = "tma" in item.name or "hopper" in item.name
+                ok = ok and (tma_kernel == (tma == "only"))
             (keep if ok else drop).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)

@@ -350,6 +350,7 @@ class DeviceGuardCheck:
 def use_sim(monkeypatch):
     """Install the simulated kernels as _C for CPU tensors (skips the test without g++)."""
     import jetspec_kernels
+    from jetspec_kernels import launch_plan
     from jetspec_kernels.cuda import extension as ext
 
     if shutil.which("g++") is None:
@@ -358,7 +359,7 @@ def use_sim(monkeypatch):
     monkeypatch.setattr(jetspec_kernels, "_C", guard.wrap(sim_module()), raising=False)
     monkeypatch.setattr(ext, "on_device", guard.on_device)
     monkeypatch.setattr(ext, "stream", guard.stream)
-    monkeypatch.setattr(ext, "sm_count", lambda index: 132)  # an H200's split-KV choices
+    monkeypatch.setattr(launch_plan, "sm_count", lambda device: 132)  # an H200's split-KV choices
 
 
 def use_sim_backend(monkeypatch):

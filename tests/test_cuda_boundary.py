@@ -115,7 +115,8 @@ def test_python_enums_and_limits_are_C_s(sim):
         for name, values in module.ENUMS.items():  # the py::enum_ types carry the same codes
             assert {k: int(v) for k, v in getattr(module, name).__members__.items()} == values
     C = pytest.importorskip("jetspec_kernels._C")
-    assert ext.enum("AttnKernel") == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3}
+    assert ext.enum("AttnKernel") == C.ENUMS["AttnKernel"] == {"auto": 0, "mma": 1, "wgmma": 2, "tma": 3,
+                                                               "hopper": 4}
     assert ext.limit("wgmma_head_dims") == C.LIMITS["wgmma_head_dims"] == (64, 128)
     assert ext.limit("walk_max_nodes") == C.LIMITS["walk_max_nodes"] == 4096
     assert ext.dtype_code(torch.empty(0, dtype=torch.bfloat16)) == 2
@@ -231,8 +232,13 @@ def test_cuda_supports_answers():
     table = torch.zeros(1, 2, dtype=torch.int32)
     assert "multiple of 8, got 12" in s("tree_attention", q=q, k_cache=paged, v_cache=paged,
                                         block_table=table, kernel="tma")
+    assert "multiple of 8, got 12" in s("tree_attention", q=q, k_cache=paged, v_cache=paged,
+                                        block_table=table, kernel="hopper")
     assert s("tree_attention", q=q, k_cache=paged, v_cache=paged, block_table=table,
              kernel="mma") is None
+    # hopper runs other head dims on mma.sync, whose paged loads take any page size
+    assert s("tree_attention", q=q256, k_cache=cpu(4, 12, 2, 256), v_cache=cpu(4, 12, 2, 256),
+             block_table=table, kernel="hopper") is None
     assert "at most 4096 nodes, got N=4097" in s("verify_tree", tokens=cpu(1, 4097,
                                                                            dtype=torch.int32))
     assert s("verify_tree", tokens=cpu(1, 4096, dtype=torch.int32)) is None

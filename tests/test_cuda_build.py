@@ -35,6 +35,7 @@ def _C():
 # Kernels whose ptxas report must show no spills and no stack frame.
 MAIN_KERNELS = (
     "tree_attention_kernel", "tree_attention_wgmma_kernel", "tree_attention_tma_kernel",
+    "tree_attention_hopper_kernel",
     "attention_combine_kernel", "topk_partial_kernel",
     "topk_merge_kernel", "hidden_topk_partial_kernel", "build_tree_topn_kernel",
     "build_tree_accum_kernel",
@@ -76,9 +77,9 @@ def test_split_heuristic_with_empty_shapes():
 def test_split_heuristic_one_wave(monkeypatch):
     """Splits fill at most one wave of two CTAs per SM (132 SMs here), never round up into a
     second one, and respect the capacity floor of 256 keys per split."""
-    from jetspec_kernels.cuda import extension as ext
+    from jetspec_kernels import launch_plan
     from jetspec_kernels.cuda.tree_attention import choose_splits
-    monkeypatch.setattr(ext, "sm_count", lambda index: 132)
+    monkeypatch.setattr(launch_plan, "sm_count", lambda device: 132)
     assert choose_splits(1, 64, 32, 8, 4160, "cpu") == 8      # 32 base CTAs: 256 <= 264
     assert choose_splits(1, 16, 32, 8, 32784, "cpu") == 32    # 8 base CTAs: capped at MAX_SPLITS
     assert choose_splits(1, 16, 32, 8, 1040, "cpu") == 4      # short cache: 4 x 256 keys

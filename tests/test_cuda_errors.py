@@ -181,7 +181,7 @@ def test_baselines_run(sim, op):
 
 ALL = r"is not supported \(0 float32, 1 float16, 2 bfloat16\)"
 HALF = r"is not supported \(1 float16, 2 bfloat16\)"
-KERNELS = r"is not 0 \(auto\), 1 \(mma\), 2 \(wgmma\) or 3 \(tma\)"
+KERNELS = r"is not 0 \(auto\), 1 \(mma\), 2 \(wgmma\), 3 \(tma\) or 4 \(hopper\)"
 
 # (op, changed arguments, what the message must say after "jetspec_kernels._C.<op>: "); a limit
 # is passed by one (tests/test_limits.py runs the launchers at their limits).

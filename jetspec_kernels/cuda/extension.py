@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from functools import lru_cache
 
 import torch
 
@@ -77,11 +76,6 @@ def aligned16(t: torch.Tensor) -> bool:
     """Whether every row of the last dim starts on a 16-byte boundary (cp.async needs it)."""
     per = 16 // t.element_size()
     return t.data_ptr() % 16 == 0 and not any(map(per.__rmod__, t.stride()[:-1]))
-
-
-@lru_cache(maxsize=None)
-def sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def unavailable(what: str) -> BackendUnavailableError:

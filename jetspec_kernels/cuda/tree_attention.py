@@ -1,19 +1,18 @@
 """cuda backend: tree_attention (fp16/bf16): a wgmma kernel on sm_90a for head dims 64/128, the
 mma.sync kernel for head dim 256 and on other GPUs; kernel="tma" picks the warp-specialised sm_90a
-kernel (TMA loads, mbarrier ring); which kernel auto picks follows the hardware record
-(docs/DESIGN.md section 2, bench/NOTES.md)."""
+kernel (TMA loads, mbarrier ring) and kernel="hopper" the Hopper family (attention_hopper.cuh:
+ping-pong consumers, 128-key blocks, splits from the kernel's occupancy); which kernel auto picks
+follows the hardware record (docs/DESIGN.md section 2, bench/NOTES.md)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
+from .. import launch_plan
 from . import extension as ext
 from .custom_op import custom_op
 from .supports import attention_kernel, attention_kernel_reason
-
-MAX_SPLITS = 32
-
 
 def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
     """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
@@ -30,24 +29,28 @@ def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
 
 def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
                   kernel: str = "auto") -> int:
-    """Split-KV factor from static shapes only (no host sync, fixed under graph capture).
-
-    Splits only when the (tile, sequence, kv head) CTAs cannot fill the GPU, and never below about
-    four 64-key blocks per split at the cache's full capacity. The grid stays within one wave of
-    the kernel's CTAs per SM (:func:`cta_shape`): rounding the split count up instead would
-    start a second, nearly empty wave that costs as much as the first (B1, 32 base CTAs, 132
-    SMs, two per SM: 8 splits = 256 CTAs, not 9 = 288).
-    """
+    """Split-KV factor of the mma / wgmma / tma kernels for q [batch, n, hq, Dh] over caches of
+    ``capacity`` keys a sequence on ``device``: :func:`launch_plan.cuda_attention_splits` (one
+    wave) with the CTA shape of the kernel that will run (:func:`cta_shape`). Static shapes only
+    (no host sync, fixed under graph capture)."""
     rows, per_sm = cta_shape(n, hq // hkv, kernel)
-    tiles = -(-n * (hq // hkv) // rows)
-    base = tiles * batch * hkv
+    base = -(-n * (hq // hkv) // rows) * batch * hkv
     if base == 0:  # nothing to compute (the launcher returns early)
         return 1
-    sms = ext.sm_count(torch.device(device).index or 0)
-    if base >= per_sm * sms // 2:
+    return launch_plan.cuda_attention_splits(base, per_sm, capacity,
+                                             launch_plan.sm_count(device))
+
+
+def hopper_splits(q: torch.Tensor, hkv: int, capacity: int) -> int:
+    """Split-KV count of the hopper kernel for q [B, N, Hq, Dh] over caches of ``capacity`` keys a
+    sequence: _C's, from the kernel's occupancy on q's device and a wave-efficiency rule
+    (static shapes only: no host sync, fixed under graph capture)."""
+    b, n, hq, dh = q.shape
+    if b == 0 or n == 0:
         return 1
-    want = per_sm * sms // base
-    return max(1, min(want, capacity // 256, MAX_SPLITS))
+    with ext.on_device(q):
+        return int(ext.module().tree_attention_hopper_splits(
+            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh))
 
 
 @custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
@@ -115,8 +118,9 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     Parameters are those of the backend interface (CONTRIBUTING.md), already validated;
     ``num_splits`` overrides the split-KV heuristic (tests use it to exercise the combine);
     ``kernel`` is "auto" (wgmma where the GPU runs sm_90a code and Dh is 64 or 128, else
-    mma.sync), "mma", "wgmma" or "tma" (the warp-specialised TMA kernel; paged caches need a page
-    size that is a multiple of 8); an sm_90a kernel where it cannot run is a RuntimeError from _C.
+    mma.sync), "mma", "wgmma", "tma" (the warp-specialised TMA kernel) or "hopper" (the Hopper
+    family; Dh other than 64 / 128 runs mma.sync); the TMA kernels need paged caches with a page
+    size that is a multiple of 8; an sm_90a kernel where it cannot run is a RuntimeError from _C.
     None reads ``JETSPEC_ATTN_KERNEL`` (default "auto"). A kernel that cannot take the shapes is
     a ValueError. Other limits are not re-checked here: ``backend.select`` asked :func:`supports`
     before choosing this backend, and _C refuses bad input to a direct call (ValueError).
@@ -130,7 +134,10 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
         raise ValueError(reason)
     if num_splits is None:
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-        num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
-                                   q.device, kernel)
+        if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
+            num_splits = hopper_splits(q, k_cache.shape[2], capacity)
+        else:
+            num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2],
+                                       capacity, q.device, kernel)
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
                     out, lse, int(num_splits), kernels[kernel])

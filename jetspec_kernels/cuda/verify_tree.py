@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from .. import launch_plan
 from . import extension as ext
 from .custom_op import custom_op
 
@@ -45,7 +46,7 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         splits = 1
         if target_tokens is None:
             v = target_logits.shape[2]
-            splits, split_len = target_splits(b * n, v, ext.sm_count(dev.index or 0))
+            splits, split_len = target_splits(b * n, v, launch_plan.sm_count(dev))
             partial_value = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
             partial_token = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
             sample = temperature is not None

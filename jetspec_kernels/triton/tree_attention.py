@@ -34,17 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["tree_attention", "choose_num_splits", "launch_tree_attention"]
+from .. import launch_plan
+from .sizes import cdiv, next_power_of_2
+
+__all__ = ["tree_attention", "launch_tree_attention"]
 
 _LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)   # natural-log LSE = base-2 LSE * ln 2
 
-# Splits only pay off when each gets several key blocks; below this many keys a split is not made.
-_MIN_KEYS_PER_SPLIT = {"cuda": 256, "cpu": 32}
-_MAX_SPLITS = 128
-# The interpreter runs programs one after another: a handful of "SMs" keeps CPU tests fast while
-# still exercising several splits for long prefixes.
-_CPU_SM_COUNT = 4
 
 
 @triton.jit
@@ -235,7 +232,7 @@ def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, i
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows; the CUDA
     choices are the ones that do not spill registers on sm_90a (bench/NOTES.md, "Triton kernels
     compiled offline")."""
-    block_m = min(128 if head_dim <= 128 else 64, max(16, triton.next_power_of_2(rows)))
+    block_m = min(128 if head_dim <= 128 else 64, max(16, next_power_of_2(rows)))
     if device.type != "cuda":
         return block_m, 32, 4, 1
     block_n = 64 if head_dim <= 128 else 32
@@ -244,44 +241,12 @@ def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, i
     return block_m, block_n, num_warps, num_stages
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return _CPU_SM_COUNT
-
-
-def choose_num_splits(batch: int, hkv: int, q_tiles: int, max_prefix: int, sm_count: int,
-                      min_keys: int) -> int:
-    """How many prefix splits to launch; a function of shapes only (graph-capturable).
-
-    Parameters
-    ----------
-    batch, hkv, q_tiles : int
-        The grid without splitting is ``q_tiles * batch * hkv`` programs.
-    max_prefix : int
-        Upper bound on ``prefix_lens`` from the cache shape (capacity minus N).
-    sm_count : int
-        Streaming multiprocessors (or a small stand-in on the CPU).
-    min_keys : int
-        Smallest prefix share worth a split of its own.
-
-    Returns
-    -------
-    int in ``[1, 128]``: enough splits for about two programs per SM, never more than the prefix
-    bound can feed with ``min_keys`` keys each.
-    """
-    base = max(1, batch * hkv * q_tiles)
-    want = -(-2 * sm_count // base)
-    by_length = max(1, -(-max(0, max_prefix) // min_keys))
-    return max(1, min(want, by_length, _MAX_SPLITS))
-
-
 def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
                           out, lse, num_splits: int | None = None) -> None:
     """:func:`tree_attention` with an optional forced ``num_splits`` (tests, benchmarks).
 
     Parameters are those of :func:`tree_attention`; ``num_splits`` None picks
-    :func:`choose_num_splits`, an int >= 1 overrides it (splits beyond the prefix are empty).
+    :func:`launch_plan.triton_attention_splits`, an int >= 1 overrides it (splits beyond the prefix are empty).
     """
     B, N, HQ, D = q.shape
     HKV = k_cache.shape[2]
@@ -291,10 +256,11 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
 
     block_m, block_n, num_warps, num_stages = _block_sizes(dev, N * G, D)
-    q_tiles = triton.cdiv(N * G, block_m)
+    q_tiles = cdiv(N * G, block_m)
     if num_splits is None:
-        num_splits = choose_num_splits(B, HKV, q_tiles, capacity - N, _sm_count(dev),
-                                       _MIN_KEYS_PER_SPLIT["cuda" if dev.type == "cuda" else "cpu"])
+        num_splits = launch_plan.triton_attention_splits(
+            q_tiles * B * HKV, capacity - N, launch_plan.sm_count(dev),
+            launch_plan.TRITON_MIN_KEYS_PER_SPLIT["cuda" if dev.type == "cuda" else "cpu"])
     split = num_splits > 1
     store_lse = lse is not None
     tail_mode = 0 if tree_mask is not None else (1 if tail == "causal" else 2)
@@ -331,7 +297,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
     if split:
         rows = B * N * HQ
         block_r = 16 if D >= 128 else 32
-        _merge_splits[(triton.cdiv(rows, block_r),)](
+        _merge_splits[(cdiv(rows, block_r),)](
             partial_o, partial_lse, out, lse_arg,
             out.stride(0), out.stride(1), out.stride(2), *lse_strides,
             N, HQ, rows, num_splits,

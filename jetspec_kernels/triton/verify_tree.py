@@ -17,12 +17,11 @@ The Gumbel noise is the counter hash of CONTRIBUTING.md on uint32 lanes, bit-exa
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 import triton
 import triton.language as tl
 
+from .. import launch_plan
 from .sizes import cdiv, next_power_of_2
 
 __all__ = ["verify_tree", "sample_tokens", "filter_thresholds", "gumbel_uniform"]
@@ -308,16 +307,11 @@ def _walk_kernel(
     tl.store(bonus_ptr + b, bonus)
 
 
-@lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _splits(rows: int, V: int, block_v: int, device: torch.device) -> int:
     """Vocabulary splits per row: enough programs to fill the GPU (about 4 per SM)."""
     if device.type != "cuda" or rows == 0:
         return 1
-    want = cdiv(4 * _sm_count(device.index or 0), rows)
+    want = cdiv(4 * launch_plan.sm_count(device), rows)
     return max(1, min(want, cdiv(V, block_v)))
 
 

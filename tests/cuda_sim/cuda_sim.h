@@ -161,6 +161,24 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F) {
   return cudaSuccess;
 }
 
+namespace jetspec_sim {
+// Resident CTAs per SM by an H100 / H200's limits (the CUDA occupancy calculator's rules): 2048
+// threads, 32 CTAs, 64 K registers allocated per warp in units of 256, 228 KB of shared memory
+// with 1 KB reserved per CTA (allocated in units of 128 bytes). `regs` is the registers a thread
+// uses: on the GPU ptxas decides it, here the caller says (the launch bounds' cap; the ptxas gate
+// test checks the real count against it).
+inline int occupancy(int threads, size_t smem, int regs) {
+  if (threads <= 0 || threads > 1024 || regs <= 0 || regs > 255) return 0;
+  const int warps = (threads + 31) / 32;
+  const int per_warp = (regs * 32 + 255) / 256 * 256;
+  const int by_regs = 65536 / per_warp / warps;
+  const int by_threads = 2048 / (warps * 32);
+  const size_t per_cta = (smem + 1024 + 127) / 128 * 128;
+  const int by_smem = static_cast<int>(233472 / per_cta);
+  return std::min(std::min(by_regs, by_threads), std::min(by_smem, 32));
+}
+}  // namespace jetspec_sim
+
 struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -216,6 +234,11 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x)); }
+// The low 32 bits of (hi:lo) >> (shift % 32).
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+  const uint64_t both = (static_cast<uint64_t>(hi) << 32) | lo;
+  return static_cast<unsigned>(both >> (shift & 31u));
+}
 // One fiber runs at a time, so a read-modify-write is atomic as written.
 template <typename T>
 T atomicAdd(T* address, T value) {
@@ -270,7 +293,7 @@ struct Block {
   }
   Barrier all;
   std::vector<Barrier> warps;
-  std::map<int, Barrier> named;  // bar.sync id, count (ids 1..15)
+  std::map<int, Barrier> named;  // bar.sync / bar.arrive id, count (ids 1..15)
   std::vector<uint64_t> xchg;
   std::vector<bool> runnable;
   std::vector<bool> urgent;  // woken by an mbarrier phase: runs before everyone else
@@ -488,6 +511,12 @@ struct Watchdog {
   std::thread thread;
 };
 
+// Checks a PTX emulation runs when a block's threads have all exited (e.g. setmaxnreg).
+inline std::vector<void (*)()>& block_end_checks() {
+  static std::vector<void (*)()> checks;
+  return checks;
+}
+
 constexpr size_t kFiberStack = 256 * 1024;
 inline std::function<void()>* fiber_body;
 inline unsigned long long launch_count = 0;
@@ -567,6 +596,17 @@ cudaError_t launch(dim3 grid, dim3 threads, size_t smem, void (*kernel)(KArgs...
     const int first = blk.next();
     thread_idx = dim3(static_cast<unsigned>(first));
     swapcontext(&blk.launcher, &blk.fibers[first]);
+    // A named barrier left with arrivals (bar.arrive without the matching bar.sync) would carry
+    // them into the next use of its id; the kernels keep every barrier balanced.
+    for (const auto& [id, bar] : blk.named) {
+      if (bar.arrived != 0) {
+        char msg[120];
+        std::snprintf(msg, sizeof(msg), "named barrier %d has %u of %u arrivals pending at block "
+                      "exit (unbalanced bar.arrive / bar.sync)", id, bar.arrived, bar.expected);
+        fail(msg);
+      }
+    }
+    for (auto& check : block_end_checks()) check();
   }
   return cudaSuccess;
 }
@@ -582,16 +622,28 @@ inline void __syncthreads() { ::jetspec_sim::block->all.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::jetspec_sim::my_warp().arrive_and_wait(); }
 
 namespace jetspec_sim {
-// bar.sync id, count: the first use of an id in a block fixes its count.
-inline void named_barrier_sync(int id, int count) {
+// Named barrier `id` with `count` threads: the first use of an id in a block fixes its count.
+inline Barrier& named_barrier(int id, int count) {
   if (id <= 0 || id > 15 || count <= 0 || count % 32 != 0)
-    fail("bar.sync: id must be 1..15 and the count a positive multiple of 32");
+    fail("bar.sync / bar.arrive: id must be 1..15 and the count a positive multiple of 32");
   auto it = block->named.find(id);
   if (it == block->named.end())
     it = block->named.emplace(id, Barrier{block, static_cast<unsigned>(count)}).first;
   if (it->second.expected != static_cast<unsigned>(count))
-    fail("bar.sync: one named barrier used with two thread counts");
-  it->second.arrive_and_wait();
+    fail("bar.sync / bar.arrive: one named barrier used with two thread counts");
+  return it->second;
+}
+// bar.sync id, count: arrive and wait until `count` threads have arrived.
+inline void named_barrier_sync(int id, int count) { named_barrier(id, count).arrive_and_wait(); }
+// bar.arrive id, count: arrive without waiting; completes the barrier if it is the last arrival.
+inline void named_barrier_arrive(int id, int count) {
+  require_pdl_wait();
+  Barrier& bar = named_barrier(id, count);
+  if (++bar.arrived == bar.expected) {
+    for (unsigned w : bar.waiters) block->runnable[w] = true;
+    bar.waiters.clear();
+    bar.arrived = 0;
+  }
 }
 }  // namespace jetspec_sim
 

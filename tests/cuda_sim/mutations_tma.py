@@ -7,12 +7,9 @@ simulated _C and runs the kernel's simulator tests; every one must fail them (a 
 simulator rule, or a deadlock), and the line printed per mutation says how. bench/NOTES.md lists
 the outcome. A mutation whose text no longer occurs in the kernel is reported as stale.
 """
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from mutate import ROOT, run
 F = ROOT / "csrc" / "include" / "jetspec" / "attention_tma.cuh"
 # The K stage of block i + 1, computed without waiting for its copies.
 STAGE = "kr.tiles + ((i + 1) % S) * kWgmmaBlockN * HD * 2"
@@ -37,7 +34,7 @@ MUTS = {
  "no_tail_fence": ("  fence_proxy_async();\n  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);\n}\n\n// One consumer", "  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);\n}\n\n// One consumer"),
  "no_q_fence": ("  fence_proxy_async();  // this thread's cp.async data, before the async proxy reads it\n  if (wg", "  if (wg"),
  "no_q_barrier": ("    named_barrier_sync(1, kAttnThreads);\n  } else {\n    named_barrier_sync(2, kAttnThreads);\n", "  } else {\n"),
- "chunk_64_paged": ("  if (p.block_table == nullptr) return kWgmmaBlockN;", "  return kWgmmaBlockN;"),
+ "chunk_64_paged": ("  if (p.block_table == nullptr) return block_n;", "  return block_n;"),
  "empty_count_one_warpgroup": ("      mbar_init(&kr.empty[s], kConsumers);", "      mbar_init(&kr.empty[s], kAttnThreads);"),
  "tail_barrier_one_warpgroup": ("  named_barrier_sync(kTailBarrier<WGS>, WGS * kAttnThreads);", "  named_barrier_sync(kTailBarrier<WGS>, kAttnThreads);"),
  "shared_q_slab": ("  unsigned char* sQ = sQs + wg * kQBytes;", "  unsigned char* sQ = sQs;"),
@@ -46,30 +43,8 @@ MUTS = {
 
 
 def main(names) -> int:
-    orig = F.read_text()
-    escaped = 0
-    for name in names or list(MUTS):
-        a, b = MUTS[name]
-        if a not in orig:
-            print(f"{name}: stale (its text is not in the kernel)")
-            escaped += 1
-            continue
-        F.write_text(orig.replace(a, b, 1))
-        try:
-            env = dict(os.environ, JETSPEC_SIM_WATCHDOG_S="60")
-            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p",
-                                "no:cacheprovider", "tests/ops/test_tree_attention.py",
-                                "-k", "sim and tma"],
-                               cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
-        finally:
-            F.write_text(orig)
-        out = (r.stdout + r.stderr).splitlines()
-        why = [line for line in out if "cuda_sim:" in line or " passed" in line or " failed" in line]
-        caught = r.returncode != 0
-        escaped += not caught
-        print(f"{name}: {'caught' if caught else 'ESCAPED'} ({' | '.join(why[-2:])[:160]})",
-              flush=True)
-    return 1 if escaped else 0
+    muts = {name: (F, a, b) for name, (a, b) in MUTS.items()}
+    return run(muts, ["tests/ops/test_tree_attention.py", "-k", "sim and tma"], names, 900)
 
 
 if __name__ == "__main__":

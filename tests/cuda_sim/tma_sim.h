@@ -235,14 +235,44 @@ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c
 }
 
 inline void named_barrier_sync(int id, int count) { ::jetspec_sim::named_barrier_sync(id, count); }
-// setmaxnreg: registers are not modelled; the operand rules are checked at compile time.
+// setmaxnreg: the count is not enforced on the code (ptxas does that), but its rules are checked:
+// every thread of a warpgroup executes it with the same count (.sync.aligned), and the counts of
+// the warpgroups that ask fit a 64 K register file.
+namespace sim_detail {
+struct RegSplit {
+  std::map<unsigned, std::pair<int, unsigned>> wg;  // warpgroup -> (count, threads that asked)
+};
+inline void check_reg_split_complete() {
+  for (const auto& [wg, e] : ::jetspec_sim::block_state<RegSplit>().wg) {
+    const unsigned size = std::min(128u, ::jetspec_sim::block_dim.x - 128u * wg);
+    if (e.second != size)
+      ::jetspec_sim::fail("setmaxnreg: not every thread of a warpgroup executed it (.aligned)");
+  }
+}
+inline void setmaxnreg(int n) {
+  static const bool registered =
+      (::jetspec_sim::block_end_checks().push_back(&check_reg_split_complete), true);
+  (void)registered;
+  auto& st = ::jetspec_sim::block_state<RegSplit>();
+  auto& e = st.wg[::jetspec_sim::thread_idx.x / 128u];
+  if (e.second != 0 && e.first != n)
+    ::jetspec_sim::fail("setmaxnreg: threads of one warpgroup ask for different counts");
+  e.first = n;
+  ++e.second;
+  long total = 0;
+  for (const auto& [wg, f] : st.wg) total += 128L * f.first;
+  if (total > 65536) ::jetspec_sim::fail("setmaxnreg: the warpgroups ask for more than 64 K registers");
+}
+}  // namespace sim_detail
 template <int N>
 inline void warpgroup_reg_dealloc() {
   static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  sim_detail::setmaxnreg(N);
 }
 template <int N>
 inline void warpgroup_reg_alloc() {
   static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  sim_detail::setmaxnreg(N);
 }
 
 }  // namespace jetspec

@@ -12,7 +12,10 @@
 // and poison the accumulators with NaN; the queued groups run, reading shared memory then, at the
 // wgmma_wait that retires them, and only then are the accumulators written back. So reading the
 // accumulators before the wait, writing them in between, or refilling an operand's shared memory
-// before the wait all show up as wrong results.
+// before the wait all show up as wrong results; a write that changes the poison's bits (e.g. a
+// store of a number) fails at the write-back with a message. wgmma_wait<N> retires exactly the
+// groups older than the newest N, as the ISA's wait_group N, so a wait one group too shallow
+// leaves the accumulators NaN. Shapes: m64nN with N = 8 * ntiles (64 here, 128 in hopper_sim.h).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -30,15 +33,16 @@ struct WgmmaOp;
 using WgmmaRun = void (*)(const WgmmaOp&);
 struct WgmmaOp {
   WgmmaRun run;             // run<T> for the operand type
-  float (*d)[4];            // the thread's accumulators (float[8][4])
+  float (*d)[4];            // the thread's accumulators (float[ntiles][4])
   uint64_t desc_a, desc_b;  // desc_a unused when A comes from registers
   bool a_in_regs, accumulate;
   float a[2][16];           // A rows 16w + g and 16w + g + 8 (register A only)
+  int ntiles = 8;           // N / 8
 };
 struct WgmmaQueue {
   std::vector<WgmmaOp> open;
   std::vector<std::vector<WgmmaOp>> groups;
-  std::map<float (*)[4], std::array<float, 32>> shadow;  // true accumulators while in flight
+  std::map<float (*)[4], std::vector<float>> shadow;  // true accumulators while in flight
   bool fenced = false;  // wgmma.fence since the last wait (after which registers are touched)
   // Register-A fragments (address, value) through wgmma_fence_fragment since the last
   // wgmma.fence, and those the last wgmma.fence ordered.
@@ -67,14 +71,24 @@ inline float element(uint64_t desc, bool mn_major, int mn, int k) {
   return to_float(v);
 }
 
-inline std::array<float, 32>& true_accumulators(float (*d)[4]) {
+// The bits of the NaN an in-flight accumulator holds (a quiet NaN with a payload).
+constexpr uint32_t kInFlightBits = 0x7fc0f00du;
+inline float in_flight_nan() {
+  float f;
+  std::memcpy(&f, &kInFlightBits, 4);
+  return f;
+}
+
+inline std::vector<float>& true_accumulators(float (*d)[4], int ntiles) {
   auto& q = wgmma_queue();
   auto it = q.shadow.find(d);
   if (it == q.shadow.end()) {
-    std::array<float, 32> cur;
-    std::memcpy(cur.data(), d, sizeof(cur));
-    it = q.shadow.emplace(d, cur).first;
-    for (int i = 0; i < 32; ++i) d[i / 4][i % 4] = NAN;
+    std::vector<float> cur(4 * ntiles);
+    std::memcpy(cur.data(), d, sizeof(float) * cur.size());
+    it = q.shadow.emplace(d, std::move(cur)).first;
+    for (int i = 0; i < 4 * ntiles; ++i) d[i / 4][i % 4] = in_flight_nan();
+  } else if (it->second.size() != static_cast<size_t>(4 * ntiles)) {
+    ::jetspec_sim::fail("wgmma: one accumulator array used with two N in flight");
   }
   return it->second;
 }
@@ -84,7 +98,7 @@ inline void run(const WgmmaOp& op) {
   auto& acc = wgmma_queue().shadow.at(op.d);
   const int tid = static_cast<int>(::jetspec_sim::thread_idx.x & 127u);
   const int w = tid >> 5, g = (tid & 31) >> 2, tq = tid & 3;
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < op.ntiles; ++j) {
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
       double sum = 0.0;
@@ -155,30 +169,34 @@ inline void wgmma_commit() {
   q.open.clear();
 }
 
+namespace sim_detail {
+// Queues d (m64n(8 ntiles)) = A (smem, K-major) * B (smem, K-major) [+ d].
 template <typename T>
-inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  sim_detail::check_issue_order();
-  sim_detail::true_accumulators(d);
-  sim_detail::WgmmaOp op{&sim_detail::run<T>, d, desc_a, desc_b, false, accumulate, {}};
-  sim_detail::wgmma_queue().open.push_back(op);
+inline void issue_ss(float (*d)[4], int ntiles, uint64_t desc_a, uint64_t desc_b,
+                     bool accumulate) {
+  check_issue_order();
+  true_accumulators(d, ntiles);
+  WgmmaOp op{&run<T>, d, desc_a, desc_b, false, accumulate, {}, ntiles};
+  wgmma_queue().open.push_back(op);
 }
 
+// Queues d (m64n(8 ntiles)) += A (registers: the warp's m16k16 fragment) * B (smem, MN-major).
 template <typename T>
-inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  sim_detail::check_issue_order();
+inline void issue_rs(float (*d)[4], int ntiles, const uint32_t (&a)[4], uint64_t desc_b) {
+  check_issue_order();
   bool ordered = false;
-  for (const auto& [ptr, v] : sim_detail::wgmma_queue().a_ordered)
+  for (const auto& [ptr, v] : wgmma_queue().a_ordered)
     ordered = ordered || (ptr == a && v == std::array<uint32_t, 4>{a[0], a[1], a[2], a[3]});
   if (!ordered) {
     ::jetspec_sim::fail("wgmma with A from registers: the fragment was not passed to "
                         "wgmma_fence_fragment (after its last write) right before the wgmma.fence");
   }
   // The warp's m16k16 A fragment (the mma.m16n8k16 layout): rows g, g + 8 of this thread.
-  const auto a01 = sim_detail::gather(a[0] | (static_cast<uint64_t>(a[1]) << 32));
-  const auto a23 = sim_detail::gather(a[2] | (static_cast<uint64_t>(a[3]) << 32));
-  sim_detail::true_accumulators(d);
-  sim_detail::WgmmaOp op{&sim_detail::run<T>, d, 0, desc_b, true, true, {}};
-  const int g = static_cast<int>(sim_detail::lane() >> 2);
+  const auto a01 = gather(a[0] | (static_cast<uint64_t>(a[1]) << 32));
+  const auto a23 = gather(a[2] | (static_cast<uint64_t>(a[3]) << 32));
+  true_accumulators(d, ntiles);
+  WgmmaOp op{&run<T>, d, 0, desc_b, true, true, {}, ntiles};
+  const int g = static_cast<int>(lane() >> 2);
   auto half = [](uint64_t word, int which) {
     return to_float(T{static_cast<uint16_t>(word >> (16 * which))});
   };
@@ -191,7 +209,18 @@ inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) 
       op.a[1][2 * t + 8 + h] = half(a23[L], 2 + h);  // a3: row g + 8, k 8 + 2t..
     }
   }
-  sim_detail::wgmma_queue().open.push_back(op);
+  wgmma_queue().open.push_back(op);
+}
+}  // namespace sim_detail
+
+template <typename T>
+inline void wgmma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  sim_detail::issue_ss<T>(d, 8, desc_a, desc_b, accumulate);
+}
+
+template <typename T>
+inline void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  sim_detail::issue_rs<T>(d, 8, a, desc_b);
 }
 
 // Runs the groups past the newest N, then writes back accumulators with nothing in flight.
@@ -213,7 +242,13 @@ inline void wgmma_wait() {
       ++it;
       continue;
     }
-    std::memcpy(it->first, it->second.data(), sizeof(float) * 32);
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &it->first[i / 4][i % 4], 4);
+      if (bits != sim_detail::kInFlightBits)
+        ::jetspec_sim::fail("wgmma: an accumulator was written while its wgmma was in flight");
+    }
+    std::memcpy(it->first, it->second.data(), sizeof(float) * it->second.size());
     it = q.shadow.erase(it);
   }
 }

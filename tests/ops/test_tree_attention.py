@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
+from jetspec_kernels import launch_plan
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
 from helpers import (TOL, api_backend, backend_module, backends, cache_layout, cu, fused_qkv, paged,
@@ -31,11 +32,11 @@ ATTN_CASES = [
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel != "mma" and dh not in cu().extension.limit("wgmma_head_dims"):
-        pytest.skip("the sm_90a kernels take head dims 64 and 128")
+    if kernel in ("wgmma", "tma") and dh not in cu().extension.limit("wgmma_head_dims"):
+        pytest.skip("the sm_90a kernels take head dims 64 and 128 (hopper runs mma.sync there)")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
     prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
@@ -65,7 +66,7 @@ def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, s
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("dh", [64, 128])
 def test_tree_attention_one_hot_probe(dev, kernel, dh):
     """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
@@ -97,7 +98,7 @@ def test_tree_attention_one_hot_probe(dev, kernel, dh):
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
 @pytest.mark.parametrize("page_size", [None, 16, 24, 128])
 def test_tree_attention_nan_past_end(dev, kernel, page_size):
     """Cache rows past each sequence's end (and pages no sequence owns) hold NaN, as a cache from
@@ -166,6 +167,9 @@ def test_tree_attention_kernel_choice(monkeypatch):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
     with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
+    with pytest.raises(RuntimeError, match="hopper"):
+        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None,
+                            kernel="hopper")
     with pytest.raises(ValueError, match="kernel"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="fast")
     monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
@@ -366,11 +370,32 @@ def test_split_counts_agree(num_splits):
 
 
 @backends("triton")
+@pytest.mark.parametrize("sms", [1, 64])
+def test_triton_splits_follow_launch_plan(monkeypatch, sms):
+    """The triton wrapper plans with launch_plan: its sm_count, its triton_attention_splits."""
+    seen = []
+    rule = launch_plan.triton_attention_splits
+
+    def spy(*args):
+        seen.append((args, rule(*args)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(launch_plan, "sm_count", lambda device: sms)
+    monkeypatch.setattr(launch_plan, "triton_attention_splits", spy)
+    case = make_case(1, 5, 2, 1, 16, [300], torch.float16, mode="causal", seed=8)
+    out, lse, scale = run_backend(case)
+    assert_close(case, out, lse, scale)
+    (base, _, got_sms, _), splits = seen[0]
+    assert got_sms == sms and splits == (2 if sms == 1 else -(-(case["k_cache"].shape[1] - 5) // 32))
+
+
+@backends("triton")
 def test_long_prefix_uses_several_splits():
     B, N, Hq, Hkv = 1, 5, 2, 1
     case = make_case(B, N, Hq, Hkv, 16, [300], torch.float16, mode="causal", seed=8)
-    splits = TA.choose_num_splits(B, Hkv, 1, case["k_cache"].shape[1] - N, TA._CPU_SM_COUNT,
-                                  TA._MIN_KEYS_PER_SPLIT["cpu"])
+    splits = launch_plan.triton_attention_splits(B * Hkv, case["k_cache"].shape[1] - N,
+                                                 launch_plan.sm_count("cpu"),
+                                                 launch_plan.TRITON_MIN_KEYS_PER_SPLIT["cpu"])
     assert splits > 1
     out, lse, scale = run_backend(case)
     assert_close(case, out, lse, scale)
@@ -409,19 +434,6 @@ def test_public_api_dispatch():
                                  return_lse=True, out=out, backend="triton")
     assert got is out
     assert_close(case, out, lse, 1.0 / math.sqrt(32))
-
-
-@backends("triton")
-def test_split_choice_fills_an_h200():
-    sms = 132
-    gpu_min = TA._MIN_KEYS_PER_SPLIT["cuda"]
-    # Qwen3-8B, B=1, N=16: one tile of 64 packed rows per kv head; 32K prefix must fill the GPU.
-    s = TA.choose_num_splits(1, 8, 1, 32768, sms, gpu_min)
-    assert 8 * s >= sms
-    # Large batches already fill it; short prefixes cannot feed splits.
-    assert TA.choose_num_splits(16, 8, 8, 32768, sms, gpu_min) == 1
-    assert TA.choose_num_splits(1, 8, 1, 200, sms, gpu_min) == 1
-    assert TA.choose_num_splits(1, 1, 1, 10 ** 7, sms, gpu_min) == TA._MAX_SPLITS
 
 
 @backends("triton")

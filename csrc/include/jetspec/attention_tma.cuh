@@ -254,26 +254,22 @@ __global__ void __launch_bounds__(kTmaThreads<WGS>, 1)
 #endif
 }
 
-// Rows per TMA copy for this cache layout, or 0 when the kernel cannot take it (a page size that
-// is not a multiple of 8).
-inline int attention_tma_chunk(const AttnParams& p) {
-  if (p.block_table == nullptr) return kWgmmaBlockN;
-  const int chunk = std::gcd(p.page_size, kWgmmaBlockN);
+// Rows per TMA copy for this cache layout and key block (block_n keys), or 0 when a kernel cannot
+// take it (a page size that is not a multiple of 8).
+inline int attention_tma_chunk(const AttnParams& p, int block_n = kWgmmaBlockN) {
+  if (p.block_table == nullptr) return block_n;
+  const int chunk = std::gcd(p.page_size, block_n);
   return chunk % kAttnTmaPageMultiple == 0 ? chunk : 0;
 }
 
-// Launches the TMA kernel (two consumer warpgroups when a (sequence, kv head) has more than 64
-// packed rows, else one); refuses cache layouts that tensor maps cannot describe (pages not
-// multiples of 8 rows, strides not multiples of 16 bytes).
-template <typename T, int HD>
-Status tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
-  JETSPEC_RETURN_IF_FAILED(check_range("page_size", p.page_size, 1));
+// The K and V tensor maps of the TMA kernels: the cache as 4-d (Dh, Hkv, rows, outer) with boxes
+// of 64 columns x `chunk` rows; `who` names the kernel in messages. Bad input for layouts tensor
+// maps cannot describe (negative strides, strides that are not multiples of 16 bytes).
+template <int HD>
+Status attention_tensor_maps(const AttnParams& p, int chunk, CUtensorMap (&maps)[2],
+                             const char* who) {
   JETSPEC_RETURN_IF_FAILED(check_range("cache_outer", p.cache_outer, 1));
   JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 1));
-  const int chunk = attention_tma_chunk(p);
-  if (chunk == 0)
-    return bad_input("page_size ", p.page_size, " is not a multiple of 8 (kernel 3, tma)");
-  CUtensorMap maps[2];
   const void* bases[2] = {p.k_cache, p.v_cache};
   const Strides4* strides[2] = {&p.k_cache_strides, &p.v_cache_strides};
   const char* names[2] = {"k_cache", "v_cache"};
@@ -281,7 +277,7 @@ Status tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
     const Strides4& st = *strides[m];
     if (st.batch < 0 || st.row < 0 || st.head < 0) {
       return bad_input(names[m], " strides (", st.batch, ", ", st.row, ", ", st.head,
-                       ") are negative (kernel 3, tma)");
+                       ") are negative (", who, ")");
     }
     const uint64_t dims[4] = {static_cast<uint64_t>(HD), static_cast<uint64_t>(p.hkv),
                               static_cast<uint64_t>(p.page_size),
@@ -292,6 +288,20 @@ Status tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
     const uint32_t box[4] = {64, 1, static_cast<uint32_t>(chunk), 1};
     JETSPEC_RETURN_IF_FAILED(encode_tensor_map_4d(&maps[m], names[m], bases[m], dims, bytes, box));
   }
+  return Status();
+}
+
+// Launches the TMA kernel (two consumer warpgroups when a (sequence, kv head) has more than 64
+// packed rows, else one); refuses cache layouts that tensor maps cannot describe (pages not
+// multiples of 8 rows, strides not multiples of 16 bytes).
+template <typename T, int HD>
+Status tree_attention_tma(const AttnParams& p, cudaStream_t stream) {
+  JETSPEC_RETURN_IF_FAILED(check_range("page_size", p.page_size, 1));
+  const int chunk = attention_tma_chunk(p);
+  if (chunk == 0)
+    return bad_input("page_size ", p.page_size, " is not a multiple of 8 (kernel 3, tma)");
+  CUtensorMap maps[2];
+  JETSPEC_RETURN_IF_FAILED(attention_tensor_maps<HD>(p, chunk, maps, "kernel 3, tma"));
   if (static_cast<long long>(p.n) * p.group > kAttnRows) {
     return attention_launch<T>(p, tree_attention_tma_kernel<T, HD, 2>,
                                attention_tma_smem_bytes<HD, 2>(), HD, kTmaThreads<2>,

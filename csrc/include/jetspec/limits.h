@@ -12,9 +12,11 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum AttnTail : int { kTailMask = 0, kTailCausal = 1, kTailFull = 2 };
 
 // Which attention kernel: auto (wgmma where the device and head dim allow, else mma.sync), or
-// one of them: mma.sync, wgmma with cp.async loads, or the warp-specialised wgmma kernel with TMA
-// loads (either sm_90a kernel where it cannot run is an error).
-enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnTma = 3 };
+// one of them: mma.sync, wgmma with cp.async loads, the warp-specialised wgmma kernel with TMA
+// loads, or the Hopper family (attention_hopper.cuh: TMA producer, ping-pong consumers, 128-key
+// blocks; head dims other than 64 / 128 run mma.sync). An sm_90a kernel where it cannot run is
+// an error.
+enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnTma = 3, kAttnHopper = 4 };
 
 enum TreeAlgorithm : int { kTreeTopn = 0, kTreeAccumLogp = 1 };
 
@@ -29,7 +31,8 @@ inline constexpr EnumName kDTypeNames[] = {
 inline constexpr EnumName kAttnTailNames[] = {
     {"mask", kTailMask}, {"causal", kTailCausal}, {"full", kTailFull}};
 inline constexpr EnumName kAttnKernelNames[] = {
-    {"auto", kAttnAuto}, {"mma", kAttnMma}, {"wgmma", kAttnWgmma}, {"tma", kAttnTma}};
+    {"auto", kAttnAuto}, {"mma", kAttnMma}, {"wgmma", kAttnWgmma}, {"tma", kAttnTma},
+    {"hopper", kAttnHopper}};
 inline constexpr EnumName kTreeAlgorithmNames[] = {
     {"topn", kTreeTopn}, {"accum_logp", kTreeAccumLogp}};
 

@@ -1,0 +1,84 @@
+"""How both backends size their launches for the GPU they run on: its SM count (one query per
+device, cached) and the split-KV rules, each a named function of static shapes (no host sync, so a
+launch plan is fixed under CUDA-graph capture).
+
+Split-KV: when (query tile, sequence, kv head) programs alone cannot fill the GPU, each
+sequence's keys are shared among ``splits`` programs whose partial results a combine step merges.
+The backends use different rules, each kept as it was measured or written, until a GPU run picks
+one (bench/NOTES.md, "Launch planning: one module, three split-KV rules"):
+
+* :func:`cuda_attention_splits` (cuda backend, mma.sync / wgmma / tma kernels): one wave of the
+  kernel's CTAs per SM, never a second, nearly empty one.
+* :func:`triton_attention_splits` (triton backend): about two programs per SM.
+* kernel="hopper" (cuda): the kernel's CTAs per SM from the CUDA occupancy calculator and the
+  fewest splits whose last wave is within 85 % of the best fill: ``hopper_split_count`` in
+  csrc/include/jetspec/attention_hopper.cuh, in C++ because it needs the occupancy calculator
+  and the torch-free sweep harness (bench/attn_sweep) plans with it too. It reads the SM count
+  from CUDA itself, so a patched :func:`sm_count` does not reach it (yet).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+# The SM count assumed on devices that are not CUDA (the Triton interpreter and the CUDA
+# simulator run on the CPU): small, so that CPU tests exercise the split path.
+CPU_SM_COUNT = 4
+
+CUDA_MAX_SPLITS = 32            # cuda_attention_splits: at most this many splits ...
+CUDA_MIN_KEYS_PER_SPLIT = 256   # ... and at least this many keys a split at full capacity
+TRITON_MAX_SPLITS = 128
+# triton_attention_splits: the smallest prefix share worth a split, by device type (the
+# interpreter's is small so that CPU tests split short caches).
+TRITON_MIN_KEYS_PER_SPLIT = {"cuda": 256, "cpu": 32}
+
+
+@lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of ``device`` (a torch.device, a device string, or a CUDA device
+    index), queried once per CUDA device; :data:`CPU_SM_COUNT` for a device that is not CUDA."""
+    if isinstance(device, int):
+        return _cuda_sm_count(device)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def cuda_attention_splits(base_ctas: int, ctas_per_sm: int, capacity: int, sms: int) -> int:
+    """Split-KV count of the cuda backend's attention kernels (not hopper): one wave.
+
+    ``base_ctas`` = query tiles x B x Hkv, the grid without splitting; ``ctas_per_sm`` the CTAs
+    of the kernel one SM holds; ``capacity`` the keys a sequence's cache can hold; ``sms`` the
+    GPU's SM count. No split once the base grid fills half the GPU's CTA slots; else as many
+    splits as one wave holds (rounding down: rounding up would start a second, nearly empty wave
+    that costs as much as the first; B 1, 32 base CTAs, 132 SMs, two per SM: 8 splits = 256 CTAs,
+    not 9 = 288), at most CUDA_MAX_SPLITS and at least CUDA_MIN_KEYS_PER_SPLIT keys a split.
+    Returns an int in [1, CUDA_MAX_SPLITS].
+    """
+    if base_ctas <= 0:  # nothing to compute (the launcher returns early)
+        return 1
+    slots = ctas_per_sm * sms
+    if base_ctas >= slots // 2:
+        return 1
+    return max(1, min(slots // base_ctas, capacity // CUDA_MIN_KEYS_PER_SPLIT, CUDA_MAX_SPLITS))
+
+
+def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_keys: int) -> int:
+    """Split-KV count of the triton backend's attention: about two programs per SM.
+
+    ``base_programs`` = query tiles x B x Hkv, the grid without splitting; ``max_prefix`` an
+    upper bound on prefix_lens from the cache shape (capacity - N); ``sms`` the SM count;
+    ``min_keys`` the smallest prefix share worth a split (TRITON_MIN_KEYS_PER_SPLIT). Rounds up
+    (ceil(2 x sms / base)), never more splits than the prefix bound feeds with ``min_keys`` keys
+    each. Returns an int in [1, TRITON_MAX_SPLITS].
+    """
+    base = max(1, base_programs)
+    want = -(-2 * sms // base)
+    by_length = max(1, -(-max(0, max_prefix) // min_keys))
+    return max(1, min(want, by_length, TRITON_MAX_SPLITS))

@@ -1,0 +1,123 @@
+"""jetspec_kernels/launch_plan.py: the SM count (one query per CUDA device) and the split-KV rules
+on a table of shapes and GPUs (H100 / H200: 132 SMs, A100: 108), and that the backends' wrappers
+plan with them (a patched sm_count changes their split counts). The triton attention wrapper's
+use is checked where it runs, in tests/ops/test_tree_attention.py."""
+import pytest
+import torch
+
+from jetspec_kernels import launch_plan as lp
+
+H100 = H200 = 132
+A100 = 108
+
+
+# (base CTAs, CTAs per SM, capacity, SMs) -> splits
+CUDA_TABLE = [
+    (32, 2, 4160, H200, 8),     # 264 slots / 32 = 8 (rounds down: 9 would start a second wave)
+    (32, 2, 4160, A100, 6),     # 216 / 32
+    (16, 1, 4160, H100, 8),     # the two-warpgroup TMA kernel: one CTA per SM
+    (8, 2, 32784, H200, 32),    # capped at CUDA_MAX_SPLITS
+    (8, 2, 32784, A100, 27),
+    (8, 2, 1040, H200, 4),      # short cache: 4 x 256 keys
+    (72, 2, 4096, H200, 3),
+    (72, 2, 4096, A100, 3),     # 216 / 72
+    (120, 2, 4096, A100, 1),    # 120 base CTAs fill over half of an A100's 216 slots
+    (120, 2, 4096, H200, 2),    # ... but not of an H200's 264
+    (512, 2, 4096, H200, 1),    # the grid fills the GPU
+    (0, 2, 4096, H200, 1),      # nothing to compute
+]
+
+# (base programs, max prefix, SMs, min keys) -> splits
+TRITON_TABLE = [
+    (8, 32768, H200, 256, 33),  # ceil(2 * 132 / 8): rounds up
+    (8, 32768, A100, 256, 27),
+    (1024, 32768, H200, 256, 1),
+    (8, 200, H200, 256, 1),     # a short prefix feeds no split
+    (1, 10 ** 7, H200, 256, lp.TRITON_MAX_SPLITS),
+    (1, 10 ** 7, A100, 256, lp.TRITON_MAX_SPLITS),
+    (3, 1000, lp.CPU_SM_COUNT, 32, 3),   # the interpreter's stand-in
+    (0, 100, H200, 256, 1),
+]
+
+
+@pytest.mark.parametrize("base,per_sm,capacity,sms,want", CUDA_TABLE)
+def test_cuda_attention_splits(base, per_sm, capacity, sms, want):
+    got = lp.cuda_attention_splits(base, per_sm, capacity, sms)
+    assert got == want
+    assert got == 1 or base * got <= per_sm * sms       # never a second wave
+
+
+@pytest.mark.parametrize("base,max_prefix,sms,min_keys,want", TRITON_TABLE)
+def test_triton_attention_splits(base, max_prefix, sms, min_keys, want):
+    assert lp.triton_attention_splits(base, max_prefix, sms, min_keys) == want
+
+
+def test_the_rules_differ_where_NOTES_says():
+    """Qwen3-8B heads, B 1, N 16, 32K keys: 8 base CTAs / programs. cuda fills one wave of two
+    CTAs per SM (capped at 32), triton aims at two programs per SM rounding up (33)."""
+    assert lp.cuda_attention_splits(8, 2, 32784, H200) == 32
+    assert lp.triton_attention_splits(8, 32768, H200, 256) == 33
+
+
+def test_sm_count_is_queried_once_per_device(monkeypatch):
+    calls = []
+
+    class Props:
+        def __init__(self, index):
+            self.multi_processor_count = {0: H200, 1: A100}[index]
+
+    def props(index):
+        calls.append(index)
+        return Props(index)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    lp._cuda_sm_count.cache_clear()
+    try:
+        assert lp.sm_count(torch.device("cuda", 0)) == H200
+        assert lp.sm_count("cuda:1") == A100
+        assert lp.sm_count(0) == H200
+        assert lp.sm_count(torch.device("cuda", 1)) == A100
+        assert calls == [0, 1]
+        assert lp.sm_count("cpu") == lp.CPU_SM_COUNT and calls == [0, 1]
+    finally:
+        lp._cuda_sm_count.cache_clear()
+
+
+@pytest.mark.parametrize("sms", [A100, H200, 1000])
+def test_backends_plan_with_its_sm_count(monkeypatch, sms):
+    """Patch launch_plan.sm_count: the cuda attention (one wave of 2 CTAs per SM at Dh 128) and
+    both backends' vocabulary splits of verify_tree follow it."""
+    from jetspec_kernels.cuda.tree_attention import choose_splits
+    from jetspec_kernels.cuda.verify_tree import target_splits
+    import importlib
+    triton_verify = importlib.import_module("jetspec_kernels.triton.verify_tree")
+
+    monkeypatch.setattr(lp, "sm_count", lambda device: sms)
+    # B 1, N 16, Hq 32, Hkv 8: 8 base CTAs of one 64-row tile.
+    assert choose_splits(1, 16, 32, 8, 1 << 20, "cpu") == min(2 * sms // 8, lp.CUDA_MAX_SPLITS)
+    assert choose_splits(1, 16, 32, 8, 1 << 20, "cpu") == lp.cuda_attention_splits(
+        8, 2, 1 << 20, sms)
+    # verify_tree, 4 rows: about 4 programs per SM (triton: V / 512-token blocks at most).
+    assert triton_verify._splits(4, 151936, 512, torch.device("cuda", 0)) == min(sms, 297)
+    assert target_splits(4, 151936, sms)[0] == min(sms, 38)
+
+
+def test_cuda_verify_plans_with_its_sm_count(monkeypatch):
+    """The cuda verify_tree wrapper (on the simulator) sizes its vocabulary splits from
+    launch_plan.sm_count."""
+    import importlib
+
+    from helpers import cu, use_sim
+    verify = importlib.import_module("jetspec_kernels.cuda.verify_tree")
+    use_sim(monkeypatch)
+    monkeypatch.setattr(lp, "sm_count", lambda device: 7)
+    seen = []
+    rule = verify.target_splits
+    monkeypatch.setattr(verify, "target_splits", lambda *a: seen.append(a) or rule(*a))
+    i32 = torch.int32
+    tokens = torch.tensor([[5, 1, 2, 3]], dtype=i32)
+    parents = torch.tensor([[-1, 0, 0, 1]], dtype=i32)
+    logits = torch.randn(1, 4, 50, generator=torch.Generator().manual_seed(0))
+    cu().verify_tree(tokens, parents, torch.tensor([4], dtype=i32), 2, logits, None, 0.0, None,
+                     None)
+    assert seen == [(4, 50, 7)]
