@@ -216,8 +216,8 @@ def _load_models(args, dtype, device):
         target, head = tiny_models(dtype=dtype, device=device)
         return target, head, None, None
     if args.tiny:
-        from .train.assets import TINY_DIR
-        from .train.tokenizer import decode, encode
+        from .models.assets import TINY_DIR
+        from .models.byte_tokenizer import decode, encode
         target_dir, head_dir = os.path.join(TINY_DIR, "target"), os.path.join(TINY_DIR, "head_causal")
         codec = encode, decode
     else:

@@ -360,7 +360,7 @@ class SpyHead:
 def trained():
     """The shipped tiny target and its trained causal head: long accepted paths, so the accepted
     rows of a tree are rarely its first rows."""
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
     target, heads = load_tiny()
     return target, heads["head_causal"]
 
@@ -371,7 +371,7 @@ TEXT_PROMPTS = ["def area(self):\n    return self.", "import os\nimport sys\n\n\
 @pytest.fixture(scope="module")
 def trained_streams(trained):
     """(prompts, greedy continuations of 40 tokens) of TEXT_PROMPTS on the trained target."""
-    from jetspec_kernels.train.tokenizer import encode
+    from jetspec_kernels.models.byte_tokenizer import encode
     prompts = [encode(p) for p in TEXT_PROMPTS]
     prev = jk.get_backend()
     jk.set_backend("reference")
