@@ -30,7 +30,7 @@ def _nonempty(name: str, t, dim: int, what: str) -> None:
 def _log_softmax_defined(name: str, t) -> None:
     """Every row of ``t`` has a log-softmax: no NaN or +inf, and some value above -inf (only
     where value checks run; elsewhere such a row gives an unspecified tree)."""
-    if not t.numel() or not C.values_checked(t):
+    if not t.numel() or not checks.values_checked(t):
         return
     if bool(t.isnan().any()) or bool(t.isposinf().any()):
         raise ValueError(f"{name} must hold no NaN or +inf (a row with one has no log-softmax), "
@@ -80,7 +80,7 @@ def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, to
     _check_common(root_tokens, budget, topk, algorithm, batch=b, vocab=lm_head_weight.shape[0],
                   device=hidden.device)
     for name, t in (("hidden", hidden), ("lm_head_weight", lm_head_weight)):
-        if t.numel() and C.values_checked(t) and not bool(t.isfinite().all()):
+        if t.numel() and checks.values_checked(t) and not bool(t.isfinite().all()):
             raise ValueError(f"{name} must be finite (its logits would have no log-softmax), got "
                              f"{int((~t.isfinite()).sum())} NaN or infinite values")
 
