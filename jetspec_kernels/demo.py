@@ -22,7 +22,7 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import backend as _backend
 from jetspec_kernels.demo_random import random_round
-from jetspec_kernels.generate_cli import PROG, Parser, UsageError, _device, _int_at_least, report
+from jetspec_kernels.generate_cli import PROG, Parser, UsageError, int_at_least, parse_device, report
 from jetspec_kernels.limits import MAX_BUDGET, MAX_TOPK
 
 PROMPTS = (
@@ -44,17 +44,17 @@ def _tiny_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--models", default=None, help="tiny-model directory (default: the shipped one)")
-    p.add_argument("--prompts", type=_int_at_least(1, len(PROMPTS)), default=3,
+    p.add_argument("--prompts", type=int_at_least(1, len(PROMPTS)), default=3,
                    help=f"how many built-in prompts (1..{len(PROMPTS)})")
-    p.add_argument("--max-new-tokens", type=_int_at_least(1), default=64)
-    p.add_argument("--budget", type=_int_at_least(1, MAX_BUDGET), default=None,
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=64)
+    p.add_argument("--budget", type=int_at_least(1, MAX_BUDGET), default=None,
                    help="tree budget of the timed speculative run (default: 16 on cpu, where the "
                         "verify forward's cost grows with the tree size; 64 on a GPU)")
-    p.add_argument("--topk", type=_int_at_least(1, MAX_TOPK), default=8)
-    p.add_argument("--budgets", type=_int_at_least(1, MAX_BUDGET), nargs="*",
+    p.add_argument("--topk", type=int_at_least(1, MAX_TOPK), default=8)
+    p.add_argument("--budgets", type=int_at_least(1, MAX_BUDGET), nargs="*",
                    default=[1, 4, 16, 64, 256],
                    help="budgets of the acceptance table (none: skip the table)")
-    p.add_argument("--table-tokens", type=_int_at_least(1), default=32,
+    p.add_argument("--table-tokens", type=int_at_least(1), default=32,
                    help="new tokens per prompt for the table")
     p.add_argument("--out", default=os.path.join("bench", "results", "demo"),
                    help="directory for demo_acceptance.png / .csv")
@@ -109,7 +109,7 @@ def _write_table(table: dict, budgets, out_dir: str) -> list[str]:
 def tiny_demo(argv=None) -> int:
     """The real-model demo (see the module docstring); returns the exit status (1 if lossy)."""
     args = _tiny_parser().parse_args(argv)
-    device = _device(args.device)
+    device = parse_device(args.device)
     previous = jk.get_backend()
     if args.backend is not None:
         jk.set_backend(args.backend)

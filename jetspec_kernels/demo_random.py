@@ -13,7 +13,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as _backend
-from jetspec_kernels.generate_cli import PROG, Parser, UsageError, _device, _int_at_least
+from jetspec_kernels.generate_cli import PROG, Parser, UsageError, int_at_least, parse_device
 from jetspec_kernels.limits import MAX_BUDGET, MAX_TOPK
 
 def _timed(device, fn):
@@ -48,16 +48,16 @@ def random_round(argv=None) -> int:
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default=None, choices=_backend.BACKENDS)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch", type=_int_at_least(1), default=2)
-    p.add_argument("--prefix", type=_int_at_least(0), default=1024)
-    p.add_argument("--depth", type=_int_at_least(1), default=15)
-    p.add_argument("--vocab", type=_int_at_least(1), default=151936)
-    p.add_argument("--topk", type=_int_at_least(1, MAX_TOPK), default=8)
-    p.add_argument("--budget", type=_int_at_least(1, MAX_BUDGET), default=64)
+    p.add_argument("--batch", type=int_at_least(1), default=2)
+    p.add_argument("--prefix", type=int_at_least(0), default=1024)
+    p.add_argument("--depth", type=int_at_least(1), default=15)
+    p.add_argument("--vocab", type=int_at_least(1), default=151936)
+    p.add_argument("--topk", type=int_at_least(1, MAX_TOPK), default=8)
+    p.add_argument("--budget", type=int_at_least(1, MAX_BUDGET), default=64)
     p.add_argument("--algorithm", default="topn", choices=["topn", "accum_logp"])
-    p.add_argument("--heads", type=_int_at_least(1), nargs=3, default=[32, 8, 128],
+    p.add_argument("--heads", type=int_at_least(1), nargs=3, default=[32, 8, 128],
                    metavar=("HQ", "HKV", "DH"))
-    p.add_argument("--agree-depth", type=_int_at_least(0), default=6,
+    p.add_argument("--agree-depth", type=int_at_least(0), default=6,
                    help="the random target agrees with the draft's best child down to this depth")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -67,7 +67,7 @@ def random_round(argv=None) -> int:
     if hq % hkv or dh % 2:
         raise UsageError(f"--heads {hq} {hkv} {dh}: HQ must be a multiple of HKV and DH even")
 
-    device = _device(args.device)
+    device = parse_device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     backend = _backend.resolve(device, args.backend)
     gen = torch.Generator(device=device).manual_seed(args.seed)

@@ -50,7 +50,7 @@ def report(message: str) -> int:
     return 2
 
 
-def _int_at_least(lo: int, hi: int | None = None):
+def int_at_least(lo: int, hi: int | None = None):
     """An argparse type: an int >= ``lo`` (and <= ``hi`` when given)."""
     want = f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]"
 
@@ -114,14 +114,14 @@ def _parser() -> Parser:
     p.add_argument("--head", help="JetSpec / DFlash draft-head checkpoint directory (with --target)")
     p.add_argument("--prompt", action="append", required=True,
                    help="a prompt (repeat for a batch): text with a tokenizer, else token ids")
-    p.add_argument("--max-new-tokens", type=_int_at_least(1), default=64)
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=64)
     p.add_argument("--budget", type=_budget, default=64,
                    help="tree nodes per round (root included); 'auto' or sizes like 8,16,32: each "
                         "round picks its size from the draft's confidence and the measured round costs")
-    p.add_argument("--topk", type=_int_at_least(1), default=8, help="children per tree node")
+    p.add_argument("--topk", type=int_at_least(1), default=8, help="children per tree node")
     p.add_argument("--algorithm", choices=("topn", "accum_logp"), default="topn")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=_int_at_least(0), default=0,
+    p.add_argument("--top-k", type=int_at_least(0), default=0,
                    help="sample among the k most likely tokens (0 = off; with --temperature > 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0,
                    help="then among the smallest set of probability >= p (1 = off)")
@@ -132,14 +132,14 @@ def _parser() -> Parser:
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backend", choices=("auto", "cuda", "triton", "reference"), default=None)
-    p.add_argument("--page-size", type=_int_at_least(1), default=None, help="use paged KV caches")
+    p.add_argument("--page-size", type=int_at_least(1), default=None, help="use paged KV caches")
     p.add_argument("--ar", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
     return p
 
 
-def _device(text: str) -> torch.device:
+def parse_device(text: str) -> torch.device:
     try:
         dev = torch.device(text)
     except (RuntimeError, ValueError):
@@ -275,7 +275,7 @@ def _run(args) -> int:
     import jetspec_kernels as jk
     from .decode import check_generate_args, generate, generate_ar
 
-    device = _device(args.device)
+    device = parse_device(args.device)
     if args.backend is not None:
         jk.set_backend(args.backend)
         reason = None if args.backend == "auto" else jk.available_backends(device)[args.backend]
