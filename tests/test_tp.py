@@ -8,6 +8,7 @@ target's law (test_decode's chi-square test), a tp that does not divide the head
 disagree are one clear error, and a rank that dies makes the others fail instead of hang.
 """
 import os
+import socket
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -129,7 +130,22 @@ def scenario_four(rank, world):
     cfg = tiny_qwen3_config(num_attention_heads=8, num_key_value_heads=4, head_dim=8)
     full, split = _pair(cfg, 2, tp.ALONE), _pair(cfg, 2, None)
     return {"logits": _logit_errors(full, split), "greedy": _greedy(full, split),
-            "kv_heads_2": _errors(lambda: _pair(tiny_qwen3_config(), 0, None))}
+            "kv_heads_2": _errors(lambda: _pair(tiny_qwen3_config(), 0, None)),
+            "cli": _cli(rank, ["generate", "--tiny", "--prompt", "x", "--device", "cpu", "--tp", "4"],
+                        dict(RANK=str(rank), WORLD_SIZE=str(world)))}
+
+
+def _cli(rank, argv, env):
+    """``jetspec`` with ``argv`` on this rank (the group already up): (status, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from jetspec_kernels.__main__ import main
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
 
 
 def scenario_death(rank, world):
@@ -142,10 +158,32 @@ def scenario_death(rank, world):
     return {"error_seen": err, "seconds": time.monotonic() - t0}
 
 
-SCENARIOS = {"two": scenario_two, "four": scenario_four, "death": scenario_death}
+def scenario_cli(rank, world):
+    """The CLI as torchrun starts it (RANK / WORLD_SIZE / MASTER_* set, no group yet)."""
+    import contextlib
+    import io
+
+    from jetspec_kernels.__main__ import main
+    dist.destroy_process_group()        # the CLI initialises its own from the environment
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["generate", "--tiny", "--prompt", "def f(x):", "--max-new-tokens", "6", "--budget", "4",
+            "--device", "cpu", "--backend", "reference", "--tp", str(world), "--ar"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+        bad_rc = main(argv[:-3] + ["--tp", str(world + 1)])
+    return {"rc": rc, "out": out.getvalue(), "err": err.getvalue(), "bad_rc": bad_rc}
+
+
+SCENARIOS = {"two": scenario_two, "four": scenario_four, "death": scenario_death, "cli": scenario_cli}
 
 
 # ---- the test's side --------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 def _spawn(tmp_path, world, scenario, timeout_s=60, env=None):
     env = dict(env or {})
@@ -223,9 +261,17 @@ def test_bad_tp_and_disagreeing_ranks_are_one_clear_error(two, four):
             res["ranks_disagree"]
         assert res["check_can_fail"].startswith("RuntimeError: tensor parallelism: x differ")
         assert "tp=2 must divide num_attention_heads (3) and num_key_value_heads (1)" in res["odd_heads"]
-    for res in four:
+    for rank, res in enumerate(four):
         assert res["kv_heads_2"].startswith("ValueError: Qwen3: tp=4 must divide "
                                             "num_attention_heads (4) and num_key_value_heads (2)")
+        rc, out, err = res["cli"]                     # the shipped tiny models: 2 key/value heads
+        assert rc == 2 and out == ""
+        if rank:
+            assert err == ""
+        else:
+            assert err.startswith("jetspec: error: --tp 4: target checkpoint ") and err.endswith(
+                "tp=4 must divide num_attention_heads (4) and num_key_value_heads (2): each rank "
+                "holds whole heads\n") and err.count("\n") == 1, err
 
 
 def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
@@ -234,3 +280,29 @@ def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     assert res[1] is None                              # it died without a word
     assert res[0]["error_seen"] is not None, "rank 0 finished a collective without its peer"
     assert res[0]["seconds"] < 30 and time.monotonic() - t0 < 90
+
+
+def test_cli_tiny_tp2_on_gloo(tmp_path):
+    port = _free_port()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    res = _spawn_cli(tmp_path, env)
+    assert res[0]["rc"] == 0 and res[1]["rc"] == 0, res
+    assert "greedy outputs match" in res[0]["out"] and "tp 2" in res[0]["out"]
+    assert res[1]["out"] == "" and res[1]["err"] == ""               # rank 0 alone prints
+    assert res[0]["bad_rc"] == 2 and res[1]["bad_rc"] == 2
+    assert res[0]["err"].strip() == ("jetspec: error: --tp 3 needs exactly 3 processes (run under "
+                                     "torchrun --nproc-per-node 3); this launch has WORLD_SIZE=2")
+
+
+def _spawn_cli(tmp_path, env):
+    """scenario_cli on 2 ranks, each with torchrun's RANK / LOCAL_RANK in its environment."""
+    procs = []
+    ctx = mp.get_context("spawn")
+    for rank in range(2):
+        e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(ctx.Process(target=_entry, args=(rank, 2, str(tmp_path), "cli", 60, e)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
