@@ -194,7 +194,7 @@ def run(opts) -> int:
     a = opts.args
     dev = opts.device
     from jetspec_kernels.decode import generate, measure_round_costs
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
 
     quick = opts.quick
     sizes = tuple(int(x) for x in (a.budgets or ("4,16" if quick else "4,8,16,32,64")).split(","))

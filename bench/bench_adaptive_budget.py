@@ -59,7 +59,7 @@ def h200_8b_costs(batch: int, sizes) -> dict:
 
 def _prompts(n: int, length: int, seed: int) -> tuple[list, str]:
     """``n`` byte-token prompts from held-out files (or this repository's sources) and a label."""
-    from jetspec_kernels.train.assets import load_recipe
+    from jetspec_kernels.models.assets import load_recipe
     from jetspec_kernels.train.data import heldout_prompts
 
     try:
@@ -329,7 +329,7 @@ def _run(opts) -> int:
 
     from jetspec_kernels import backend as jk_backend
     from jetspec_kernels.decode import generate, measure_round_costs
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
 
     target, heads = load_tiny(device=dev)
     head = heads["head_causal"]

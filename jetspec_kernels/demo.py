@@ -22,7 +22,7 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import backend as _backend
 from jetspec_kernels.demo_random import random_round
-from jetspec_kernels.generate_cli import PROG, Parser, UsageError, parse_device, int_at_least, report
+from jetspec_kernels.generate_cli import PROG, Parser, UsageError, int_at_least, parse_device, report
 from jetspec_kernels.limits import MAX_BUDGET, MAX_TOPK
 
 PROMPTS = (
@@ -121,9 +121,9 @@ def tiny_demo(argv=None) -> int:
 
 def _run_tiny(args, device) -> int:
     from .decode import generate, generate_ar
-    from .train.assets import TINY_DIR, load_tiny
-    from .train.evaluate import acceptance_table
-    from .train.tokenizer import EOS_ID, decode, encode
+    from .decode.acceptance import acceptance_table
+    from .models.assets import TINY_DIR, load_tiny
+    from .models.byte_tokenizer import EOS_ID, decode, encode
 
     backend = _backend.resolve(device)
     if args.budget is None:
@@ -165,7 +165,8 @@ def _run_tiny(args, device) -> int:
     if args.budgets:
         budgets = sorted(set(args.budgets))
         table = acceptance_table(target, heads, prompts, budgets=budgets, topk=args.topk,
-                                 max_new_tokens=args.table_tokens, chain_head="head_causal")
+                                 max_new_tokens=args.table_tokens, eos_token_id=EOS_ID,
+                                 chain_head="head_causal")
         print(f"\nmean accepted length per round vs budget (topk {args.topk}; chain: topk 1, "
               f"depth = budget - 1 up to {head.block_size - 1}), {len(prompts)} prompts x "
               f"{args.table_tokens} tokens")

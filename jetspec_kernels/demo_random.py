@@ -13,7 +13,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as _backend
-from jetspec_kernels.generate_cli import PROG, Parser, UsageError, parse_device, int_at_least
+from jetspec_kernels.generate_cli import PROG, Parser, UsageError, int_at_least, parse_device
 from jetspec_kernels.limits import MAX_BUDGET, MAX_TOPK
 
 def _timed(device, fn):

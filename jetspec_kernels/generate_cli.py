@@ -14,6 +14,11 @@ With ``--target``, prompts are text when the target directory has a ``tokenizer.
 printed). ``--random-tiny`` uses small random models and token ids. ``--token-ids`` makes prompts
 token ids (and the output ids) in every mode.
 
+Tensor parallelism: ``torchrun --nproc-per-node N -m jetspec_kernels generate --tp N ...`` splits
+the models over the N processes (gloo on the CPU, NCCL on CUDA, each rank on ``cuda:LOCAL_RANK``);
+rank 0 alone prints. A ``--tp`` that is not the number of processes, or that does not divide the
+models' heads, is a usage error.
+
 Bad input (an option out of range, a missing or unsupported checkpoint, a head that does not fit
 the target, a token id outside the vocabulary) prints one line ``jetspec: error: ...`` to stderr
 and exits with status 2.
@@ -21,11 +26,13 @@ and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
 import sys
+from datetime import timedelta
 
 import torch
 
@@ -136,6 +143,9 @@ def _parser() -> Parser:
     p.add_argument("--ar", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
+    p.add_argument("--tp", type=int_at_least(1), default=1,
+                   help="tensor-parallel ranks: run under torchrun --nproc-per-node N (gloo on "
+                        "cpu, NCCL on cuda); rank 0 prints")
     return p
 
 
@@ -197,27 +207,33 @@ def _default_eos(target_dir: str | None, target):
     return target.config.eos_token_id
 
 
-def _load(cls, option: str, path: str, dtype, device):
-    """``cls.from_pretrained(path)``; a bad checkpoint is a usage error naming ``option``."""
+def _load(cls, option: str, path: str, dtype, device, shard):
+    """``cls.from_pretrained(path)`` split over ``shard``; a bad checkpoint is a usage error naming
+    ``option``, a tp the model cannot be split by one naming ``--tp``."""
     from .models import CheckpointError
     try:
-        return cls.from_pretrained(path, dtype=dtype, device=device)
+        return cls.from_pretrained(path, dtype=dtype, device=device, group=shard)
     except CheckpointError as e:
         raise UsageError(f"{option}: {e}") from None
+    except ValueError as e:
+        raise UsageError(f"--tp {shard.size}: {e}") from None
 
 
-def _load_models(args, dtype, device):
+def _load_models(args, dtype, device, shard):
     """(target, head, codec: (encode, decode) or None, directory for the default EOS or None)."""
     from .models import DraftHead, Qwen3, tiny_models
 
     if args.head is not None and args.target is None:
         raise UsageError("--head is only used with --target")
     if args.random_tiny:
-        target, head = tiny_models(dtype=dtype, device=device)
+        try:
+            target, head = tiny_models(dtype=dtype, device=device, group=shard)
+        except ValueError as e:
+            raise UsageError(f"--tp {shard.size}: {e}") from None
         return target, head, None, None
     if args.tiny:
-        from .train.assets import TINY_DIR
-        from .train.tokenizer import decode, encode
+        from .models.assets import TINY_DIR
+        from .models.byte_tokenizer import decode, encode
         target_dir, head_dir = os.path.join(TINY_DIR, "target"), os.path.join(TINY_DIR, "head_causal")
         codec = encode, decode
     else:
@@ -225,8 +241,8 @@ def _load_models(args, dtype, device):
             raise UsageError("--head is required with --target")
         target_dir, head_dir = args.target, args.head
         codec = _load_tokenizer(target_dir)
-    target = _load(Qwen3, "--target", target_dir, dtype, device)
-    head = _load(DraftHead, "--head", head_dir, dtype, device)
+    target = _load(Qwen3, "--target", target_dir, dtype, device, shard)
+    head = _load(DraftHead, "--head", head_dir, dtype, device, shard)
     return target, head, codec, target_dir
 
 
@@ -234,7 +250,8 @@ def _load_models(args, dtype, device):
 _OPTION_OF = {"budget": "--budget", "topk": "--topk", "algorithm": "--algorithm",
               "temperature": "--temperature", "max_new_tokens": "--max-new-tokens",
               "eos_token_id": "--eos", "seed": "--seed", "page_size": "--page-size",
-              "prompt_ids": "--prompt", "head": "--head", "top_k": "--top-k", "top_p": "--top-p"}
+              "prompt_ids": "--prompt", "head": "--head", "top_k": "--top-k", "top_p": "--top-p",
+              "group": "--tp"}
 
 
 def _as_option_error(e: Exception, eos_given: bool) -> UsageError:
@@ -252,36 +269,89 @@ def _as_option_error(e: Exception, eos_given: bool) -> UsageError:
 def _format_stats(name: str, stats) -> str:
     stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stats.stage_seconds.items())
     line = (f"[{name}] {stats.new_tokens} tokens in {stats.seconds:.3f} s "
-            f"({stats.tokens_per_s:.1f} tok/s), {stats.rounds} rounds")
+            f"({stats.tokens_per_s:.1f} tok/s), {stats.rounds} rounds"
+            + (f", tp {stats.tp}" if stats.tp > 1 else ""))
     if name == "jetspec":
         line += (f", mean accepted {stats.mean_accept:.2f}, tokens/round {stats.tokens_per_round:.2f}, "
                  f"accept histogram {stats.accept_histogram}")
     return line + f"\n  stages: {stages}"
 
 
+def _launched_rank() -> int:
+    """This process's rank as torchrun set it (``RANK``; 0 when not launched by it)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _start_tp(tp_size: int, device: torch.device):
+    """``(shard, device)`` for ``--tp``: alone for 1; else the default process group of the
+    torchrun launch (initialised here: gloo on the CPU, NCCL on CUDA with each rank on
+    ``cuda:LOCAL_RANK``). A ``--tp`` that is not WORLD_SIZE is a usage error."""
+    import torch.distributed as dist
+
+    from . import tp
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    if tp_size != world:
+        raise UsageError(f"--tp {tp_size} needs exactly {tp_size} processes (run under torchrun "
+                         f"--nproc-per-node {tp_size}); this launch has WORLD_SIZE={world}")
+    if tp_size == 1:
+        return tp.ALONE, device
+    if device.type == "cuda":
+        if device.index is not None:
+            raise UsageError(f"--device {device}: with --tp give 'cuda' (rank r runs on "
+                             "cuda:LOCAL_RANK)")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=10))
+    return tp.shard_of(dist.group.WORLD), device
+
+
 def main(argv=None) -> int:
-    """Run the CLI; returns the process exit status (2 for bad input, 1 if greedy outputs differ)."""
+    """Run the CLI; returns the process exit status (2 for bad input, 1 if greedy outputs differ).
+    Under torchrun, only rank 0 prints (its output and its errors)."""
     import jetspec_kernels as jk
     previous = jk.get_backend()
+    quiet = _launched_rank() != 0
     try:
-        return _run(_parser().parse_args(argv))
+        with contextlib.ExitStack() as stack:
+            if quiet:
+                stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
+            return _run(_parser().parse_args(argv))
     except UsageError as e:
-        return report(str(e))
+        return 2 if quiet else report(str(e))
     finally:
         jk.set_backend(previous)
 
 
 def _run(args) -> int:
+    import torch.distributed as dist
+
+    owned = not (dist.is_available() and dist.is_initialized())
+    shard, device = _start_tp(args.tp, parse_device(args.device))
+    try:
+        return _decode(args, shard, device)
+    finally:
+        if owned and shard.parallel:
+            dist.destroy_process_group()
+
+
+def _decode(args, shard, device) -> int:
     import jetspec_kernels as jk
     from .decode import check_generate_args, generate, generate_ar
 
-    device = parse_device(args.device)
     if args.backend is not None:
         jk.set_backend(args.backend)
         reason = None if args.backend == "auto" else jk.available_backends(device)[args.backend]
         if reason is not None:
             raise UsageError(f"--backend {args.backend}: not available on {device}: {reason}")
-    target, head, codec, target_dir = _load_models(args, DTYPES[args.dtype], device)
+    target, head, codec, target_dir = _load_models(args, DTYPES[args.dtype], device, shard)
     if args.token_ids:
         codec = None
     if codec is not None:
@@ -291,7 +361,8 @@ def _run(args) -> int:
     eos = args.eos if args.eos else _default_eos(target_dir, target)
 
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_token_id=eos,
-              seed=args.seed, page_size=args.page_size, top_k=args.top_k, top_p=args.top_p)
+              seed=args.seed, page_size=args.page_size, top_k=args.top_k, top_p=args.top_p,
+              group=shard)
     spec = dict(budget=args.budget, topk=args.topk, algorithm=args.algorithm)
     try:
         check_generate_args(target, head, prompts, **spec, **kw)

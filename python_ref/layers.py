@@ -53,7 +53,7 @@ def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):
     return q, k
 
 
-def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None):
+def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, reduce=None):
     """One pre-norm Qwen3 decoder layer: ``h += o_proj(attend(q, k, v))``, then
     ``h += mlp(post_attention_layernorm(h))``.
 
@@ -73,6 +73,10 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None):
         None: ``M = N``.
     dtype : the norms' form (:func:`rms_norm`): None for the reference, the model dtype for the
         Hugging Face form
+    reduce : callable ``[B, N, H] -> [B, N, H]`` applied to the attention's output projection and
+        to the MLP's output before each is added to ``h``, or None. Tensor parallelism: the
+        weights hold this rank's heads / features, those outputs are partial sums and ``reduce``
+        all-reduces them
 
     Returns
     -------
@@ -84,5 +88,8 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None):
     q = F.linear(a, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, dh))
     k = F.linear(kv_in, w["self_attn.k_proj.weight"]).unflatten(-1, (-1, dh))
     v = F.linear(kv_in, w["self_attn.v_proj.weight"]).unflatten(-1, (-1, dh))
-    h = h + F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"])
-    return h + mlp(rms_norm(h, w["post_attention_layernorm.weight"], eps, dtype), w)
+    if reduce is None:
+        def reduce(x):
+            return x
+    h = h + reduce(F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
+    return h + reduce(mlp(rms_norm(h, w["post_attention_layernorm.weight"], eps, dtype), w))

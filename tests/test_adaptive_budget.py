@@ -338,7 +338,7 @@ def test_bad_adaptive_arguments():
 
 @pytest.fixture(scope="module")
 def trained():
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
     target, heads = load_tiny()
     return target, heads["head_causal"]
 
@@ -351,7 +351,7 @@ COSTS = {4: 1.0, 8: 1.25, 16: 1.5, 32: 2.2, 64: 3.5}
 
 @pytest.fixture(scope="module")
 def trained_ar(trained):
-    from jetspec_kernels.train.tokenizer import encode
+    from jetspec_kernels.models.byte_tokenizer import encode
     prompts = [encode(p) for p in TEXT]
     prev = jk.get_backend()
     jk.set_backend("reference")
@@ -521,8 +521,8 @@ def test_measure_round_costs():
 def test_cuda_graphs_adaptive_lossless():
     """On a GPU: graphed adaptive rounds (one verify graph per size) give the eager rounds' tokens
     and sizes, and the baseline's tokens (fp32)."""
-    from jetspec_kernels.train.assets import load_tiny
-    from jetspec_kernels.train.tokenizer import encode
+    from jetspec_kernels.models.assets import load_tiny
+    from jetspec_kernels.models.byte_tokenizer import encode
     jk.set_backend("auto")
     target, heads = load_tiny(device="cuda")
     head = heads["head_causal"]

@@ -313,7 +313,7 @@ def test_adaptive_budget_counterfactual_matches_a_real_decode():
     start from the same state)."""
     from bench import bench_adaptive_budget as bab
     from jetspec_kernels.decode import generate
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
 
     target, heads = load_tiny()
     head = heads["head_causal"]
@@ -337,7 +337,7 @@ def test_adaptive_oracle_replay_is_exact_and_its_optimum_optimal(tmp_path, capsy
     writes its rows."""
     from bench import adaptive_oracle as ao
     from jetspec_kernels.decode import generate
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
 
     target, heads = load_tiny()
     head = heads["head_causal"]

@@ -259,40 +259,56 @@ def test_sampling_matches_target_distribution():
     joint of (t1, t2), joint of (t2, t3), marginal of t3; for the speculative loop and, as a
     check of the test itself, for the baseline. Each batch row draws independent noise. (With
     these sizes, a loop that reuses the prefill's noise in its first round fails with p ~ 1e-19.)"""
-    target, head = _sharp_tiny()
-    v, temp, prompt, n = 7, 0.8, [1, 4, 2], 600
+    for name, tokens in sampling_law_runs(*_sharp_tiny()).items():
+        check_sampling_law(name, tokens)
+
+
+SHARP_PROMPT, SHARP_TEMPERATURE = [1, 4, 2], 0.8
+
+
+def sampling_law_runs(target, head, n=600, group=None, runs=("topn", "ar")):
+    """The first three sampled tokens of ``n`` copies of the prompt (list of B lists, per loop),
+    speculative ("topn") and baseline ("ar"); ``group``: generate's process group."""
+    kw = dict(max_new_tokens=3, temperature=SHARP_TEMPERATURE, seed=11, group=group)
+    prompts = [SHARP_PROMPT] * n
+    out = {}
+    if "topn" in runs:
+        spec = generate(target, head, prompts, budget=6, topk=3, algorithm="topn", **kw)
+        assert sum(spec.stats.accept_histogram[1:]) >= 10, "the draft should get some tokens accepted"
+        out["topn"] = spec.tokens
+    if "ar" in runs:
+        out["ar"] = generate_ar(target, prompts, **kw).tokens
+    return out
+
+
+def check_sampling_law(name, tokens, target=None):
+    """Chi-square tests of (t1, t2), (t2, t3) and t3 of ``tokens`` (B lists of 3 sampled tokens)
+    against the exact law of the sharp tiny target (``target``: that model, unsplit)."""
+    target = target if target is not None else _sharp_tiny()[0]
+    v, temp, prompt = 7, SHARP_TEMPERATURE, SHARP_PROMPT
     probs1 = _next_probs(target, [prompt], temp)[0]                                        # [V]
     probs2 = _next_probs(target, [prompt + [a] for a in range(v)], temp)                   # [V, V]
     probs3 = _next_probs(target, [prompt + [a, b] for a in range(v) for b in range(v)],
                          temp).view(v, v, v)
     joint = probs1[:, None, None] * probs2[:, :, None] * probs3
-
-    kw = dict(max_new_tokens=3, temperature=temp, seed=11)
-    runs = {"topn": lambda: generate(target, head, [prompt] * n, budget=6, topk=3, algorithm="topn", **kw),
-            "ar": lambda: generate_ar(target, [prompt] * n, **kw)}
-    for name, run in runs.items():
-        out = run()
-        counts = torch.zeros(v, v, v, dtype=torch.float64)
-        for t in out.tokens:
-            counts[t[0], t[1], t[2]] += 1
-        if name != "ar":
-            accepted = sum(out.stats.accept_histogram[1:])
-            assert accepted >= 10, "the draft should get some tokens accepted"
-        checks = {"(t1, t2)": (counts.sum(2), joint.sum(2)), "(t2, t3)": (counts.sum(0), joint.sum(0)),
-                  "t3": (counts.sum((0, 1)), joint.sum((0, 1)))}
-        for what, (c, p) in checks.items():
-            pval = _chi2_pvalue(c.flatten(), p.flatten())
-            assert pval > 1e-3, f"{name}: {what} does not follow the target (p = {pval:.2e})"
+    counts = torch.zeros(v, v, v, dtype=torch.float64)
+    for t in tokens:
+        counts[t[0], t[1], t[2]] += 1
+    checks = {"(t1, t2)": (counts.sum(2), joint.sum(2)), "(t2, t3)": (counts.sum(0), joint.sum(0)),
+              "t3": (counts.sum((0, 1)), joint.sum((0, 1)))}
+    for what, (c, p) in checks.items():
+        pval = _chi2_pvalue(c.flatten(), p.flatten())
+        assert pval > 1e-3, f"{name}: {what} does not follow the target (p = {pval:.2e})"
 
 
-def _sharp_tiny():
+def _sharp_tiny(group=None):
     from jetspec_kernels.models import DraftHead, Qwen3
     from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights,
                                              tiny_draft_config, tiny_qwen3_config)
     tcfg = tiny_qwen3_config(vocab_size=7)
     dcfg = tiny_draft_config(tcfg, block_size=4)
-    return (Qwen3(tcfg, random_qwen3_weights(tcfg, seed=3, logit_scale=2.0)),
-            DraftHead(dcfg, random_draft_weights(dcfg, seed=4)))
+    return (Qwen3(tcfg, random_qwen3_weights(tcfg, seed=3, logit_scale=2.0), group=group),
+            DraftHead(dcfg, random_draft_weights(dcfg, seed=4), group=group))
 
 
 def _next_probs(target, seqs, temperature):
@@ -360,7 +376,7 @@ class SpyHead:
 def trained():
     """The shipped tiny target and its trained causal head: long accepted paths, so the accepted
     rows of a tree are rarely its first rows."""
-    from jetspec_kernels.train.assets import load_tiny
+    from jetspec_kernels.models.assets import load_tiny
     target, heads = load_tiny()
     return target, heads["head_causal"]
 
@@ -371,7 +387,7 @@ TEXT_PROMPTS = ["def area(self):\n    return self.", "import os\nimport sys\n\n\
 @pytest.fixture(scope="module")
 def trained_streams(trained):
     """(prompts, greedy continuations of 40 tokens) of TEXT_PROMPTS on the trained target."""
-    from jetspec_kernels.train.tokenizer import encode
+    from jetspec_kernels.models.byte_tokenizer import encode
     prompts = [encode(p) for p in TEXT_PROMPTS]
     prev = jk.get_backend()
     jk.set_backend("reference")

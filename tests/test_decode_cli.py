@@ -107,8 +107,8 @@ def test_checkpoints_with_tokenizer(checkpoint_dirs, capsys):
 def test_tiny_text_prompt(capsys):
     """--tiny: the shipped trained target and causal head with the byte tokenizer; text in, text
     out, equal to the baseline."""
-    from jetspec_kernels.train.assets import load_tiny
-    from jetspec_kernels.train.tokenizer import decode, encode
+    from jetspec_kernels.models.assets import load_tiny
+    from jetspec_kernels.models.byte_tokenizer import decode, encode
     rc = package_main(["generate", "--tiny", "--prompt", "def f(x):", "--max-new-tokens", "12",
                        "--budget", "8", "--topk", "3", "--ar"])
     out = capsys.readouterr().out
@@ -124,7 +124,7 @@ def _mismatched_head(tmp_path):
     """A random tiny target (hidden 64, 97 tokens) beside the shipped head (made for hidden 192)."""
     tcfg = tiny_qwen3_config()
     save_qwen3(tcfg, random_qwen3_weights(tcfg), str(tmp_path / "target"))
-    from jetspec_kernels.train.assets import TINY_DIR
+    from jetspec_kernels.models.assets import TINY_DIR
     return ["--target", str(tmp_path / "target"), "--head", os.path.join(TINY_DIR, "head_causal")]
 
 

@@ -20,6 +20,7 @@ LAYERS = [
     ("ops._reference", "triton", "cuda"),  # the backends
     ("ops",),                              # the public ops: contract checks, then dispatch
     ("adaptive",),                         # adaptive tree budget
+    ("tp",),                               # tensor parallelism over torch.distributed
     ("models",),                           # Qwen3 target, draft head
     ("decode",),                           # the decoding loops
     ("",),                                 # jetspec_kernels/__init__.py: the public API

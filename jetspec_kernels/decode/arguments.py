@@ -7,14 +7,14 @@ from typing import NamedTuple
 import torch
 
 from .. import backend as _backend
-from .. import checks
+from .. import checks, tp
 from ..adaptive import AcceptanceCalibrator, CostModel, parse_budget
 from ..limits import MAX_TOPK
 from ..ops.draft_tree import ALGORITHMS
 from ..ops.verify_tree import check_sampling
 
 __all__ = ["Sampling", "GenerateArgs", "check_generate_args", "checked_generate_args",
-           "check_shared_args", "graphs_default"]
+           "check_shared_args", "check_group", "graphs_default"]
 
 
 class Sampling(NamedTuple):
@@ -39,6 +39,7 @@ class Sampling(NamedTuple):
 class GenerateArgs(NamedTuple):
     """What :func:`checked_generate_args` read from generate's arguments."""
 
+    shard: tp.Shard               # the tensor-parallel group the models are split over
     sampling: Sampling
     taps: list[int]               # the target layers the head taps
     sizes: tuple[int, ...]        # candidate tree sizes, ascending (one for a fixed budget)
@@ -74,6 +75,20 @@ def _check_eos(eos_token_id, vocab: int) -> None:
         raise ValueError("eos_token_id must be None, an int or a non-empty list of ints, got []")
     for tok in ids:
         checks.integer("eos_token_id", tok, lo=0, hi=vocab - 1)
+
+
+def check_group(group, **models) -> tp.Shard:
+    """The :class:`~jetspec_kernels.tp.Shard` of ``group`` (None: the default process group when
+    torch.distributed is initialised with several ranks), which every model (name -> model) must
+    be split over: same size and rank (a model without a ``shard`` runs alone)."""
+    shard = tp.shard_of(group)
+    for name, model in models.items():
+        mine = getattr(model, "shard", tp.ALONE)
+        if (mine.size, mine.rank) != (shard.size, shard.rank):
+            raise ValueError(f"group: the {name} is split over tp={mine.size} ranks (this rank "
+                             f"{mine.rank}), the process group has {shard.size} (this rank "
+                             f"{shard.rank}); load the models with the group generate runs on")
+    return shard
 
 
 def check_shared_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id, seed,
@@ -119,8 +134,9 @@ def _check_pair(target, head) -> list[int]:
 def checked_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
                           algorithm="topn", temperature=0.0, eos_token_id=None, seed=0,
                           page_size=None, fused_draft=True, cuda_graphs=None, sync_every=1, top_k=0,
-                          top_p=1.0, cost_model=None, calibrator=None) -> GenerateArgs:
+                          top_p=1.0, cost_model=None, calibrator=None, group=None) -> GenerateArgs:
     """:func:`check_generate_args`, returning what it read (``budget`` parsed once)."""
+    shard = check_group(group, target=target, head=head)
     sampling = check_shared_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id,
                                  seed, page_size, top_k, top_p)
     checks.integer("topk", topk, lo=1, hi=min(MAX_TOPK, target.config.vocab_size))
@@ -146,13 +162,13 @@ def checked_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64
                             f"{type(calibrator).__name__}")
         if calibrator.device != target.device:
             raise ValueError(f"calibrator lives on {calibrator.device}, the models on {target.device}")
-    return GenerateArgs(sampling, taps, sizes, adaptive)
+    return GenerateArgs(shard, sampling, taps, sizes, adaptive)
 
 
 def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
                         algorithm="topn", temperature=0.0, eos_token_id=None, seed=0, page_size=None,
                         fused_draft=True, cuda_graphs=None, sync_every=1, top_k=0, top_p=1.0,
-                        cost_model=None, calibrator=None) -> tuple[Sampling, list[int]]:
+                        cost_model=None, calibrator=None, group=None) -> tuple[Sampling, list[int]]:
     """The checks :func:`generate` runs before any model work (same arguments); a caller such as
     the CLI runs them first to tell bad input apart from a failure inside decoding.
 
@@ -163,7 +179,7 @@ def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, 
         target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
         algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
         page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every,
-        top_k=top_k, top_p=top_p, cost_model=cost_model, calibrator=calibrator)
+        top_k=top_k, top_p=top_p, cost_model=cost_model, calibrator=calibrator, group=group)
     return args.sampling, args.taps
 
 

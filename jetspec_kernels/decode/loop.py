@@ -20,9 +20,10 @@ import time
 import torch
 
 from .. import backend as _backend
+from .. import tp
 from ..adaptive import AcceptanceCalibrator, CostModel
 from ..adaptive.kept import kept_for
-from .arguments import check_shared_args, checked_generate_args, graphs_default
+from .arguments import check_group, check_shared_args, checked_generate_args, graphs_default
 from .graphs import StepRunner
 from .measure import measure_round_costs
 from .output import DecodeStats, GenerateOutput, TokenBuffer, finish
@@ -41,7 +42,8 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
              algorithm: str = "topn", temperature=0.0, eos_token_id=None, seed: int = 0,
              page_size: int | None = None, fused_draft: bool = True,
              cuda_graphs: bool | None = None, sync_every: int = 1, top_k=0, top_p=1.0,
-             cost_model=None, calibrator: AcceptanceCalibrator | None = None) -> GenerateOutput:
+             cost_model=None, calibrator: AcceptanceCalibrator | None = None,
+             group=None) -> GenerateOutput:
     """JetSpec speculative decoding for a batch of prompts of different lengths.
 
     Parameters
@@ -82,6 +84,13 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
         models' device (updated in place); default: one kept for this model pair (greedy and
         sampling apart). Sampled tokens depend on the tree sizes chosen, so a fixed seed
         reproduces them only with a fixed cost model and calibrator state
+    group : tensor parallelism: the ``torch.distributed`` process group the models are split
+        over (their ``shard``); None: the default group when one is initialised with several
+        ranks, else none. Every rank of the group calls generate with the same arguments (checked
+        once, by a hash, at the start) and drafts, verifies and emits the same tokens; the
+        forwards all-reduce inside (capturable on NCCL), the host still syncs once per round.
+        With ``JETSPEC_TP_CHECK=1`` the emitted tokens are compared across ranks at the end.
+        Adaptive budgets use the first rank's cost model on every rank
 
     Returns
     -------
@@ -94,8 +103,12 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
         target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
         algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
         page_size=page_size, fused_draft=fused_draft, cuda_graphs=cuda_graphs, sync_every=sync_every,
-        top_k=top_k, top_p=top_p, cost_model=cost_model, calibrator=calibrator)
+        top_k=top_k, top_p=top_p, cost_model=cost_model, calibrator=calibrator, group=group)
     dev = target.device
+    shard = args.shard
+    _check_ranks_share(shard, dev, "generate", prompt_ids, max_new_tokens, budget, topk, algorithm,
+                       temperature, eos_token_id, seed, page_size, fused_draft, cuda_graphs,
+                       sync_every, top_k, top_p)
     cuda_graphs = graphs_default(dev, cuda_graphs)
     costs = None
     if args.adaptive:
@@ -103,19 +116,34 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
             target, head, prompt_ids, args, calibrator, cost_model, topk=topk,
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, page_size=page_size,
             fused_draft=fused_draft, cuda_graphs=cuda_graphs)
-        costs = cost_model.tensor(args.sizes, dev)
+        costs = tp.broadcast_first(cost_model.tensor(args.sizes, dev), shard)
 
     t0 = time.perf_counter()
     stages = StageTimers(dev)
     stats = DecodeStats(cuda_graphs=bool(cuda_graphs), host_syncs_per_round=1.0 / sync_every,
-                        budget_costs=cost_model.table(args.sizes) if args.adaptive else {})
+                        budget_costs=cost_model.table(args.sizes) if args.adaptive else {},
+                        tp=shard.size)
     decode = start_speculative(
         target, head, prompt_ids, args.taps, max_new_tokens=max_new_tokens, sizes=args.sizes,
         topk=topk, algorithm=algorithm, sampling=args.sampling, eos_token_id=eos_token_id,
         seed=seed, page_size=page_size, fused_draft=fused_draft, stages=stages,
         calibrator=calibrator, costs=costs)
     accepts = _run_rounds(decode, StepRunner(decode, cuda_graphs), sync_every, stats)
+    _check_ranks_agree(decode.out, shard)
     return finish(stats, decode.out, stages, t0, accepts, decode.verdict_cols - 1)
+
+
+def _check_ranks_share(shard: tp.Shard, device, fn: str, *arguments) -> None:
+    """Tensor parallelism: every rank called ``fn`` with the same arguments (one collective)."""
+    if shard.parallel:
+        tp.check_same(tp.fingerprint(arguments, device), shard,
+                      f"{fn}'s arguments (prompts, sampling, seed, sizes)")
+
+
+def _check_ranks_agree(out: TokenBuffer, shard: tp.Shard) -> None:
+    """Tensor parallelism with JETSPEC_TP_CHECK=1: every rank emitted the same tokens."""
+    if shard.parallel and tp.checks_requested():
+        tp.check_same(torch.cat([out.tokens, out.count[:, None]], dim=1), shard, "the emitted tokens")
 
 
 def _adaptive_defaults(target, head, prompt_ids, args, calibrator, cost_model, *, topk,
@@ -135,7 +163,8 @@ def _adaptive_defaults(target, head, prompt_ids, args, calibrator, cost_model, *
             kept[key] = measure_round_costs(target, head, prompt_ids, args.sizes, topk=topk,
                                             temperature=temperature, top_k=top_k, top_p=top_p,
                                             seed=seed, page_size=page_size,
-                                            fused_draft=fused_draft, cuda_graphs=cuda_graphs)
+                                            fused_draft=fused_draft, cuda_graphs=cuda_graphs,
+                                            group=args.shard)
         cost_model = kept[key]
     return calibrator, CostModel(cost_model)
 
@@ -166,26 +195,29 @@ def _run_rounds(decode: SpeculativeDecode, steps: StepRunner, sync_every: int,
 
 def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
                 eos_token_id=None, seed: int = 0, page_size: int | None = None, head=None,
-                top_k=0, top_p=1.0, **unused) -> GenerateOutput:
+                top_k=0, top_p=1.0, group=None, **unused) -> GenerateOutput:
     """Plain autoregressive decoding of ``target`` (the baseline; same output as :func:`generate`
     for greedy decoding, the same distribution when sampling).
 
     Parameters
     ----------
     target : Qwen3; prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size,
-        top_k, top_p: as in :func:`generate`
+        top_k, top_p, group: as in :func:`generate`
     head, unused : accepted and ignored, so that one argument set serves both functions
 
     Returns
     -------
     GenerateOutput; stats.rounds counts decode steps (accept lengths are all 0).
     """
+    shard = check_group(group, target=target)
     sampling = check_shared_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id,
                                  seed, page_size, top_k, top_p)
     dev = target.device
+    _check_ranks_share(shard, dev, "generate_ar", prompt_ids, max_new_tokens, temperature,
+                       eos_token_id, seed, page_size, top_k, top_p)
     t0 = time.perf_counter()
     stages = StageTimers(dev)
-    stats = DecodeStats()
+    stats = DecodeStats(tp=shard.size)
     tokens, lens = pad_prompts(prompt_ids, dev)
     b, t_max = tokens.shape
     cache = target.new_cache(b, t_max + max_new_tokens + 1, page_size=page_size)
@@ -206,4 +238,5 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
             prefix.add_(active.to(torch.int32))
             out.emit(token[:, None], one, active)
         stats.rounds += 1
+    _check_ranks_agree(out, shard)
     return finish(stats, out, stages, t0, [], 0)

@@ -18,7 +18,7 @@ __all__ = ["measure_round_costs"]
 def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int = 10, topk: int = 8,
                         temperature=0.0, top_k=0, top_p=1.0, seed: int = 0,
                         page_size: int | None = None, fused_draft: bool = True,
-                        cuda_graphs: bool | None = None) -> CostModel:
+                        cuda_graphs: bool | None = None, group=None) -> CostModel:
     """Measure the cost model of adaptive decoding: the time of a round at each candidate size.
 
     Decodes ``prompt_ids`` (the batch size is ``len(prompt_ids)``) with adaptive rounds forced to
@@ -34,7 +34,8 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
     Parameters
     ----------
     target, head, prompt_ids, topk, temperature, top_k, top_p, seed, page_size, fused_draft,
-    cuda_graphs : as in :func:`generate`
+    cuda_graphs, group : as in :func:`generate` (tensor parallelism: every rank times its own
+        rounds, so the models differ per rank; generate uses the first rank's)
     sizes : "auto" or a list of candidate sizes (as ``generate``'s adaptive ``budget``)
     rounds : int >= 1, timed rounds per size
 
@@ -45,7 +46,7 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
     args = checked_generate_args(
         target, head, prompt_ids, max_new_tokens=1, budget=sizes, topk=topk, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, page_size=page_size, fused_draft=fused_draft,
-        cuda_graphs=cuda_graphs)
+        cuda_graphs=cuda_graphs, group=group)
     checks.integer("rounds", rounds, lo=1)
     dev = target.device
     cuda_graphs = graphs_default(dev, cuda_graphs)

@@ -30,6 +30,7 @@ class DecodeStats:
     budget_sizes : list[int]     the tree size verified in each round
     budget_costs : dict          adaptive: the cost model's seconds per round at each candidate
                                  size ({} for a fixed budget)
+    tp : int                     ranks the models are split over (tensor parallelism; 1 alone)
     """
 
     rounds: int = 0
@@ -42,6 +43,7 @@ class DecodeStats:
     tokens_per_s: float = 0.0
     stage_seconds: dict = field(default_factory=dict)
     host_syncs_per_round: float = 1.0
+    tp: int = 1
     cuda_graphs: bool = False
     budget_sizes: list = field(default_factory=list)
     budget_costs: dict = field(default_factory=dict)

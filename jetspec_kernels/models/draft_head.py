@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import tp
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer
@@ -23,6 +24,7 @@ from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import DraftConfig, read_config
 from .init import LAYER_KEYS, layer_shapes
 from .kv_cache import KVCache
+from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["DraftHead", "DraftState"]
 
@@ -46,11 +48,17 @@ class DraftHead:
     config : DraftConfig
     fc_weight : [H, n_taps * Ht]; hidden_norm_weight, norm_weight : [H]
     layers : list of dicts key (``LAYER_KEYS``) -> tensor
+    shard : tp.Shard; split over several ranks, the layers hold this rank's heads and MLP
+        features (as the target's, ``models.sharding``); fc and the norms are replicated
     """
 
-    def __init__(self, config: DraftConfig, weights: dict[str, torch.Tensor], *, where: str = "DraftHead"):
-        """Take checkpoint tensors (keys as in DESIGN.md; a ``model.`` prefix is accepted)."""
+    def __init__(self, config: DraftConfig, weights: dict[str, torch.Tensor], *, where: str = "DraftHead",
+                 group=None):
+        """Take checkpoint tensors (keys as in DESIGN.md; a ``model.`` prefix is accepted).
+        ``group``: the tensor-parallel process group, as for :class:`~.qwen3.Qwen3`."""
         self.config = cfg = config
+        self.shard = shard = tp.shard_of(group)
+        check_tp(cfg, shard, where, {"intermediate_size": cfg.intermediate_size})
         weights = {k.removeprefix("model."): t for k, t in weights.items()}
         h = cfg.hidden_size
         taps_width = len(cfg.target_layer_ids) * cfg.target_hidden_size
@@ -58,18 +66,32 @@ class DraftHead:
         self.hidden_norm_weight = take(weights, "hidden_norm.weight", (h,), where)
         self.norm_weight = take(weights, "norm.weight", (h,), where)
         shapes = layer_shapes(cfg)
-        self.layers = [{key: take(weights, f"layers.{i}.{key}", shapes[key], where) for key in LAYER_KEYS}
+        self.layers = [shard_layer({key: take(weights, f"layers.{i}.{key}", shapes[key], where)
+                                    for key in LAYER_KEYS}, shard)
                        for i in range(cfg.num_hidden_layers)]
         check_layer_keys(weights, "layers.", cfg.num_hidden_layers, LAYER_KEYS, where)
+        self._reduce = (lambda x: tp.all_reduce(x, shard)) if shard.parallel else None
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> "DraftHead":
-        """Load a draft-head checkpoint directory (``config.json`` + safetensors, single or sharded)."""
+                        device: str | torch.device = "cpu", group=None) -> "DraftHead":
+        """Load a draft-head checkpoint directory (``config.json`` + safetensors, single or sharded);
+        ``group`` as for :meth:`Qwen3.from_pretrained <.qwen3.Qwen3.from_pretrained>`."""
         cfg = DraftConfig.from_dict(read_config(path),
                                     f"draft head config {os.path.join(path, 'config.json')}")
-        return cls(cfg, load_safetensors(path, dtype=dtype, device=device),
-                   where=f"draft head checkpoint {path}")
+        shard = tp.shard_of(group)
+        head = cls(cfg, load_safetensors(path, dtype=dtype, device="cpu" if shard.parallel else device),
+                   where=f"draft head checkpoint {path}", group=shard)
+        if shard.parallel:
+            head._move(device)
+        return head
+
+    def _move(self, device) -> None:
+        """Move every weight to ``device``."""
+        self.fc_weight = self.fc_weight.to(device)
+        self.hidden_norm_weight = self.hidden_norm_weight.to(device)
+        self.norm_weight = self.norm_weight.to(device)
+        self.layers = [{k: t.to(device) for k, t in layer.items()} for layer in self.layers]
 
     @property
     def block_size(self) -> int:
@@ -91,7 +113,7 @@ class DraftHead:
         """Empty draft context for ``batch`` sequences; ``capacity`` must cover the longest context
         plus ``max(block_size, rows appended at once)``."""
         c = self.config
-        cache = KVCache.allocate(c.num_hidden_layers, batch, capacity, c.num_key_value_heads, c.head_dim,
+        cache = KVCache.allocate(c.num_hidden_layers, batch, capacity, local_heads(c, self.shard)[1], c.head_dim,
                                  dtype=self.dtype, device=self.device, page_size=page_size)
         return DraftState(cache, torch.zeros(batch, dtype=torch.int32, device=self.device))
 
@@ -107,7 +129,7 @@ class DraftHead:
         """
         cfg = self.config
         b, m, _ = taps.shape
-        nkv, dh, eps = cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        nkv, dh, eps = local_heads(cfg, self.shard)[1], cfg.head_dim, cfg.rms_norm_eps
         ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps,
                        self.dtype)
         pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
@@ -156,7 +178,7 @@ class DraftHead:
                                         pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps, block_table=table)
                 return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
 
-            x = decoder_layer(x, w, attend, eps, dtype=self.dtype)
+            x = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce)
         return rms_norm(x[:, 1:], self.norm_weight, eps, self.dtype)
 
     def cached_logits(self, state: DraftState, anchor_tokens: torch.Tensor, *,

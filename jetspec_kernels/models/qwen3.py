@@ -19,12 +19,14 @@ from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer, swiglu
 from ..python_ref.rope import rms_norm
+from .. import tp
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, Qwen3MoeConfig, read_config
 from .init import target_layer_shapes
 from .kv_cache import KVCache
 from .moe import fuse_expert_weights, grouped_experts, route
+from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["Qwen3"]
 
@@ -50,6 +52,9 @@ class Qwen3:
         attention and norm keys plus ``mlp.gate.weight [E, H]``, ``mlp.experts.gate_up_proj
         [E, 2I, H]`` (gate rows, then up rows) and ``mlp.experts.down_proj [E, H, I]``
     norm_weight : [H]
+    shard : tp.Shard, the tensor-parallel group the layers are split over (``tp.ALONE``: not
+        split). Split, the layers hold this rank's heads and features (``models.sharding``) and
+        each layer all-reduces twice; embeddings, lm_head and norms are replicated
     experts_grouped_mm : bool or None
         How sparse layers run their experts (:func:`.moe.grouped_experts`): None picks
         ``torch.nn.functional.grouped_mm`` on CUDA in bf16 (no host sync) and a loop over the
@@ -58,11 +63,23 @@ class Qwen3:
 
     experts_grouped_mm: bool | None = None
 
-    def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3"):
+    def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3",
+                 group=None):
         """Take the tensors of a checkpoint (keys with or without the ``model.`` prefix). MoE
         experts may be per expert (``mlp.experts.{j}.{gate,up,down}_proj.weight``, copied into the
-        fused layout) or fused (``mlp.experts.gate_up_proj`` / ``down_proj``, used as they are)."""
+        fused layout) or fused (``mlp.experts.gate_up_proj`` / ``down_proj``, used as they are).
+
+        ``group``: the tensor-parallel process group (:func:`jetspec_kernels.tp.shard_of`: None =
+        the default group when torch.distributed is initialised with several ranks, ``tp.ALONE``
+        = no split); a tp that does not divide the heads or the MLP sizes is a ``ValueError``.
+        The full tensors are checked, then this rank's parts kept."""
         self.config = cfg = config
+        self.shard = shard = tp.shard_of(group)
+        sparse = [isinstance(cfg, Qwen3MoeConfig) and cfg.is_sparse(i) for i in range(cfg.num_hidden_layers)]
+        sizes = {"intermediate_size": cfg.intermediate_size} if not all(sparse) else {}
+        if any(sparse):
+            sizes["moe_intermediate_size"] = cfg.moe_intermediate_size
+        check_tp(cfg, shard, where, sizes)
         prefix = "model." if "model.embed_tokens.weight" in weights else ""
         weights = dict(weights)     # fusing experts edits the dict, never the caller's
         _fuse_experts(cfg, weights, prefix, where)
@@ -74,13 +91,15 @@ class Qwen3:
         else:
             self.lm_head_weight = take(weights, "lm_head.weight", (v, h), where)
         shapes = [target_layer_shapes(cfg, i) for i in range(cfg.num_hidden_layers)]
-        self.layers = [{key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
-                        for key, shape in shapes[i].items()} for i in range(cfg.num_hidden_layers)]
+        self.layers = [shard_layer({key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
+                                    for key, shape in shapes[i].items()}, shard)
+                       for i in range(cfg.num_hidden_layers)]
         check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, lambda i: shapes[i], where)
+        self._reduce = (lambda x: tp.all_reduce(x, shard)) if shard.parallel else None
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> "Qwen3":
+                        device: str | torch.device = "cpu", group=None) -> "Qwen3":
         """Load a Hugging Face Qwen3 or Qwen3-MoE checkpoint directory (by ``model_type``).
 
         Parameters
@@ -88,14 +107,30 @@ class Qwen3:
         path : directory with ``config.json`` and ``model.safetensors`` (or shards + index)
         dtype : floating dtype of the weights and the KV cache
         device : where the weights live
+        group : tensor-parallel process group, as for the constructor (None: the default group
+            when torch.distributed is initialised with several ranks). Split, every rank reads
+            the whole checkpoint into host memory, keeps its part and moves it to ``device``
         """
         cfg = Qwen3Config.from_dict(read_config(path), f"target config {os.path.join(path, 'config.json')}")
         where = f"target checkpoint {path}"
-        weights = load_safetensors(path, dtype=dtype, device=device)
+        shard = tp.shard_of(group)
+        weights = load_safetensors(path, dtype=dtype, device="cpu" if shard.parallel else device)
         # Fuse here, where this dict is the only reference: each per-expert tensor is freed once
         # copied, so loading peaks at the checkpoint plus one layer's experts.
         _fuse_experts(cfg, weights, "model." if "model.embed_tokens.weight" in weights else "", where)
-        return cls(cfg, weights, where=where)
+        model = cls(cfg, weights, where=where, group=shard)
+        del weights
+        if shard.parallel:
+            model._move(device)
+        return model
+
+    def _move(self, device) -> None:
+        """Move every weight to ``device`` (the tied lm_head stays the embedding)."""
+        tied = self.lm_head_weight is self.embed_weight
+        self.embed_weight = self.embed_weight.to(device)
+        self.norm_weight = self.norm_weight.to(device)
+        self.lm_head_weight = self.embed_weight if tied else self.lm_head_weight.to(device)
+        self.layers = [{k: t.to(device) for k, t in layer.items()} for layer in self.layers]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -107,9 +142,9 @@ class Qwen3:
 
     def new_cache(self, batch: int, capacity: int, *, page_size: int | None = None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``capacity`` positions (paged when
-        ``page_size`` is given)."""
+        ``page_size`` is given), holding this rank's key/value heads."""
         c = self.config
-        return KVCache.allocate(c.num_hidden_layers, batch, capacity, c.num_key_value_heads,
+        return KVCache.allocate(c.num_hidden_layers, batch, capacity, local_heads(c, self.shard)[1],
                                 c.head_dim, dtype=self.dtype, device=self.device, page_size=page_size)
 
     def check_taps(self, taps) -> list[int]:
@@ -158,7 +193,7 @@ class Qwen3:
                 return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
                                       block_table=cache.block_table)
 
-            x = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype)
+            x = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype, reduce=self._reduce)
             if li in taps:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None

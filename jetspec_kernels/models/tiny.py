@@ -14,7 +14,7 @@ import torch
 from .checkpoint import save_safetensors
 from .config import DraftConfig, Qwen3Config
 from .draft_head import DraftHead
-from .init import init_weights, layer_shapes
+from .init import init_weights, layer_shapes, target_layer_shapes
 from .qwen3 import Qwen3
 
 __all__ = ["tiny_qwen3_config", "tiny_draft_config", "random_qwen3_weights", "random_draft_weights",
@@ -51,7 +51,7 @@ def random_qwen3_weights(cfg: Qwen3Config, seed: int = 0, *,
     gen = torch.Generator().manual_seed(seed)
     w = {"model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen)}
     for i in range(cfg.num_hidden_layers):
-        w.update(init_weights(layer_shapes(cfg), gen, prefix=f"model.layers.{i}."))
+        w.update(init_weights(target_layer_shapes(cfg, i), gen, prefix=f"model.layers.{i}."))
     w["model.norm.weight"] = 1.0 + 0.1 * torch.randn(cfg.hidden_size, generator=gen)
     if cfg.tie_word_embeddings:
         w["model.norm.weight"] *= logit_scale / cfg.hidden_size ** 0.5
@@ -78,12 +78,15 @@ def _cast(weights, dtype, device):
 
 
 def tiny_models(*, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu",
-                target_overrides: dict | None = None, draft_overrides: dict | None = None):
-    """``(target, head)``: a tiny random :class:`Qwen3` and a matching random :class:`DraftHead`."""
+                target_overrides: dict | None = None, draft_overrides: dict | None = None,
+                group=None):
+    """``(target, head)``: a tiny random :class:`Qwen3` and a matching random :class:`DraftHead`
+    (split over the tensor-parallel ``group`` as the constructors do; the same weights on every
+    rank before the split)."""
     tcfg = tiny_qwen3_config(**(target_overrides or {}))
     dcfg = tiny_draft_config(tcfg, **(draft_overrides or {}))
-    target = Qwen3(tcfg, _cast(random_qwen3_weights(tcfg, seed), dtype, device))
-    head = DraftHead(dcfg, _cast(random_draft_weights(dcfg, seed + 1), dtype, device))
+    target = Qwen3(tcfg, _cast(random_qwen3_weights(tcfg, seed), dtype, device), group=group)
+    head = DraftHead(dcfg, _cast(random_draft_weights(dcfg, seed + 1), dtype, device), group=group)
     return target, head
 
 

@@ -6,6 +6,6 @@ block), both distilled to the target's per-position distributions. ``python -m
 jetspec_kernels.train`` remakes them (CPU, minutes); ``recipe.json`` records the command, seeds,
 the data manifest (file names + sha256), the final losses and the measured acceptance.
 """
-from .tokenizer import BOS_ID, EOS_ID, MASK_ID, VOCAB_SIZE, decode, encode
+from ..models.byte_tokenizer import BOS_ID, EOS_ID, MASK_ID, VOCAB_SIZE, decode, encode
 
 __all__ = ["BOS_ID", "EOS_ID", "MASK_ID", "VOCAB_SIZE", "decode", "encode"]

@@ -13,7 +13,7 @@ import sysconfig
 
 import torch
 
-from .tokenizer import BOS_ID, EOS_ID
+from ..models.byte_tokenizer import BOS_ID, EOS_ID
 
 __all__ = ["stdlib_dir", "make_manifest", "load_corpus", "sample_windows", "heldout_prompts"]
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ..models.config import DraftConfig, Qwen3Config
 from .modules import head_forward, init_head_weights, target_forward
 from .target import lr_at
-from .tokenizer import MASK_ID
+from ..models.byte_tokenizer import MASK_ID
 
 __all__ = ["head_config", "train_head"]
 

@@ -16,10 +16,10 @@ import torch
 
 from ..models import DraftHead, Qwen3, load_safetensors, save_draft_head, save_qwen3
 from .data import heldout_prompts, load_corpus, make_manifest
-from .evaluate import BUDGETS, acceptance_table
+from ..decode.acceptance import BUDGETS, acceptance_table
 from .head import head_config, train_head
 from .target import target_config, train_target
-from .tokenizer import BOS_ID, EOS_ID, MASK_ID, VOCAB_SIZE
+from ..models.byte_tokenizer import BOS_ID, EOS_ID, MASK_ID, VOCAB_SIZE
 
 __all__ = ["PRESETS", "run_recipe", "evaluate_dir", "EVAL"]
 
@@ -50,7 +50,8 @@ def evaluate_dir(out_dir: str, manifest: dict, ev: dict = EVAL) -> dict:
     heads = {name: DraftHead.from_pretrained(os.path.join(out_dir, name)) for name in HEADS}
     prompts = heldout_prompts(manifest, ev["prompts"], ev["prompt_len"], seed=ev["seed"])
     return acceptance_table(target, heads, prompts, budgets=ev["budgets"], topk=ev["topk"],
-                            max_new_tokens=ev["max_new_tokens"], chain_head="head_causal")
+                            max_new_tokens=ev["max_new_tokens"], eos_token_id=EOS_ID,
+                            chain_head="head_causal")
 
 
 def run_recipe(out_dir: str, *, preset: str = "default", seed: int = 0, threads: int = 2,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..models.config import Qwen3Config
 from .modules import init_target_weights, target_forward
-from .tokenizer import EOS_ID, VOCAB_SIZE
+from ..models.byte_tokenizer import EOS_ID, VOCAB_SIZE
 
 __all__ = ["target_config", "train_target", "lr_at"]
 

@@ -1,4 +1,5 @@
-"""Locate and load the tiny models shipped in ``jetspec_kernels/assets/tiny``."""
+"""Locate and load the tiny models shipped in ``jetspec_kernels/assets/tiny`` (the runtime's
+``--tiny`` models; ``jetspec_kernels.train`` is the recipe that made them)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,8 @@ import os
 
 import torch
 
-from ..models import DraftHead, Qwen3
+from .draft_head import DraftHead
+from .qwen3 import Qwen3
 
 __all__ = ["TINY_DIR", "HEAD_NAMES", "load_recipe", "load_tiny"]
 

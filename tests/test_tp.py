@@ -1,0 +1,308 @@
+"""Tensor parallelism on the CPU: gloo process groups of 2 and 4 ranks spawned by the test.
+
+Each spawn runs one scenario on every rank and saves what it found (numbers, tokens, errors) for
+the asserts here, so one spawn serves several tests: the split tiny target's logits (dense and
+MoE) and the split draft head's equal the unsplit ones (rel-L2), greedy speculative output with
+tp 2 and 4 equals tp 1 token for token, sampled output is identical on every rank and follows the
+target's law (test_decode's chi-square test), a tp that does not divide the heads and ranks that
+disagree are one clear error, and a rank that dies makes the others fail instead of hang.
+"""
+import os
+import socket
+import time
+from dataclasses import asdict
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import jetspec_kernels as jk
+from jetspec_kernels import tp
+from jetspec_kernels.decode import generate, generate_ar
+from jetspec_kernels.models import DraftHead, Qwen3
+from jetspec_kernels.models.config import Qwen3MoeConfig
+from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights,
+                                         tiny_draft_config, tiny_qwen3_config)
+from helpers import rel_l2
+
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
+SPEC = dict(max_new_tokens=12, budget=8, topk=3)
+
+
+# ---- the ranks' side ------------------------------------------------------------------------
+
+def _entry(rank, world, tmp, scenario, timeout_s, env):
+    torch.set_num_threads(1)
+    os.environ.update(env)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    jk.set_backend("reference")
+    try:
+        result = SCENARIOS[scenario](rank, world)
+    except Exception as e:              # the asserts run in the test, on what each rank saw
+        result = {"error": f"{type(e).__name__}: {e}"}
+    torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
+    os._exit(0)                         # no teardown: a dead peer must not make it hang
+
+
+def _pair(cfg, seed, group, **head_fields):
+    dcfg = tiny_draft_config(cfg, **head_fields)
+    return (Qwen3(cfg, random_qwen3_weights(cfg, seed), group=group),
+            DraftHead(dcfg, random_draft_weights(dcfg, seed + 1), group=group))
+
+
+def _moe_config(**fields):
+    base = asdict(tiny_qwen3_config(**fields))
+    return Qwen3MoeConfig(**base, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                          norm_topk_prob=True, mlp_only_layers=[1])
+
+
+def _logit_errors(full, split):
+    """rel-L2 of the split models' prefill, decode and tree-verify logits and draft logits against
+    the unsplit ones (the same weights)."""
+    (t1, h1), (t2, h2) = full, split
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, t1.config.vocab_size - 1, (2, 6), generator=gen)
+    lens = torch.tensor([6, 4], dtype=torch.int32)
+    out = {}
+    res = []
+    for target in (t1, t2):
+        cache = target.new_cache(2, 32)
+        last, taps = target.prefill(tokens, lens, cache, taps=[1])
+        step = target.decode(tokens[:, 0].contiguous(), lens, cache)
+        tree = jk.draft_tree(torch.randn(2, 3, target.config.vocab_size, generator=torch.Generator()
+                                         .manual_seed(6)), tokens[:, 1].contiguous(), budget=7, topk=2)
+        ver, _ = target.verify(tree, lens + 1, cache)
+        res.append((last, step, ver, taps, cache.k.shape[2]))
+    for name, a, b in zip(("prefill", "decode", "verify", "taps"), res[0], res[1]):
+        out[name] = rel_l2(b, a)
+    out["kv_heads"] = (res[0][4], res[1][4])
+    anchor = tokens[:, 2].contiguous()
+    d1 = h1.draft_logits(res[0][3], anchor, embed_weight=t1.embed_weight, lm_head_weight=t1.lm_head_weight)
+    d2 = h2.draft_logits(res[1][3], anchor, embed_weight=t2.embed_weight, lm_head_weight=t2.lm_head_weight)
+    out["draft"] = rel_l2(d2, d1)
+    return out
+
+
+def _greedy(full, split):
+    """Greedy tokens, speculative and baseline, unsplit then split."""
+    (t1, h1), (t2, h2) = full, split
+    return {"spec": (generate(t1, h1, PROMPTS, group=tp.ALONE, **SPEC).tokens,
+                     generate(t2, h2, PROMPTS, **SPEC).tokens),
+            "ar": (generate_ar(t1, PROMPTS, max_new_tokens=12, group=tp.ALONE).tokens,
+                   generate_ar(t2, PROMPTS, max_new_tokens=12).tokens)}
+
+
+def _errors(fn):
+    try:
+        fn()
+    except (ValueError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def scenario_two(rank, world):
+    """tp 2: logits and greedy output of dense and MoE models, sampling, the refusals."""
+    from test_decode import _sharp_tiny, sampling_law_runs
+    out = {}
+    for name, cfg in (("dense", tiny_qwen3_config()), ("moe", _moe_config())):
+        full, split = _pair(cfg, 0, tp.ALONE), _pair(cfg, 0, None)
+        out[name] = {"logits": _logit_errors(full, split), "greedy": _greedy(full, split)}
+    out["sampled"] = sampling_law_runs(*_sharp_tiny(), n=600, runs=("topn",))["topn"]
+    full = _pair(tiny_qwen3_config(), 0, tp.ALONE)
+    out["unsplit_models_on_a_group"] = _errors(lambda: generate(*full, PROMPTS, **SPEC))
+    split = _pair(tiny_qwen3_config(), 0, None)
+    mine = [p + [rank] for p in PROMPTS]
+    out["ranks_disagree"] = _errors(lambda: generate(*split, mine, **SPEC))
+    out["check_can_fail"] = _errors(lambda: tp.check_same(torch.tensor([rank]), split[0].shard, "x"))
+    out["odd_heads"] = _errors(lambda: _pair(tiny_qwen3_config(num_attention_heads=3,
+                                                               num_key_value_heads=1), 0, None))
+    return out
+
+
+def scenario_four(rank, world):
+    """tp 4 (8 query and 4 key/value heads): logits and greedy output; the default tiny models
+    (2 key/value heads) refused."""
+    cfg = tiny_qwen3_config(num_attention_heads=8, num_key_value_heads=4, head_dim=8)
+    full, split = _pair(cfg, 2, tp.ALONE), _pair(cfg, 2, None)
+    return {"logits": _logit_errors(full, split), "greedy": _greedy(full, split),
+            "kv_heads_2": _errors(lambda: _pair(tiny_qwen3_config(), 0, None)),
+            "cli": _cli(rank, ["generate", "--tiny", "--prompt", "x", "--device", "cpu", "--tp", "4"],
+                        dict(RANK=str(rank), WORLD_SIZE=str(world)))}
+
+
+def _cli(rank, argv, env):
+    """``jetspec`` with ``argv`` on this rank (the group already up): (status, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from jetspec_kernels.__main__ import main
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def scenario_death(rank, world):
+    """Rank 1 dies after joining; rank 0's generate must fail, not hang."""
+    if rank == 1:
+        os._exit(0)
+    split = _pair(tiny_qwen3_config(), 0, None)
+    t0 = time.monotonic()
+    err = _errors(lambda: generate(*split, PROMPTS, **SPEC))
+    return {"error_seen": err, "seconds": time.monotonic() - t0}
+
+
+def scenario_cli(rank, world):
+    """The CLI as torchrun starts it (RANK / WORLD_SIZE / MASTER_* set, no group yet)."""
+    import contextlib
+    import io
+
+    from jetspec_kernels.__main__ import main
+    dist.destroy_process_group()        # the CLI initialises its own from the environment
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["generate", "--tiny", "--prompt", "def f(x):", "--max-new-tokens", "6", "--budget", "4",
+            "--device", "cpu", "--backend", "reference", "--tp", str(world), "--ar"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+        bad_rc = main(argv[:-3] + ["--tp", str(world + 1)])
+    return {"rc": rc, "out": out.getvalue(), "err": err.getvalue(), "bad_rc": bad_rc}
+
+
+SCENARIOS = {"two": scenario_two, "four": scenario_four, "death": scenario_death, "cli": scenario_cli}
+
+
+# ---- the test's side --------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(tmp_path, world, scenario, timeout_s=60, env=None):
+    env = dict(env or {})
+    mp.start_processes(_entry, args=(world, str(tmp_path), scenario, timeout_s, env), nprocs=world,
+                       join=True, start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt") if (tmp_path / f"rank{r}.pt").exists() else None
+            for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    return _spawn(tmp_path_factory.mktemp("tp2"), 2, "two", env={tp.CHECK_ENV: "1"})
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    return _spawn(tmp_path_factory.mktemp("tp4"), 4, "four", env={tp.CHECK_ENV: "1"})
+
+
+def _no_errors(results):
+    for r, res in enumerate(results):
+        assert "error" not in res, f"rank {r}: {res['error']}"
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_split_logits_equal_unsplit(two, model):
+    _no_errors(two)
+    for res in two:
+        err = res[model]["logits"]
+        assert err["kv_heads"] == (2 * 2, 2 * 1)          # 2 layers x (2 heads alone, 1 per rank)
+        for what in ("prefill", "decode", "verify", "taps", "draft"):
+            assert err[what] < 1e-5, (model, what, err[what])
+
+
+def test_split_logits_equal_unsplit_four_ranks(four):
+    _no_errors(four)
+    for res in four:
+        err = res["logits"]
+        assert err["kv_heads"] == (2 * 4, 2 * 1)
+        for what in ("prefill", "decode", "verify", "taps", "draft"):
+            assert err[what] < 1e-5, (what, err[what])
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_greedy_output_tp2_equals_tp1(two, model):
+    _no_errors(two)
+    for res in two:
+        for loop in ("spec", "ar"):
+            alone, split = res[model]["greedy"][loop]
+            assert split == alone, (model, loop)
+        assert res[model]["greedy"]["spec"][0] == res[model]["greedy"]["ar"][0]
+    assert two[0][model]["greedy"] == two[1][model]["greedy"]
+
+
+def test_greedy_output_tp4_equals_tp1(four):
+    _no_errors(four)
+    for res in four:
+        for loop in ("spec", "ar"):
+            alone, split = res["greedy"][loop]
+            assert split == alone, loop
+
+
+def test_sampled_output_same_on_every_rank_and_follows_the_target(two):
+    from test_decode import check_sampling_law
+    _no_errors(two)
+    assert two[0]["sampled"] == two[1]["sampled"]
+    check_sampling_law("topn, tp 2", two[0]["sampled"])
+
+
+def test_bad_tp_and_disagreeing_ranks_are_one_clear_error(two, four):
+    for res in two:
+        assert res["unsplit_models_on_a_group"].startswith("ValueError: group: the target is split "
+                                                           "over tp=1")
+        assert "generate's arguments" in res["ranks_disagree"] and "differ across the 2 ranks" in \
+            res["ranks_disagree"]
+        assert res["check_can_fail"].startswith("RuntimeError: tensor parallelism: x differ")
+        assert "tp=2 must divide num_attention_heads (3) and num_key_value_heads (1)" in res["odd_heads"]
+    for rank, res in enumerate(four):
+        assert res["kv_heads_2"].startswith("ValueError: Qwen3: tp=4 must divide "
+                                            "num_attention_heads (4) and num_key_value_heads (2)")
+        rc, out, err = res["cli"]                     # the shipped tiny models: 2 key/value heads
+        assert rc == 2 and out == ""
+        if rank:
+            assert err == ""
+        else:
+            assert err.startswith("jetspec: error: --tp 4: target checkpoint ") and err.endswith(
+                "tp=4 must divide num_attention_heads (4) and num_key_value_heads (2): each rank "
+                "holds whole heads\n") and err.count("\n") == 1, err
+
+
+def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
+    t0 = time.monotonic()
+    res = _spawn(tmp_path, 2, "death", timeout_s=5)
+    assert res[1] is None                              # it died without a word
+    assert res[0]["error_seen"] is not None, "rank 0 finished a collective without its peer"
+    assert res[0]["seconds"] < 30 and time.monotonic() - t0 < 90
+
+
+def test_cli_tiny_tp2_on_gloo(tmp_path):
+    port = _free_port()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    res = _spawn_cli(tmp_path, env)
+    assert res[0]["rc"] == 0 and res[1]["rc"] == 0, res
+    assert "greedy outputs match" in res[0]["out"] and "tp 2" in res[0]["out"]
+    assert res[1]["out"] == "" and res[1]["err"] == ""               # rank 0 alone prints
+    assert res[0]["bad_rc"] == 2 and res[1]["bad_rc"] == 2
+    assert res[0]["err"].strip() == ("jetspec: error: --tp 3 needs exactly 3 processes (run under "
+                                     "torchrun --nproc-per-node 3); this launch has WORLD_SIZE=2")
+
+
+def _spawn_cli(tmp_path, env):
+    """scenario_cli on 2 ranks, each with torchrun's RANK / LOCAL_RANK in its environment."""
+    procs = []
+    ctx = mp.get_context("spawn")
+    for rank in range(2):
+        e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(ctx.Process(target=_entry, args=(rank, 2, str(tmp_path), "cli", 60, e)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
