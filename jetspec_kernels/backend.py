@@ -41,10 +41,8 @@ _CUDA_AVAILABILITY = "jetspec_kernels.cuda.availability"
 # that is not listed is never auto's choice; ``backend="cuda"`` still runs it. An op x backend joins
 # this table in the commit that records its passing run.
 HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
-    # H200, 2026-12-04 (bench/NOTES.md, "First GPU run"): cuda passed, and was not slower than
-    # triton there; triton's GPU parity tests had not run. verify_tree's cuda kernels passed too,
-    # but changed after the run (top-k / top-p filters, per-sequence temperature): they return
-    # with a passing rerun.
+    # Which run put each entry here, and why verify_tree is not listed: bench/NOTES.md,
+    # "Hardware record".
     "log_softmax_topk": ("cuda",),
     "build_tree": ("cuda",),
     "pack_mask": ("cuda",),

@@ -18,9 +18,8 @@ def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
     """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
     warpgroups (one CTA per SM by registers) when a (sequence, kv head) has more packed rows than
     one warpgroup holds (tree_attention_tma in attention_tma.cuh); every other launch is one
-    warpgroup's rows, at the CTAs per SM the kernels are sized for (the mma.sync and cp.async
-    wgmma kernels fit two at Dh 128 and 256; whether the one-warpgroup TMA kernel does at Dh 128
-    is for a GPU run to show, bench/NOTES.md). The numbers are _C's (limits.h)."""
+    warpgroup's rows, at the CTAs per SM the kernels are sized for. The numbers are _C's
+    (limits.h); what is measured of them is in bench/NOTES.md."""
     rows = ext.limit("attn_rows")
     if kernel == "tma" and n * group > rows:
         return ext.limit("attn_tma_wide_rows"), ext.limit("attn_tma_wide_ctas_per_sm")
