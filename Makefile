@@ -39,7 +39,8 @@ demo: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m pytest -q tests/test_bench_quick.py
 
-# _C for the GPU machines (sm_90a, their Python 3.12), built here and carried by the device tool
+# _C for the GPU machines (sm_90a, their Python 3.12) and the attention sweep binary, built here
+# and carried by the device tool
 # (git-ignored; bench/device_check.sh loads it and rebuilds only if it does not load or its sources
 # changed since). On the GPU machine: make device-bundle DEVICE_PYTHON=python3 PYBIND11_PY=python3.
 DEVICE_BUNDLE ?= .device-bundle
@@ -57,6 +58,8 @@ device-bundle:
 	  -DJETSPEC_OUTPUT_DIR=$(abspath $(DEVICE_BUNDLE))
 	$(CMAKE) --build build/device-bundle --parallel
 	bash bench/device_check.sh --source-hash > $(DEVICE_BUNDLE)/SOURCES.sha256
+	$(MAKE) -C bench/attn_sweep -j2 NVCC=$(NVCC)
+	cp build/attn_sweep/attn_sweep $(DEVICE_BUNDLE)/attn_sweep
 	ls -l $(DEVICE_BUNDLE)
 
 clean:
