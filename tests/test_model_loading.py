@@ -139,6 +139,17 @@ def test_rotary_buffer_is_tolerated(tmp_path):
     Qwen3.from_pretrained(str(_save("target", tmp_path, w)))
 
 
+def test_omitted_optional_fields_take_transformers_defaults(tmp_path):
+    """A config.json without tie_word_embeddings or rms_norm_eps gets transformers' Qwen3Config
+    defaults: an untied lm_head (read from lm_head.weight, not the embedding) and eps 1e-6."""
+    w = _weights("target")
+    path = _save("target", tmp_path, w)
+    _edit_config(path, tie_word_embeddings=None, rms_norm_eps=None)
+    model = Qwen3.from_pretrained(str(path))
+    assert model.config.tie_word_embeddings is False and model.config.rms_norm_eps == 1e-6
+    assert torch.equal(model.lm_head_weight.cpu(), w["lm_head.weight"].to(model.lm_head_weight.dtype))
+
+
 # Config fields both loaders read: (changes, pattern naming the field).
 UNSUPPORTED = [
     ({"model_type": "llama"}, "model_type 'llama'"),

@@ -4,15 +4,16 @@ A case is a deterministic function of ``(op, seed)``, so a failure is replayed f
 alone (``tests/fuzz/run.py --op OP --seed SEED``). Every draw mixes the awkward corners:
 
 * shapes: odd sizes, N not a power of two, ragged prefixes and node counts, one-node trees;
-* layouts: strided and sliced views (padded vocabularies, fused qkv, K/V halves of one buffer,
-  heads-major caches, outputs with outer strides), paged caches with shuffled block tables and
-  spare pages, NaN in every cache slot no query may read;
+* layouts: strided and sliced views (padded vocabularies, fused qkv or q, k, v each in its own
+  layout, K/V halves of one buffer, heads-major caches, outputs with outer strides), paged caches
+  with shuffled block tables and spare pages, NaN in every cache slot no query may read;
 * magnitudes: 1e-4 to 1e3 (and half the dtype's maximum where an op must take it), exact ties,
   rows of identical values, -inf, +inf and NaN where the contract gives them a meaning;
 * trees: deep chains, wide fans, random and real draft trees, padding rows whose parents,
   tokens and depths look like real data (not -1);
 * controls: temperature, top-k and top-p as numbers or per-sequence tensors, at and around
-  each limit (top-k 1, V - 1, V, V + 1; top-p 1e-30, 1 - 2**-24, 1);
+  each limit (top-k 1, V - 1, V, V + 1; top-p 1e-30, 1 - 2**-24, 1); a rope_theta that is no
+  float32;
 * refusals: a few draws break one rule (one past a limit, NaN where it has no meaning), and every
   engine must refuse them with the same exception naming the same argument.
 
@@ -446,7 +447,8 @@ def make_qk_norm_rope_append(r, g):
         (k_cache, v_cache), table = paged_cache(r, g, [k_cache, v_cache], page)
     if r.random() < 0.5 and (cache_dtype == dtype):
         k_cache, v_cache = cache_pair(r, k_cache, v_cache)
-    if r.random() < 0.4:                                  # slices of one fused qkv projection
+    fused = r.random() < 0.4
+    if fused:                                             # slices of one fused qkv projection
         q, k, v = fused_qkv(q, k, v)
     call = dict(q=q if with_q else None, k=k, v=v, q_norm_w=qw if with_q else None, k_norm_w=kw,
                 positions=int_layout(r, positions), k_cache=k_cache, v_cache=v_cache,
@@ -468,6 +470,12 @@ def make_qk_norm_rope_append(r, g):
             call["cache_start"] = start + 10 ** 6
             bad = "cache_start"
         meta["refuse"] = (ValueError, bad)
+    if "refuse" not in meta and r.random() < 0.3:         # not a float32: the kernels need all of it
+        call["rope_theta"] = r.choice((12345.678, 25000003.0))
+    if not fused and r.random() < 0.6:                    # q, k, v apart: each its own strides
+        for name in ("q", "k", "v"):
+            if call[name] is not None:
+                call[name] = outer_layout(r, call[name])
     return call, meta
 
 

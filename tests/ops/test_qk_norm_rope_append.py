@@ -212,6 +212,15 @@ def test_weights_in_another_dtype_and_small_theta():
 
 
 @backends("triton")
+def test_theta_that_is_not_a_float32():
+    """rope_theta 25000003 is no float32 (it rounds to 25000004); the kernel's float32 arguments
+    carry it as a hi + lo pair, and dropping lo is 9e-5 off at position 2**17 (fp32 tolerance
+    1e-5)."""
+    run_case(2, 3, 4, 2, 128, torch.float32, torch.float32, "contiguous", None, True, 2 ** 17,
+             seed=11, theta=25000003.0)
+
+
+@backends("triton")
 def test_public_api_dispatches_to_triton():
     gen = torch.Generator().manual_seed(3)
     B, N, HQ, HKV, DH = 3, 5, 4, 2, 64
@@ -288,10 +297,11 @@ def test_fp32_long_positions_on_gpu():
 @backends("triton", "sim", "cuda")
 @pytest.mark.parametrize("with_q", [True, False], ids=["q", "kv_only"])
 @pytest.mark.parametrize("is_paged", [False, True], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("layout", ["qkv", "kv_halves", "kv_heads_major", "v_padded"])
+@pytest.mark.parametrize("layout", ["qkv", "v_apart", "kv_halves", "kv_heads_major", "v_padded"])
 def test_engine_layouts(backend, layout, is_paged, with_q):
-    """q, k, v sliced from one fused qkv projection (positions from a wider buffer), or caches as
-    K/V halves of one buffer, heads-major or with padded V rows: python_ref's q and caches."""
+    """q, k, v sliced from one fused qkv projection (positions from a wider buffer), v alone in a
+    wider buffer (its row and head strides differ from k's), or caches as K/V halves of one
+    buffer, heads-major or with padded V rows: python_ref's q and caches."""
     dtype = torch.float16
     dev = backend.device
     gen = torch.Generator().manual_seed(len(layout) * 4 + 2 * is_paged + with_q)
@@ -317,6 +327,8 @@ def test_engine_layouts(backend, layout, is_paged, with_q):
     if layout == "qkv":
         q_d, k_d, v_d = fused_qkv(q_d, k_d, v_d)
         pos_d = widened(pos_d, 3, fill=-1)
+    elif layout == "v_apart":
+        v_d = widened(v_d, 8)
     else:
         kc, vc = cache_layout(layout, kc, vc)
     to = lambda t: None if t is None else t.to(dev)

@@ -199,13 +199,20 @@ def junk_rows_case(target):
 
 @backends("triton", "sim", "cuda")
 @pytest.mark.parametrize("case", [padded_rows_case, junk_rows_case], ids=["padded", "junk"])
-@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled"])
+@pytest.mark.parametrize("target", ["tokens", "greedy", "sampled", "filtered"])
 def test_verify_tree_empty_rows(backend, case, target):
     """num_nodes 0 (value checks off): the root is still verified, so the row is a one-node
     tree: accept_len 0, path [0, -1, ...] and the bonus is the target's token at node 0 (given,
-    or from logits)."""
+    or from logits; ``filtered``: sampled under top-k / top-p, which bind the root of the empty
+    row 1 too: its top-k 1 leaves only the argmax)."""
     (tokens, parents, num_nodes, max_depth, logits, per_node, temperature, seed, offset,
-     splits) = case(target)
+     splits) = case("sampled" if target == "filtered" else target)
+    filters = {}
+    if target == "filtered":
+        filters = dict(top_k=torch.tensor([3, 1, 0, 2], dtype=torch.int32),
+                       top_p=torch.tensor([1.0, 1.0, 0.5, 0.9], dtype=torch.float32))
+        per_node = ref.sample_tokens(logits, temperature, seed, offset, **filters)
+        assert per_node[1, 0] == logits[1, 0].argmax()
     if target == "tokens":
         kw = dict(target=per_node)
         if logits is not None:       # the junk case's target tokens are its greedy samples
@@ -213,7 +220,7 @@ def test_verify_tree_empty_rows(backend, case, target):
     else:
         kw = dict(logits=logits)
     want = check(backend, tokens, parents, num_nodes, max_depth, temperature=temperature,
-                 seed=seed, offset=offset, num_splits=splits, **kw)
+                 seed=seed, offset=offset, num_splits=splits, **filters, **kw)
     from_tokens = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_tokens=per_node)
     for key in VERIFY_KEYS:                 # the walk over the sampled tokens is the same walk
         assert torch.equal(want[key], from_tokens[key]), key
