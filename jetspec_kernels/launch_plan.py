@@ -97,14 +97,15 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
 # Per device type: the smallest B*D from which the GEMM path wins, None = never. An entry
 # changes only with a GPU run that measured the crossover (bench_draft_tree.py's from_hidden rows
 # <backend>:gemm against the fused ones, in the same run); until then auto keeps the fused kernel
-# everywhere. Measured at H 4096, V 151936 (Qwen3-8B): B*D is the GEMM's FLOPs per lm_head
-# byte, so the crossover is a number of rows; V and H enter only through the logits' share of
-# the traffic (4 * B*D / H of the lm_head read in bf16), small at H >= 4096.
+# everywhere. To be measured at H 4096, V 151936 (Qwen3-8B): B*D is the GEMM's FLOPs per
+# lm_head byte, so the crossover is a number of rows; V and H enter only through the logits'
+# share of the traffic (their write + read is 4 * B*D / H of the bf16 lm_head read), small at
+# H >= 4096.
 HIDDEN_TOPK_GEMM_MIN_ROWS: dict[str, int | None] = {"cuda": None}
 # The dtypes the crossover is measured for (tensor-core GEMMs; fp32 never measured: fused).
 HIDDEN_TOPK_GEMM_DTYPES = (torch.float16, torch.bfloat16)
-# The GEMM path never allocates a float32 logits buffer larger than this (1 GiB: B*D 1767 at
-# V 151936); bigger calls stay fused whatever the rows.
+# The GEMM path never allocates a float32 logits buffer larger than this (1 GiB: B*D up to 1766
+# at V 151936); bigger calls stay fused whatever the rows.
 HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES = 1 << 30
 HIDDEN_TOPK_METHODS = ("fused", "gemm")
 
