@@ -1,6 +1,6 @@
 """Benchmark draft-tree building: per-depth log-softmax + top-K + tree + packed mask.
 
-Two groups of rows per shape:
+Three groups of rows per shape:
   ``.../logits``    ``draft_tree(logits [B, D, V])`` for each backend and algorithm (``topn``,
                     ``accum``) against ``host`` (JetSpec's published path: full log_softmax, topk,
                     ``.tolist()``, a Python heap, a NumPy ancestor matrix, H2D copies) and
@@ -229,7 +229,8 @@ def main(argv=None) -> int:
     ceil = bc.measure_ceilings(dev, torch.bfloat16 if opts.cuda else torch.float32, opts.quick)
     table = bc.Table("draft_tree", opts, ceil, BASELINES, stream=True)
     table.header_lines.append(f"logits {str(dtype)[6:]}; shape = BxDxV/k<K>/n<budget>/<group>; "
-                              "backend labels <backend>:<algorithm>")
+                              "backend labels <backend>:<algorithm>; from_hidden: fused, and "
+                              "<backend>:gemm for method=\"gemm\" (topn)")
     status = bc.backend_status(opts)
     gen = torch.Generator(device=dev).manual_seed(0)
     e = bc.elt(dtype)
