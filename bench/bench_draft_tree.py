@@ -1,15 +1,24 @@
 """Benchmark draft-tree building: per-depth log-softmax + top-K + tree + packed mask.
 
-Two groups of rows per shape:
+Three groups of rows per shape:
   ``.../logits``    ``draft_tree(logits [B, D, V])`` for each backend and algorithm (``topn``,
                     ``accum``) against ``host`` (JetSpec's published path: full log_softmax, topk,
                     ``.tolist()``, a Python heap, a NumPy ancestor matrix, H2D copies) and
                     ``torch_vec`` (a vectorised PyTorch top-n tree, no host sync).
   ``.../from_topk`` the tree stage alone, ``draft_tree_from_topk``, against the same two paths
                     started from the top-K.
-  ``.../from_hidden`` ``draft_tree_from_hidden(hidden [B, D, H], lm_head [V, H])`` (the lm_head
-                    GEMM fused with the top-K, no logits in memory) against the same two paths
-                    after ``hidden @ lm_head.T`` (cuBLAS).
+  ``.../from_hidden`` ``draft_tree_from_hidden(hidden [B, D, H], lm_head [V, H])`` against the
+                    same two paths after ``hidden @ lm_head.T`` (cuBLAS): ``<backend>:<algorithm>``
+                    rows run ``method="fused"`` (the lm_head GEMM fused with the top-K, no logits
+                    in memory), ``<backend>:gemm`` rows ``method="gemm"`` (float32 logits by
+                    cuBLAS, then the backend's log_softmax_topk; topn tree), the two sides of
+                    launch_plan.hidden_topk_method's crossover (bench/NOTES.md, "Hidden top-K:
+                    fused or GEMM").
+
+``--groups`` keeps some of the three groups, ``--batches`` replaces the shapes by the headline
+draft shape at those batch sizes (D 15, K 7, budget 64 at B 1, else 128; on the CPU: D 4, V 2048,
+K 4, budget 16): ``--quick --graphs --groups from_hidden --batches 1,4,16`` measures the
+crossover. Rows are written to the CSV as they finish (a run killed by a time limit keeps them).
 
 Floor: bytes = B*D*V*elt for the logits group (one read of the logits; top-K and the tree are
 tiny), FLOPs = 4*B*D*V (nominal: max, subtract, exp, sum; never the bound). The from_topk group's
@@ -19,6 +28,7 @@ from_hidden group's floor is one read of lm_head and hidden (bytes (V + B*D)*H*e
 """
 from __future__ import annotations
 
+import argparse
 import heapq
 import itertools
 import sys
@@ -36,8 +46,20 @@ BASELINES = ["host", "torch_vec"]
 ALGOS = {"topn": "topn", "accum": "accum_logp"}
 
 
+GROUPS = ("logits", "from_topk", "from_hidden")
+
+
+def headline_shape(b: int, cuda: bool):
+    """The draft shape of issue 27 at batch ``b`` (the CPU's stand-in off a GPU)."""
+    if not cuda:
+        return (b, 4, 2048, 4, 16)
+    return (b, 15, 151936, 7, 64 if b == 1 else 128)
+
+
 def shapes(opts: bc.Options):
     """(B, D, V, K, budget) tuples."""
+    if opts.args.batches:
+        return [headline_shape(b, opts.cuda) for b in opts.args.batches]
     if not opts.cuda:
         return [(1, 4, 2048, 4, 16), (2, 5, 2048, 4, 32)]
     if opts.quick:
@@ -164,11 +186,40 @@ def vec_tree(logits, root, budget, k):
 
 # ----------------------------------------------------------------------------------------------
 
+def _comma_list(text: str, parse) -> list:
+    """A comma list parsed item by item (argparse names the option in its errors)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("an empty list")
+    return [parse(t) for t in items]
+
+
+def _groups(text: str) -> list[str]:
+    def one(g):
+        if g not in GROUPS:
+            raise argparse.ArgumentTypeError(f"{g!r} is not one of {', '.join(GROUPS)}")
+        return g
+    return _comma_list(text, one)
+
+
+def _batches(text: str) -> list[int]:
+    def one(b):
+        if not b.isdigit() or int(b) < 1:
+            raise argparse.ArgumentTypeError(f"{b!r} is not a positive integer")
+        return int(b)
+    return _comma_list(text, one)
+
+
 def main(argv=None) -> int:
     p = bc.parser(__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=sorted(bc.DTYPES), default=None,
                    help="logits dtype (default bf16 on CUDA, fp32 on the CPU)")
     p.add_argument("--algorithms", default="topn,accum", help="comma list out of topn,accum")
+    p.add_argument("--groups", type=_groups, default=list(GROUPS),
+                   help=f"comma list out of {','.join(GROUPS)} (default: all)")
+    p.add_argument("--batches", type=_batches, default=None,
+                   help="comma list of batch sizes: the headline draft shape at each (D 15, V "
+                        "151936, K 7; the CPU: D 4, V 2048) instead of the sweep")
     opts = bc.options(p, argv)
     dtype = bc.DTYPES[opts.args.dtype or ("bf16" if opts.cuda else "fp32")]
     algos = [a for a in opts.args.algorithms.split(",") if a]
@@ -176,9 +227,10 @@ def main(argv=None) -> int:
     import jetspec_kernels as jk
 
     ceil = bc.measure_ceilings(dev, torch.bfloat16 if opts.cuda else torch.float32, opts.quick)
-    table = bc.Table("draft_tree", opts, ceil, BASELINES)
+    table = bc.Table("draft_tree", opts, ceil, BASELINES, stream=True)
     table.header_lines.append(f"logits {str(dtype)[6:]}; shape = BxDxV/k<K>/n<budget>/<group>; "
-                              "backend labels <backend>:<algorithm>")
+                              "backend labels <backend>:<algorithm>; from_hidden: fused, and "
+                              "<backend>:gemm for method=\"gemm\" (topn)")
     status = bc.backend_status(opts)
     gen = torch.Generator(device=dev).manual_seed(0)
     e = bc.elt(dtype)
@@ -210,8 +262,9 @@ def main(argv=None) -> int:
                           lambda: host_tree_from_topk(vals, idx, root, budget),
                           lambda: vec_tree_from_topk(vals, idx, root, budget)),
             "from_hidden": (2.0 * b * d * v * hid, float((v + b * d) * hid * e),
-                            lambda name, alg: jk.draft_tree_from_hidden(
-                                hidden, w, root, budget=budget, topk=k, algorithm=alg, backend=name),
+                            lambda name, alg, method="fused": jk.draft_tree_from_hidden(
+                                hidden, w, root, budget=budget, topk=k, algorithm=alg, backend=name,
+                                method=method),
                             lambda: host_tree(hidden @ w.T, root, budget, k),
                             lambda: vec_tree(hidden @ w.T, root, budget, k)),
         }
@@ -219,6 +272,8 @@ def main(argv=None) -> int:
             del groups["from_hidden"]  # the lm_head read dominates; once per (B, D, V) in --quick
         hidden_done.add((b, d, v))
         for group, (flops, nbytes, ours, host, vec) in groups.items():
+            if group not in opts.args.groups:
+                continue
             shape = f"{base}/{group}"
             table.run(shape, "host", host, flops=flops, nbytes=nbytes)
             table.run(shape, "torch_vec", vec, flops=flops, nbytes=nbytes)
@@ -227,6 +282,11 @@ def main(argv=None) -> int:
                     table.run_ours(shape, name, why, lambda name=name, alg=ALGOS[alg]: ours(name, alg),
                                    first_shape=si == 0, flops=flops, nbytes=nbytes,
                                    label=f"{name}:{alg}")
+                if group == "from_hidden":  # the GEMM method, one tree algorithm (topn)
+                    table.run_ours(shape, name, why,
+                                   lambda name=name: ours(name, "topn", method="gemm"),
+                                   first_shape=si == 0, flops=flops, nbytes=nbytes,
+                                   label=f"{name}:gemm")
         del logits, vals, idx, idx32, hidden
     return table.finish()
 

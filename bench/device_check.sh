@@ -26,6 +26,9 @@
 #                  benches replayed from CUDA graphs and eager                          60
 #   attn_sweep     the Hopper attention sweep (bench/attn_sweep.sh; carry build/attn_sweep),
 #                  shapes in priority order until the limit                             25
+#   hidden_topk    when time allows (at most 60 s): draft_tree_from_hidden fused against
+#                  method="gemm" at B 1, 4, 16, graph-replayed (issue 27; sets
+#                  launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, bench/NOTES.md)
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
 #                  needs about 65-85 GB)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -183,6 +186,11 @@ step small_ops 60 25 "rc=0; set -o pipefail; timeout 20 '$PY' bench/host_overhea
 #    attn_sweep.csv as they finish; ncu on its best kernels only by hand (attn_sweep.sh --ncu).
 step attn_sweep 25 0 "if [[ -x bench/attn_sweep.sh ]]; then bench/attn_sweep.sh '$RES'; else
     echo 'SKIP: no bench/attn_sweep.sh in this checkout (branch attn-hopper adds it)'; fi"
+
+# 7b. When time allows: the hidden top-K's two methods side by side at B 1, 4, 16 (bench/NOTES.md,
+#     "Hidden top-K: fused or GEMM"), kernels replayed from CUDA graphs, rows kept as they finish.
+step hidden_topk 0 0 "timeout 60 '$PY' bench/bench_draft_tree.py --quick --graphs --no-plot \
+  --groups from_hidden --batches 1,4,16 --algorithms topn --out '$RES/hidden_topk'"
 
 # 8. When time allows: the MoE round table (an H200's memory), a no-PDL rerun of failing cuda
 #    ops, Nsight Compute.

@@ -71,6 +71,27 @@ def test_bench_runs_as_a_script(tmp_path, capsys):
     assert "build" in out and "PASS" in out and "reference:topn" in out and "x_host=" in out
 
 
+def test_draft_tree_bench_hidden_methods(tmp_path, capsys):
+    """The fused-against-gemm measurement (device_check's hidden_topk step, on the CPU):
+    --groups keeps the from_hidden rows, --batches sets the shapes, and each backend has a
+    method="gemm" row beside its fused ones; bad values are refused naming the option."""
+    mod = importlib.import_module("bench.bench_draft_tree")
+    assert mod.main(["--quick", "--device", "cpu", "--no-plot", "--backends", "reference",
+                     "--groups", "from_hidden", "--batches", "1,3", "--algorithms", "topn",
+                     "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "draft_tree.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["shape"], r["backend"], r["status"]) for r in rows] == [
+        (f"{b}x4x2048/k4/n16/from_hidden", backend, "ok") for b in (1, 3)
+        for backend in ("host", "torch_vec", "reference:topn", "reference:gemm")]
+    for argv, message in ((["--groups", "logits,hidden"], "argument --groups: 'hidden' is not"),
+                          (["--batches", "1,0"], "argument --batches: '0' is not a positive"),
+                          (["--batches", ","], "argument --batches: an empty list")):
+        with pytest.raises(SystemExit):
+            mod.main(["--device", "cpu", *argv])
+        assert message in capsys.readouterr().err
+
+
 def test_device_check_script_parses():
     res = subprocess.run(["bash", "-n", str(ROOT / "bench" / "device_check.sh")],
                          capture_output=True, text=True)

@@ -121,3 +121,37 @@ def test_cuda_verify_plans_with_its_sm_count(monkeypatch):
     cu().verify_tree(tokens, parents, torch.tensor([4], dtype=i32), 2, logits, None, 0.0, None,
                      None)
     assert seen == [(4, 50, 7)]
+
+
+# ---------------------------------------------------------------------- hidden top-K method
+V_QWEN3 = 151936
+
+
+def test_hidden_topk_method_is_fused_until_measured():
+    """No GPU run has measured the crossover yet: auto keeps the fused kernel at every size,
+    dtype and device (bench/NOTES.md, "Hidden top-K: fused or GEMM", says how to flip it)."""
+    assert lp.HIDDEN_TOPK_GEMM_MIN_ROWS == {"cuda": None}
+    for rows in (1, 15, 60, 240, 1024, 10 ** 6):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for device in ("cuda", torch.device("cuda", 1), "cpu"):
+                assert lp.hidden_topk_method(rows, V_QWEN3, dtype, device) == "fused"
+
+
+# (rows, vocab, dtype, device) -> method, with a crossover of 64 rows set for CUDA
+GEMM_AT_64 = [
+    (63, V_QWEN3, torch.bfloat16, "cuda", "fused"),    # below the crossover
+    (64, V_QWEN3, torch.bfloat16, "cuda", "gemm"),     # at it
+    (240, V_QWEN3, torch.float16, torch.device("cuda", 0), "gemm"),
+    (240, V_QWEN3, torch.float32, "cuda", "fused"),    # fp32: not measured
+    (240, V_QWEN3, torch.bfloat16, "cpu", "fused"),    # no crossover for the CPU
+    (1766, V_QWEN3, torch.bfloat16, "cuda", "gemm"),   # 1.07e9 bytes of logits: fits 1 GiB
+    (1767, V_QWEN3, torch.bfloat16, "cuda", "fused"),  # one row more does not
+    (1 << 20, 256, torch.bfloat16, "cuda", "gemm"),    # 1 GiB exactly
+    ((1 << 20) + 1, 256, torch.bfloat16, "cuda", "fused"),
+]
+
+
+@pytest.mark.parametrize("rows,vocab,dtype,device,want", GEMM_AT_64)
+def test_hidden_topk_method_rule(monkeypatch, rows, vocab, dtype, device, want):
+    monkeypatch.setitem(lp.HIDDEN_TOPK_GEMM_MIN_ROWS, "cuda", 64)
+    assert lp.hidden_topk_method(rows, vocab, dtype, device) == want

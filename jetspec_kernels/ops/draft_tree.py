@@ -1,15 +1,22 @@
 """draft_tree, draft_tree_from_topk and draft_tree_from_hidden: build the draft tree."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import backend as _backend
 from .. import checks
+from .. import launch_plan
 from ..limits import MAX_BUDGET, MAX_TOPK
 from ..tree import Tree
 
 ALGORITHMS = ("topn", "accum_logp")
 TOKEN_DTYPES = (torch.int32, torch.int64)
+# draft_tree_from_hidden's ``method``: how the per-depth top-K is computed (launch_plan.py,
+# "Hidden top-K"); "auto" asks launch_plan.hidden_topk_method.
+HIDDEN_TOPK_METHODS = ("auto",) + launch_plan.HIDDEN_TOPK_METHODS
+HIDDEN_TOPK_ENV = "JETSPEC_HIDDEN_TOPK"  # the method when the call passes none
 
 
 _STATIC: dict = {}  # signatures whose static checks passed (checks.signature)
@@ -78,7 +85,20 @@ def check_draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, budget, 
             raise ValueError("topk_logprobs must be sorted in descending order along the last dim")
 
 
-def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm):
+def requested_method(method: str | None) -> str:
+    """The hidden top-K method a call asks for: ``method``, else the ``JETSPEC_HIDDEN_TOPK``
+    environment variable, else "auto"; a ValueError names whichever holds a bad value."""
+    if method is None:
+        return checks.choice(HIDDEN_TOPK_ENV, os.environ.get(HIDDEN_TOPK_ENV, "auto"),
+                             HIDDEN_TOPK_METHODS)
+    return checks.choice("method", method, HIDDEN_TOPK_METHODS)
+
+
+def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, topk, algorithm,
+                                 method=None) -> str:
+    """The checks of :func:`draft_tree_from_hidden`; returns the method asked for ("auto",
+    "fused" or "gemm"; see :func:`requested_method`)."""
+    method = requested_method(method)
     checks.tensor("hidden", hidden, dtypes=checks.FLOAT_DTYPES, ndim=3)
     b, _, h = hidden.shape
     checks.tensor("lm_head_weight", lm_head_weight, dtypes=(hidden.dtype,), ndim=2, device=hidden.device)
@@ -94,6 +114,37 @@ def check_draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, budget, to
         if t.numel() and checks.values_checked(t) and not bool(t.isfinite().all()):
             raise ValueError(f"{name} must be finite (its logits would have no log-softmax), got "
                              f"{int((~t.isfinite()).sum())} NaN or infinite values")
+    return method
+
+
+def gemm_logits(hidden, lm_head_weight):
+    """``hidden @ lm_head_weight.T`` as float32 logits: the "gemm" method's first step.
+
+    Parameters
+    ----------
+    hidden : float32/bfloat16/float16 [B, D, H] (any strides)
+    lm_head_weight : same dtype [V, H] (rows may be padded: any row stride)
+
+    Returns
+    -------
+    float32 [B, D, V]: products of the inputs accumulated in float32, never rounded to the input
+    dtype (the fused kernels' numerics). CUDA fp16/bf16: cuBLAS with a float32 output
+    (``torch.mm(..., out_dtype=torch.float32)``, torch >= 2.8); CUDA fp32: ``torch.mm``, which
+    follows ``torch.backends.cuda.matmul`` (TF32 is off by default); other devices: both operands
+    converted to float32 first (exact: fp16/bf16 products fit float32), which costs a float32
+    copy of lm_head_weight (V * H * 4 bytes). Memory: the B * D * V * 4-byte logits (146 MB at
+    B 16, D 15, V 151936). No host sync (capturable in a CUDA graph).
+    """
+    b, d, h = hidden.shape
+    x = hidden.reshape(b * d, h)
+    w_t = lm_head_weight.t()
+    if hidden.dtype == torch.float32:
+        out = torch.mm(x, w_t)
+    elif hidden.device.type == "cuda":
+        out = torch.mm(x, w_t, out_dtype=torch.float32)
+    else:
+        out = torch.mm(x.float(), w_t.float())
+    return out.view(b, d, lm_head_weight.shape[0])
 
 
 def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int, algorithm: str,
@@ -107,14 +158,23 @@ def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: i
 
 
 def checked_topk(draft, lm_head_weight, root_tokens, *, budget: int, topk: int, algorithm: str,
-                 backend: str | None = None):
+                 backend: str | None = None, method: str | None = None):
     """The first half of :func:`draft_tree` (``lm_head_weight`` None: ``draft`` is logits
-    [B, D, V]) or :func:`draft_tree_from_hidden` (``draft`` is hidden states [B, D, H]): the same
-    checks, then the per-depth top-K (int32 [B, D, K], float32 [B, D, K])."""
+    [B, D, V]) or :func:`draft_tree_from_hidden` (``draft`` is hidden states [B, D, H];
+    ``method`` as there, unused for logits): the same checks, then the per-depth top-K (int32
+    [B, D, K], float32 [B, D, K])."""
     if lm_head_weight is None:
         check_draft_tree(draft, root_tokens, budget, topk, algorithm)
         return _backend.select(draft.device, "log_softmax_topk", backend)(draft, topk)
-    check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk, algorithm)
+    method = check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk,
+                                          algorithm, method)
+    if method == "auto":
+        b, d, _ = draft.shape
+        method = launch_plan.hidden_topk_method(b * d, lm_head_weight.shape[0], draft.dtype,
+                                                draft.device)
+    if method == "gemm":
+        kernel = _backend.select(draft.device, "log_softmax_topk", backend)
+        return kernel(gemm_logits(draft, lm_head_weight), topk)
     kernel = _backend.select(draft.device, "hidden_topk", backend,
                              dict(hidden=draft, lm_head_weight=lm_head_weight))
     return kernel(draft, lm_head_weight, topk)
@@ -171,8 +231,11 @@ def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int
 
 
 def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, topk: int,
-                           algorithm: str = "topn", backend: str | None = None) -> Tree:
-    """Build a draft tree from draft hidden states without materialising the logits.
+                           algorithm: str = "topn", backend: str | None = None,
+                           method: str | None = None) -> Tree:
+    """Build a draft tree from draft hidden states: the tree of
+    ``log_softmax(hidden @ lm_head_weight.T)`` (fp32 accumulation), by default without
+    materialising the logits.
 
     Parameters
     ----------
@@ -180,8 +243,20 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
         Final-norm hidden states of the draft block rows for depths 1..D.
     lm_head_weight : same dtype [V, H]
     root_tokens, budget, topk, algorithm, backend : as in :func:`draft_tree`.
+    method : "auto" | "fused" | "gemm", optional
+        How the per-depth top-K is computed (the same tree either way, up to ties within float32
+        rounding). "fused": the backend's hidden_topk kernel, no logits in memory. "gemm": float32
+        logits [B, D, V] by torch (cuBLAS on a GPU; a B * D * V * 4-byte buffer), then the
+        backend's log_softmax_topk. "auto": launch_plan.hidden_topk_method's rule, a function of
+        B * D, V, dtype and device (fused until a GPU run measures the crossover; bench/NOTES.md).
+        None (default): the ``JETSPEC_HIDDEN_TOPK`` environment variable, else "auto". Another
+        value is a ValueError naming ``method`` (or the variable).
+
+    Returns
+    -------
+    Tree, as :func:`draft_tree`.
     """
     tk, lp = checked_topk(hidden, lm_head_weight, root_tokens, budget=budget, topk=topk,
-                          algorithm=algorithm, backend=backend)
+                          algorithm=algorithm, backend=backend, method=method)
     return tree_from_checked_topk(tk, lp, root_tokens, budget=budget, algorithm=algorithm,
                                   backend=backend)

@@ -345,6 +345,8 @@ def make_draft_tree_from_hidden(r, g):
         h2[0, 0, 0] = r.choice((NAN, INF))
         call["hidden"] = h2
         meta["refuse"] = (ValueError, "hidden")
+    if r.random() < 0.3:                                  # cuBLAS/torch logits, then the top-K
+        call["method"] = "gemm"
     return call, meta
 
 

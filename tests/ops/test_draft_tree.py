@@ -1,11 +1,17 @@
 """The draft-tree path against python_ref: log-softmax top-K (from logits, and fused from hidden
 states: hidden_topk / draft_tree_from_hidden) and tree building (topn, accum_logp; bit-exact from
 top-K), on the cuda kernels (simulator, and a GPU: gpu) and Triton."""
+import math
+
 import pytest
 import torch
 
 import jetspec_kernels as jk
+from jetspec_kernels import launch_plan
 from jetspec_kernels import python_ref as ref
+from jetspec_kernels.limits import MAX_TOPK
+from jetspec_kernels.ops import draft_tree as draft_tree_ops
+from jetspec_kernels.ops.draft_tree import checked_topk, gemm_logits
 import jetspec_kernels.triton as triton_backend
 from helpers import (DEV, TOL, TREE_FIELDS, after_rows, api_backend, assert_padding, backends, cu,
                      on, poisoned_empty, rel_l2, sync, tree_difference, tree_fields, widened)
@@ -604,3 +610,199 @@ def test_draft_tree_logit_magnitudes(backend, scale):
     why = tree_difference(got, ref.draft_tree(logits.double(), root, budget, K), eps,
                           score_tol=TOL[torch.float32])
     assert why is None, why
+
+
+# ------------------------------------------------------------------------------ method="gemm"
+# draft_tree_from_hidden's "gemm" method: float32 logits by torch (ops.draft_tree.gemm_logits),
+# then the backend's log_softmax_topk. It has no tl.dot, so bf16 runs under the interpreter too,
+# and fp32 on the cuda backend (whose fused kernel refuses it). The reference is the float64
+# product of the same inputs: 16-bit inputs are exact in fp32, so TOL[float32] holds only if the
+# logits are float32 sums (fp16- or bf16-rounded logits miss it by 30x or more).
+F32 = torch.float32
+# (dtype, B, D, H, V, k, hidden layout, scale): B*D = 1, 21, 17, 18 and 2; V prime or odd;
+# H tails of 8, 1 and 3 past a multiple of 32; hidden sliced (strided B and D), as rows 1.. of
+# the draft block, in padded rows (NaN past H); magnitudes 1e-3 and 1e2.
+GEMM_CASES = [
+    (BF16, 1, 1, 72, 1009, 8, "contiguous", 1.0),
+    (F16, 3, 7, 40, 1237, 5, "block_rows", 1.0),
+    (F32, 17, 1, 33, 777, 3, "padded", 1.0),
+    (BF16, 2, 9, 67, 3001, 1, "sliced", 1.0),
+    (F16, 2, 9, 67, 3001, 6, "sliced", 1e-3),
+    (BF16, 1, 2, 96, 1500, 4, "padded", 1e2),
+]
+
+
+def _gemm_hidden(gen, dtype, b, d, h, scale, layout, device):
+    """Hidden states [b, d, h] (the values) and the same values in ``layout`` on ``device``."""
+    if layout == "sliced":
+        base = (torch.randn(2 * b, 3 * d, h, generator=gen) * scale).to(dtype)
+        return base[1::2, ::3], on(base.to(device), device)[1::2, ::3]
+    hidden = (torch.randn(b, d, h, generator=gen) * scale).to(dtype)
+    x = hidden.to(device)
+    if layout == "block_rows":
+        x = after_rows(x, 1)
+    elif layout == "padded":
+        x = widened(x, 8)
+    return hidden, x
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype,b,d,h,v,k,layout,scale", GEMM_CASES)
+def test_hidden_topk_gemm(backend, dtype, b, d, h, v, k, layout, scale):
+    gen = torch.Generator().manual_seed(h + v + k)
+    hidden, x = _gemm_hidden(gen, dtype, b, d, h, scale, layout, backend.device)
+    weight = (torch.randn(v, h, generator=gen) / 4).to(dtype)
+    # Ten equal logits in row (0, 0), the largest of it, spread over the vocabulary (v - 1
+    # included): with small integer values every product and sum is exact in float32, so the
+    # tie is exact in any summation order and the lower token ids must win.
+    tied = [2, 3, 5, 40, 77, 100, 129, 500, 700, v - 1]
+    weight[tied] = torch.randint(-2, 3, (h,), generator=gen).to(dtype)
+    hidden[0, 0] = weight[2] * 4
+    x[0, 0] = hidden[0, 0].to(backend.device)
+    w = widened(weight.to(backend.device), 8) if layout == "padded" else weight.to(backend.device)
+    root = torch.zeros(b, dtype=torch.int32, device=backend.device)
+    with poisoned_empty():
+        tt, tl = checked_topk(x, w, root, budget=16, topk=k, algorithm="topn",
+                              backend=api_backend(backend), method="gemm")
+    sync(backend.device)
+    logits = hidden.double() @ weight.double().T
+    want_t, want_l = ref.log_softmax_topk(logits, k)
+    assert tt.shape == (b, d, k) and tt.dtype == torch.int32 and tl.dtype == torch.float32
+    assert tt.cpu()[0, 0].tolist() == tied[:k]
+    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+    if scale >= 1:
+        assert torch.equal(tt.cpu().long(), want_t)
+    else:
+        # Logits of 1e-3 give log-probs near -log(V) whose neighbours may tie in float32 (the
+        # kernels' selection) but not in float64: each chosen token's float64 log-prob must be
+        # the k-th best one within float32 rounding at that scale.
+        got_l = torch.log_softmax(logits, -1).gather(-1, tt.cpu().long())
+        assert (got_l - want_l).abs().max() < 4e-6
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_draft_tree_from_hidden_gemm_tree(backend, dtype):
+    """The public op with method="gemm": python_ref's tree (up to ties within fp32 rounding),
+    the same as method="fused" gives where the backend's fused kernel takes the dtype."""
+    gen = torch.Generator().manual_seed(23)
+    B, D, H, V = 2, 4, 64, 1201
+    hidden = torch.randn(B, D, H, generator=gen).to(dtype)
+    weight = (torch.randn(V, H, generator=gen) / 4).to(dtype)
+    root = torch.tensor([7, 1100], dtype=torch.int32)
+    h, w, r = hidden.to(backend.device), weight.to(backend.device), root.to(backend.device)
+    want = ref.draft_tree(hidden.double() @ weight.double().T, root, 20, 3)
+    with poisoned_empty():
+        got = jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend=api_backend(backend),
+                                        method="gemm")
+    sync(backend.device)
+    why = tree_difference(got, want, 1e-4)
+    assert why is None, why
+    fused_runs = not ((backend.name in ("sim", "cuda") and dtype == F32)
+                      or (backend.name == "triton" and DEV == "cpu" and dtype == BF16))
+    if fused_runs:
+        fused = jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3,
+                                          backend=api_backend(backend), method="fused")
+        assert tree_difference(got, fused, 1e-4) is None
+    elif backend.name != "triton":  # the cuda backend's fused kernel takes fp16/bf16 only
+        with pytest.raises(jk.BackendUnavailableError, match="float16/bfloat16"):
+            jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend="cuda", method="fused")
+
+
+@backends("reference", "triton", "sim", "cuda")
+def test_hidden_topk_gemm_topk_limit(backend):
+    """k at its limit, min(MAX_TOPK, V), and one past it (a ValueError naming topk), for a
+    vocabulary below MAX_TOPK and one above; a row of identical logits (hidden 0: every logit
+    0) takes the lowest ids at -log(V)."""
+    gen = torch.Generator().manual_seed(31)
+    dtype = F16
+    for v, k in ((40, 40), (1000, MAX_TOPK)):
+        hidden = torch.randn(1, 3, 24, generator=gen).to(dtype)
+        hidden[0, 1] = 0
+        weight = torch.randn(v, 24, generator=gen).to(dtype)
+        x, w = hidden.to(backend.device), weight.to(backend.device)
+        root = torch.zeros(1, dtype=torch.int32, device=backend.device)
+        with poisoned_empty():
+            tt, tl = checked_topk(x, w, root, budget=8, topk=k, algorithm="topn",
+                                  backend=api_backend(backend), method="gemm")
+        sync(backend.device)
+        want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, k)
+        assert torch.equal(tt.cpu().long(), want_t)
+        assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
+        assert tt.cpu()[0, 1].tolist() == list(range(k))
+        assert torch.allclose(tl.cpu()[0, 1].double(), torch.full((k,), -math.log(v)).double(),
+                              rtol=1e-6, atol=0)
+        with pytest.raises(ValueError, match="topk"):
+            checked_topk(x, w, root, budget=8, topk=k + 1, algorithm="topn",
+                         backend=api_backend(backend), method="gemm")
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gemm_logits(dtype, device):
+    """gemm_logits: float32 [B, D, V] = hidden @ lm_head_weight.T summed in float32 (on a GPU:
+    cuBLAS with a float32 output), never rounded to the input dtype; padded weight rows."""
+    gen = torch.Generator().manual_seed(41)
+    hidden = (torch.randn(3, 5, 200, generator=gen) * 3).to(dtype)
+    weight = torch.randn(901, 200, generator=gen).to(dtype)
+    got = gemm_logits(hidden.to(device), widened(weight.to(device), 8))
+    assert got.dtype == torch.float32 and got.shape == (3, 5, 901)
+    want = hidden.double() @ weight.double().T
+    assert rel_l2(got.cpu(), want) < TOL[torch.float32]
+    if dtype != F32:  # the input dtype's rounding would be visible at this tolerance
+        assert rel_l2(want.to(dtype), want) > 10 * TOL[torch.float32]
+
+
+# ------------------------------------------------------------------------------ which method
+def _spy_gemm(monkeypatch):
+    """Count the calls of ops.draft_tree.gemm_logits (the gemm method's first step)."""
+    calls = []
+    real = draft_tree_ops.gemm_logits
+
+    def spy(hidden, weight):
+        calls.append(tuple(hidden.shape))
+        return real(hidden, weight)
+
+    monkeypatch.setattr(draft_tree_ops, "gemm_logits", spy)
+    return calls
+
+
+@backends("reference")
+def test_hidden_topk_method_choice(monkeypatch):
+    """auto follows launch_plan.hidden_topk_method (fused by default; gemm from its crossover
+    once one is set); method= and JETSPEC_HIDDEN_TOPK force one; bad values name the argument."""
+    monkeypatch.delenv("JETSPEC_HIDDEN_TOPK", raising=False)
+    calls = _spy_gemm(monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(300, 16, generator=gen).half()
+    root = torch.zeros(2, dtype=torch.int32)
+
+    def tree(d, **kw):
+        hidden = torch.randn(2, d, 16, generator=gen).half()
+        return jk.draft_tree_from_hidden(hidden, weight, root, budget=8, topk=2,
+                                         backend="reference", **kw)
+
+    tree(3)
+    tree(3, method="auto")
+    assert calls == []                                   # no crossover on the CPU: fused
+    monkeypatch.setitem(launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, "cpu", 8)
+    tree(3)                                              # 6 rows: below the crossover
+    assert calls == []
+    tree(4)                                              # 8 rows: at it
+    assert calls == [(2, 4, 16)]
+    tree(4, method="fused")                              # forced, either way
+    monkeypatch.setenv("JETSPEC_HIDDEN_TOPK", "fused")
+    tree(4)
+    assert len(calls) == 1
+    monkeypatch.setitem(launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, "cpu", None)
+    tree(1, method="gemm")
+    monkeypatch.setenv("JETSPEC_HIDDEN_TOPK", "gemm")
+    tree(1)
+    assert calls[1:] == [(2, 1, 16), (2, 1, 16)]
+    for bad in ("GEMM", "cublas", "", 1):
+        with pytest.raises(ValueError, match=r"^method must be one of \('auto', 'fused', 'gemm'\)"):
+            tree(1, method=bad)
+    monkeypatch.setenv("JETSPEC_HIDDEN_TOPK", "unfused")
+    with pytest.raises(ValueError, match=r"^JETSPEC_HIDDEN_TOPK must be one of .*'unfused'"):
+        tree(1)
+    tree(1, method="fused")                              # an explicit method ignores the variable

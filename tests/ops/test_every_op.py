@@ -187,3 +187,26 @@ def test_graph_replay(dev):
     want = ref.draft_tree(logits.cpu(), root.cpu(), 20, 4, "topn")
     assert torch.equal(t_graph[0].cpu(), want["tokens"].cpu())
     assert torch.equal(t_graph[1].cpu(), want["parents"].cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_graph_replay_hidden_topk_gemm(dtype):
+    """draft_tree_from_hidden's gemm method (cuBLAS into float32 logits, then log_softmax_topk)
+    has no host sync: captured, it replays on new hidden states."""
+    from jetspec_kernels.ops.draft_tree import checked_topk
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    hidden = torch.randn(4, 15, 256, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(5003, 256, device="cuda", generator=gen) / 16).to(dtype)
+    root = torch.zeros(4, dtype=torch.int32, device="cuda")
+    g, (tokens, logprobs) = _capture(lambda: checked_topk(
+        hidden, weight, root, budget=16, topk=8, algorithm="topn", method="gemm"))
+    g.replay()
+    before = tokens.clone()
+    hidden.mul_(-1)
+    g.replay()
+    torch.cuda.synchronize()
+    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, 8)
+    assert torch.equal(tokens.long(), want_t) and not torch.equal(tokens, before)
+    assert rel_l2(logprobs, want_l) < TOL[torch.float32]
