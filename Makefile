@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
+# make test runs the suite in this many pytest-xdist processes (0: one process, no xdist).
+PYTEST_WORKERS ?= 2
 # make fuzz: e.g. FUZZ_ARGS="--seconds 3600 --seed 42 --ops verify_tree,tree_attention"
 FUZZ_ARGS ?=
 STAMP := $(VENV)/.jetspec-installed
@@ -23,7 +25,7 @@ $(STAMP): $(BUILD_INPUTS)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --benchmark-disable -m "not slow" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --benchmark-disable -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests
 
 # The tests marked slow (minutes on 2 cores): the Hopper attention gates, which build the sweep
 # harness (bench/attn_sweep) for sm_90a and read its ptxas reports and SASS.

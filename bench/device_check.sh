@@ -22,8 +22,9 @@
 #   sanitizers     compute-sanitizer memcheck, racecheck, synccheck, initcheck on one
 #                  launch per op (bench/sanitize_ops.py), cuda and triton, in parallel  45
 #   small_ops      host time per eager call of the four hot ops (bench/host_overhead.py
-#                  --gpu: host, kernel, wall - kernel), then the draft_tree and verify
-#                  benches replayed from CUDA graphs and eager                          60
+#                  --gpu: host, kernel, wall - kernel), then the draft_tree (from logits
+#                  and top-K; from hidden states is hidden_topk's) and verify benches
+#                  replayed from CUDA graphs and eager                                  60
 #   attn_sweep     the Hopper attention sweep (bench/attn_sweep.sh; carry build/attn_sweep),
 #                  shapes in priority order until the limit                             25
 #   hidden_topk    when time allows (at most 60 s): draft_tree_from_hidden fused against
@@ -177,8 +178,9 @@ step sanitizers 45 85 "for be in cuda triton; do for tool in memcheck racecheck 
 #    rope append).
 step small_ops 60 25 "rc=0; set -o pipefail; timeout 20 '$PY' bench/host_overhead.py --gpu --seconds 12 \
     | tee '$RES/host_overhead.txt' || rc=1
-  for run in 'draft_tree --graphs' 'verify --graphs' 'draft_tree' 'verify'; do
-    set -- \$run; timeout 25 '$PY' bench/bench_\$1.py --quick --no-plot \${2:-} --out '$RES' || rc=1
+  for run in 'draft_tree --graphs --groups logits,from_topk' 'verify --graphs' \
+             'draft_tree --groups logits,from_topk' 'verify'; do
+    set -- \$run; timeout 25 '$PY' bench/bench_\$1.py --quick --no-plot \${@:2} --out '$RES' || rc=1
   done; exit \$rc"
 
 # 7. The Hopper attention sweep (issue 26): bench/attn_sweep.sh runs the carried sweep binary

@@ -14,6 +14,10 @@ settings.register_profile("ci", deadline=None, max_examples=40,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 HAS_CUDA = torch.cuda.is_available()
+# Under pytest-xdist (make test), one intra-op thread per worker: the workers already share the
+# cores, and two OpenMP pools spinning on each core slowed some tests several times over.
+if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
+    torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
