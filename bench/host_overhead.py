@@ -311,7 +311,12 @@ def compare(rev: str, rounds: int, backends) -> None:
     for _ in range(rounds):
         for which, path in (("base", base), ("this", root)):
             env = {**os.environ, "PYTHONPATH": str(path), "TRITON_INTERPRET": "1"}
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json",
+            # Each tree's own script: this one puts its checkout first on sys.path, so run from
+            # the other tree it would import this checkout's package (measuring it twice).
+            script = path / "bench" / "host_overhead.py"
+            if not script.exists():
+                script = Path(__file__).resolve()
+            out = subprocess.run([sys.executable, str(script), "--json",
                                   "--backends", ",".join(backends)],
                                  env=env, cwd=path, capture_output=True, text=True, check=True)
             runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
