@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .. import launch_plan
+from .. import buffers, launch_plan
 from . import extension as ext
 from .custom_op import custom_op
 from .supports import attention_kernel, attention_kernel_reason
@@ -80,10 +80,12 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             tree_mask = tree_mask.contiguous()
         if block_table is not None:
             block_table = block_table.contiguous()
-        partial_o = partial_lse = None
-        if num_splits > 1:
-            partial_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
-            partial_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
+        partial_o = partial_lse = 0
+        if num_splits > 1:  # float32 partial_o [splits, B, Hq, N, Dh], partial_lse [.., N]: one buffer
+            lay = buffers.layout(((num_splits, b, hq, n, dh), torch.float32),
+                                 ((num_splits, b, hq, n), torch.float32))
+            work = buffers.empty(lay, q.device)
+            partial_o, partial_lse = buffers.addresses(work, lay)
         _C.tree_attention(
             q=ext.ptr(q), q_strides=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
             k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
@@ -94,7 +96,7 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             tree_mask_batch_stride=0 if tree_mask is None else tree_mask.stride(0),
             tree_mask_row_stride=0 if tree_mask is None else tree_mask.stride(1),
             tail=ext.enum("AttnTail")[mode], out=ext.ptr(out_buf), out_strides=ext.strides3(out_buf),
-            lse=ext.ptr(lse_buf), partial_o=ext.ptr(partial_o), partial_lse=ext.ptr(partial_lse), batch=b,
+            lse=ext.ptr(lse_buf), partial_o=partial_o, partial_lse=partial_lse, batch=b,
             n=n, hq=hq, hkv=hkv, splits=num_splits,
             scale=float(scale), dtype=ext.dtype_code(q), head_dim=dh, kernel=kernel,
             stream=ext.stream())

@@ -6,10 +6,12 @@ from typing import Optional
 
 import torch
 
-from .. import launch_plan
+from .. import buffers, launch_plan
 from . import extension as ext
 from .custom_op import custom_op
 
+
+_I32, _F32 = torch.int32, torch.float32
 
 # Each phase-1 CTA scans at least this many logits (two 16-byte loads per thread).
 MIN_SPLIT_LEN = 4096
@@ -27,13 +29,28 @@ def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
     return cdiv(vocab, split_len), split_len
 
 
+def verdict_layout(b: int, cols: int) -> buffers.Layout:
+    """The four outputs in one buffer, packed: path int32 [B, M], emitted int32 [B, M],
+    accept_len int32 [B], bonus int32 [B] (M = cols = max_depth + 1)."""
+    return buffers.layout(((b, cols), _I32), ((b, cols), _I32), ((b,), _I32), ((b,), _I32),
+                          align=buffers.PACKED)
+
+
+def workspace_layout(rows: int, splits: int, filtered: bool) -> buffers.Layout:
+    """Phase 1's partial_value float32 / partial_token int32 [rows, splits], then (``filtered``)
+    phase 0's thr_x float32 / thr_id int32 [rows]."""
+    parts = [((rows, splits), _F32), ((rows, splits), _I32)]
+    if filtered:
+        parts += [((rows,), _F32), ((rows,), _I32)]
+    return buffers.layout(*parts)
+
+
 @custom_op("jetspec::verify_tree", mutates_args=())
 def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
                  max_depth: int, target_logits: Optional[torch.Tensor],
                  target_tokens: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
                  seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
-                 top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> torch.Tensor:
     _C = ext.module()
     with ext.on_device(tokens):
         b, n = tokens.shape
@@ -42,51 +59,56 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         tokens = tokens.contiguous()
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
-        partial_value = partial_token = target = None
+        out = verdict_layout(b, cols)
+        partial_value = partial_token = 0
+        target = None
         splits = 1
         if target_tokens is None:
             v = target_logits.shape[2]
             splits, split_len = target_splits(b * n, v, launch_plan.sm_count(dev))
-            partial_value = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
-            partial_token = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
             sample = temperature is not None
+            filtered = sample and (top_k is not None or top_p is not None)
+            work = workspace_layout(b * n, splits, filtered)
+            # One allocation: the outputs, then (16-byte aligned) the workspaces; the op returns
+            # the outputs' bytes.
+            at = -(-out.nbytes // buffers.ALIGN) * buffers.ALIGN
+            buf = torch.empty(at + work.nbytes, dtype=torch.uint8, device=dev)
+            partial_value, partial_token, *thr = [a + at for a in buffers.addresses(buf, work)]
             seed_t = seed.to(torch.int64).contiguous() if sample else None
             offset_t = offset.to(torch.int64).contiguous() if sample else None
             temp_t = temperature.contiguous() if sample else None
             # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
             vec = ext.aligned16(target_logits)
-            thr_x = thr_id = None
-            if sample and (top_k is not None or top_p is not None):
-                thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
+            thr_x = thr_id = 0
+            if filtered:
+                thr_x, thr_id = thr
+                _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec, thr_x, thr_id)
             _C.verify_target_tokens(
                 logits=ext.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
                 logits_row_stride=target_logits.stride(1), num_nodes=ext.ptr(num_nodes),
-                seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=ext.ptr(partial_value),
-                partial_token=ext.ptr(partial_token), batch=b, n=n,
+                seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=partial_value,
+                partial_token=partial_token, batch=b, n=n,
                 vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=ext.ptr(temp_t),
-                thr_x=ext.ptr(thr_x), thr_id=ext.ptr(thr_id), dtype=ext.dtype_code(target_logits),
+                thr_x=thr_x, thr_id=thr_id, dtype=ext.dtype_code(target_logits),
                 stream=ext.stream())
         else:
+            buf = buffers.empty(out, dev)
             target = target_tokens.contiguous()
-        accept_len = torch.empty(b, device=dev, dtype=torch.int32)
-        path = torch.empty(b, cols, device=dev, dtype=torch.int32)
-        bonus = torch.empty(b, device=dev, dtype=torch.int32)
-        emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
+        path, emitted, accept_len, bonus = buffers.addresses(buf, out)
         _C.verify_walk(tokens=ext.ptr(tokens), parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes),
                        target=ext.ptr(target),
                        target_batch_stride=0 if target is None else target.stride(0),
-                       partial_value=ext.ptr(partial_value), partial_token=ext.ptr(partial_token), splits=splits,
-                       accept_len=ext.ptr(accept_len), path=ext.ptr(path), bonus=ext.ptr(bonus),
-                       emitted=ext.ptr(emitted), batch=b, n=n, cols=cols, stream=ext.stream())
-        return accept_len, path, bonus, emitted
+                       partial_value=partial_value, partial_token=partial_token, splits=splits,
+                       accept_len=accept_len, path=path, bonus=bonus, emitted=emitted, batch=b,
+                       n=n, cols=cols, stream=ext.stream())
+        return buf[:out.nbytes] if buf.shape[0] > out.nbytes else buf
 
 
 @_verify_tree.register_fake
 def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature, seed, offset,
       top_k, top_p):
-    b = tokens.shape[0]
-    return (tokens.new_empty(b), tokens.new_empty(b, max_depth + 1), tokens.new_empty(b),
-            tokens.new_empty(b, max_depth + 1))
+    return tokens.new_empty(verdict_layout(tokens.shape[0], max_depth + 1).nbytes,
+                            dtype=torch.uint8)
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
@@ -94,29 +116,32 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
     """-> (accept_len int32 [B], path int32 [B, M], bonus int32 [B], emitted int32 [B, M]),
     M = max_depth + 1; greedy when temperature is the number 0, else seeded Gumbel-max
     (CONTRIBUTING.md) per sequence (temperature float or float32 [B]; 0 = greedy) over the
-    tokens top_k / top_p (int32 / float32 [B] or None) keep (python_ref.filter_keep)."""
+    tokens top_k / top_p (int32 / float32 [B] or None) keep (python_ref.filter_keep). The four
+    are disjoint, contiguous views of one buffer (:func:`verdict_layout`)."""
     if not torch.is_tensor(temperature):
         temperature = None if temperature == 0 else torch.full(
             (tokens.shape[0],), float(temperature), dtype=torch.float32, device=tokens.device)
-    return _verify_tree(tokens, parents, num_nodes, int(max_depth), target_logits, target_tokens,
-                        temperature, seed, offset, top_k, top_p)
+    max_depth = int(max_depth)
+    buf = _verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens,
+                       temperature, seed, offset, top_k, top_p)
+    path, emitted, accept_len, bonus = buffers.carve(buf, verdict_layout(tokens.shape[0],
+                                                                         max_depth + 1))
+    return accept_len, path, bonus, emitted
 
 
-def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
-    """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside ext.on_device."""
+def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec, thr_x, thr_id):
+    """Phase 0 into thr_x float32 / thr_id int32 [B * N] (device addresses); call inside
+    ext.on_device."""
     _C = ext.module()
     b, n, v = logits.shape
-    thr_x = torch.empty(b * n, device=logits.device, dtype=torch.float32)
-    thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
     top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
     top_p = None if top_p is None else top_p.contiguous()
     _C.verify_sample_filter(logits=ext.ptr(logits), logits_batch_stride=logits.stride(0),
                             logits_row_stride=logits.stride(1),
                             num_nodes=ext.ptr(num_nodes), temperature=ext.ptr(temperature),
-                            top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=ext.ptr(thr_x),
-                            thr_id=ext.ptr(thr_id), batch=b, n=n, vocab=v, vec=vec,
+                            top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=thr_x,
+                            thr_id=thr_id, batch=b, n=n, vocab=v, vec=vec,
                             dtype=ext.dtype_code(logits), stream=ext.stream())
-    return thr_x, thr_id
 
 
 def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
@@ -139,6 +164,8 @@ def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=Non
             num_nodes = torch.full((b,), n, dtype=torch.int32, device=logits.device)
         num_nodes = num_nodes.contiguous()
         temperature = temperature.contiguous()
-        thr_x, thr_id = _thresholds(logits, temperature, num_nodes, top_k, top_p,
-                                    ext.aligned16(logits))
-        return thr_x.view(b, n), thr_id.view(b, n)
+        thr_x = torch.empty(b, n, device=logits.device, dtype=torch.float32)
+        thr_id = torch.empty(b, n, device=logits.device, dtype=torch.int32)
+        _thresholds(logits, temperature, num_nodes, top_k, top_p, ext.aligned16(logits),
+                    thr_x.data_ptr(), thr_id.data_ptr())
+        return thr_x, thr_id
