@@ -12,7 +12,9 @@ share its storage but not a byte: an in-place write to one cannot reach another.
 
 A :class:`Layout` depends on shapes and dtypes alone and is computed once per distinct list of
 parts (sizes that are not Python ints, as under ``torch.compile`` with dynamic shapes, are laid
-out on every call).
+out on every call). The ops' own layout functions are ``lru_cache``d too (a hit makes no Python
+call); their fake implementations call the uncached ``__wrapped__`` (symbolic sizes do not hash),
+and ``torch.compile`` traces the wrapped function.
 
 A ``torch.library`` custom op may not return outputs that share storage (its dispatcher checks),
 so a cuda op returns the buffer and its Python wrapper carves the outputs (:func:`carve`).
@@ -38,6 +40,7 @@ class Part(NamedTuple):
 class Layout(NamedTuple):
     nbytes: int        # the buffer's size: a multiple of align
     parts: tuple       # Part per (shape, dtype) asked for, in order
+    offsets: tuple     # each part's offset (bytes)
 
 
 def _round_up(x, m):
@@ -54,7 +57,7 @@ def _lay_out(specs, align) -> Layout:
         at = _round_up(at, max(align, dtype.itemsize))
         parts.append(Part(dtype, tuple(shape), tuple(reversed(strides)), at))
         at = at + numel * dtype.itemsize
-    return Layout(_round_up(at, align), tuple(parts))
+    return Layout(_round_up(at, align), tuple(parts), tuple(p.offset for p in parts))
 
 
 _lay_out_cached = lru_cache(maxsize=4096)(_lay_out)
@@ -76,8 +79,7 @@ def empty(lay: Layout, device) -> torch.Tensor:
 
 def addresses(buf: torch.Tensor, lay: Layout) -> list[int]:
     """Device address of each part (for launches that need no tensor)."""
-    base = buf.data_ptr()
-    return [base + p.offset for p in lay.parts]
+    return list(map(buf.data_ptr().__add__, lay.offsets))
 
 
 def carve(buf: torch.Tensor, lay: Layout, count: int | None = None) -> list[torch.Tensor]:

@@ -1,6 +1,8 @@
 """cuda backend: build_tree (one CTA per sequence)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from .. import buffers
@@ -11,6 +13,7 @@ from .custom_op import custom_op
 _I32, _F32 = torch.int32, torch.float32
 
 
+@lru_cache(maxsize=1024)
 def tree_layout(b: int, n: int) -> buffers.Layout:
     """The six outputs in one buffer, packed: mask int32 [B, N, W] (first: on the buffer's own
     alignment), tokens, parents, depths int32 [B, N], scores float32 [B, N], num_nodes int32 [B]."""
@@ -40,7 +43,7 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
 
 @_build_tree.register_fake
 def _(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
-    lay = tree_layout(topk_tokens.shape[0], budget)
+    lay = tree_layout.__wrapped__(topk_tokens.shape[0], budget)
     return topk_tokens.new_empty(lay.nbytes, dtype=torch.uint8)
 
 

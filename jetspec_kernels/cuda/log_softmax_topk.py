@@ -1,6 +1,8 @@
 """cuda backend: log_softmax_topk (vocab-parallel per-depth log-softmax top-K)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from .. import buffers
@@ -8,6 +10,7 @@ from . import extension as ext
 from .custom_op import custom_op
 
 
+@lru_cache(maxsize=1024)
 def topk_layout(b: int, d: int, k: int) -> buffers.Layout:
     """The two outputs in one buffer, packed: tokens int32 [B, D, K], logprobs float32
     [B, D, K]."""
@@ -37,7 +40,7 @@ def _log_softmax_topk(logits: torch.Tensor, k: int) -> torch.Tensor:
 @_log_softmax_topk.register_fake
 def _(logits, k):
     b, d, _ = logits.shape
-    return logits.new_empty(topk_layout(b, d, k).nbytes, dtype=torch.uint8)
+    return logits.new_empty(topk_layout.__wrapped__(b, d, k).nbytes, dtype=torch.uint8)
 
 
 def log_softmax_topk(logits, k):

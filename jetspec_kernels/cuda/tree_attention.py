@@ -42,14 +42,35 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
 
 def hopper_splits(q: torch.Tensor, hkv: int, capacity: int) -> int:
     """Split-KV count of the hopper kernel for q [B, N, Hq, Dh] over caches of ``capacity`` keys a
-    sequence: _C's, from the kernel's occupancy on q's device and a wave-efficiency rule
-    (static shapes only: no host sync, fixed under graph capture)."""
+    sequence: _C's, from the kernel's occupancy on q's device, :func:`launch_plan.sm_count` and a
+    wave-efficiency rule (static shapes only: no host sync, fixed under graph capture)."""
     b, n, hq, dh = q.shape
     if b == 0 or n == 0:
         return 1
     with ext.on_device(q):
         return int(ext.module().tree_attention_hopper_splits(
-            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh))
+            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh,
+            sms=launch_plan.sm_count(q.device)))
+
+
+def attention_plan(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, block_table) -> tuple:
+    """(kernel code, split count) of a call: checks that ``kernel`` takes these shapes
+    (ValueError), then the split rule of the kernel that runs. Reads names, shapes, dtypes and
+    devices only, so :func:`tree_attention` keeps one plan per signature
+    (:func:`launch_plan.planned`)."""
+    kernels = ext.enum("AttnKernel")
+    if kernel not in kernels:
+        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
+    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
+    if reason:
+        raise ValueError(reason)
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
+        splits = hopper_splits(q, k_cache.shape[2], capacity)
+    else:
+        splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
+                               q.device, kernel)
+    return kernels[kernel], splits
 
 
 @custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
@@ -127,18 +148,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     before choosing this backend, and _C refuses bad input to a direct call (ValueError).
     """
     kernel = attention_kernel(kernel)
-    kernels = ext.enum("AttnKernel")
-    if kernel not in kernels:
-        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
-    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
-    if reason:
-        raise ValueError(reason)
+    table = None if block_table is None else block_table.shape
+    key = (kernel, q.shape, q.dtype, q.device, k_cache.shape, table)
+    code, splits = launch_plan.planned(key, attention_plan, kernel, q, k_cache, block_table,
+                                       pin=ext.module())
     if num_splits is None:
-        capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-        if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
-            num_splits = hopper_splits(q, k_cache.shape[2], capacity)
-        else:
-            num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2],
-                                       capacity, q.device, kernel)
+        num_splits = splits
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
-                    out, lse, int(num_splits), kernels[kernel])
+                    out, lse, int(num_splits), code)

@@ -29,6 +29,7 @@ def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
     return cdiv(vocab, split_len), split_len
 
 
+@lru_cache(maxsize=1024)
 def verdict_layout(b: int, cols: int) -> buffers.Layout:
     """The four outputs in one buffer, packed: path int32 [B, M], emitted int32 [B, M],
     accept_len int32 [B], bonus int32 [B] (M = cols = max_depth + 1)."""
@@ -36,6 +37,7 @@ def verdict_layout(b: int, cols: int) -> buffers.Layout:
                           align=buffers.PACKED)
 
 
+@lru_cache(maxsize=1024)
 def workspace_layout(rows: int, splits: int, filtered: bool) -> buffers.Layout:
     """Phase 1's partial_value float32 / partial_token int32 [rows, splits], then (``filtered``)
     phase 0's thr_x float32 / thr_id int32 [rows]."""
@@ -107,7 +109,7 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
 @_verify_tree.register_fake
 def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature, seed, offset,
       top_k, top_p):
-    return tokens.new_empty(verdict_layout(tokens.shape[0], max_depth + 1).nbytes,
+    return tokens.new_empty(verdict_layout.__wrapped__(tokens.shape[0], max_depth + 1).nbytes,
                             dtype=torch.uint8)
 
 
