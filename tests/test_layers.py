@@ -16,7 +16,7 @@ LAYERS = [
     ("checks",),                           # argument checks
     ("tree",),                             # result types (Tree, Verdict, Commit)
     ("backend",),                          # backend choice (finds backends by name at run time)
-    ("launch_plan", "buffers"),            # SM count, split-KV rules, one-allocation layouts
+    ("launch_plan",),                      # SM count, split-KV rules (both backends)
     ("ops._reference", "triton", "cuda"),  # the backends
     ("ops",),                              # the public ops: contract checks, then dispatch
     ("adaptive",),                         # adaptive tree budget

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .. import buffers, launch_plan
+from .. import launch_plan
 from . import extension as ext
 from .custom_op import custom_op
 from .supports import attention_kernel, attention_kernel_reason
@@ -102,11 +102,9 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if block_table is not None:
             block_table = block_table.contiguous()
         partial_o = partial_lse = 0
-        if num_splits > 1:  # float32 partial_o [splits, B, Hq, N, Dh], partial_lse [.., N]: one buffer
-            lay = buffers.layout(((num_splits, b, hq, n, dh), torch.float32),
-                                 ((num_splits, b, hq, n), torch.float32))
-            work = buffers.empty(lay, q.device)
-            partial_o, partial_lse = buffers.addresses(work, lay)
+        if num_splits > 1:  # float32 partial_o [splits, B, Hq, N, Dh], partial_lse [.., N]
+            rows = num_splits * b * hq * n
+            work, (partial_o, partial_lse) = ext.workspaces(q.device, rows * dh * 4, rows * 4)
         _C.tree_attention(
             q=ext.ptr(q), q_strides=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
             k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),

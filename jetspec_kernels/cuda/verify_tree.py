@@ -6,12 +6,10 @@ from typing import Optional
 
 import torch
 
-from .. import buffers, launch_plan
+from .. import launch_plan
 from . import extension as ext
 from .custom_op import custom_op
 
-
-_I32, _F32 = torch.int32, torch.float32
 
 # Each phase-1 CTA scans at least this many logits (two 16-byte loads per thread).
 MIN_SPLIT_LEN = 4096
@@ -29,30 +27,13 @@ def target_splits(rows: int, vocab: int, sm_count: int) -> tuple[int, int]:
     return cdiv(vocab, split_len), split_len
 
 
-@lru_cache(maxsize=1024)
-def verdict_layout(b: int, cols: int) -> buffers.Layout:
-    """The four outputs in one buffer, packed: path int32 [B, M], emitted int32 [B, M],
-    accept_len int32 [B], bonus int32 [B] (M = cols = max_depth + 1)."""
-    return buffers.layout(((b, cols), _I32), ((b, cols), _I32), ((b,), _I32), ((b,), _I32),
-                          align=buffers.PACKED)
-
-
-@lru_cache(maxsize=1024)
-def workspace_layout(rows: int, splits: int, filtered: bool) -> buffers.Layout:
-    """Phase 1's partial_value float32 / partial_token int32 [rows, splits], then (``filtered``)
-    phase 0's thr_x float32 / thr_id int32 [rows]."""
-    parts = [((rows, splits), _F32), ((rows, splits), _I32)]
-    if filtered:
-        parts += [((rows,), _F32), ((rows,), _I32)]
-    return buffers.layout(*parts)
-
-
 @custom_op("jetspec::verify_tree", mutates_args=())
 def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
                  max_depth: int, target_logits: Optional[torch.Tensor],
                  target_tokens: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
                  seed: Optional[torch.Tensor], offset: Optional[torch.Tensor],
-                 top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> torch.Tensor:
+                 top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _C = ext.module()
     with ext.on_device(tokens):
         b, n = tokens.shape
@@ -61,7 +42,6 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         tokens = tokens.contiguous()
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
-        out = verdict_layout(b, cols)
         partial_value = partial_token = 0
         target = None
         splits = 1
@@ -70,20 +50,17 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
             splits, split_len = target_splits(b * n, v, launch_plan.sm_count(dev))
             sample = temperature is not None
             filtered = sample and (top_k is not None or top_p is not None)
-            work = workspace_layout(b * n, splits, filtered)
-            # One allocation: the outputs, then (16-byte aligned) the workspaces; the op returns
-            # the outputs' bytes.
-            at = -(-out.nbytes // buffers.ALIGN) * buffers.ALIGN
-            buf = torch.empty(at + work.nbytes, dtype=torch.uint8, device=dev)
-            partial_value, partial_token, *thr = [a + at for a in buffers.addresses(buf, work)]
+            # Workspaces, one allocation: phase 1's partial_value float32 / partial_token int32
+            # [B * N, splits], then (filtered) phase 0's thr_x float32 / thr_id int32 [B * N].
+            sizes = (b * n * splits * 4,) * 2 + ((b * n * 4,) * 2 if filtered else ())
+            work, (partial_value, partial_token, *thr) = ext.workspaces(dev, *sizes)
+            thr_x, thr_id = thr or (0, 0)
             seed_t = seed.to(torch.int64).contiguous() if sample else None
             offset_t = offset.to(torch.int64).contiguous() if sample else None
             temp_t = temperature.contiguous() if sample else None
             # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
             vec = ext.aligned16(target_logits)
-            thr_x = thr_id = 0
             if filtered:
-                thr_x, thr_id = thr
                 _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec, thr_x, thr_id)
             _C.verify_target_tokens(
                 logits=ext.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
@@ -94,23 +71,26 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
                 thr_x=thr_x, thr_id=thr_id, dtype=ext.dtype_code(target_logits),
                 stream=ext.stream())
         else:
-            buf = buffers.empty(out, dev)
             target = target_tokens.contiguous()
-        path, emitted, accept_len, bonus = buffers.addresses(buf, out)
+        accept_len = torch.empty(b, device=dev, dtype=torch.int32)
+        path = torch.empty(b, cols, device=dev, dtype=torch.int32)
+        bonus = torch.empty(b, device=dev, dtype=torch.int32)
+        emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
         _C.verify_walk(tokens=ext.ptr(tokens), parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes),
                        target=ext.ptr(target),
                        target_batch_stride=0 if target is None else target.stride(0),
                        partial_value=partial_value, partial_token=partial_token, splits=splits,
-                       accept_len=accept_len, path=path, bonus=bonus, emitted=emitted, batch=b,
-                       n=n, cols=cols, stream=ext.stream())
-        return buf[:out.nbytes] if buf.shape[0] > out.nbytes else buf
+                       accept_len=ext.ptr(accept_len), path=ext.ptr(path), bonus=ext.ptr(bonus),
+                       emitted=ext.ptr(emitted), batch=b, n=n, cols=cols, stream=ext.stream())
+        return accept_len, path, bonus, emitted
 
 
 @_verify_tree.register_fake
 def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature, seed, offset,
       top_k, top_p):
-    return tokens.new_empty(verdict_layout.__wrapped__(tokens.shape[0], max_depth + 1).nbytes,
-                            dtype=torch.uint8)
+    b = tokens.shape[0]
+    return (tokens.new_empty(b), tokens.new_empty(b, max_depth + 1), tokens.new_empty(b),
+            tokens.new_empty(b, max_depth + 1))
 
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
@@ -118,17 +98,12 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
     """-> (accept_len int32 [B], path int32 [B, M], bonus int32 [B], emitted int32 [B, M]),
     M = max_depth + 1; greedy when temperature is the number 0, else seeded Gumbel-max
     (CONTRIBUTING.md) per sequence (temperature float or float32 [B]; 0 = greedy) over the
-    tokens top_k / top_p (int32 / float32 [B] or None) keep (python_ref.filter_keep). The four
-    are disjoint, contiguous views of one buffer (:func:`verdict_layout`)."""
+    tokens top_k / top_p (int32 / float32 [B] or None) keep (python_ref.filter_keep)."""
     if not torch.is_tensor(temperature):
         temperature = None if temperature == 0 else torch.full(
             (tokens.shape[0],), float(temperature), dtype=torch.float32, device=tokens.device)
-    max_depth = int(max_depth)
-    buf = _verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens,
-                       temperature, seed, offset, top_k, top_p)
-    path, emitted, accept_len, bonus = buffers.carve(buf, verdict_layout(tokens.shape[0],
-                                                                         max_depth + 1))
-    return accept_len, path, bonus, emitted
+    return _verify_tree(tokens, parents, num_nodes, int(max_depth), target_logits, target_tokens,
+                        temperature, seed, offset, top_k, top_p)
 
 
 def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec, thr_x, thr_id):
