@@ -104,17 +104,20 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         partial_o = partial_lse = 0
         if num_splits > 1:  # float32 partial_o [splits, B, Hq, N, Dh], partial_lse [.., N]
             rows = num_splits * b * hq * n
+            # (work: kept alive until the launch is queued)
             work, (partial_o, partial_lse) = ext.workspaces(q.device, rows * dh * 4, rows * 4)
         _C.tree_attention(
-            q=ext.ptr(q), q_strides=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
+            q=q.data_ptr(), q_strides=ext.strides3(q), k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(),
             k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
             block_table=ext.ptr(block_table),
             block_table_batch_stride=0 if block_table is None else block_table.stride(0),
             page_size=k_cache.shape[1], cache_outer=k_cache.shape[0],
-            prefix_lens=ext.ptr(prefix_lens), tree_mask=ext.ptr(tree_mask),
+            prefix_lens=prefix_lens.data_ptr(), tree_mask=ext.ptr(tree_mask),
             tree_mask_batch_stride=0 if tree_mask is None else tree_mask.stride(0),
             tree_mask_row_stride=0 if tree_mask is None else tree_mask.stride(1),
-            tail=ext.enum("AttnTail")[mode], out=ext.ptr(out_buf), out_strides=ext.strides3(out_buf),
+            tail=ext.enum("AttnTail")[mode], out=out_buf.data_ptr(),
+            out_strides=ext.strides3(out_buf),
             lse=ext.ptr(lse_buf), partial_o=partial_o, partial_lse=partial_lse, batch=b,
             n=n, hq=hq, hkv=hkv, splits=num_splits,
             scale=float(scale), dtype=ext.dtype_code(q), head_dim=dh, kernel=kernel,

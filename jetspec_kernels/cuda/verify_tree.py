@@ -63,8 +63,8 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
             if filtered:
                 _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec, thr_x, thr_id)
             _C.verify_target_tokens(
-                logits=ext.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
-                logits_row_stride=target_logits.stride(1), num_nodes=ext.ptr(num_nodes),
+                logits=target_logits.data_ptr(), logits_batch_stride=target_logits.stride(0),
+                logits_row_stride=target_logits.stride(1), num_nodes=num_nodes.data_ptr(),
                 seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=partial_value,
                 partial_token=partial_token, batch=b, n=n,
                 vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=ext.ptr(temp_t),
@@ -76,12 +76,14 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         path = torch.empty(b, cols, device=dev, dtype=torch.int32)
         bonus = torch.empty(b, device=dev, dtype=torch.int32)
         emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
-        _C.verify_walk(tokens=ext.ptr(tokens), parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes),
+        _C.verify_walk(tokens=tokens.data_ptr(), parents=parents.data_ptr(),
+                       num_nodes=num_nodes.data_ptr(),
                        target=ext.ptr(target),
                        target_batch_stride=0 if target is None else target.stride(0),
                        partial_value=partial_value, partial_token=partial_token, splits=splits,
-                       accept_len=ext.ptr(accept_len), path=ext.ptr(path), bonus=ext.ptr(bonus),
-                       emitted=ext.ptr(emitted), batch=b, n=n, cols=cols, stream=ext.stream())
+                       accept_len=accept_len.data_ptr(), path=path.data_ptr(),
+                       bonus=bonus.data_ptr(),
+                       emitted=emitted.data_ptr(), batch=b, n=n, cols=cols, stream=ext.stream())
         return accept_len, path, bonus, emitted
 
 
@@ -113,9 +115,9 @@ def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec, thr_x, thr_id
     b, n, v = logits.shape
     top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
     top_p = None if top_p is None else top_p.contiguous()
-    _C.verify_sample_filter(logits=ext.ptr(logits), logits_batch_stride=logits.stride(0),
+    _C.verify_sample_filter(logits=logits.data_ptr(), logits_batch_stride=logits.stride(0),
                             logits_row_stride=logits.stride(1),
-                            num_nodes=ext.ptr(num_nodes), temperature=ext.ptr(temperature),
+                            num_nodes=num_nodes.data_ptr(), temperature=temperature.data_ptr(),
                             top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=thr_x,
                             thr_id=thr_id, batch=b, n=n, vocab=v, vec=vec,
                             dtype=ext.dtype_code(logits), stream=ext.stream())
