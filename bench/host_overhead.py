@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import io
 import json
 import os
@@ -186,7 +187,10 @@ def per_call_us(fn, calls_per_repeat: int = 300, repeats: int = 9) -> float:
 
 def python_calls(fn) -> tuple[int, int]:
     """(calls of Python functions in jetspec_kernels, all Python function calls) made by one call
-    of ``fn`` after a warm-up: deterministic, so a budget on it holds on a noisy machine."""
+    of ``fn`` after a warm-up: deterministic, so a budget on it holds on a noisy machine. The
+    garbage collector is off during the counted call (and run just before it): a collection that
+    fell due inside it would count the finalizers of whatever garbage the process holds (closing
+    suspended generators, ``__del__`` methods), which depends on what ran before."""
     fn()
     fn()
     package = str(Path(sys.modules["jetspec_kernels"].__file__).parent)
@@ -198,11 +202,16 @@ def python_calls(fn) -> tuple[int, int]:
             total += 1
             ours += frame.f_code.co_filename.startswith(package)
 
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.setprofile(prof)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return ours, total
 
 
