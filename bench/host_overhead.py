@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import io
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -139,14 +141,19 @@ def noop_launches(backend: str):
     jk.set_value_checks("never")
     try:
         if backend == "cuda":
-            from jetspec_kernels import launch_plan
             from jetspec_kernels.cuda import extension as ext
             real = _c_constants()
             if real is None:
                 raise RuntimeError("no _C and no simulated _C to take limits and enums from")
             patch(jk, "_C", noop_c(real))
             patch(ext, "stream", lambda: 0)
-            patch(launch_plan, "sm_count", lambda device: 132)   # an H200's
+            # An H200's SM count. (Not an ImportError test: the editable install finds a
+            # module missing from a --baseline tree's package in this checkout.)
+            if hasattr(ext, "sm_count"):   # a tree from before launch_plan.py (e.g. 94d9d96)
+                patch(ext, "sm_count", lambda index: 132)
+            else:
+                from jetspec_kernels import launch_plan
+                patch(launch_plan, "sm_count", lambda device: 132)
             reason = bk.unavailable_reason
             patch(bk, "unavailable_reason",
                   lambda name, device: None if name == "cuda" else reason(name, device))
@@ -186,7 +193,10 @@ def per_call_us(fn, calls_per_repeat: int = 300, repeats: int = 9) -> float:
 
 def python_calls(fn) -> tuple[int, int]:
     """(calls of Python functions in jetspec_kernels, all Python function calls) made by one call
-    of ``fn`` after a warm-up: deterministic, so a budget on it holds on a noisy machine."""
+    of ``fn`` after a warm-up: deterministic, so a budget on it holds on a noisy machine. The
+    garbage collector is off during the counted call (and run just before it): a collection that
+    fell due inside it would count the finalizers of whatever garbage the process holds (closing
+    suspended generators, ``__del__`` methods), which depends on what ran before."""
     fn()
     fn()
     package = str(Path(sys.modules["jetspec_kernels"].__file__).parent)
@@ -198,11 +208,16 @@ def python_calls(fn) -> tuple[int, int]:
             total += 1
             ours += frame.f_code.co_filename.startswith(package)
 
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.setprofile(prof)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return ours, total
 
 
@@ -299,6 +314,12 @@ def _baseline_tree(rev: str) -> Path:
     for so in (root / "jetspec_kernels").glob("_C*.so"):
         if not (pkg / so.name).exists():
             (pkg / so.name).symlink_to(so)
+    own = subprocess.run(["git", "show", f"{rev}:bench/host_overhead.py"], cwd=root,
+                         capture_output=True, text=True).stdout
+    if '"--json"' not in own:   # a tree from before this script (94d9d96's is pytest-benchmark
+        # cases only): a copy of this one, run from that tree
+        (dest / "bench").mkdir(exist_ok=True)
+        shutil.copyfile(Path(__file__).resolve(), dest / "bench" / "host_overhead.py")
     return dest
 
 
@@ -311,16 +332,22 @@ def compare(rev: str, rounds: int, backends) -> None:
     for _ in range(rounds):
         for which, path in (("base", base), ("this", root)):
             env = {**os.environ, "PYTHONPATH": str(path), "TRITON_INTERPRET": "1"}
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json",
+            # Each tree's own script (_baseline_tree gives an older tree a copy of this one): the
+            # script puts its own checkout first on sys.path, so this checkout's script run for
+            # the other tree would import this checkout's package (measuring it twice).
+            out = subprocess.run([sys.executable, str(path / "bench" / "host_overhead.py"), "--json",
                                   "--backends", ",".join(backends)],
                                  env=env, cwd=path, capture_output=True, text=True, check=True)
             runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"µs per call, median of {rounds} alternating runs; {rev} | this checkout | ratio")
+    print(f"µs per call, median of {rounds} alternating runs; {rev} | this checkout | ratio; "
+          f"Python calls (ours/all) {rev} | this (- where that tree's script does not count)")
     for backend in backends:
         for op in OPS:
             b = statistics.median(r[backend][op]["us"] for r in runs["base"])
             t = statistics.median(r[backend][op]["us"] for r in runs["this"])
-            print(f"{op:21s} {backend:8s} {b:8.1f} | {t:8.1f} | {b / t:5.2f}x")
+            counts = [r[backend][op] for r in (runs["base"][0], runs["this"][0])]
+            calls = " | ".join(f"{c['ours']}/{c['calls']}" if "calls" in c else "-" for c in counts)
+            print(f"{op:21s} {backend:8s} {b:8.1f} | {t:8.1f} | {b / t:5.2f}x   calls {calls}")
 
 
 def gpu(backends, seconds: float) -> None:
@@ -378,7 +405,7 @@ def main(argv=None) -> None:
     elif args.baseline:
         compare(args.baseline, args.rounds, backends)
     else:
-        res = {b: measure(b, with_stages=args.stages, with_counts=not args.json) for b in backends}
+        res = {b: measure(b, with_stages=args.stages) for b in backends}
         if args.json:
             print(json.dumps(res))
         else:

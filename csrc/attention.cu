@@ -74,21 +74,22 @@ Status launch_tree_attention(const AttnParams& args, cudaStream_t stream) {
 }
 
 Status tree_attention_hopper_splits(int batch, int n, int hq, int hkv, int capacity, int dtype,
-                                    int head_dim, int* splits) {
+                                    int head_dim, int sms, int* splits) {
   *splits = 1;
   if (dtype != kFloat16 && dtype != kBFloat16) return bad_dtype("dtype", dtype, kHalfDtypes);
   JETSPEC_RETURN_IF_FAILED(check_range("hkv", hkv, 1));
+  JETSPEC_RETURN_IF_FAILED(check_range("sms", sms, 1));
   if (batch <= 0 || n <= 0 || hq <= 0 || capacity <= 0) return Status();
   if (hq % hkv != 0) return bad_input("hq ", hq, " is not a multiple of hkv ", hkv);
   const int group = hq / hkv;
   const bool bf16 = dtype == kBFloat16;
   switch (head_dim) {
     case 64:
-      return bf16 ? tree_attention_hopper_splits<__nv_bfloat16, 64>(batch, n, group, hkv, capacity, splits)
-                  : tree_attention_hopper_splits<__half, 64>(batch, n, group, hkv, capacity, splits);
+      return bf16 ? tree_attention_hopper_splits<__nv_bfloat16, 64>(batch, n, group, hkv, capacity, sms, splits)
+                  : tree_attention_hopper_splits<__half, 64>(batch, n, group, hkv, capacity, sms, splits);
     case 128:
-      return bf16 ? tree_attention_hopper_splits<__nv_bfloat16, 128>(batch, n, group, hkv, capacity, splits)
-                  : tree_attention_hopper_splits<__half, 128>(batch, n, group, hkv, capacity, splits);
+      return bf16 ? tree_attention_hopper_splits<__nv_bfloat16, 128>(batch, n, group, hkv, capacity, sms, splits)
+                  : tree_attention_hopper_splits<__half, 128>(batch, n, group, hkv, capacity, sms, splits);
     default: return Status();  // mma.sync runs it (the caller's split heuristic)
   }
 }

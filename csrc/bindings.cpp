@@ -362,17 +362,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "tree_attention_hopper_splits",
-      [](int batch, int n, int hq, int hkv, int capacity, int dtype, int head_dim) {
+      [](int batch, int n, int hq, int hkv, int capacity, int dtype, int head_dim, int sms) {
         int splits = 1;
         check(jetspec::tree_attention_hopper_splits(batch, n, hq, hkv, capacity, dtype, head_dim,
-                                                    &splits),
+                                                    sms, &splits),
               "tree_attention_hopper_splits");
         return splits;
       },
       py::arg("batch"), py::arg("n"), py::arg("hq"), py::arg("hkv"), py::arg("capacity"),
-      py::arg("dtype"), py::arg("head_dim"),
-      "Split-KV count of tree_attention kernel 4 (hopper) for these shapes on the current device, "
-      "from the kernel's occupancy and the wave efficiency (capacity: keys a sequence can hold).");
+      py::arg("dtype"), py::arg("head_dim"), py::arg("sms"),
+      "Split-KV count of tree_attention kernel 4 (hopper) for these shapes on a GPU of `sms` SMs, "
+      "from the kernel's occupancy on the current device and the wave efficiency (capacity: keys "
+      "a sequence can hold).");
 
   // Every launcher: positional or keyword arguments, as its params.h field list declares them.
   py::dict fields;

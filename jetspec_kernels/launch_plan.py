@@ -13,8 +13,11 @@ one (bench/NOTES.md, "Launch planning: one module, three split-KV rules"):
 * kernel="hopper" (cuda): the kernel's CTAs per SM from the CUDA occupancy calculator and the
   fewest splits whose last wave is within 85 % of the best fill: ``hopper_split_count`` in
   csrc/include/jetspec/attention_hopper.cuh, in C++ because it needs the occupancy calculator
-  and the torch-free sweep harness (bench/attn_sweep) plans with it too. It reads the SM count
-  from CUDA itself, so a patched :func:`sm_count` does not reach it (yet).
+  and the torch-free sweep harness (bench/attn_sweep) plans with it too. The cuda wrapper passes
+  it :func:`sm_count`, so all three rules follow one number (patch it to plan for another GPU).
+
+A plan depends on static shapes, dtypes and devices only: :func:`planned` computes one once per
+such signature (and per :func:`sm_count` in use), not on every eager call.
 """
 from __future__ import annotations
 
@@ -48,6 +51,29 @@ def sm_count(device) -> int:
     if device.type != "cuda":
         return CPU_SM_COUNT
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+PLAN_CACHE_SIZE = 1024
+_PLANS: dict = {}   # (rule, id(sm_count), id(pin), key) -> (plan, sm_count, pin)
+
+
+def planned(key: tuple, rule, *args, pin=None):
+    """``rule(*args)``, remembered under ``key``: what the plan depends on in ``args`` (shapes,
+    dtypes, devices, names; never tensor values), hashable. It is also remembered per
+    :func:`sm_count` as it is now (a patched one plans afresh) and per ``pin``, an object the plan
+    depends on by identity (the ``_C`` module in use; it need not be hashable). Both are held with
+    the plan, so their ids cannot be reused while it is kept. A rule that raises remembers
+    nothing. A full cache is emptied first."""
+    sms = sm_count
+    full = (rule, id(sms), id(pin), key)
+    hit = _PLANS.get(full)
+    if hit is not None and hit[1] is sms and hit[2] is pin:
+        return hit[0]
+    plan = rule(*args)
+    if len(_PLANS) >= PLAN_CACHE_SIZE:
+        _PLANS.clear()
+    _PLANS[full] = (plan, sms, pin)
+    return plan
 
 
 def cuda_attention_splits(base_ctas: int, ctas_per_sm: int, capacity: int, sms: int) -> int:

@@ -247,3 +247,18 @@ def test_cuda_supports_answers():
     assert bk.supports("reference", "tree_attention", q=cpu(1, 1, 1, 8)) is None
     assert "head dim 8" in bk.supports("triton", "tree_attention", q=cpu(1, 1, 1, 8))
     assert bk.supports("triton", "tree_attention", q=q256) is None
+
+
+def test_workspaces_share_one_allocation():
+    """cuda/extension.workspaces: each part on a 16-byte boundary, inside one buffer, disjoint
+    (sizes of 0 included), in the order asked."""
+    from jetspec_kernels.cuda import extension as ext
+
+    sizes = (5, 0, 64, 3, 1)
+    buf, addrs = ext.workspaces("cpu", *sizes)
+    assert buf.dtype == torch.uint8 and buf.is_contiguous()
+    base = buf.data_ptr()
+    assert [a - base for a in addrs] == [0, 16, 16, 80, 96]
+    assert all(a % 16 == base % 16 for a in addrs)
+    assert addrs[-1] + sizes[-1] <= base + buf.numel()
+    assert ext.workspaces("cpu")[1] == []

@@ -27,12 +27,15 @@ from bench import host_overhead as ho  # noqa: E402
 # torch versions. Before issue 27's work the cuda path made 110-188 calls in all (its custom ops'
 # dispatch runs through torch's Python kernels), the triton path 71-118 (triton.cdiv and co).
 # tree_attention's split count comes from launch_plan's named rules since issue 29 item 6: one
-# call more on cuda (62 -> 63), two on triton (20 -> 22).
+# call more on cuda (62 -> 63), two on triton (20 -> 22). Issue 27, second pass:
+# tree_attention's plan once per signature (launch_plan.planned), workspaces in one allocation
+# (cuda/extension.workspaces), .data_ptr() where a tensor cannot be None: cuda 63 -> 45,
+# 47 -> 41, 56 -> 42, 49 -> 36.
 BUDGET = {
-    ("cuda", "tree_attention"): (63, 95),
-    ("cuda", "qk_norm_rope_append"): (47, 72),
-    ("cuda", "verify_tree"): (56, 85),
-    ("cuda", "draft_tree"): (49, 85),
+    ("cuda", "tree_attention"): (45, 78),
+    ("cuda", "qk_norm_rope_append"): (41, 66),
+    ("cuda", "verify_tree"): (42, 72),
+    ("cuda", "draft_tree"): (36, 72),
     ("triton", "tree_attention"): (22, 55),
     ("triton", "qk_norm_rope_append"): (25, 50),
     ("triton", "verify_tree"): (39, 65),
@@ -61,6 +64,50 @@ def test_python_calls_per_op_call(x, backend, op):
     assert ours <= want_ours and total <= want_total, (
         f"{backend} {op}: {ours} calls in jetspec_kernels (budget {want_ours}), {total} in all "
         f"(budget {want_total}); bench/host_overhead.py --stages shows where they go")
+
+
+def test_call_counts_leave_out_the_garbage_collector(x):
+    """A collection falling due inside the counted call runs the finalizers of garbage that
+    earlier work left (here: suspended generators in reference cycles, as tracebacks keep them),
+    so the count would depend on what ran before in the process (once: verify_tree 101 calls in
+    all, budget 80, in a long session). python_calls collects first and counts with it off."""
+    import contextlib
+    import gc
+
+    _skip_without_c("cuda")
+    op = ho.calls(x, "cuda")["verify_tree"]
+
+    def counted(collect_inside):
+        seen = 0
+
+        def fn():
+            nonlocal seen
+            seen += 1
+            if seen == 3 and collect_inside:   # python_calls' counted call (after two warm-ups)
+                gc.set_threshold(1)
+                gc.enable()
+            return op()
+        return fn
+
+    @contextlib.contextmanager
+    def suspended():
+        yield
+
+    threshold = gc.get_threshold()
+    with ho.noop_launches("cuda"):
+        clean = ho.python_calls(counted(False))
+        gc.disable()
+        try:
+            for _ in range(20):
+                cycle = {"gen": suspended()}
+                cycle["gen"].__enter__()
+                cycle["self"] = cycle
+            del cycle
+            dirty = ho.python_calls(counted(True))
+        finally:
+            gc.set_threshold(*threshold)
+            gc.enable()
+    assert dirty == clean
 
 
 @pytest.mark.parametrize("backend", ho.BACKENDS)

@@ -155,3 +155,96 @@ GEMM_AT_64 = [
 def test_hidden_topk_method_rule(monkeypatch, rows, vocab, dtype, device, want):
     monkeypatch.setitem(lp.HIDDEN_TOPK_GEMM_MIN_ROWS, "cuda", 64)
     assert lp.hidden_topk_method(rows, vocab, dtype, device) == want
+
+
+# ---- Plans once per signature (launch_plan.planned; issue 27) ----
+
+def test_planned_keys_on_the_signature_and_the_sm_count(monkeypatch):
+    """One rule call per key: the same key again is a lookup; another device (or shape, dtype)
+    is another key; a patched sm_count plans afresh."""
+    monkeypatch.setattr(lp, "_PLANS", {})
+    calls = []
+
+    def rule(*args):
+        calls.append(args)
+        return len(calls)
+
+    for dev in ("cuda:0", "cuda:0", "cuda:1", "cuda:0"):
+        lp.planned((torch.device(dev), (4, 16)), rule, dev)
+    assert calls == [("cuda:0",), ("cuda:1",)]
+    assert lp.planned((torch.device("cuda:0"), (4, 17)), rule, "x") == 3
+    assert lp.planned((torch.device("cuda:0"), (4, 16)), rule, "x") == 1
+    monkeypatch.setattr(lp, "sm_count", lambda device: 7)
+    assert lp.planned((torch.device("cuda:0"), (4, 16)), rule, "x") == 4
+
+    pin = object()
+    assert lp.planned((torch.device("cuda:0"), (4, 16)), rule, "x", pin=pin) == 5
+    assert lp.planned((torch.device("cuda:0"), (4, 16)), rule, "x", pin=pin) == 5
+    assert lp.planned((torch.device("cuda:0"), (4, 16)), rule, "x", pin=object()) == 6
+
+    def refuse():
+        raise ValueError("no")
+    for _ in range(2):   # a refusal is not remembered: it is raised again
+        with pytest.raises(ValueError):
+            lp.planned(("bad",), refuse)
+
+
+def _attention_args(n=16, dtype=torch.float16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, n, 4, 64, generator=gen).to(dtype)
+    kc = torch.randn(1, 4096, 2, 64, generator=gen).to(dtype)
+    vc = torch.randn(1, 4096, 2, 64, generator=gen).to(dtype)
+    prefix = torch.tensor([100 + seed], dtype=torch.int32)
+    return q, kc, vc, prefix, None, "causal", None, 0.125, torch.empty_like(q), None
+
+
+def test_cuda_attention_plans_once_per_signature(monkeypatch):
+    """The cuda tree_attention wrapper (simulator) runs its split rule once per signature: new
+    values are no new plan; another shape, dtype or kernel is; so is a patched sm_count. The
+    planned split count is the one the rule gives."""
+    from helpers import cu, use_sim
+
+    use_sim(monkeypatch)
+    monkeypatch.setattr(lp, "_PLANS", {})
+    seen = []
+    rule = lp.cuda_attention_splits
+    monkeypatch.setattr(lp, "cuda_attention_splits", lambda *a: seen.append(a) or rule(*a))
+    cu().tree_attention(*_attention_args(seed=0), kernel="mma")
+    cu().tree_attention(*_attention_args(seed=1), kernel="mma")     # other values, same shapes
+    assert len(seen) == 1
+    cu().tree_attention(*_attention_args(n=8), kernel="mma")
+    cu().tree_attention(*_attention_args(dtype=torch.bfloat16), kernel="mma")
+    assert len(seen) == 3
+    seven = lambda device: 7  # noqa: E731
+    monkeypatch.setattr(lp, "sm_count", seven)
+    cu().tree_attention(*_attention_args(seed=2), kernel="mma")
+    assert len(seen) == 4 and seen[-1][-1] == 7
+    assert list(lp._PLANS.values())[-1][0] == (cu().extension.enum("AttnKernel")["mma"],
+                                               rule(*seen[-1]))
+    use_sim(monkeypatch)       # another _C (a fresh stand-in), the same sm_count: another plan
+    monkeypatch.setattr(lp, "sm_count", seven)
+    cu().tree_attention(*_attention_args(seed=3), kernel="mma")
+    assert len(seen) == 5
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        cu().tree_attention(*_attention_args(), kernel="nope")
+
+
+@pytest.mark.parametrize("sms", [1, 33, 132, 264])
+def test_hopper_rule_follows_sm_count(monkeypatch, sms):
+    """A patched launch_plan.sm_count reaches the hopper kernel's split rule (C++, from _C): the
+    simulator's occupancy is one CTA per SM, so the rule sees ``sms`` slots; the wrapper's plan
+    for kernel="hopper" is that count."""
+    from helpers import use_sim
+    from jetspec_kernels.cuda.tree_attention import attention_plan, hopper_splits
+    from ops.test_tree_attention_hopper import wave_rule
+
+    use_sim(monkeypatch)
+    monkeypatch.setattr(lp, "_PLANS", {})
+    monkeypatch.setattr(lp, "sm_count", lambda device: sms)
+    b, n, hq, hkv, prefix = 1, 16, 32, 8, 32768      # Qwen3-8B heads: 8 base CTAs (small variant)
+    q = torch.zeros(b, n, hq, 128, dtype=torch.bfloat16)
+    got = hopper_splits(q, hkv, prefix + n)
+    # The rule restated in tests/ops/test_tree_attention_hopper.py, with ``sms`` slots.
+    assert got == wave_rule(8, sms, -(-(prefix + n) // 64))
+    kc = torch.zeros(1, 1, hkv, 128, dtype=torch.bfloat16).expand(b, prefix + n, hkv, 128)
+    assert attention_plan("hopper", q, kc, None)[1] == got

@@ -17,7 +17,9 @@ jetspec::Status launch(const jetspec::AttnParams& p, cudaStream_t stream) {
   return jetspec::tree_attention_hopper_variant<T, HD, Cfg>(p, stream);
 }
 jetspec::Status splits(int batch, int n, int group, int hkv, int capacity, int* out) {
-  return jetspec::hopper_splits_for<T, HD, Cfg>(batch, n, group, hkv, capacity, 32, out);
+  int sms = 0;
+  JETSPEC_RETURN_IF_FAILED(jetspec::current_sm_count(&sms));
+  return jetspec::hopper_splits_for<T, HD, Cfg>(batch, n, group, hkv, capacity, 32, sms, out);
 }
 jetspec::Status resident(int* ctas) { return jetspec::hopper_resident_ctas<T, HD, Cfg>(ctas); }
 

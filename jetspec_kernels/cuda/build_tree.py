@@ -26,9 +26,11 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
         scores = torch.empty(b, n, device=dev, dtype=torch.float32)
         num_nodes = torch.empty(b, device=dev, dtype=torch.int32)
         mask = torch.empty(b, n, w, device=dev, dtype=torch.int32)
-        _C.build_tree(topk_tokens=ext.ptr(tt), topk_logprobs=ext.ptr(tl), root_tokens=ext.ptr(root),
-                      tokens=ext.ptr(tokens), parents=ext.ptr(parents), depths=ext.ptr(depths),
-                      scores=ext.ptr(scores), num_nodes=ext.ptr(num_nodes), mask=ext.ptr(mask),
+        _C.build_tree(topk_tokens=tt.data_ptr(), topk_logprobs=tl.data_ptr(),
+                      root_tokens=root.data_ptr(), tokens=tokens.data_ptr(),
+                      parents=parents.data_ptr(), depths=depths.data_ptr(),
+                      scores=scores.data_ptr(), num_nodes=num_nodes.data_ptr(),
+                      mask=mask.data_ptr(),
                       batch=b, depth=d, k=k, budget=n, words=w,
                       algorithm=ext.enum("TreeAlgorithm")[algorithm], stream=ext.stream())
         return tokens, parents, depths, scores, num_nodes, mask

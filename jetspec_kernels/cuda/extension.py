@@ -78,6 +78,19 @@ def aligned16(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and not any(map(per.__rmod__, t.stride()[:-1]))
 
 
+def workspaces(device, *nbytes: int) -> tuple[torch.Tensor, list[int]]:
+    """Scratch space of ``nbytes[i]`` bytes each in one uninitialised allocation (issue 27: one
+    caching-allocator call instead of one per workspace), each part on a 16-byte boundary:
+    (the buffer, to keep alive until the launches are queued; each part's device address).
+    For workspaces only: a launch needs their addresses, nobody sees them as tensors."""
+    offsets, at = [], 0
+    for size in nbytes:
+        offsets.append(at)
+        at += -(-size // 16) * 16
+    buf = torch.empty(at, dtype=torch.uint8, device=device)
+    return buf, list(map(buf.data_ptr().__add__, offsets))
+
+
 def unavailable(what: str) -> BackendUnavailableError:
     return BackendUnavailableError(f"backend 'cuda' is not available: {what}")
 

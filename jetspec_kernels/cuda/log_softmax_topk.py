@@ -15,9 +15,10 @@ def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
         tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
         logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)
         workspace = torch.empty(_C.topk_workspace_bytes(b * d, v, k), device=logits.device, dtype=torch.uint8)
-        _C.log_softmax_topk(logits=ext.ptr(logits), logits_batch_stride=logits.stride(0),
+        _C.log_softmax_topk(logits=logits.data_ptr(), logits_batch_stride=logits.stride(0),
                             logits_row_stride=logits.stride(1),
-                            tokens=ext.ptr(tokens), logprobs=ext.ptr(logprobs), workspace=ext.ptr(workspace),
+                            tokens=tokens.data_ptr(), logprobs=logprobs.data_ptr(),
+                            workspace=workspace.data_ptr(),
                             batch=b, depth=d, vocab=v, k=k, dtype=ext.dtype_code(logits),
                             stream=ext.stream())
         return tokens, logprobs

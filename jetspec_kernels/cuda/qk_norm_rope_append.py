@@ -22,9 +22,10 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
         start = None if cache_start is None else cache_start.contiguous()
         table = None if block_table is None else block_table.contiguous()
         _C.qk_norm_rope_append(
-            q=ext.ptr(q), k=ext.ptr(k), v=ext.ptr(v), q_norm_w=ext.ptr(qw), k_norm_w=ext.ptr(kw),
-            positions=ext.ptr(pos), cache_start=ext.ptr(start), q_out=ext.ptr(q_out),
-            k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache), block_table=ext.ptr(table),
+            q=ext.ptr(q), k=k.data_ptr(), v=v.data_ptr(), q_norm_w=ext.ptr(qw),
+            k_norm_w=kw.data_ptr(),
+            positions=pos.data_ptr(), cache_start=ext.ptr(start), q_out=ext.ptr(q_out),
+            k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), block_table=ext.ptr(table),
             q_strides=[0, 0, 0] if q is None else ext.strides3(q), k_strides=ext.strides3(k),
             v_strides=ext.strides3(v), k_cache_strides=ext.strides3(k_cache),
             v_cache_strides=ext.strides3(v_cache),

@@ -42,14 +42,35 @@ def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
 
 def hopper_splits(q: torch.Tensor, hkv: int, capacity: int) -> int:
     """Split-KV count of the hopper kernel for q [B, N, Hq, Dh] over caches of ``capacity`` keys a
-    sequence: _C's, from the kernel's occupancy on q's device and a wave-efficiency rule
-    (static shapes only: no host sync, fixed under graph capture)."""
+    sequence: _C's, from the kernel's occupancy on q's device, :func:`launch_plan.sm_count` and a
+    wave-efficiency rule (static shapes only: no host sync, fixed under graph capture)."""
     b, n, hq, dh = q.shape
     if b == 0 or n == 0:
         return 1
     with ext.on_device(q):
         return int(ext.module().tree_attention_hopper_splits(
-            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh))
+            batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh,
+            sms=launch_plan.sm_count(q.device)))
+
+
+def attention_plan(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, block_table) -> tuple:
+    """(kernel code, split count) of a call: checks that ``kernel`` takes these shapes
+    (ValueError), then the split rule of the kernel that runs. Reads names, shapes, dtypes and
+    devices only, so :func:`tree_attention` keeps one plan per signature
+    (:func:`launch_plan.planned`)."""
+    kernels = ext.enum("AttnKernel")
+    if kernel not in kernels:
+        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
+    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
+    if reason:
+        raise ValueError(reason)
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
+        splits = hopper_splits(q, k_cache.shape[2], capacity)
+    else:
+        splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
+                               q.device, kernel)
+    return kernels[kernel], splits
 
 
 @custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
@@ -80,21 +101,24 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             tree_mask = tree_mask.contiguous()
         if block_table is not None:
             block_table = block_table.contiguous()
-        partial_o = partial_lse = None
-        if num_splits > 1:
-            partial_o = torch.empty(num_splits, b, hq, n, dh, device=q.device, dtype=torch.float32)
-            partial_lse = torch.empty(num_splits, b, hq, n, device=q.device, dtype=torch.float32)
+        partial_o = partial_lse = 0
+        if num_splits > 1:  # float32 partial_o [splits, B, Hq, N, Dh], partial_lse [.., N]
+            rows = num_splits * b * hq * n
+            # (work: kept alive until the launch is queued)
+            work, (partial_o, partial_lse) = ext.workspaces(q.device, rows * dh * 4, rows * 4)
         _C.tree_attention(
-            q=ext.ptr(q), q_strides=ext.strides3(q), k_cache=ext.ptr(k_cache), v_cache=ext.ptr(v_cache),
+            q=q.data_ptr(), q_strides=ext.strides3(q), k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(),
             k_cache_strides=ext.strides3(k_cache), v_cache_strides=ext.strides3(v_cache),
             block_table=ext.ptr(block_table),
             block_table_batch_stride=0 if block_table is None else block_table.stride(0),
             page_size=k_cache.shape[1], cache_outer=k_cache.shape[0],
-            prefix_lens=ext.ptr(prefix_lens), tree_mask=ext.ptr(tree_mask),
+            prefix_lens=prefix_lens.data_ptr(), tree_mask=ext.ptr(tree_mask),
             tree_mask_batch_stride=0 if tree_mask is None else tree_mask.stride(0),
             tree_mask_row_stride=0 if tree_mask is None else tree_mask.stride(1),
-            tail=ext.enum("AttnTail")[mode], out=ext.ptr(out_buf), out_strides=ext.strides3(out_buf),
-            lse=ext.ptr(lse_buf), partial_o=ext.ptr(partial_o), partial_lse=ext.ptr(partial_lse), batch=b,
+            tail=ext.enum("AttnTail")[mode], out=out_buf.data_ptr(),
+            out_strides=ext.strides3(out_buf),
+            lse=ext.ptr(lse_buf), partial_o=partial_o, partial_lse=partial_lse, batch=b,
             n=n, hq=hq, hkv=hkv, splits=num_splits,
             scale=float(scale), dtype=ext.dtype_code(q), head_dim=dh, kernel=kernel,
             stream=ext.stream())
@@ -125,18 +149,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     before choosing this backend, and _C refuses bad input to a direct call (ValueError).
     """
     kernel = attention_kernel(kernel)
-    kernels = ext.enum("AttnKernel")
-    if kernel not in kernels:
-        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
-    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
-    if reason:
-        raise ValueError(reason)
+    table = None if block_table is None else block_table.shape
+    key = (kernel, q.shape, q.dtype, q.device, k_cache.shape, table)
+    code, splits = launch_plan.planned(key, attention_plan, kernel, q, k_cache, block_table,
+                                       pin=ext.module())
     if num_splits is None:
-        capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-        if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
-            num_splits = hopper_splits(q, k_cache.shape[2], capacity)
-        else:
-            num_splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2],
-                                       capacity, q.device, kernel)
+        num_splits = splits
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
-                    out, lse, int(num_splits), kernels[kernel])
+                    out, lse, int(num_splits), code)

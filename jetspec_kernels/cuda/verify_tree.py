@@ -42,29 +42,33 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         tokens = tokens.contiguous()
         parents = parents.contiguous()
         num_nodes = num_nodes.contiguous()
-        partial_value = partial_token = target = None
+        partial_value = partial_token = 0
+        target = None
         splits = 1
         if target_tokens is None:
             v = target_logits.shape[2]
             splits, split_len = target_splits(b * n, v, launch_plan.sm_count(dev))
-            partial_value = torch.empty(b * n, splits, device=dev, dtype=torch.float32)
-            partial_token = torch.empty(b * n, splits, device=dev, dtype=torch.int32)
             sample = temperature is not None
+            filtered = sample and (top_k is not None or top_p is not None)
+            # Workspaces, one allocation: phase 1's partial_value float32 / partial_token int32
+            # [B * N, splits], then (filtered) phase 0's thr_x float32 / thr_id int32 [B * N].
+            sizes = (b * n * splits * 4,) * 2 + ((b * n * 4,) * 2 if filtered else ())
+            work, (partial_value, partial_token, *thr) = ext.workspaces(dev, *sizes)
+            thr_x, thr_id = thr or (0, 0)
             seed_t = seed.to(torch.int64).contiguous() if sample else None
             offset_t = offset.to(torch.int64).contiguous() if sample else None
             temp_t = temperature.contiguous() if sample else None
             # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
             vec = ext.aligned16(target_logits)
-            thr_x = thr_id = None
-            if sample and (top_k is not None or top_p is not None):
-                thr_x, thr_id = _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec)
+            if filtered:
+                _thresholds(target_logits, temp_t, num_nodes, top_k, top_p, vec, thr_x, thr_id)
             _C.verify_target_tokens(
-                logits=ext.ptr(target_logits), logits_batch_stride=target_logits.stride(0),
-                logits_row_stride=target_logits.stride(1), num_nodes=ext.ptr(num_nodes),
-                seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=ext.ptr(partial_value),
-                partial_token=ext.ptr(partial_token), batch=b, n=n,
+                logits=target_logits.data_ptr(), logits_batch_stride=target_logits.stride(0),
+                logits_row_stride=target_logits.stride(1), num_nodes=num_nodes.data_ptr(),
+                seed=ext.ptr(seed_t), offset=ext.ptr(offset_t), partial_value=partial_value,
+                partial_token=partial_token, batch=b, n=n,
                 vocab=v, splits=splits, split_len=split_len, vec=vec, temperature=ext.ptr(temp_t),
-                thr_x=ext.ptr(thr_x), thr_id=ext.ptr(thr_id), dtype=ext.dtype_code(target_logits),
+                thr_x=thr_x, thr_id=thr_id, dtype=ext.dtype_code(target_logits),
                 stream=ext.stream())
         else:
             target = target_tokens.contiguous()
@@ -72,12 +76,14 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
         path = torch.empty(b, cols, device=dev, dtype=torch.int32)
         bonus = torch.empty(b, device=dev, dtype=torch.int32)
         emitted = torch.empty(b, cols, device=dev, dtype=torch.int32)
-        _C.verify_walk(tokens=ext.ptr(tokens), parents=ext.ptr(parents), num_nodes=ext.ptr(num_nodes),
+        _C.verify_walk(tokens=tokens.data_ptr(), parents=parents.data_ptr(),
+                       num_nodes=num_nodes.data_ptr(),
                        target=ext.ptr(target),
                        target_batch_stride=0 if target is None else target.stride(0),
-                       partial_value=ext.ptr(partial_value), partial_token=ext.ptr(partial_token), splits=splits,
-                       accept_len=ext.ptr(accept_len), path=ext.ptr(path), bonus=ext.ptr(bonus),
-                       emitted=ext.ptr(emitted), batch=b, n=n, cols=cols, stream=ext.stream())
+                       partial_value=partial_value, partial_token=partial_token, splits=splits,
+                       accept_len=accept_len.data_ptr(), path=path.data_ptr(),
+                       bonus=bonus.data_ptr(),
+                       emitted=emitted.data_ptr(), batch=b, n=n, cols=cols, stream=ext.stream())
         return accept_len, path, bonus, emitted
 
 
@@ -102,21 +108,19 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
                         temperature, seed, offset, top_k, top_p)
 
 
-def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec):
-    """Phase 0: (thr_x float32 [B * N], thr_id int32 [B * N]); call inside ext.on_device."""
+def _thresholds(logits, temperature, num_nodes, top_k, top_p, vec, thr_x, thr_id):
+    """Phase 0 into thr_x float32 / thr_id int32 [B * N] (device addresses); call inside
+    ext.on_device."""
     _C = ext.module()
     b, n, v = logits.shape
-    thr_x = torch.empty(b * n, device=logits.device, dtype=torch.float32)
-    thr_id = torch.empty(b * n, device=logits.device, dtype=torch.int32)
     top_k = None if top_k is None else top_k.contiguous()   # kept alive across the call
     top_p = None if top_p is None else top_p.contiguous()
-    _C.verify_sample_filter(logits=ext.ptr(logits), logits_batch_stride=logits.stride(0),
+    _C.verify_sample_filter(logits=logits.data_ptr(), logits_batch_stride=logits.stride(0),
                             logits_row_stride=logits.stride(1),
-                            num_nodes=ext.ptr(num_nodes), temperature=ext.ptr(temperature),
-                            top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=ext.ptr(thr_x),
-                            thr_id=ext.ptr(thr_id), batch=b, n=n, vocab=v, vec=vec,
+                            num_nodes=num_nodes.data_ptr(), temperature=temperature.data_ptr(),
+                            top_k=ext.ptr(top_k), top_p=ext.ptr(top_p), thr_x=thr_x,
+                            thr_id=thr_id, batch=b, n=n, vocab=v, vec=vec,
                             dtype=ext.dtype_code(logits), stream=ext.stream())
-    return thr_x, thr_id
 
 
 def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
@@ -139,6 +143,8 @@ def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=Non
             num_nodes = torch.full((b,), n, dtype=torch.int32, device=logits.device)
         num_nodes = num_nodes.contiguous()
         temperature = temperature.contiguous()
-        thr_x, thr_id = _thresholds(logits, temperature, num_nodes, top_k, top_p,
-                                    ext.aligned16(logits))
-        return thr_x.view(b, n), thr_id.view(b, n)
+        thr_x = torch.empty(b, n, device=logits.device, dtype=torch.float32)
+        thr_id = torch.empty(b, n, device=logits.device, dtype=torch.int32)
+        _thresholds(logits, temperature, num_nodes, top_k, top_p, ext.aligned16(logits),
+                    thr_x.data_ptr(), thr_id.data_ptr())
+        return thr_x, thr_id

@@ -31,9 +31,10 @@ Status launch_build_tree(const BuildTreeParams& p, cudaStream_t stream);
 
 // dtype float16 or bfloat16; head_dim 64, 128 or 256.
 Status launch_tree_attention(const AttnParams& p, cudaStream_t stream);
-// The split count kernel 4 (hopper) picks for these shapes on the current device (occupancy and
-// wave efficiency); capacity = the keys one sequence's cache can hold. 1 where it would not run.
+// The split count kernel 4 (hopper) picks for these shapes on a GPU of `sms` SMs (its CTAs per
+// SM from the current device's occupancy calculator; wave efficiency); capacity = the keys one
+// sequence's cache can hold. 1 where it would not run.
 Status tree_attention_hopper_splits(int batch, int n, int hq, int hkv, int capacity, int dtype,
-                                    int head_dim, int* splits);
+                                    int head_dim, int sms, int* splits);
 
 }  // namespace jetspec

@@ -491,14 +491,23 @@ inline int hopper_split_count(long long base, long long slots, int nblocks, int 
   return 1;
 }
 
-// Splits for a launch of variant Cfg over `batch` sequences of up to `capacity` keys.
+// The current device's SM count (for callers without one of their own: the sweep harness; _C
+// takes the count from jetspec_kernels.launch_plan.sm_count, the one number all split rules use).
+inline Status current_sm_count(int* sms) {
+  int dev = 0;
+  JETSPEC_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  JETSPEC_RETURN_IF_ERROR(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
+  return Status();
+}
+
+// Splits for a launch of variant Cfg over `batch` sequences of up to `capacity` keys on a GPU of
+// `sms` SMs (the CTAs per SM from the current device's occupancy calculator).
 template <typename T, int HD, class Cfg>
 Status hopper_splits_for(int batch, int n, int group, int hkv, int capacity, int max_splits,
-                         int* splits) {
-  int ctas = 0, sms = 0, dev = 0;
+                         int sms, int* splits) {
+  JETSPEC_RETURN_IF_FAILED(check_range("sms", sms, 1));
+  int ctas = 0;
   JETSPEC_RETURN_IF_FAILED((hopper_resident_ctas<T, HD, Cfg>(&ctas)));
-  JETSPEC_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  JETSPEC_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (ctas < 1) {
     return unsupported("the Hopper attention kernel (", Cfg::kThreads, " threads, ",
                        attention_hopper_smem_bytes<HD, Cfg>(), " bytes of shared memory) fits no "
@@ -534,16 +543,17 @@ Status tree_attention_hopper(const AttnParams& p, cudaStream_t stream) {
   return tree_attention_hopper_variant<T, HD, HopperSmall<HD>>(p, stream);
 }
 
-// Split count tree_attention_hopper uses for these shapes (capacity: keys a sequence may hold).
+// Split count tree_attention_hopper uses for these shapes (capacity: keys a sequence may hold)
+// on a GPU of `sms` SMs.
 template <typename T, int HD>
-Status tree_attention_hopper_splits(int batch, int n, int group, int hkv, int capacity,
+Status tree_attention_hopper_splits(int batch, int n, int group, int hkv, int capacity, int sms,
                                     int* splits) {
   constexpr int kMaxSplits = 32;
   if (static_cast<long long>(n) * group > kAttnRows)
     return hopper_splits_for<T, HD, HopperWide<HD>>(batch, n, group, hkv, capacity, kMaxSplits,
-                                                    splits);
+                                                    sms, splits);
   return hopper_splits_for<T, HD, HopperSmall<HD>>(batch, n, group, hkv, capacity, kMaxSplits,
-                                                   splits);
+                                                   sms, splits);
 }
 
 }  // namespace jetspec
