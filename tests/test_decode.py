@@ -97,6 +97,8 @@ def test_greedy_lossless_random_head(models, ar_tokens, budget, algorithm):
     s = out.stats
     assert s.rounds >= 1 and len(s.accept_lengths) >= s.rounds
     assert sum(s.accept_histogram) == len(s.accept_lengths)
+    # one count per accept length 0 .. max_depth, reached or not
+    assert len(s.accept_histogram) == min(head.block_size - 1, budget - 1) + 1
     assert s.new_tokens == 30
 
 
@@ -191,6 +193,51 @@ def test_eos_inside_accepted_path_and_max_new_inside_round(models, ar_tokens):
         assert out.tokens == ar_multi
         assert all(len(t) <= 13 for t in out.tokens)
     assert any(len(t) == 13 for t in ar_multi)
+
+
+
+def test_stats_count_each_active_sequence_round_once(models, ar_tokens):
+    """budget 1 (the root alone): every round emits exactly one token per unfinished sequence and
+    accepts 0, so the statistics follow from the baseline: one accept length 0 per (sequence,
+    round) while the sequence runs, and rounds until the longest output is complete. A sequence
+    finished by EOS (the second id of the list) or by reaching max_new_tokens exactly is neither
+    counted nor decoded further."""
+    target, head = models
+    max_new = 6
+    seq = ar_tokens[0]
+    k = next(i for i in range(2, max_new - 1) if seq[i] not in seq[:i])
+    seen = {t for toks in ar_tokens for t in toks[:max_new]}
+    unused = next(t for t in range(target.config.vocab_size) if t not in seen)
+    eos = [unused, seq[k]]
+    ar = generate_ar(target, PROMPTS, max_new_tokens=max_new, eos_token_id=eos).tokens
+    assert ar[0] == seq[:k + 1] and max(len(t) for t in ar) == max_new
+    out = generate(target, head, PROMPTS, max_new_tokens=max_new, budget=1, topk=2,
+                   eos_token_id=eos)
+    assert out.tokens == ar
+    s = out.stats
+    entries = sum(len(t) - 1 for t in ar)
+    assert s.rounds == max_new - 1
+    assert s.accept_lengths == [0] * entries and s.accept_histogram == [entries]
+    assert s.mean_accept == 0.0 and s.tokens_per_round == 1.0
+    assert s.new_tokens == sum(len(t) for t in ar)
+
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 4])
+def test_paged_cache_holds_the_capacity_asked_for(models, page_size):
+    """A paged cache rounds its capacity up to whole pages: a prompt that fills a capacity which
+    is no multiple of the page size gives the contiguous cache's logits."""
+    target, _ = models
+    n = 7
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    lens = torch.tensor([n], dtype=torch.int32)
+    cache = target.new_cache(1, n, page_size=page_size)
+    pages = -(-n // page_size)
+    assert cache.capacity == pages * page_size >= n
+    assert cache.block_table.shape == (1, pages) and cache.k.shape[:2] == (pages, page_size)
+    want, _ = target.prefill(tokens, lens, target.new_cache(1, n))
+    got, _ = target.prefill(tokens, lens, cache)
+    assert rel_l2(got, want) < 1e-5
 
 
 @pytest.mark.parametrize("page_size", [3, 16])
@@ -450,3 +497,18 @@ def test_finished_sequence_stops_growing_its_context(trained, trained_streams):
     assert ctx0[done_at:] == [ctx0[done_at]] * (len(ctx0) - done_at), \
         f"a finished sequence's context kept growing: {ctx0}"
     _check_context_rows(target, spy, prompts, streams)
+
+
+def test_acceptance_counts_every_prompt(trained):
+    """decode.acceptance (the recipe's acceptance table) averages over all (sequence, round)
+    pairs of every batch, the last partial batch included."""
+    from jetspec_kernels.decode.acceptance import acceptance
+    from jetspec_kernels.models.byte_tokenizer import EOS_ID, encode
+    target, head = trained
+    prompts = [encode(p) for p in TEXT_PROMPTS + ["class Point:\n    def __init__(self, x, y):\n"]]
+    kw = dict(budget=8, topk=3, max_new_tokens=12, eos_token_id=EOS_ID)
+    runs = [generate(target, head, prompts[:2], **kw).stats.accept_lengths,
+            generate(target, head, prompts[2:], **kw).stats.accept_lengths]
+    want = sum(map(sum, runs)) / sum(map(len, runs))
+    assert want != sum(runs[0]) / len(runs[0]), "the test needs the last batch to move the mean"
+    assert acceptance(target, head, prompts, batch=2, **kw) == pytest.approx(want, rel=1e-12)

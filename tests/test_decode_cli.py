@@ -305,3 +305,35 @@ def test_eos_errors_blame_the_right_thing(checkpoint_dirs, capsys):
     (target_dir / "generation_config.json").write_text("{not json")
     assert error_of(base).startswith(f"jetspec: error: --target {target_dir}: "
                                      "generation_config.json cannot be read")
+
+
+def test_options_at_their_limits_run(capsys):
+    """Every bounded option at exactly its limit is accepted (one past it is in BAD): the lower
+    limits together, then --topk at its upper limit (the vocabulary's 97 > MAX_TOPK 64)."""
+    from jetspec_kernels.limits import MAX_TOPK
+    base = ["generate", "--random-tiny", "--prompt", "1 2", "--backend", "reference", "--max-new-tokens", "1"]
+    assert package_main(base + ["--budget", "1", "--topk", "1", "--top-k", "0", "--page-size", "1",
+                                "--tp", "1", "--temperature", "0", "--top-p", "1"]) == 0
+    target, head = tiny_models()
+    want = generate(target, head, [[1, 2]], max_new_tokens=1, budget=1, topk=1).tokens[0]
+    assert capsys.readouterr().out.startswith(f"--- prompt 0: '1 2'\n{want[0]}\n[jetspec] 1 tokens")
+    assert package_main(base + ["--budget", "2", "--topk", str(MAX_TOPK)]) == 0
+    assert capsys.readouterr().out.startswith(f"--- prompt 0: '1 2'\n{want[0]}\n[jetspec] 1 tokens")
+
+
+def test_default_eos_zero_from_generation_config(tmp_path, capsys):
+    """eos_token_id 0 in generation_config.json is an EOS like any other, not 'unset'."""
+    tcfg = tiny_qwen3_config()
+    weights = random_qwen3_weights(tcfg, seed=0)
+    weights["lm_head.weight"].zero_()        # every logit 0: greedy emits id 0 (ties to the lower id)
+    save_qwen3(tcfg, weights, str(tmp_path / "target"))
+    dcfg = tiny_draft_config(tcfg)
+    save_draft_head(dcfg, random_draft_weights(dcfg, seed=1), str(tmp_path / "head"))
+    argv = ["generate", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "head"),
+            "--prompt", "5 6", "--max-new-tokens", "4", "--budget", "4", "--topk", "2",
+            "--backend", "reference"]
+    assert package_main(argv) == 0
+    assert capsys.readouterr().out.split("\n")[1] == "0 0 0 0"      # no EOS configured
+    (tmp_path / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    assert package_main(argv) == 0
+    assert capsys.readouterr().out.split("\n")[1] == "0"

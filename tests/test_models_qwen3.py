@@ -155,3 +155,20 @@ def test_tied_embeddings_and_config_errors(tmp_path):
         Qwen3Config.from_dict({k: v for k, v in d.items() if k != "vocab_size"})
     v5 = {**d, "rope_theta": None, "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}}
     assert Qwen3Config.from_dict(v5).rope_theta == 5.0
+
+
+def test_argmax_over_vocabulary_chunks_ties_to_the_lower_id():
+    """Qwen3.argmax reads the vocabulary in chunks of 32768: a tie between ids in different chunks
+    goes to the lower id (torch.argmax's rule, which generate_ar and the reference use), so
+    greedy speculative output stays equal to the baseline on a large vocabulary."""
+    cfg = tiny_qwen3_config(vocab_size=32768 + 40, hidden_size=16, intermediate_size=32,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_hidden_layers=1)
+    model = Qwen3(cfg, random_qwen3_weights(cfg, seed=4))
+    hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
+    lm = model.lm_head_weight
+    lm[7] = lm[32768 + 7] = 100.0 * hidden[0]                  # tie across the chunk boundary
+    lm[32768 + 20] = 100.0 * hidden[1]                          # the best id in the second chunk
+    want = torch.argmax(model.logits(hidden), dim=-1).to(torch.int32)
+    assert want[:2].tolist() == [7, 32768 + 20]
+    assert torch.equal(model.argmax(hidden), want)

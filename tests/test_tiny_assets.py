@@ -83,6 +83,15 @@ def test_tokenizer_round_trip():
     assert tokenizer.decode(ids + [tokenizer.EOS_ID, tokenizer.MASK_ID]) == text
 
 
+
+def test_tokenizer_edge_bytes():
+    """Bytes 0 and 255 are tokens like any other (ids 0 and 255); only ids >= 256 are special."""
+    assert tokenizer.encode(b"\x00\xff") == [0, 255]
+    assert tokenizer.encode("\x00a\x7f", bos=True) == [tokenizer.BOS_ID, 0, 97, 127]
+    assert tokenizer.decode([tokenizer.BOS_ID, 0, 97, 127, tokenizer.EOS_ID]) == "\x00a\x7f"
+    assert tokenizer.decode([0xC3, 0xBF, 0, tokenizer.MASK_ID]) == "\xff\x00"
+
+
 def test_manifest_detects_changed_file(tmp_path):
     for i in range(6):
         (tmp_path / f"m{i}.py").write_text(f"x = {i}\n")

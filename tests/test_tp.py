@@ -118,6 +118,13 @@ def scenario_two(rank, world):
     split = _pair(tiny_qwen3_config(), 0, None)
     mine = [p + [rank] for p in PROMPTS]
     out["ranks_disagree"] = _errors(lambda: generate(*split, mine, **SPEC))
+    out["ar_ranks_disagree"] = _errors(lambda: generate_ar(split[0], mine, max_new_tokens=4))
+    # Adaptive budget, each rank with its own cost model: rank 0's makes size 2 the best, rank 1's
+    # size 8; every rank must use rank 0's (else the ranks verify trees of different sizes).
+    costs = {2: 1.0, 4: 50.0, 8: 50.0} if rank == 0 else {2: 50.0, 4: 50.0, 8: 1.0}
+    adaptive = generate(*split, PROMPTS, max_new_tokens=12, budget=[2, 4, 8], topk=3,
+                        cost_model=costs)
+    out["adaptive"] = (adaptive.tokens, adaptive.stats.budget_sizes)
     out["check_can_fail"] = _errors(lambda: tp.check_same(torch.tensor([rank]), split[0].shard, "x"))
     out["odd_heads"] = _errors(lambda: _pair(tiny_qwen3_config(num_attention_heads=3,
                                                                num_key_value_heads=1), 0, None))
@@ -272,6 +279,23 @@ def test_bad_tp_and_disagreeing_ranks_are_one_clear_error(two, four):
             assert err.startswith("jetspec: error: --tp 4: target checkpoint ") and err.endswith(
                 "tp=4 must divide num_attention_heads (4) and num_key_value_heads (2): each rank "
                 "holds whole heads\n") and err.count("\n") == 1, err
+
+
+def test_generate_ar_refuses_ranks_that_disagree(two):
+    """generate_ar checks its arguments across ranks as generate does (prompts that differ would
+    mix the ranks' partial sums silently)."""
+    for res in two:
+        err = res["ar_ranks_disagree"]
+        assert err is not None and err.startswith("RuntimeError: tensor parallelism: generate_ar's "
+                                                  "arguments") and "differ across the 2 ranks" in err
+
+
+def test_adaptive_budget_uses_the_first_ranks_cost_model(two):
+    _no_errors(two)
+    for res in two:
+        tokens, sizes = res["adaptive"]
+        assert tokens == res["dense"]["greedy"]["ar"][0]
+        assert sizes and set(sizes) == {2}, sizes
 
 
 def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
