@@ -170,6 +170,9 @@ def test_hidden_topk_input_limits_per_backend():
     assert _hidden_unsupported("cuda", hidden, weight[:, :64]) is None     # rows 144 bytes apart
     assert "lm_head_weight rows on 16-byte" in _hidden_unsupported("cuda", hidden, weight[:, 1:65])
     assert _hidden_unsupported("triton", hidden, weight[:, 1:65]) is None
+    # fp16 rows 136 bytes apart (68 elements: a multiple of 4 elements, not of 8) are off 16 bytes
+    narrow = torch.empty(300, 68, dtype=torch.half)[:, :64]
+    assert "lm_head_weight rows on 16-byte" in _hidden_unsupported("cuda", hidden, narrow)
 
 
 @pytest.fixture

@@ -117,6 +117,8 @@ def test_backends_plan_with_its_sm_count(monkeypatch, sms):
     # verify_tree, 4 rows: about 4 programs per SM (triton: V / 512-token blocks at most).
     assert triton_verify._splits(4, 151936, 512, torch.device("cuda", 0)) == min(sms, 297)
     assert target_splits(4, 151936, sms)[0] == min(sms, 38)
+    # 64 rows: about 4 CTAs per SM in total, ceil(4 * sms / 64) splits a row (below the V cap)
+    assert target_splits(64, 151936, sms)[0] == min(-(-4 * sms // 64), 38)
 
 
 def test_cuda_verify_plans_with_its_sm_count(monkeypatch):
