@@ -170,6 +170,9 @@ def test_hidden_topk_input_limits_per_backend():
     assert _hidden_unsupported("cuda", hidden, weight[:, :64]) is None     # rows 144 bytes apart
     assert "lm_head_weight rows on 16-byte" in _hidden_unsupported("cuda", hidden, weight[:, 1:65])
     assert _hidden_unsupported("triton", hidden, weight[:, 1:65]) is None
+    # fp16 rows 136 bytes apart (68 elements: a multiple of 4 elements, not of 8) are off 16 bytes
+    narrow = torch.empty(300, 68, dtype=torch.half)[:, :64]
+    assert "lm_head_weight rows on 16-byte" in _hidden_unsupported("cuda", hidden, narrow)
 
 
 @pytest.fixture
@@ -270,3 +273,20 @@ def test_cpu_tests_skip_without_c_extension():
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "_C not built" in proc.stdout and " skipped" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_cuda_supports_follows_the_kernel_variable(monkeypatch):
+    """A call that names no kernel takes JETSPEC_ATTN_KERNEL's: the cuda backend's answer for the
+    same shapes changes with the variable (the answers are remembered per signature and kernel,
+    so a call before the variable was set must not answer for one after)."""
+    pytest.importorskip("jetspec_kernels._C", reason="_C not built: the cuda backend's limits "
+                                                     "come from _C.LIMITS")
+    q = torch.empty(1, 2, 4, 256, dtype=torch.half)
+    kv = torch.empty(1, 16, 2, 256, dtype=torch.half)
+    monkeypatch.delenv("JETSPEC_ATTN_KERNEL", raising=False)
+    assert bk.supports("cuda", "tree_attention", q=q, k_cache=kv, v_cache=kv) is None
+    monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")
+    assert "head dims (64, 128)" in bk.supports("cuda", "tree_attention", q=q, k_cache=kv,
+                                                v_cache=kv)
+    monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "mma")
+    assert bk.supports("cuda", "tree_attention", q=q, k_cache=kv, v_cache=kv) is None

@@ -249,6 +249,27 @@ def test_cuda_supports_answers():
     assert bk.supports("triton", "tree_attention", q=q256) is None
 
 
+def test_aligned16_reads_every_row_stride(monkeypatch):
+    """cuda/extension.aligned16 judges every stride but the last: heads 136 bytes apart or rows
+    of an odd float32 vocabulary are off 16-byte boundaries even where the outer strides are
+    not; the cuda attention wrapper refuses such a cache (cp.async needs aligned rows)."""
+    from jetspec_kernels.cuda import extension as ext
+
+    assert ext.aligned16(torch.empty(2, 16, 4, 72, dtype=torch.half)[..., :64])
+    heads = torch.empty(2, 16, 4 * 68, dtype=torch.half).view(2, 16, 4, 68)[..., :64]
+    assert not ext.aligned16(heads)                          # strides (1088, 68, ...)
+    assert not ext.aligned16(torch.empty(2, 4, 1001))        # rows 4004 bytes apart
+    assert ext.aligned16(torch.empty(2, 4, 1004))
+    assert not ext.aligned16(torch.empty(2, 4, 1024)[..., 1:])
+
+    use_sim(monkeypatch)
+    q = torch.zeros(1, 16, 4, 64, dtype=torch.half)
+    kc = torch.zeros(1, 64, 2 * 68, dtype=torch.half).view(1, 64, 2, 68)[..., :64]
+    with pytest.raises(ValueError, match="k_cache rows must start on 16-byte boundaries"):
+        cu().tree_attention(q, kc, kc, torch.tensor([20], dtype=torch.int32), None, "causal",
+                            None, 0.125, torch.empty_like(q), None, 1, "mma")
+
+
 def test_workspaces_share_one_allocation():
     """cuda/extension.workspaces: each part on a 16-byte boundary, inside one buffer, disjoint
     (sizes of 0 included), in the order asked."""

@@ -23,6 +23,8 @@ CUDA_TABLE = [
     (72, 2, 4096, A100, 3),     # 216 / 72
     (120, 2, 4096, A100, 1),    # 120 base CTAs fill over half of an A100's 216 slots
     (120, 2, 4096, H200, 2),    # ... but not of an H200's 264
+    (132, 2, 4096, H200, 1),    # exactly half of the 264 slots: no split
+    (131, 2, 4096, H200, 2),    # one CTA under half: 264 // 131
     (512, 2, 4096, H200, 1),    # the grid fills the GPU
     (0, 2, 4096, H200, 1),      # nothing to compute
 ]
@@ -83,6 +85,21 @@ def test_sm_count_is_queried_once_per_device(monkeypatch):
         lp._cuda_sm_count.cache_clear()
 
 
+def test_sm_count_of_a_bare_cuda_device_is_the_current_ones(monkeypatch):
+    """"cuda" without an index is the current device (torch's meaning), not device 0: a process
+    driving an A100 as device 1 plans for 108 SMs there."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: type("P", (), {"multi_processor_count": {0: H200, 1: A100}[index]}))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    lp._cuda_sm_count.cache_clear()
+    try:
+        assert lp.sm_count("cuda") == A100
+        assert lp.sm_count(torch.device("cuda")) == A100
+        assert lp.sm_count("cuda:0") == H200
+    finally:
+        lp._cuda_sm_count.cache_clear()
+
+
 @pytest.mark.parametrize("sms", [A100, H200, 1000])
 def test_backends_plan_with_its_sm_count(monkeypatch, sms):
     """Patch launch_plan.sm_count: the cuda attention (one wave of 2 CTAs per SM at Dh 128) and
@@ -100,6 +117,8 @@ def test_backends_plan_with_its_sm_count(monkeypatch, sms):
     # verify_tree, 4 rows: about 4 programs per SM (triton: V / 512-token blocks at most).
     assert triton_verify._splits(4, 151936, 512, torch.device("cuda", 0)) == min(sms, 297)
     assert target_splits(4, 151936, sms)[0] == min(sms, 38)
+    # 64 rows: about 4 CTAs per SM in total, ceil(4 * sms / 64) splits a row (below the V cap)
+    assert target_splits(64, 151936, sms)[0] == min(-(-4 * sms // 64), 38)
 
 
 def test_cuda_verify_plans_with_its_sm_count(monkeypatch):
@@ -227,6 +246,35 @@ def test_cuda_attention_plans_once_per_signature(monkeypatch):
     assert len(seen) == 5
     with pytest.raises(ValueError, match="kernel must be one of"):
         cu().tree_attention(*_attention_args(), kernel="nope")
+
+
+def test_cuda_attention_plans_per_cache_shape(monkeypatch):
+    """The plan's key holds the cache's shape and the block table's width: a longer cache, more
+    kv heads or a wider block table is another plan, with the capacity of that call (a short
+    cache's plan reused for a long one would split 32K keys as if they were 4K)."""
+    from helpers import cu, use_sim
+
+    use_sim(monkeypatch)
+    monkeypatch.setattr(lp, "_PLANS", {})
+    seen = []
+    rule = lp.cuda_attention_splits
+    monkeypatch.setattr(lp, "cuda_attention_splits", lambda *a: seen.append(a) or rule(*a))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 16, 4, 64, generator=gen).half()
+    prefix = torch.tensor([100], dtype=torch.int32)
+
+    def call(kc, table=None):
+        cu().tree_attention(q, kc, kc, prefix, None, "causal", table, 0.125, torch.empty_like(q),
+                            None, kernel="mma")
+        return seen[-1][2]      # the capacity the rule saw
+
+    assert call(torch.randn(1, 1024, 2, 64, generator=gen).half()) == 1024
+    assert call(torch.randn(1, 4096, 2, 64, generator=gen).half()) == 4096
+    assert call(torch.randn(1, 1024, 4, 64, generator=gen).half()) == 1024 and len(seen) == 3
+    pages = torch.randn(4, 16, 2, 64, generator=gen).half()
+    assert call(pages, torch.zeros(1, 16, dtype=torch.int32)) == 256
+    assert call(pages, torch.zeros(1, 64, dtype=torch.int32)) == 1024
+    assert len(seen) == 5
 
 
 @pytest.mark.parametrize("sms", [1, 33, 132, 264])

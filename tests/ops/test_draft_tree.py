@@ -806,3 +806,39 @@ def test_hidden_topk_method_choice(monkeypatch):
     with pytest.raises(ValueError, match=r"^JETSPEC_HIDDEN_TOPK must be one of .*'unfused'"):
         tree(1)
     tree(1, method="fused")                              # an explicit method ignores the variable
+
+
+@backends("reference")
+def test_hidden_topk_auto_caps_the_logits_by_vocabulary(monkeypatch):
+    """auto's cap on the gemm method's float32 logits counts B * D * V * 4 bytes (V the lm_head
+    rows, not the hidden size): at the cap gemm, one byte under it fused."""
+    monkeypatch.delenv("JETSPEC_HIDDEN_TOPK", raising=False)
+    calls = _spy_gemm(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(300, 16, generator=gen).half()      # V 300, H 16
+    hidden = torch.randn(2, 4, 16, generator=gen).half()     # 8 rows: 8 * 300 * 4 = 9600 bytes
+    root = torch.zeros(2, dtype=torch.int32)
+    monkeypatch.setitem(launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, "cpu", 1)
+    for cap, want in ((9600, 1), (9599, 1)):
+        monkeypatch.setattr(launch_plan, "HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES", cap)
+        jk.draft_tree_from_hidden(hidden, weight, root, budget=8, topk=2, backend="reference")
+        assert len(calls) == want, cap
+
+
+@backends("reference")
+@pytest.mark.parametrize("method", ["fused", "gemm"])
+def test_hidden_and_lm_head_must_be_finite(method):
+    """A NaN or infinite value in hidden or in lm_head_weight gives logits with no log-softmax:
+    a ValueError naming the argument, whichever method runs."""
+    gen = torch.Generator().manual_seed(9)
+    hidden = torch.randn(1, 2, 16, generator=gen).half()
+    weight = torch.randn(50, 16, generator=gen).half()
+    root = torch.zeros(1, dtype=torch.int32)
+    for name in ("hidden", "lm_head_weight"):
+        for bad in (float("nan"), float("inf")):
+            h, w = hidden.clone(), weight.clone()
+            (h if name == "hidden" else w).view(-1)[7] = bad
+            with pytest.raises(ValueError, match=f"^{name} must be finite"):
+                jk.draft_tree_from_hidden(h, w, root, budget=8, topk=2, backend="reference",
+                                          method=method)
+

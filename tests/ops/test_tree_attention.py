@@ -15,7 +15,7 @@ from jetspec_kernels import launch_plan
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
 from helpers import (TOL, api_backend, backend_module, backends, cache_layout, cu, fused_qkv, paged,
-                     random_tree, rel_l2, shuffled_table, sync, widened)
+                     random_tree, rel_l2, shuffled_table, sync, use_sim, widened)
 
 TA = backend_module("triton", "tree_attention")
 
@@ -526,3 +526,35 @@ def test_tree_attention_magnitudes(backend, qk_scale, v_scale):
                                  return_lse=True, backend=api_backend(backend))
     sync(dev)
     assert rel_l2(out, o_ref) < TOL[dtype] and rel_l2(lse, l_ref) < TOL[dtype]
+
+
+def test_cuda_out_with_odd_strides_is_not_written_in_place(monkeypatch):
+    """The cuda epilogue stores pairs of elements (4 bytes): an out whose head stride is odd
+    (heads 65 elements apart) is computed into an aligned buffer and copied, never handed to _C
+    (on a GPU: a misaligned-address fault); the values are python_ref's."""
+    import jetspec_kernels
+
+    use_sim(monkeypatch)
+    inner, seen = jetspec_kernels._C, []
+
+    class Spy:
+        def __getattr__(self, name):
+            fn = getattr(inner, name)
+            if name != "tree_attention":
+                return fn
+            return lambda **kw: seen.append((kw["out"], kw["out_strides"])) or fn(**kw)
+
+    monkeypatch.setattr(jetspec_kernels, "_C", Spy())
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 16, 4, 64, generator=gen).half()
+    kc = torch.randn(1, 64, 2, 64, generator=gen).half()
+    vc = torch.randn(1, 64, 2, 64, generator=gen).half()
+    prefix = torch.tensor([20], dtype=torch.int32)
+    out = torch.full((1, 16, 4, 65), float("nan"), dtype=torch.half)[..., :64]
+    cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, None, 1, "mma")
+    (ptr, strides), = seen
+    assert ptr % 4 == 0 and all(s % 2 == 0 for s in strides), (ptr, strides)
+    want, _ = ref.tree_attention(q.double(), kc.double(), vc.double(), prefix, None, "causal",
+                                 None, 0.125)
+    assert rel_l2(out, want) < TOL[torch.float16]
+

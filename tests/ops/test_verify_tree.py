@@ -366,6 +366,28 @@ def test_filtered_verdicts(backend, dtype, n, v, misaligned, gen_seed):
           seed=seed[:b], offset=offset[:b], top_k=top_k, top_p=top_p)
 
 
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("which", ["top_k", "top_p"])
+def test_one_filter_alone(backend, which):
+    """top_k alone and top_p alone (the other None) filter the samples as python_ref does: every
+    node its own one-node tree, the filter changing some samples."""
+    skip_on_interpreter(backend, INTERPRETER_COST)
+    n, v = 5, 300
+    gen, logits, temp, top_k, top_p = filter_logits(n, v, False, F32, 3)
+    b = logits.shape[0]
+    rep = lambda t: t.repeat_interleave(n)
+    rows = logits.reshape(b * n, 1, v)
+    zeros = torch.zeros(b * n, 1, dtype=torch.int32)
+    seed = torch.arange(b * n, dtype=torch.int64) * 7919 + 3
+    offset = torch.arange(b * n, dtype=torch.int64) % 5
+    kw = {which: rep(top_k if which == "top_k" else top_p)}
+    want = check(backend, zeros, zeros - 1, zeros[:, 0] + 1, 0, logits=rows,
+                 temperature=rep(temp), seed=seed, offset=offset, **kw)
+    unfiltered = ref.verify_tree(zeros, zeros - 1, zeros[:, 0] + 1, 0, target_logits=rows,
+                                 temperature=rep(temp), seed=seed, offset=offset)
+    assert not torch.equal(want["bonus"], unfiltered["bonus"]), f"{which} should change samples"
+
 @backends("triton", "sim", "cuda")
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_filtered_samples_and_verdicts_equal_reference(backend, num_splits):
