@@ -46,6 +46,7 @@ from bench import common as bc
 from bench import decode_costs as dc
 from bench import decode_round as dr
 from bench import model_setup as ms
+from jetspec_kernels.generate_cli import int_at_least
 
 BASELINES: list[str] = []
 # JetSpec paper, Qwen3-8B on an H100: mean tokens emitted per round at a budget.
@@ -82,19 +83,16 @@ def plan(args, cuda: bool) -> tuple[str, list[dc.Config], int]:
     return size, [dc.Config(b, p, n) for p in prompts for b in batches for n in budgets], args.chunk
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def parser() -> argparse.ArgumentParser:
     p = bc.parser(__doc__.splitlines()[0])
     p.add_argument("--model", default="dense", choices=["dense", "moe"],
                    help="random target when no --target: Qwen3-8B shape, or Qwen3-30B-A3B (MoE)")
     p.add_argument("--target", default=None, help="Qwen3 checkpoint dir (must exist)")
     p.add_argument("--head", default=None, help="JetSpec draft-head checkpoint dir (must exist)")
-    p.add_argument("--batches", type=_ints, default=None, help="comma list (default 1,4,16)")
-    p.add_argument("--prompts", type=_ints, default=None, help="comma list (default 512,8192)")
-    p.add_argument("--budgets", type=_ints, default=None, help="comma list (default 64,16,256)")
+    sizes = bc.comma_list(int_at_least(1))
+    p.add_argument("--batches", type=sizes, default=None, help="comma list (default 1,4,16)")
+    p.add_argument("--prompts", type=sizes, default=None, help="comma list (default 512,8192)")
+    p.add_argument("--budgets", type=sizes, default=None, help="comma list (default 64,16,256)")
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk, positions per sequence")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds: configs predicted to end later are skipped (rows say so)")

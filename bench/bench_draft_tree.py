@@ -28,7 +28,6 @@ from_hidden group's floor is one read of lm_head and hidden (bytes (V + B*D)*H*e
 """
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
 import sys
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from bench import common as bc
+from jetspec_kernels.generate_cli import int_at_least
 
 BASELINES = ["host", "torch_vec"]
 ALGOS = {"topn": "topn", "accum": "accum_logp"}
@@ -186,38 +186,14 @@ def vec_tree(logits, root, budget, k):
 
 # ----------------------------------------------------------------------------------------------
 
-def _comma_list(text: str, parse) -> list:
-    """A comma list parsed item by item (argparse names the option in its errors)."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("an empty list")
-    return [parse(t) for t in items]
-
-
-def _groups(text: str) -> list[str]:
-    def one(g):
-        if g not in GROUPS:
-            raise argparse.ArgumentTypeError(f"{g!r} is not one of {', '.join(GROUPS)}")
-        return g
-    return _comma_list(text, one)
-
-
-def _batches(text: str) -> list[int]:
-    def one(b):
-        if not b.isdigit() or int(b) < 1:
-            raise argparse.ArgumentTypeError(f"{b!r} is not a positive integer")
-        return int(b)
-    return _comma_list(text, one)
-
-
 def main(argv=None) -> int:
     p = bc.parser(__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=sorted(bc.DTYPES), default=None,
                    help="logits dtype (default bf16 on CUDA, fp32 on the CPU)")
     p.add_argument("--algorithms", default="topn,accum", help="comma list out of topn,accum")
-    p.add_argument("--groups", type=_groups, default=list(GROUPS),
+    p.add_argument("--groups", type=bc.comma_list(bc.one_of(GROUPS)), default=list(GROUPS),
                    help=f"comma list out of {','.join(GROUPS)} (default: all)")
-    p.add_argument("--batches", type=_batches, default=None,
+    p.add_argument("--batches", type=bc.comma_list(int_at_least(1)), default=None,
                    help="comma list of batch sizes: the headline draft shape at each (D 15, V "
                         "151936, K 7; the CPU: D 4, V 2048) instead of the sweep")
     opts = bc.options(p, argv)

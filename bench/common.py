@@ -61,6 +61,26 @@ def device_name(device: torch.device) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("_")
 
 
+def comma_list(parse: Callable[[str], object]):
+    """An argparse type: a non-empty comma list, each item through ``parse`` (an argparse type
+    such as ``int_at_least(1)``, whose ArgumentTypeError argparse reports with the option)."""
+    def parse_list(text: str) -> list:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"must be a comma list, got {text!r}")
+        return [parse(t) for t in items]
+    return parse_list
+
+
+def one_of(choices):
+    """An argparse type: one of ``choices`` (for items of :func:`comma_list`)."""
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+    return parse
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """The options every bench takes; scripts add their own."""
     p = argparse.ArgumentParser(description=description)

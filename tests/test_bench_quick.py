@@ -85,8 +85,8 @@ def test_draft_tree_bench_hidden_methods(tmp_path, capsys):
         (f"{b}x4x2048/k4/n16/from_hidden", backend, "ok") for b in (1, 3)
         for backend in ("host", "torch_vec", "reference:topn", "reference:gemm")]
     for argv, message in ((["--groups", "logits,hidden"], "argument --groups: 'hidden' is not"),
-                          (["--batches", "1,0"], "argument --batches: '0' is not a positive"),
-                          (["--batches", ","], "argument --batches: an empty list")):
+                          (["--batches", "1,0"], "argument --batches: must be an int >= 1, got 0"),
+                          (["--batches", ","], "argument --batches: must be a comma list")):
         with pytest.raises(SystemExit):
             mod.main(["--device", "cpu", *argv])
         assert message in capsys.readouterr().err
