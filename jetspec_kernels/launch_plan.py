@@ -54,25 +54,24 @@ def sm_count(device) -> int:
 
 
 PLAN_CACHE_SIZE = 1024
-_PLANS: dict = {}   # (rule, id(sm_count), id(pin), key) -> (plan, sm_count, pin)
+_PLANS: dict = {}   # (rule, sm_count, id(pin), key) -> (plan, pin)
 
 
 def planned(key: tuple, rule, *args, pin=None):
     """``rule(*args)``, remembered under ``key``: what the plan depends on in ``args`` (shapes,
     dtypes, devices, names; never tensor values), hashable. It is also remembered per
     :func:`sm_count` as it is now (a patched one plans afresh) and per ``pin``, an object the plan
-    depends on by identity (the ``_C`` module in use; it need not be hashable). Both are held with
-    the plan, so their ids cannot be reused while it is kept. A rule that raises remembers
-    nothing. A full cache is emptied first."""
-    sms = sm_count
-    full = (rule, id(sms), id(pin), key)
+    depends on by identity (the ``_C`` module in use; it need not be hashable): the entry holds
+    it, so its id cannot be reused while the plan is kept. A rule that raises remembers nothing.
+    A full cache is emptied first."""
+    full = (rule, sm_count, id(pin), key)
     hit = _PLANS.get(full)
-    if hit is not None and hit[1] is sms and hit[2] is pin:
+    if hit is not None:
         return hit[0]
     plan = rule(*args)
     if len(_PLANS) >= PLAN_CACHE_SIZE:
         _PLANS.clear()
-    _PLANS[full] = (plan, sms, pin)
+    _PLANS[full] = (plan, pin)
     return plan
 
 
