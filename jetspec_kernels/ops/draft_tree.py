@@ -165,19 +165,20 @@ def checked_topk(draft, lm_head_weight, root_tokens, *, budget: int, topk: int, 
     [B, D, K], float32 [B, D, K])."""
     if lm_head_weight is None:
         check_draft_tree(draft, root_tokens, budget, topk, algorithm)
-        return _backend.select(draft.device, "log_softmax_topk", backend)(draft, topk)
-    method = check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk,
-                                          algorithm, method)
-    if method == "auto":
-        b, d, _ = draft.shape
-        method = launch_plan.hidden_topk_method(b * d, lm_head_weight.shape[0], draft.dtype,
-                                                draft.device)
-    if method == "gemm":
-        kernel = _backend.select(draft.device, "log_softmax_topk", backend)
-        return kernel(gemm_logits(draft, lm_head_weight), topk)
-    kernel = _backend.select(draft.device, "hidden_topk", backend,
-                             dict(hidden=draft, lm_head_weight=lm_head_weight))
-    return kernel(draft, lm_head_weight, topk)
+        logits = draft
+    else:
+        method = check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk,
+                                              algorithm, method)
+        if method == "auto":
+            b, d, _ = draft.shape
+            method = launch_plan.hidden_topk_method(b * d, lm_head_weight.shape[0], draft.dtype,
+                                                    draft.device)
+        if method == "fused":
+            kernel = _backend.select(draft.device, "hidden_topk", backend,
+                                     dict(hidden=draft, lm_head_weight=lm_head_weight))
+            return kernel(draft, lm_head_weight, topk)
+        logits = gemm_logits(draft, lm_head_weight)
+    return _backend.select(draft.device, "log_softmax_topk", backend)(logits, topk)
 
 
 def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = "topn",
