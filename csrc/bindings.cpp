@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <functional>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -172,6 +174,47 @@ struct Field {
   {#name, Arg<T>::type,                                                     \
    [](auto& c, py::handle h, const char* op) { c.p.name = Arg<T>::get(h, op, #name); }},
 
+// A module function called through vectorcall (METH_FASTCALL | METH_KEYWORDS): no argument tuple,
+// keyword dict or pybind11 dispatch per call (issue 27: with them, parsing tree_attention's 33
+// keyword arguments cost more than the rest of its host path; bench/NOTES.md, "Host time").
+using FastCall = std::function<void(PyObject* const*, size_t, PyObject*)>;
+
+PyObject* fastcall_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                         PyObject* kwnames) {
+  try {
+    (*static_cast<const FastCall*>(PyCapsule_GetPointer(self, nullptr)))(
+        args, static_cast<size_t>(nargs), kwnames);
+    Py_RETURN_NONE;
+  } catch (py::error_already_set& e) {  // what pybind11's dispatcher would raise, the same way
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+  }
+  return nullptr;
+}
+
+void def_fastcall(py::module_& m, const char* name, const std::string& doc, FastCall fn) {
+  // The method table entry and its doc must outlive the function: kept for the process's life,
+  // like the module.
+  char* doc_copy = new char[doc.size() + 1];
+  std::copy(doc.c_str(), doc.c_str() + doc.size() + 1, doc_copy);
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(
+                                        reinterpret_cast<void (*)()>(fastcall_entry)),
+                              METH_FASTCALL | METH_KEYWORDS, doc_copy};
+  py::capsule self(new FastCall(std::move(fn)), [](void* p) { delete static_cast<FastCall*>(p); });
+  PyObject* f = PyCFunction_NewEx(def, self.ptr(), m.attr("__name__").ptr());
+  if (f == nullptr) throw py::error_already_set();
+  m.attr(name) = py::reinterpret_steal<py::object>(f);
+}
+
 // _C.<op>(...): the fields in order, then stream, then the optional fields (these may be left
 // out and stay 0 / null). Also its row of _C.FIELDS: ((name, Python type, optional), ...).
 template <typename Params>
@@ -192,30 +235,51 @@ void define_launcher(py::module_& m, py::dict& table, const char* op,
   for (const Field<Params>& f : fields)
     if (is_optional(f.name)) sig.push_back(f);
 
-  auto call = [op, sig, required, launch](const py::args& args, const py::kwargs& kwargs) {
+  if (sig.size() > 64) throw std::logic_error(op_prefix(op) + "more than 64 fields");
+  // The names as interned Python strings (kept for the module's life): a keyword at a call site
+  // is the same interned object, so a lookup is mostly one pointer compare.
+  std::vector<PyObject*> names;
+  for (const Field<Params>& f : sig) names.push_back(PyUnicode_InternFromString(f.name));
+
+  // args[0, nargs) positional, then one value per name in kwnames (a tuple, or null).
+  auto call = [op, sig, names, required, launch](PyObject* const* args, size_t nargs,
+                                                 PyObject* kwnames) {
     const size_t n = sig.size();
-    if (args.size() > n) {
+    if (nargs > n) {
       throw py::type_error(op_prefix(op) + "takes " + std::to_string(n) + " arguments, got " +
-                           std::to_string(args.size()) + " positional");
+                           std::to_string(nargs) + " positional");
     }
     Call<Params> c;
-    std::vector<char> seen(n, 0);
-    for (size_t i = 0; i < args.size(); ++i) {
+    uint64_t seen = 0;
+    for (size_t i = 0; i < nargs; ++i) {
       sig[i].store(c, args[i], op);
-      seen[i] = 1;
+      seen |= uint64_t{1} << i;
     }
-    for (auto [key, value] : kwargs) {
-      const std::string name = py::str(key);
-      size_t i = 0;
-      while (i < n && name != sig[i].name) ++i;
-      if (i == n) throw py::type_error(op_prefix(op) + "unexpected argument '" + name + "'");
-      if (seen[i])
-        throw py::type_error(op_prefix(op) + "got multiple values for argument '" + name + "'");
-      sig[i].store(c, value, op);
-      seen[i] = 1;
+    const size_t nkw = kwnames ? static_cast<size_t>(PyTuple_GET_SIZE(kwnames)) : 0;
+    size_t next = nargs;  // call sites mostly pass the fields in order: look there first
+    for (size_t k = 0; k < nkw; ++k) {
+      PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+      size_t i = next < n && names[next] == key ? next : 0;
+      while (i < n && names[i] != key) ++i;
+      if (i == n) {  // not the interned object: compare the text
+        i = 0;
+        while (i < n && PyUnicode_Compare(names[i], key) != 0) ++i;
+      }
+      if (i == n) {
+        throw py::type_error(op_prefix(op) + "unexpected argument '" +
+                             std::string(py::str(key)) + "'");
+      }
+      if (seen >> i & 1) {
+        throw py::type_error(op_prefix(op) + "got multiple values for argument '" + sig[i].name +
+                             "'");
+      }
+      sig[i].store(c, args[nargs + k], op);
+      seen |= uint64_t{1} << i;
+      next = i + 1;
     }
     for (size_t i = 0; i < required; ++i) {
-      if (!seen[i]) throw py::type_error(op_prefix(op) + "missing argument '" + sig[i].name + "'");
+      if (!(seen >> i & 1))
+        throw py::type_error(op_prefix(op) + "missing argument '" + sig[i].name + "'");
     }
     check(launch(c.p, c.stream), op);
   };
@@ -229,7 +293,7 @@ void define_launcher(py::module_& m, py::dict& table, const char* op,
     rows.append(py::make_tuple(sig[i].name, sig[i].type, opt));
   }
   full_doc += ") -> None\n\n" + std::string(doc);
-  m.def(op, call, full_doc.c_str());
+  def_fastcall(m, op, full_doc, call);
   table[op] = py::tuple(rows);
 }
 

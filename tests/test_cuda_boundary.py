@@ -34,6 +34,25 @@ def test_keyword_calls_work_in_any_order(sim, op):
     getattr(sim, op)(**dict(reversed(kw.items())))
 
 
+def test_keyword_names_made_at_run_time_are_found(sim):
+    """Keywords are matched by identity with _C's interned names first, then by text: names that
+    are not interned (built at run time) work the same, unknown and repeated ones still raise."""
+    B = Buffers()
+    kw = kwargs(sim, "verify_walk", B)
+    fresh = {"".join(list(k)): v for k, v in kw.items()}
+    assert all(a is not b for a, b in zip(fresh, kw) if len(a) > 1)  # one-letter str are cached
+    sim.verify_walk(**fresh)
+    sim.verify_walk(**dict(reversed(fresh.items())))
+    prefix = r"^jetspec_kernels\._C\.verify_walk: "
+    with pytest.raises(TypeError, match=prefix + "unexpected argument 'batchx'$"):
+        sim.verify_walk(**fresh, **{"".join(["batch", "x"]): 1})
+    first = next(iter(fresh))
+    with pytest.raises(TypeError, match=prefix + f"got multiple values for argument '{first}'$"):
+        sim.verify_walk(fresh[first], **fresh)
+    with pytest.raises(TypeError, match=prefix + "missing argument 'batch'$"):
+        sim.verify_walk(**{k: v for k, v in fresh.items() if k != "batch"})
+
+
 def test_argument_errors_name_the_argument(sim):
     B = Buffers()
     kw = kwargs(sim, "tree_attention", B)
