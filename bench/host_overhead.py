@@ -12,6 +12,8 @@ a 4096-slot cache, 15 draft depths, top-K 8.
     python bench/host_overhead.py                 # µs per call, per op and backend
     python bench/host_overhead.py --stages        # and where it goes (cProfile shares of it)
     python bench/host_overhead.py --baseline REV  # side by side with git revision REV, one run
+    python bench/host_overhead.py --binding       # what the stand-in hides: the real _C's argument
+                                                  # parsing of each op's launches (batch 0)
     python bench/host_overhead.py --gpu           # on a GPU: host µs per call (no launch stubs),
                                                   # kernel µs (CUDA-graph replay), wall - kernel
     python -m pytest bench/host_overhead.py --benchmark-only   # the same calls, pytest-benchmark,
@@ -350,6 +352,43 @@ def compare(rev: str, rounds: int, backends) -> None:
             print(f"{op:21s} {backend:8s} {b:8.1f} | {t:8.1f} | {b / t:5.2f}x   calls {calls}")
 
 
+def binding(rounds: int = 3, x: dict | None = None) -> dict:
+    """What the no-op stand-in hides: the real ``_C`` launchers' argument parsing. Each op's
+    cuda-path launches are recorded (keywords as the wrappers pass them), then replayed on the
+    real ``_C`` with ``batch=0``, which every launcher parses in full and returns on before any
+    CUDA call (so this runs without a GPU). Op -> {"launches", "c_us": real parsing per op call,
+    "stub_us": the stand-in's own cost for the same calls}; minimum over ``rounds``; ``x``: the
+    inputs (default :func:`op_inputs`)."""
+    from jetspec_kernels import _C
+
+    fns = calls(op_inputs() if x is None else x, "cuda")
+    res = {}
+    for op in OPS:
+        recorded = []
+        with noop_launches("cuda"):
+            import jetspec_kernels as jk
+            stand_in = jk._C
+            for name in stand_in.FIELDS:
+                setattr(stand_in, name,
+                        lambda *a, _name=name, **kw: recorded.append((_name, {**kw, "batch": 0})))
+            fns[op]()
+        launches = [(getattr(_C, name), kw) for name, kw in recorded]
+        stub = noop_c(_C).verify_walk        # any launcher of the stand-in: the same function
+
+        def real():
+            for f, kw in launches:
+                f(**kw)
+
+        def stubbed():
+            for _, kw in launches:
+                stub(**kw)
+
+        res[op] = {"launches": [name for name, _ in recorded],
+                   "c_us": min(per_call_us(real, 1000, 5) for _ in range(rounds)),
+                   "stub_us": min(per_call_us(stubbed, 1000, 5) for _ in range(rounds))}
+    return res
+
+
 def gpu(backends, seconds: float) -> None:
     """On CUDA tensors, no stubs: host µs per call (the call's own wall time, no sync: the GPU
     keeps up with these small kernels), kernel µs per call (calls replayed from a CUDA graph,
@@ -397,11 +436,17 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=5, help="alternating runs for --baseline")
     ap.add_argument("--json", action="store_true", help="print one JSON line (for --baseline)")
     ap.add_argument("--gpu", action="store_true", help="CUDA tensors, real launches")
+    ap.add_argument("--binding", action="store_true",
+                    help="the real _C's argument parsing per op call (CPU, batch 0)")
     ap.add_argument("--seconds", type=float, default=15.0, help="--gpu: stop starting ops after")
     args = ap.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
     if args.gpu:
         gpu(backends, args.seconds)
+    elif args.binding:
+        print("op                    _C parsing µs  stand-in µs  launches (real _C, batch 0, CPU)")
+        for op, r in binding().items():
+            print(f"{op:21s} {r['c_us']:13.2f} {r['stub_us']:12.2f}  {', '.join(r['launches'])}")
     elif args.baseline:
         compare(args.baseline, args.rounds, backends)
     else:

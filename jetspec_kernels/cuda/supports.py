@@ -95,17 +95,20 @@ _ANSWERS: dict = {}  # (op, attention kernel, _C, call signature) -> (answer,)
 _CACHED = ("tree_attention", "hidden_topk")  # the answers that cost more than a signature
 
 
-def supports(op: str, **call) -> str | None:
+def supports(op: str, signature=None, **call) -> str | None:
     """None when the cuda backend's ``op`` takes these arguments (by name), else why not. The
     answers depend on dtypes, shapes and layouts alone: the costly ones are worked out once per
-    signature."""
+    signature (``signature``: the op's own ``checks.signature`` of a call holding these
+    arguments, when it has one; else made here)."""
     check = _CHECKS.get(op)
     if check is None:
         return None
     if op not in _CACHED:
         return check(**call)
     kernel = attention_kernel(call.get("kernel")) if op == "tree_attention" else None
-    key = checks.signature(op, kernel, id(ext.module()), *call, *call.values())
+    if signature is None:
+        signature = checks.signature(*call, *call.values())
+    key = None if signature is None else (op, kernel, id(ext.module()), signature)
     answer = _ANSWERS.get(key)
     if answer is None:
         answer = checks.remember(_ANSWERS, key, (check(**call),))

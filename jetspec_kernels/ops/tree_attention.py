@@ -17,6 +17,7 @@ _STATIC: dict = {}  # signature -> cache capacity per sequence (checks.signature
 
 def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out,
                          lse=None, return_lse=False):
+    """Raise for a call :func:`tree_attention` cannot take; return its ``checks.signature``."""
     key = checks.signature(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
                            out, lse, return_lse)
     cap = _STATIC.get(key)
@@ -43,6 +44,7 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
         checks.remember(_STATIC, key, cap)
     checks.table_values(block_table, k_cache)
     checks.fits_in_cache(prefix_lens, q.shape[1], cap)
+    return key
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: str = "causal",
@@ -73,10 +75,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     -------
     out, or (out, lse) when return_lse.
     """
-    check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse,
-                         return_lse)
+    key = check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
+                               scale, out, lse, return_lse)
     impl = _backend.select(q.device, "tree_attention", backend,
-                           dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table))
+                           dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                                signature=key))
     dh = q.shape[-1]
     if out is None:
         out = torch.empty_like(q)
