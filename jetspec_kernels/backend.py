@@ -202,13 +202,24 @@ def select(device: torch.device, fn: str, backend: str | None = None,
     raise BackendUnavailableError("; ".join(reasons))
 
 
+# The current CUDA device's index without torch.cuda.current_device()'s lazy-init check (asked
+# only with CUDA tensors in hand); the public function where a torch build lacks it.
+current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 @lru_cache(maxsize=256)
 def _on_device(impl: Callable, device: torch.device) -> Callable:
     """``impl`` run with ``device`` current: Triton launches on the current CUDA device, not the
     tensors' one. (The cuda backend's ops set the device themselves, also when called as
-    ``torch.ops.jetspec.*``.) One wrapper per (impl, device), not one per call."""
+    ``torch.ops.jetspec.*``.) One wrapper per (impl, device), not one per call; no switch when
+    ``device`` is current already."""
+    if device.index is None:  # "the current device"
+        return impl
+
     @functools.wraps(impl)
     def run(*args, **kwargs):
+        if current_cuda_device() == device.index:
+            return impl(*args, **kwargs)
         with torch.cuda.device(device):
             return impl(*args, **kwargs)
     return run

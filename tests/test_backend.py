@@ -112,7 +112,8 @@ def test_select_reports_every_reason(monkeypatch):
 
 def test_triton_runs_on_its_tensors_device(monkeypatch):
     """Triton launches on the current CUDA device, so select() wraps a triton kernel for CUDA
-    tensors in that device's context (here with the CUDA parts stubbed: no GPU)."""
+    tensors in that device's context when another device is current (here with the CUDA parts
+    stubbed: no GPU)."""
     import sys
     import types
     entered = []
@@ -133,9 +134,13 @@ def test_triton_runs_on_its_tensors_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "fake_triton_backend", fake)
     monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
     monkeypatch.setattr(torch.cuda, "device", FakeDevice)
+    monkeypatch.setattr(bk, "current_cuda_device", lambda: 0)
     dev = torch.device("cuda", 1)
     inside, total = bk.select(dev, "pack_mask", "triton")(2, 3)
     assert inside == [dev] and entered == [dev, None] and total == 5
+    entered.clear()   # device 1 current already: no switch
+    monkeypatch.setattr(bk, "current_cuda_device", lambda: 1)
+    assert bk.select(dev, "pack_mask", "triton")(2, 3) == ([], 5) and entered == []
     assert bk.select(torch.device("cpu"), "pack_mask", "triton") is fake.pack_mask
 
 
@@ -188,7 +193,7 @@ def fake_gpu_backends(monkeypatch):
         monkeypatch.setitem(bk._BACKEND_MODULES, name, mod.__name__)
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(bk, "current_cuda_device", lambda: 0)   # the pretend device is current
     return torch.device("cuda", 0)
 
 

@@ -302,3 +302,27 @@ def test_workspaces_share_one_allocation():
     assert all(a % 16 == base % 16 for a in addrs)
     assert addrs[-1] + sizes[-1] <= base + buf.numel()
     assert ext.workspaces("cpu")[1] == []
+
+
+def test_on_device_switches_only_to_another_device(monkeypatch):
+    """cuda/extension.on_device: a CPU tensor or one on the current CUDA device needs no switch
+    (a do-nothing context); a tensor on another device gets torch.cuda.device of that device."""
+    from jetspec_kernels.cuda import extension as ext
+
+    class OnCuda:  # what on_device reads of a CUDA tensor, without a GPU
+        is_cuda = True
+
+        def __init__(self, index):
+            self.device = torch.device("cuda", index)
+
+        def get_device(self):
+            return self.device.index
+
+    made = []
+    monkeypatch.setattr(ext, "_current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: made.append(d) or "switch")
+    assert ext.on_device(OnCuda(1)) is ext.on_device(torch.zeros(1))
+    with ext.on_device(OnCuda(1)):
+        pass
+    assert made == []
+    assert ext.on_device(OnCuda(0)) == "switch" and made == [torch.device("cuda", 0)]

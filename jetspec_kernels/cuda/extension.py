@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from ..backend import BackendUnavailableError
+from ..backend import BackendUnavailableError, current_cuda_device
 
 
 _PACKAGE = __name__.rsplit(".", 2)[0]
@@ -33,23 +33,29 @@ def limit(name: str):
     return module().LIMITS[name]
 
 
+# The raw stream handle without a torch.cuda.Stream object (what inductor's generated code
+# calls); the public path where a torch build lacks it.
+_current_device = current_cuda_device
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_SAME_DEVICE = contextlib.nullcontext()
+
+
 def on_device(t: torch.Tensor):
     """Context that makes ``t``'s CUDA device current: _C launches on the current device's stream
     and sizes its launch plans for the current device, which need not be the tensors' one (a
-    process driving several GPUs). Every op wraps its _C calls in it."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
-# The raw handle without a torch.cuda.Stream object per call (what inductor's generated code
-# calls); the public path where a torch build lacks it.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    process driving several GPUs). Every op wraps its _C calls in it. When ``t``'s device is
+    current already (the usual case) it does nothing, without torch.cuda.device's switch and
+    switch back (issue 27: host time per call)."""
+    if not t.is_cuda or t.get_device() == _current_device():
+        return _SAME_DEVICE
+    return torch.cuda.device(t.device)
 
 
 def stream() -> int:
     """Raw handle of the current CUDA stream (what _C launches on; inside ``on_device``)."""
     if _raw_stream is None:
         return torch.cuda.current_stream().cuda_stream
-    return _raw_stream(torch.cuda.current_device())
+    return _raw_stream(_current_device())
 
 
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (torch.float32, torch.float16,
