@@ -67,6 +67,11 @@ def signature(*args) -> tuple | None:
     return tuple(key)
 
 
+def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the call when ``t`` has that dtype already (a hot path's few µs)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def remember(cache: dict, key, value):
     """Store ``value`` (what a call's static checks derived; never None) under ``key`` (unless
     None) and return it. A full cache is emptied first (a bounded cache, in case shapes vary)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import checks
 from ..tree import mask_words
 from . import extension as ext
 from .custom_op import custom_op
@@ -17,9 +18,9 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
         b, d, k = topk_tokens.shape
         dev = topk_tokens.device
         n, w = budget, mask_words(budget)
-        tt = topk_tokens.to(torch.int32).contiguous()
-        tl = topk_logprobs.to(torch.float32).contiguous()
-        root = root_tokens.to(torch.int32).contiguous()
+        tt = checks.as_dtype(topk_tokens, torch.int32).contiguous()
+        tl = checks.as_dtype(topk_logprobs, torch.float32).contiguous()
+        root = checks.as_dtype(root_tokens, torch.int32).contiguous()
         tokens = torch.empty(b, n, device=dev, dtype=torch.int32)
         parents = torch.empty(b, n, device=dev, dtype=torch.int32)
         depths = torch.empty(b, n, device=dev, dtype=torch.int32)

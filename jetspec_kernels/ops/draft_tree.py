@@ -153,7 +153,7 @@ def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: i
     ``budget`` nodes from per-depth top-K whose arguments were already checked (int32
     [B, D, K] tokens, float32 [B, D, K] log-probs, root tokens [B]); no checks run here."""
     parts = _backend.select(topk_tokens.device, "build_tree", backend)(
-        topk_tokens, topk_logprobs, root_tokens.to(torch.int32), budget, algorithm)
+        topk_tokens, topk_logprobs, checks.as_dtype(root_tokens, torch.int32), budget, algorithm)
     return Tree(*parts, max_depth=min(topk_tokens.shape[1], budget - 1))
 
 

@@ -89,6 +89,9 @@ def check_sampling(temperature, top_k, top_p, batch: int, device):
     top_p float32 [B] or None (off). Filters are None when temperature is the number 0 (greedy:
     they cannot change an argmax). Tensor values are checked only where value checks run.
     """
+    if (type(temperature) is float and temperature == 0.0 and type(top_k) is int and top_k == 0
+            and type(top_p) is float and top_p == 1.0):
+        return temperature, None, None  # the greedy defaults: what the checks below return
     if isinstance(temperature, torch.Tensor):
         temperature = _per_sequence("temperature", temperature, batch, device,
                                     (torch.float32, torch.float64), torch.float32)

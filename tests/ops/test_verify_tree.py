@@ -623,3 +623,24 @@ def test_engine_layouts(backend, layout, temperature):
     for key, g in zip(VERIFY_KEYS, got):
         assert torch.equal(g.cpu(), want[key].to(torch.int32)), key
     assert int(want["accept_len"].sum()) > 0
+
+
+
+def test_greedy_defaults_shortcut_returns_what_the_checks_return():
+    """check_sampling's shortcut for the greedy defaults (float 0.0, int 0, float 1.0) returns
+    what the full checks return for the same values as other types; anything else is checked in
+    full (a bool top_k, top_p past 1, a negative temperature are refused, a sampling call keeps
+    its filters)."""
+    from jetspec_kernels.ops.verify_tree import check_sampling
+    cpu = torch.device("cpu")
+    fast = check_sampling(0.0, 0, 1.0, 2, cpu)
+    full = check_sampling(0, 0, 1, 2, cpu)   # the same values, as types the shortcut does not take
+    assert fast == full == (0.0, None, None) and type(fast[0]) is type(full[0])
+    with pytest.raises(TypeError, match="top_k"):
+        check_sampling(0.0, False, 1.0, 2, cpu)
+    with pytest.raises(ValueError, match="top_p"):
+        check_sampling(0.0, 0, 1.5, 2, cpu)
+    with pytest.raises(ValueError, match="temperature"):
+        check_sampling(-1.0, 0, 1.0, 2, cpu)
+    t, k, p = check_sampling(0.5, 5, 0.5, 2, cpu)
+    assert t == 0.5 and k.tolist() == [5, 5] and p.tolist() == [0.5, 0.5]
