@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 
+from .. import checks
 from . import extension as ext
 from .custom_op import custom_op
 
@@ -16,9 +17,9 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
     with ext.on_device(k):
         b, n, hkv, dh = k.shape
         hq = 0 if q is None else q.shape[2]
-        qw = None if q is None else q_norm_w.to(torch.float32).contiguous()
-        kw = k_norm_w.to(torch.float32).contiguous()
-        pos = positions.to(torch.int32).contiguous()
+        qw = None if q is None else checks.as_dtype(q_norm_w, torch.float32).contiguous()
+        kw = checks.as_dtype(k_norm_w, torch.float32).contiguous()
+        pos = checks.as_dtype(positions, torch.int32).contiguous()
         start = None if cache_start is None else cache_start.contiguous()
         table = None if block_table is None else block_table.contiguous()
         _C.qk_norm_rope_append(
