@@ -181,9 +181,11 @@ using FastCall = std::function<void(PyObject* const*, size_t, PyObject*)>;
 
 PyObject* fastcall_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                          PyObject* kwnames) {
+  // (The capsule's name is whatever this pybind11 version gives py::capsule: ask for it.)
+  const auto* fn = static_cast<const FastCall*>(PyCapsule_GetPointer(self, PyCapsule_GetName(self)));
+  if (fn == nullptr) return nullptr;
   try {
-    (*static_cast<const FastCall*>(PyCapsule_GetPointer(self, nullptr)))(
-        args, static_cast<size_t>(nargs), kwnames);
+    (*fn)(args, static_cast<size_t>(nargs), kwnames);
     Py_RETURN_NONE;
   } catch (py::error_already_set& e) {  // what pybind11's dispatcher would raise, the same way
     e.restore();
