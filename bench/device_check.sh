@@ -30,6 +30,8 @@
 #   hidden_topk    when time allows (at most 60 s): draft_tree_from_hidden fused against
 #                  method="gemm" at B 1, 4, 16, graph-replayed (issue 27; sets
 #                  launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, bench/NOTES.md)
+#   draft_head     when time allows (at most 60 s): the draft head's forward and the fused
+#                  tree at B 1 and 16, graph-replayed (issue 27 problem 3)
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
 #                  needs about 65-85 GB)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -193,6 +195,12 @@ step attn_sweep 25 0 "if [[ -x bench/attn_sweep.sh ]]; then bench/attn_sweep.sh 
 #     "Hidden top-K: fused or GEMM"), kernels replayed from CUDA graphs, rows kept as they finish.
 step hidden_topk 0 0 "timeout 60 '$PY' bench/bench_draft_tree.py --quick --graphs --no-plot \
   --groups from_hidden --batches 1,4,16 --algorithms topn --out '$RES/hidden_topk'"
+
+# 7c. When time allows: the draft stage (issue 27 problem 3: the draft head's cached forward, then
+#     the fused tree, B 1 and 16 over 1024 context rows, Qwen3-8B shapes, random weights), each
+#     call replayed from a CUDA graph; bench_draft_head has not run on a GPU since its crash fix.
+step draft_head 0 0 "timeout 60 '$PY' bench/bench_draft_head.py --quick --graphs --no-plot \
+  --out '$RES/draft_head'"
 
 # 8. When time allows: the MoE round table (an H200's memory), a no-PDL rerun of failing cuda
 #    ops, Nsight Compute.
