@@ -77,6 +77,7 @@ bool is_integer(py::handle h) { return PyIndex_Check(h.ptr()) && !PyBool_Check(h
 long long integer(py::handle h, const char* op, const char* name, const char* type) {
   if (!is_integer(h)) wrong_type(op, name, type, h);
   py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(h.ptr()));
+  if (!i) throw py::error_already_set();  // its __index__ raised: that error, as it is
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   if (overflow) throw py::value_error(op_prefix(op) + "argument '" + name + "' does not fit int64");
@@ -120,7 +121,13 @@ struct Arg<double> {
   static constexpr const char* type = "float";
   static double get(py::handle h, const char* op, const char* name) {
     if (!PyFloat_Check(h.ptr()) && !is_integer(h)) wrong_type(op, name, type, h);
-    return py::cast<double>(h);
+    const double v = PyFloat_AsDouble(h.ptr());
+    if (v == -1.0 && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw py::error_already_set();
+      PyErr_Clear();  // an int past float64's range
+      throw py::value_error(op_prefix(op) + "argument '" + name + "' does not fit float64");
+    }
+    return v;
   }
 };
 template <>
@@ -191,10 +198,20 @@ PyObject* fastcall_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     e.restore();
   } catch (const py::builtin_exception& e) {
     e.set_error();
-  } catch (const std::invalid_argument& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const std::bad_alloc&) {
     PyErr_NoMemory();
+  } catch (const std::out_of_range& e) {  // pybind11's mapping of the standard exceptions
+    PyErr_SetString(PyExc_IndexError, e.what());
+  } catch (const std::overflow_error& e) {
+    PyErr_SetString(PyExc_OverflowError, e.what());
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::length_error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::domain_error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::range_error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   } catch (...) {
@@ -241,7 +258,10 @@ void define_launcher(py::module_& m, py::dict& table, const char* op,
   // The names as interned Python strings (kept for the module's life): a keyword at a call site
   // is the same interned object, so a lookup is mostly one pointer compare.
   std::vector<PyObject*> names;
-  for (const Field<Params>& f : sig) names.push_back(PyUnicode_InternFromString(f.name));
+  for (const Field<Params>& f : sig) {
+    names.push_back(PyUnicode_InternFromString(f.name));
+    if (names.back() == nullptr) throw py::error_already_set();
+  }
 
   // args[0, nargs) positional, then one value per name in kwnames (a tuple, or null).
   auto call = [op, sig, names, required, launch](PyObject* const* args, size_t nargs,
@@ -263,7 +283,7 @@ void define_launcher(py::module_& m, py::dict& table, const char* op,
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
       size_t i = next < n && names[next] == key ? next : 0;
       while (i < n && names[i] != key) ++i;
-      if (i == n) {  // not the interned object: compare the text
+      if (i == n && PyUnicode_Check(key)) {  // not the interned object: compare the text
         i = 0;
         while (i < n && PyUnicode_Compare(names[i], key) != 0) ++i;
       }

@@ -218,7 +218,9 @@ def _on_device(impl: Callable, device: torch.device) -> Callable:
 
     @functools.wraps(impl)
     def run(*args, **kwargs):
-        if current_cuda_device() == device.index:
+        # (Not while compiling: dynamo cannot fold the C device query, it folds
+        # torch.cuda.device.)
+        if not torch.compiler.is_compiling() and current_cuda_device() == device.index:
             return impl(*args, **kwargs)
         with torch.cuda.device(device):
             return impl(*args, **kwargs)

@@ -141,6 +141,9 @@ def test_triton_runs_on_its_tensors_device(monkeypatch):
     entered.clear()   # device 1 current already: no switch
     monkeypatch.setattr(bk, "current_cuda_device", lambda: 1)
     assert bk.select(dev, "pack_mask", "triton")(2, 3) == ([], 5) and entered == []
+    # while torch.compile traces, always the context (dynamo cannot fold the C device query)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert bk.select(dev, "pack_mask", "triton")(2, 3) == ([dev], 5) and entered == [dev, None]
     assert bk.select(torch.device("cpu"), "pack_mask", "triton") is fake.pack_mask
 
 

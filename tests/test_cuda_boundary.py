@@ -326,3 +326,25 @@ def test_on_device_switches_only_to_another_device(monkeypatch):
         pass
     assert made == []
     assert ext.on_device(OnCuda(0)) == "switch" and made == [torch.device("cuda", 0)]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)   # dynamo: always switch
+    assert ext.on_device(OnCuda(1)) == "switch" and made[-1] == torch.device("cuda", 1)
+    assert ext.on_device(torch.zeros(1)) is ext.on_device(torch.zeros(2))
+
+
+def test_argument_conversion_errors_are_the_callers_or_name_the_argument(sim):
+    """An argument whose __index__ raises passes that exception on (not a SystemError, not a
+    wrong value); an int past float64's range for a float argument is a ValueError naming it."""
+    B = Buffers()
+    kw = kwargs(sim, "verify_walk", B)
+
+    class Bad:
+        def __index__(self):
+            raise KeyError("from __index__")
+
+    for name in ("batch", "tokens", "target_batch_stride"):
+        with pytest.raises(KeyError, match="from __index__"):
+            sim.verify_walk(**{**kw, name: Bad()})
+    att = kwargs(sim, "tree_attention", B)
+    with pytest.raises(ValueError, match=r"tree_attention: argument 'scale' does not fit float64$"):
+        sim.tree_attention(**{**att, "scale": 10**400})
+    sim.tree_attention(**{**att, "scale": 1})   # an int is a float argument's value

@@ -46,8 +46,8 @@ def on_device(t: torch.Tensor):
     process driving several GPUs). Every op wraps its _C calls in it. When ``t``'s device is
     current already (the usual case) it does nothing, without torch.cuda.device's switch and
     switch back (issue 27: host time per call)."""
-    if not t.is_cuda or t.get_device() == _current_device():
-        return _SAME_DEVICE
+    if not t.is_cuda or (not torch.compiler.is_compiling() and t.get_device() == _current_device()):
+        return _SAME_DEVICE   # (dynamo folds torch.cuda.device, not the C device query)
     return torch.cuda.device(t.device)
 
 

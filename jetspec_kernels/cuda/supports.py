@@ -91,7 +91,7 @@ _CHECKS = {"tree_attention": _tree_attention, "hidden_topk": _hidden_topk,
            "qk_norm_rope_append": _qk_norm_rope_append, "verify_tree": _verify_tree}
 
 
-_ANSWERS: dict = {}  # (op, attention kernel, _C, call signature) -> (answer,)
+_ANSWERS: dict = {}  # (op, attention kernel, id(_C), call signature) -> (answer, _C)
 _CACHED = ("tree_attention", "hidden_topk")  # the answers that cost more than a signature
 
 
@@ -108,8 +108,9 @@ def supports(op: str, signature=None, **call) -> str | None:
     kernel = attention_kernel(call.get("kernel")) if op == "tree_attention" else None
     if signature is None:
         signature = checks.signature(*call, *call.values())
-    key = None if signature is None else (op, kernel, id(ext.module()), signature)
+    module = ext.module()
+    key = None if signature is None else (op, kernel, id(module), signature)
     answer = _ANSWERS.get(key)
-    if answer is None:
-        answer = checks.remember(_ANSWERS, key, (check(**call),))
+    if answer is None:  # the entry keeps its _C alive, so no other module can reuse its id
+        answer = checks.remember(_ANSWERS, key, (check(**call), module))
     return answer[0]

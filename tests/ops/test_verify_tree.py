@@ -636,6 +636,7 @@ def test_greedy_defaults_shortcut_returns_what_the_checks_return():
     fast = check_sampling(0.0, 0, 1.0, 2, cpu)
     full = check_sampling(0, 0, 1, 2, cpu)   # the same values, as types the shortcut does not take
     assert fast == full == (0.0, None, None) and type(fast[0]) is type(full[0])
+    assert type(check_sampling(0, 0, 1.0, 2, cpu)[0]) is float   # an int 0 is not the shortcut's
     with pytest.raises(TypeError, match="top_k"):
         check_sampling(0.0, False, 1.0, 2, cpu)
     with pytest.raises(ValueError, match="top_p"):
