@@ -250,6 +250,16 @@ BAD = [
     ("commit_kv", dict(cols=65536), r"cols 65536 exceeds 65535"),
     ("pack_mask", dict(words=2), r"words 2 is not ceil\(n / 32\) = 1"),
     ("pack_mask", dict(n=-1), r"n -1 is below 0"),
+    # A grid limit itself is accepted: at it, the call fails at a later argument instead. (The
+    # limits the simulator can run at are run there by tests/test_limits.py; these would take hours.)
+    ("log_softmax_topk", dict(depth=2**31 - 1, k=0), r"k 0 is below 1"),
+    ("hidden_topk", dict(depth=2**31 - 1, k=0), r"k 0 is below 1"),
+    ("tree_attention", dict(splits=65535), r"splits 65535 needs partial_o and partial_lse"),
+    ("commit_kv", dict(cols=65535, hidden_elem_bytes=8), r"hidden_elem_bytes 8 is not 2 or 4"),
+    ("verify_target_tokens", dict(splits=65535, split_len=8, vec=True, temperature=1),
+     r"temperature needs seed and offset"),
+    ("verify_sample_filter", dict(vocab=1 << 21, thr_id=0),
+     r"temperature, thr_x and thr_id are required"),
 ]
 
 
@@ -263,6 +273,16 @@ def test_rejected_input_names_argument_and_limit(sim, op, changes, message):
     with pytest.raises(ValueError) as info:
         getattr(sim, op)(*ARGS[op](B, **changes))
     assert re.fullmatch(rf"jetspec_kernels\._C\.{op}: {message}", str(info.value)), str(info.value)
+
+
+def test_attention_grid_y_limit_is_accepted(sim, monkeypatch):
+    """batch * hkv = 65535 (grid y's limit) passes the checks: the call gets as far as asking for
+    the head-dim-256 kernel's shared memory, which a device with 64 KB per block refuses."""
+    monkeypatch.setenv("JETSPEC_SIM_SMEM_OPTIN", "65536")
+    B = Buffers()
+    with pytest.raises(RuntimeError, match=r"cudaFuncSetAttribute\(max dynamic shared memory") as info:
+        sim.tree_attention(*attention_args(B, batch=65535, head_dim=256))
+    assert not isinstance(info.value, ValueError)
 
 
 def test_commit_kv_checks_before_moving(sim):

@@ -237,3 +237,16 @@ def test_sharded_checkpoint_with_a_missing_tensor(tmp_path):
         Qwen3.from_pretrained(str(tmp_path))
     save_safetensors({"x": torch.zeros(1)}, str(tmp_path / "other"))
     assert list(load_safetensors(str(tmp_path / "other"))) == ["x"]
+
+
+def test_shards_fill_up_to_exactly_the_limit_and_keep_integer_dtypes(tmp_path):
+    """Shards of at most max_shard_bytes: two 16-byte tensors fill a 32-byte shard exactly, the
+    third starts the next. A dtype cast on loading applies to floating tensors only."""
+    t = {"a": torch.ones(4), "b": torch.full((4,), 2.0), "c": torch.arange(2, dtype=torch.int64)}
+    save_safetensors(t, str(tmp_path), max_shard_bytes=32)
+    with open(tmp_path / "model.safetensors.index.json") as f:
+        shard_of = json.load(f)["weight_map"]
+    assert shard_of["a"] == shard_of["b"] != shard_of["c"]
+    got = load_safetensors(str(tmp_path), dtype=torch.float16)
+    assert got["a"].dtype == torch.float16 and torch.equal(got["b"], t["b"].half())
+    assert got["c"].dtype == torch.int64 and torch.equal(got["c"], t["c"])

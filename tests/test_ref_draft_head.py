@@ -188,3 +188,16 @@ def test_target_layer_ids_default_rule():
     assert R.target_layer_ids(8, 9) == [1, 2, 2, 2, 3, 4, 4, 4, 5]
     with pytest.raises(ValueError):
         R.target_layer_ids(36, 0)
+
+
+def test_omitted_fields_take_the_documented_defaults():
+    """A config without rms_norm_eps, rope_theta or causal_head runs with 1e-6, 1e6 and True."""
+    full = dict(make_cfg(True), rms_norm_eps=1e-6, rope_theta=1e6)
+    bare = copy.deepcopy(full)
+    del bare["rms_norm_eps"], bare["rope_theta"], bare["dflash_config"]["causal_head"]
+    W = make_weights(full, seed=7)
+    th, anchors, E, LM = inputs(full, seed=8)
+    want = R.draft_head_forward(W, full, th, anchors, E, LM)
+    assert torch.equal(R.draft_head_forward(W, bare, th, anchors, E, LM), want)
+    other = R.draft_head_forward(W, dict(full, rope_theta=1e4), th, anchors, E, LM)
+    assert not torch.allclose(other, want)                  # the default theta is seen

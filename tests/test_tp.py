@@ -3,9 +3,10 @@
 Each spawn runs one scenario on every rank and saves what it found (numbers, tokens, errors) for
 the asserts here, so one spawn serves several tests: the split tiny target's logits (dense and
 MoE) and the split draft head's equal the unsplit ones (rel-L2), greedy speculative output with
-tp 2 and 4 equals tp 1 token for token, sampled output is identical on every rank and follows the
-target's law (test_decode's chi-square test), a tp that does not divide the heads and ranks that
-disagree are one clear error, and a rank that dies makes the others fail instead of hang.
+tp 2 and 4 equals tp 1 token for token, a tp group beside another broadcasts from its own first
+rank, sampled output is identical on every rank and follows the target's law (test_decode's
+chi-square test), a tp that does not divide the heads and ranks that disagree are one clear error,
+and a rank that dies makes the others fail instead of hang.
 """
 import os
 import socket
@@ -136,10 +137,17 @@ def scenario_four(rank, world):
     (2 key/value heads) refused."""
     cfg = tiny_qwen3_config(num_attention_heads=8, num_key_value_heads=4, head_dim=8)
     full, split = _pair(cfg, 2, tp.ALONE), _pair(cfg, 2, None)
-    return {"logits": _logit_errors(full, split), "greedy": _greedy(full, split),
-            "kv_heads_2": _errors(lambda: _pair(tiny_qwen3_config(), 0, None)),
-            "cli": _cli(rank, ["generate", "--tiny", "--prompt", "x", "--device", "cpu", "--tp", "4"],
-                        dict(RANK=str(rank), WORLD_SIZE=str(world)))}
+    out = {"logits": _logit_errors(full, split), "greedy": _greedy(full, split),
+           "kv_heads_2": _errors(lambda: _pair(tiny_qwen3_config(), 0, None)),
+           "cli": _cli(rank, ["generate", "--tiny", "--prompt", "x", "--device", "cpu", "--tp", "4"],
+                       dict(RANK=str(rank), WORLD_SIZE=str(world)))}
+    # Two tp groups of two ranks (as beside data parallelism): each has its own first rank.
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    shard = tp.shard_of(groups[rank // 2])
+    x = torch.tensor([100 + rank])
+    tp.broadcast_first(x, shard)
+    out["subgroup"] = (shard.rank, shard.size, int(x))
+    return out
 
 
 def _cli(rank, argv, env):
@@ -243,6 +251,11 @@ def test_greedy_output_tp2_equals_tp1(two, model):
             assert split == alone, (model, loop)
         assert res[model]["greedy"]["spec"][0] == res[model]["greedy"]["ar"][0]
     assert two[0][model]["greedy"] == two[1][model]["greedy"]
+
+
+def test_subgroups_broadcast_from_their_own_first_rank(four):
+    _no_errors(four)
+    assert [res["subgroup"] for res in four] == [(0, 2, 100), (1, 2, 100), (0, 2, 102), (1, 2, 102)]
 
 
 def test_greedy_output_tp4_equals_tp1(four):

@@ -60,8 +60,11 @@ def test_flashinfer_mask_matches_numpy_packbits():
     assert int(indptr[-1]) == start == packed.numel()
 
 
-def test_sglang_arrays_match_brute_force():
-    tree = _trees(budget=17, algorithm="accum_logp")
+@pytest.mark.parametrize("kw", [dict(budget=17, algorithm="accum_logp"), dict(d=1, k=2, budget=9)],
+                         ids=["full", "smaller_than_capacity"])
+def test_sglang_arrays_match_brute_force(kw):
+    """A full tree, and one of 3 nodes in a capacity of 9: the row at exactly num_nodes is padding."""
+    tree = _trees(**kw)
     index, nxt, sib = tree.to_sglang()
     assert index.dtype == nxt.dtype == sib.dtype == torch.int64
     n = tree.capacity
@@ -119,3 +122,10 @@ def test_positions():
     pos = small.positions(prefix)
     assert torch.equal(pos[:, 3:], prefix[:, None].expand(3, 6))
     assert pos[:, :3].tolist() == [[p, p + 1, p + 1] for p in prefix.tolist()]
+    # The largest prefix whose positions fit in int32 (the deepest of 9 rows sits at most 8 past
+    # it) is taken; one more is refused.
+    top = 2**31 - 1 - (small.capacity - 1)
+    pos = small.positions(torch.full((3,), top, dtype=torch.int64))
+    assert int(pos.max()) == top + 1 and pos.dtype == torch.int32
+    with pytest.raises(ValueError, match="prefix_lens"):
+        small.positions(torch.full((3,), top + 1, dtype=torch.int64))

@@ -220,6 +220,27 @@ def test_log_softmax_topk_blocks(B, D, V, k, block_v, dtype):
     assert tok[0, 0, 0] == 3 and (k == 1 or tok[0, 0, 1] == 7)
 
 
+@backends("triton", "sim", "cuda")
+def test_log_softmax_topk_masked_chunk_and_signed_zeros(backend):
+    """Logits as a constrained decoder leaves them: a whole 4096-entry vocabulary chunk at -inf
+    (both kernels' chunk 1; its partial counts for nothing, it is no NaN), and a tied maximum of
+    -0.0 and +0.0, which the token ids order (-0.0 == +0.0), either way round."""
+    gen = torch.Generator().manual_seed(8)
+    x = -1 - torch.rand(2, 2, 2 * 4096 + 300, generator=gen)
+    x[:, :, 4096:8192] = float("-inf")
+    x[0, 0, 9], x[0, 0, 12] = -0.0, 0.0
+    x[1, 1, 9], x[1, 1, 12] = 0.0, -0.0
+    with poisoned_empty():
+        if backend.name == "triton":
+            tok, lp = triton_backend.log_softmax_topk(x.to(DEV), 4)
+        else:
+            tok, lp = cu().log_softmax_topk(x.to(backend.device), 4)
+    want_tok, want_lp = ref.log_softmax_topk(x.double(), 4)
+    assert torch.equal(tok.cpu(), want_tok)
+    assert tok[0, 0, :2].tolist() == [9, 12] and tok[1, 1, :2].tolist() == [9, 12]
+    assert not lp.isnan().any() and rel_l2(lp.cpu(), want_lp) < TOL[torch.float32]
+
+
 @backends("triton")
 def test_log_softmax_topk_strided_rows():
     gen = torch.Generator().manual_seed(5)
