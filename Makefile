@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 PYTEST_ARGS ?=
+# A test running past this many seconds fails (pytest-timeout) instead of hanging the suite: a
+# planted bug in the Triton topn bisection once looped forever (mutation campaign 3).
+PYTEST_TIMEOUT ?= 900
 # make test runs the suite in this many pytest-xdist processes (0: one process, no xdist).
 PYTEST_WORKERS ?= 2
 # make fuzz: e.g. FUZZ_ARGS="--seconds 3600 --seed 42 --ops verify_tree,tree_attention"
@@ -25,12 +28,13 @@ $(STAMP): $(BUILD_INPUTS)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --benchmark-disable -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --benchmark-disable -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal \
+	  --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS) tests
 
 # The tests marked slow (minutes on 2 cores): the Hopper attention gates, which build the sweep
 # harness (bench/attn_sweep) for sm_90a and read its ptxas reports and SASS.
 test-slow: $(STAMP)
-	$(PY) -m pytest -q --benchmark-disable -m slow $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --benchmark-disable -m slow --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS) tests
 
 fuzz: $(STAMP)
 	$(PY) tests/fuzz/run.py --seconds 600 $(FUZZ_ARGS)
