@@ -317,8 +317,8 @@ class DeviceGuardCheck:
         self.depth = 0
 
     @contextlib.contextmanager
-    def on_device(self, t):
-        assert isinstance(t, torch.Tensor)
+    def on_device(self, device):
+        assert isinstance(device, torch.device)
         self.depth += 1
         try:
             yield

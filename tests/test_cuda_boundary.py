@@ -305,30 +305,22 @@ def test_workspaces_share_one_allocation():
 
 
 def test_on_device_switches_only_to_another_device(monkeypatch):
-    """cuda/extension.on_device: a CPU tensor or one on the current CUDA device needs no switch
-    (a do-nothing context); a tensor on another device gets torch.cuda.device of that device."""
+    """cuda/extension.on_device (backend.cuda_device_guard): a CPU device or the current CUDA
+    device needs no switch (a do-nothing context); another device gets torch.cuda.device of it."""
     from jetspec_kernels.cuda import extension as ext
 
-    class OnCuda:  # what on_device reads of a CUDA tensor, without a GPU
-        is_cuda = True
-
-        def __init__(self, index):
-            self.device = torch.device("cuda", index)
-
-        def get_device(self):
-            return self.device.index
-
     made = []
-    monkeypatch.setattr(ext, "_current_device", lambda: 1)
+    monkeypatch.setattr(bk, "current_cuda_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda d: made.append(d) or "switch")
-    assert ext.on_device(OnCuda(1)) is ext.on_device(torch.zeros(1))
-    with ext.on_device(OnCuda(1)):
+    cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
+    assert ext.on_device(cuda1) is ext.on_device(cpu)
+    with ext.on_device(cuda1):
         pass
     assert made == []
-    assert ext.on_device(OnCuda(0)) == "switch" and made == [torch.device("cuda", 0)]
+    assert ext.on_device(cuda0) == "switch" and made == [cuda0]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)   # dynamo: always switch
-    assert ext.on_device(OnCuda(1)) == "switch" and made[-1] == torch.device("cuda", 1)
-    assert ext.on_device(torch.zeros(1)) is ext.on_device(torch.zeros(2))
+    assert ext.on_device(cuda1) == "switch" and made[-1] == cuda1
+    assert ext.on_device(cpu) is ext.on_device(torch.device("cpu"))
 
 
 def test_argument_conversion_errors_are_the_callers_or_name_the_argument(sim):

@@ -14,7 +14,7 @@ def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tok
                 budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
     _C = ext.module()
-    with ext.on_device(topk_tokens):
+    with ext.on_device(topk_tokens.device):
         b, d, k = topk_tokens.shape
         dev = topk_tokens.device
         n, w = budget, mask_words(budget)

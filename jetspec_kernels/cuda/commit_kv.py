@@ -14,7 +14,7 @@ def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.
                path: torch.Tensor, accept_len: torch.Tensor, block_table: Optional[torch.Tensor],
                hidden: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     _C = ext.module()
-    with ext.on_device(k_cache):
+    with ext.on_device(k_cache.device):
         b, cols = path.shape
         dev = path.device
         prefix_lens = prefix_lens.contiguous()

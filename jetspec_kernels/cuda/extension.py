@@ -3,12 +3,11 @@ device and stream a launch runs on, and Python values as its arguments (pointers
 codes, alignment)."""
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import torch
 
-from ..backend import BackendUnavailableError, current_cuda_device
+from ..backend import BackendUnavailableError, cuda_device_guard, current_cuda_device
 
 
 _PACKAGE = __name__.rsplit(".", 2)[0]
@@ -35,27 +34,20 @@ def limit(name: str):
 
 # The raw stream handle without a torch.cuda.Stream object (what inductor's generated code
 # calls); the public path where a torch build lacks it.
-_current_device = current_cuda_device
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_SAME_DEVICE = contextlib.nullcontext()
 
 
-def on_device(t: torch.Tensor):
-    """Context that makes ``t``'s CUDA device current: _C launches on the current device's stream
-    and sizes its launch plans for the current device, which need not be the tensors' one (a
-    process driving several GPUs). Every op wraps its _C calls in it. When ``t``'s device is
-    current already (the usual case) it does nothing, without torch.cuda.device's switch and
-    switch back (issue 27: host time per call)."""
-    if not t.is_cuda or (not torch.compiler.is_compiling() and t.get_device() == _current_device()):
-        return _SAME_DEVICE   # (dynamo folds torch.cuda.device, not the C device query)
-    return torch.cuda.device(t.device)
+# Context that makes a CUDA device current, entered around every _C call with the tensors'
+# device (``ext.on_device(q.device)``): _C launches on the current device's stream and sizes its
+# launch plans for the current device. A do-nothing context for a CPU device or the current one.
+on_device = cuda_device_guard
 
 
 def stream() -> int:
-    """Raw handle of the current CUDA stream (what _C launches on; inside ``on_device``)."""
+    """Raw handle of the current CUDA stream (what _C launches on; inside :data:`on_device`)."""
     if _raw_stream is None:
         return torch.cuda.current_stream().cuda_stream
-    return _raw_stream(_current_device())
+    return _raw_stream(current_cuda_device())
 
 
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (torch.float32, torch.float16,

@@ -13,7 +13,7 @@ from .supports import supports
 def _hidden_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
     _C = ext.module()
-    with ext.on_device(hidden):
+    with ext.on_device(hidden.device):
         b, d, h = hidden.shape
         v = lm_head_weight.shape[0]
         # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).

@@ -10,7 +10,7 @@ from .custom_op import custom_op
 @custom_op("jetspec::log_softmax_topk", mutates_args=())
 def _log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     _C = ext.module()
-    with ext.on_device(logits):
+    with ext.on_device(logits.device):
         b, d, v = logits.shape
         tokens = torch.empty(b, d, k, device=logits.device, dtype=torch.int32)
         logprobs = torch.empty(b, d, k, device=logits.device, dtype=torch.float32)

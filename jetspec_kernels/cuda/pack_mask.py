@@ -11,7 +11,7 @@ from .custom_op import custom_op
 @custom_op("jetspec::pack_mask", mutates_args=())
 def _pack_mask(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
     _C = ext.module()
-    with ext.on_device(parents):
+    with ext.on_device(parents.device):
         b, n = parents.shape
         w = mask_words(n)
         parents = parents.contiguous()

@@ -14,7 +14,7 @@ def _launch(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta
             cache_start, q_out):
     """Call _C; ``q``, ``q_norm_w`` and ``q_out`` are None for a K/V-only append."""
     _C = ext.module()
-    with ext.on_device(k):
+    with ext.on_device(k.device):
         b, n, hkv, dh = k.shape
         hq = 0 if q is None else q.shape[2]
         qw = None if q is None else checks.as_dtype(q_norm_w, torch.float32).contiguous()

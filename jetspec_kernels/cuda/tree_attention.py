@@ -47,7 +47,7 @@ def hopper_splits(q: torch.Tensor, hkv: int, capacity: int) -> int:
     b, n, hq, dh = q.shape
     if b == 0 or n == 0:
         return 1
-    with ext.on_device(q):
+    with ext.on_device(q.device):
         return int(ext.module().tree_attention_hopper_splits(
             batch=b, n=n, hq=hq, hkv=hkv, capacity=capacity, dtype=ext.dtype_code(q), head_dim=dh,
             sms=launch_plan.sm_count(q.device)))
@@ -79,7 +79,7 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
                     lse: Optional[torch.Tensor], num_splits: int, kernel: int) -> None:
     _C = ext.module()
-    with ext.on_device(q):
+    with ext.on_device(q.device):
         # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if not ext.aligned16(t):

@@ -35,7 +35,7 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
                  top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _C = ext.module()
-    with ext.on_device(tokens):
+    with ext.on_device(tokens.device):
         b, n = tokens.shape
         dev = tokens.device
         cols = max_depth + 1
@@ -137,7 +137,7 @@ def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=Non
     ``(thr_x float32 [B, N], thr_id int32 [B, N])``, as the triton backend's
     ``filter_thresholds``: node (b, n) keeps v iff ``x > thr_x or (x == thr_x and v <= thr_id)``.
     """
-    with ext.on_device(logits):
+    with ext.on_device(logits.device):
         b, n, _ = logits.shape
         if num_nodes is None:
             num_nodes = torch.full((b,), n, dtype=torch.int32, device=logits.device)
