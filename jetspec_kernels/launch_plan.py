@@ -25,6 +25,8 @@ from functools import lru_cache
 
 import torch
 
+from . import checks
+
 # The SM count assumed on devices that are not CUDA (the Triton interpreter and the CUDA
 # simulator run on the CPU): small, so that CPU tests exercise the split path.
 CPU_SM_COUNT = 4
@@ -53,8 +55,7 @@ def sm_count(device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-PLAN_CACHE_SIZE = 1024
-_PLANS: dict = {}   # (rule, sm_count, id(pin), key) -> (plan, pin)
+_PLANS: dict = {}   # (rule, sm_count, id(pin), key) -> (plan, pin); bounded (checks.remember)
 
 
 def planned(key: tuple, rule, *args, pin=None):
@@ -68,11 +69,7 @@ def planned(key: tuple, rule, *args, pin=None):
     hit = _PLANS.get(full)
     if hit is not None:
         return hit[0]
-    plan = rule(*args)
-    if len(_PLANS) >= PLAN_CACHE_SIZE:
-        _PLANS.clear()
-    _PLANS[full] = (plan, pin)
-    return plan
+    return checks.remember(_PLANS, full, (rule(*args), pin))[0]
 
 
 def cuda_attention_splits(base_ctas: int, ctas_per_sm: int, capacity: int, sms: int) -> int:
