@@ -359,21 +359,20 @@ def binding(rounds: int = 3, x: dict | None = None) -> dict:
     CUDA call (so this runs without a GPU). Op -> {"launches", "c_us": real parsing per op call,
     "stub_us": the stand-in's own cost for the same calls}; minimum over ``rounds``; ``x``: the
     inputs (default :func:`op_inputs`)."""
+    import jetspec_kernels as jk
     from jetspec_kernels import _C
 
     fns = calls(op_inputs() if x is None else x, "cuda")
+    stub = noop_c(_C).verify_walk        # any launcher of the stand-in: the same function
     res = {}
     for op in OPS:
         recorded = []
         with noop_launches("cuda"):
-            import jetspec_kernels as jk
-            stand_in = jk._C
-            for name in stand_in.FIELDS:
-                setattr(stand_in, name,
+            for name in jk._C.FIELDS:
+                setattr(jk._C, name,
                         lambda *a, _name=name, **kw: recorded.append((_name, {**kw, "batch": 0})))
             fns[op]()
         launches = [(getattr(_C, name), kw) for name, kw in recorded]
-        stub = noop_c(_C).verify_walk        # any launcher of the stand-in: the same function
 
         def real():
             for f, kw in launches:

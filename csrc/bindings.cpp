@@ -204,11 +204,7 @@ PyObject* fastcall_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     PyErr_SetString(PyExc_IndexError, e.what());
   } catch (const std::overflow_error& e) {
     PyErr_SetString(PyExc_OverflowError, e.what());
-  } catch (const std::invalid_argument& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-  } catch (const std::length_error& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-  } catch (const std::domain_error& e) {
+  } catch (const std::logic_error& e) {  // invalid_argument, length_error, domain_error
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const std::range_error& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
