@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,9 @@ def load(name: str = "_C"):
     so = out_dir / (name + sysconfig.get_config_var("EXT_SUFFIX"))
     if not so.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = so.with_suffix(".tmp")
+        # One temporary file per process: two pytest-xdist workers may build at once, and a shared
+        # one would be moved away under the other's compiler.
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")
         # It stands in for the default build ("90a,80"): auto picks the wgmma kernel, as on an H200.
         cmd = [compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
                "-Wno-unknown-pragmas", "-fdata-sections", f"-Wl,-T,{SIM_DIR / 'sim_shared.ld'}",
