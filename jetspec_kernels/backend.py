@@ -53,7 +53,12 @@ HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
 GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
-                       "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask")
+                       "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask", "rms_norm")
+
+# Interface functions whose work the models ran as torch ops before the function existed: on CUDA
+# tensors ``auto`` keeps them on those ops (the reference backend) until a GPU backend is listed in
+# HARDWARE_VERIFIED, rather than trading hardware-proven torch ops for an unverified kernel.
+REFERENCE_UNTIL_VERIFIED = ("rms_norm",)
 
 
 class BackendUnavailableError(RuntimeError):
@@ -130,9 +135,12 @@ def verified_backends(fn: str | None) -> tuple[str, ...]:
 
 def hardware_verified(name: str, fn: str | None) -> bool:
     """Whether ``auto`` may pick backend ``name`` for interface function ``fn`` on a CUDA device
-    (``fn`` None: for every interface function). Only the cuda backend is gated: triton is auto's
-    choice where no backend has passed on hardware."""
-    return name != "cuda" or name in verified_backends(fn)
+    (``fn`` None: for every interface function). The cuda backend is gated, and both GPU backends
+    for the functions in ``REFERENCE_UNTIL_VERIFIED``; elsewhere triton is auto's choice where no
+    backend has passed on hardware."""
+    if name == "reference" or (name == "triton" and fn not in REFERENCE_UNTIL_VERIFIED):
+        return True
+    return name in verified_backends(fn)
 
 
 def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import torch
 
 from ._common import cache_indices, compute_dtype
 
-__all__ = ["rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
+__all__ = ["rms_norm", "add_rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
 
 
 def rms_norm(x, weight, eps=1e-6, dtype=None):
@@ -37,6 +37,23 @@ def rms_norm(x, weight, eps=1e-6, dtype=None):
     if dtype is None:
         return xf * weight.to(cd)
     return weight * xf.to(dtype)
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6, dtype=None):
+    """The residual add and the RMSNorm after it, as a decoder layer runs them:
+    ``total = x + residual`` (in their dtype: rounded as the models' add), then
+    ``rms_norm(total, weight, eps, dtype)``.
+
+    Parameters
+    ----------
+    x, residual : ``[..., D]`` of one dtype; weight : ``[D]``; eps, dtype : as in :func:`rms_norm`
+
+    Returns
+    -------
+    ``(normed, total)``: normed as :func:`rms_norm` returns it, total ``[..., D]`` in x's dtype.
+    """
+    total = x + residual
+    return rms_norm(total, weight, eps, dtype), total
 
 
 def rope_inv_freq(head_dim, theta):

@@ -185,11 +185,11 @@ def test_hidden_topk_input_limits_per_backend():
 
 @pytest.fixture
 def fake_gpu_backends(monkeypatch):
-    """Stub cuda and triton backends on a pretend CUDA device (no GPU needed): each interface
-    function returns the name of the backend that ran it."""
+    """Stub backends on a pretend CUDA device (no GPU needed): each interface function returns
+    the name of the backend that ran it."""
     import sys
     import types
-    for name in ("cuda", "triton"):
+    for name in ("cuda", "triton", "reference"):
         mod = types.ModuleType(f"fake_{name}_backend")
         for fn in bk.INTERFACE_FUNCTIONS:
             setattr(mod, fn, lambda *a, _name=name: _name)
@@ -200,20 +200,31 @@ def fake_gpu_backends(monkeypatch):
     return torch.device("cuda", 0)
 
 
+def _unverified(fn):
+    """auto's pick for an interface function no GPU backend has passed on hardware."""
+    return "reference" if fn in bk.REFERENCE_UNTIL_VERIFIED else "triton"
+
+
 def test_auto_keeps_cuda_tensors_off_unverified_cuda_kernels(fake_gpu_backends, monkeypatch):
-    """Until an op's cuda kernels have passed on a GPU, auto runs it with triton; an explicit
-    backend="cuda" still runs the cuda kernels."""
+    """Until an op's cuda kernels have passed on a GPU, auto runs it with triton (with the torch
+    ops of the reference for REFERENCE_UNTIL_VERIFIED); an explicit backend="cuda" or "triton"
+    still runs those kernels."""
     dev = fake_gpu_backends
     monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {})
+    assert "rms_norm" in bk.REFERENCE_UNTIL_VERIFIED
     for fn in bk.INTERFACE_FUNCTIONS:
-        assert bk.select(dev, fn, "auto")() == "triton"
+        assert bk.select(dev, fn, "auto")() == _unverified(fn)
+        assert bk.resolve(dev, fn=fn) == _unverified(fn)
         assert bk.select(dev, fn, "cuda")() == "cuda"
+        assert bk.select(dev, fn, "triton")() == "triton"
     assert bk.resolve(dev) == "triton"
 
-    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"pack_mask": ("cuda",), "verify_tree": ("cuda",)})
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"pack_mask": ("cuda",), "verify_tree": ("cuda",),
+                                                  "rms_norm": ("triton",)})
     picks = {fn: bk.select(dev, fn, "auto")() for fn in bk.INTERFACE_FUNCTIONS}
     assert picks == {fn: "cuda" if fn in ("pack_mask", "verify_tree") else "triton"
                      for fn in bk.INTERFACE_FUNCTIONS}
+    assert bk._auto_candidates(dev, "rms_norm") == ("triton", "reference")
     assert bk.resolve(dev, fn="pack_mask") == "cuda" and bk.resolve(dev) == "triton"
 
     monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {fn: ("cuda",) for fn in bk.INTERFACE_FUNCTIONS})
@@ -231,7 +242,7 @@ def test_auto_runs_the_fastest_hardware_verified_backend(fake_gpu_backends, monk
                                                   "commit_kv": ("cuda", "triton"),
                                                   "verify_tree": ("triton",)})
     picks = {fn: bk.select(dev, fn, "auto")() for fn in bk.INTERFACE_FUNCTIONS}
-    assert picks == {fn: "cuda" if fn == "commit_kv" else "triton" for fn in bk.INTERFACE_FUNCTIONS}
+    assert picks == {fn: "cuda" if fn == "commit_kv" else _unverified(fn) for fn in bk.INTERFACE_FUNCTIONS}
     assert bk._auto_candidates(dev, "tree_attention") == ("triton", "cuda", "reference")
     assert bk._auto_candidates(dev, "verify_tree") == ("triton", "reference")
     assert bk.resolve(dev) == "triton" and bk.verified_backends(None) == ()

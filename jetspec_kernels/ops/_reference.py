@@ -39,6 +39,13 @@ def pack_mask(parents, num_nodes):
     return ref.pack_mask(parents, num_nodes).to(_I32)
 
 
+def rms_norm(x, residual, weight, eps):
+    if residual is None:
+        return ref.rms_norm(x, weight, eps, x.dtype).contiguous(), None
+    out, total = ref.add_rms_norm(x, residual, weight, eps, x.dtype)
+    return out.contiguous(), total.contiguous()
+
+
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
                         block_table, cache_start):
     q_out = ref.qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,

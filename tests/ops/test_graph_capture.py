@@ -103,6 +103,7 @@ def test_every_op_replays_from_a_graph(backend, dev, no_value_checks):
     offset = torch.tensor([0, 4], dtype=torch.int64, device=dev)
     tree = tree0
     verdict = jk.verify_tree(tree, target, backend=name)
+    stream, residual, norm_w = rnd(B, N, H), rnd(B, N, H), rnd(H, scale=0.1) + 1
 
     ops = {
         "pack_mask": lambda: jk.pack_mask(tree.parents, tree.num_nodes, backend=name),
@@ -118,8 +119,9 @@ def test_every_op_replays_from_a_graph(backend, dev, no_value_checks):
         "verify_tree sampled": lambda: jk.verify_tree(tree, target, temperature=temp, seed=seed,
                                                       offset=offset, top_k=top_k, top_p=top_p, backend=name),
         "commit_kv": lambda: jk.commit_kv(kc, vc, prefix, verdict, backend=name),
+        "rms_norm": lambda: jk.rms_norm(stream, norm_w, residual=residual, backend=name),
     }
-    inputs = [logits, hidden, lm_head, q, k, v, kc, vc, target]
+    inputs = [logits, hidden, lm_head, q, k, v, kc, vc, target, stream, residual]
     for what, fn in ops.items():
         g = Captured(fn, graph=dev == "cuda" and name != "reference")
         for t in inputs:                           # new values in the same buffers

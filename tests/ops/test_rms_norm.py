@@ -1,0 +1,192 @@
+"""rms_norm (the residual add and the models' RMSNorm) against its contract, on every backend.
+
+The check is exact up to the one thing the contract leaves open, the float32 summation order of
+the sum of squares: each output must lie between the values the contract's roundings give with
+the row's rsqrt taken a hair (``R_SLACK``) below and above its float64 value. A wrong rounding
+(one instead of two), a wrong eps, weight or residual lands outside that window; the total
+(x + residual) must be bit-exact.
+"""
+import pytest
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels import python_ref as ref
+from helpers import (DEV, api_backend, backend_module, backends, poisoned_empty,
+                     skip_on_interpreter, sync, widened)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Relative slack on the row's rsqrt: float32 summation in any order over up to 8192 terms
+# (pairwise or tree: about log2(H) roundings), the division and an approximate rsqrt.
+R_SLACK = 2e-6
+
+
+def _rounded(h, w, r, dtype):
+    """The contract's output for rsqrt values ``r`` (float32 [R, 1]): round(w * round(h * r))."""
+    n = (h.float() * r).to(dtype)
+    return (w.float() * n.float()).to(dtype)
+
+
+def assert_rms_norm(out, total, x, residual, w, eps):
+    """``out`` (and ``total``) of ``rms_norm(x, w, eps, residual)`` meet the contract."""
+    dtype = x.dtype
+    x, w = x.cpu(), w.cpu()
+    h = x if residual is None else x + residual.cpu()    # the contract's rounded sum
+    if residual is not None:
+        assert total.dtype == dtype and total.is_contiguous()
+        assert torch.equal(total.cpu(), h), "total must be x + residual rounded to the dtype"
+    assert out.dtype == dtype and out.is_contiguous() and out.shape == x.shape
+    hf = h.reshape(-1, h.shape[-1]).double()
+    r = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True).float().double() + eps)
+    lo = _rounded(hf, w, (r * (1 - R_SLACK)).float(), dtype).double()
+    hi = _rounded(hf, w, (r * (1 + R_SLACK)).float(), dtype).double()
+    got = out.cpu().reshape(hf.shape).double()
+    ok = (got >= torch.minimum(lo, hi)) & (got <= torch.maximum(lo, hi))
+    bad = (~ok).nonzero()
+    assert not len(bad), (f"{len(bad)} of {got.numel()} outputs outside the contract, first at "
+                          f"{bad[0].tolist()}: {got[tuple(bad[0])]} not in "
+                          f"[{lo[tuple(bad[0])]}, {hi[tuple(bad[0])]}]")
+
+
+def _inputs(rows, hidden, dtype, gen, scale=1.0, lead=None):
+    shape = (rows, hidden) if lead is None else (*lead, hidden)
+    x = (torch.randn(shape, generator=gen) * scale).to(dtype)
+    res = (torch.randn(shape, generator=gen) * scale).to(dtype)
+    w = (torch.randn(hidden, generator=gen) * 0.5 + 1).to(dtype)
+    w[::7] = 0                                               # zero and negative weights
+    w[1::5] *= -1
+    return x, res, w
+
+
+def _skip_bf16_interpreter(backend, dtype):
+    if dtype == torch.bfloat16:
+        skip_on_interpreter(backend, "the interpreter truncates float32 -> bfloat16 casts "
+                                     "instead of rounding them")
+
+
+@backends("reference", "triton")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
+@pytest.mark.parametrize("rows,hidden", [(0, 8), (1, 1), (5, 3), (37, 33), (4, 100), (3, 4096)])
+def test_rms_norm_meets_the_contract(backend, dev, dtype, with_residual, rows, hidden):
+    _skip_bf16_interpreter(backend, dtype)
+    gen = torch.Generator().manual_seed(rows * 131 + hidden)
+    x, res, w = _inputs(rows, hidden, dtype, gen)
+    res = res if with_residual else None
+    with poisoned_empty():
+        got = jk.rms_norm(x.to(dev), w.to(dev), eps=1e-6,
+                          residual=None if res is None else res.to(dev), backend=api_backend(backend))
+    sync(dev)
+    out, total = got if with_residual else (got, None)
+    assert_rms_norm(out, total, x, res, w, 1e-6)
+
+
+@backends("reference", "triton")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scale,eps", [(1e-3, 1e-6), (1e-3, 1e-2), (300.0, 1e-6)],
+                         ids=["small-eps-matters", "large-eps", "large"])
+def test_rms_norm_magnitudes_and_eps(backend, dev, dtype, scale, eps):
+    """Values far from 1, where eps decides the scale (mean(x^2) near eps) or rounding of the
+    sum matters; one row of zeros (rsqrt(eps))."""
+    _skip_bf16_interpreter(backend, dtype)
+    gen = torch.Generator().manual_seed(3)
+    x, res, w = _inputs(6, 257, dtype, gen, scale=scale)
+    x[2] = 0
+    res[2] = 0
+    out, total = jk.rms_norm(x.to(dev), w.to(dev), eps=eps, residual=res.to(dev),
+                             backend=api_backend(backend))
+    sync(dev)
+    assert_rms_norm(out, total, x, res, w, eps)
+    assert torch.equal(out[2].cpu(), torch.zeros_like(out[2].cpu()))
+
+
+@backends("reference", "triton")
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_rms_norm_strided_rows_and_leading_dims(backend, dev, dtype):
+    """Rows of wider buffers whose padding is NaN (a read past a row shows), and a 3-D slice whose
+    leading dims do not flatten to one row stride (the draft head's ``x[:, 1:]``)."""
+    _skip_bf16_interpreter(backend, dtype)
+    gen = torch.Generator().manual_seed(4)
+    x, res, w = _inputs(9, 40, dtype, gen)
+    xd, rd = widened(x.to(dev), 24), widened(res.to(dev), 8)
+    assert xd.stride(0) == 64 and rd.stride(0) == 48
+    out, total = jk.rms_norm(xd, w.to(dev), eps=1e-6, residual=rd, backend=api_backend(backend))
+    sync(dev)
+    assert_rms_norm(out, total, x, res, w, 1e-6)
+
+    block, _, _ = _inputs(3 * 5, 40, dtype, gen)
+    block = block.view(3, 5, 40).to(dev)
+    part = block[:, 1:]                                   # [3, 4, 40], strides (200, 40, 1)
+    out = jk.rms_norm(part, w.to(dev), eps=1e-6, backend=api_backend(backend))
+    sync(dev)
+    assert out.shape == (3, 4, 40)
+    assert_rms_norm(out, None, part.cpu(), None, w, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=str)
+@pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
+def test_triton_two_pass_rows(dtype, with_residual):
+    """The long-row kernel (rows read in pieces, the second pass re-reading the total or x), run on
+    short rows by lowering the switch: several pieces, a partial last one, strided rows."""
+    launch = backend_module("triton", "rms_norm").launch
+    gen = torch.Generator().manual_seed(5)
+    x, res, w = _inputs(7, 70, dtype, gen)
+    xd = widened(x.to(DEV), 10)
+    rd = res.to(DEV) if with_residual else None
+    with poisoned_empty():
+        out, total = launch(xd, rd, w.to(DEV), 1e-6, one_pass_max=16, chunk=16)
+    sync(DEV)
+    assert_rms_norm(out, total, x, res if with_residual else None, w, 1e-6)
+    assert (total is None) == (not with_residual)
+
+
+def test_the_checker_rejects_a_single_rounding():
+    """The contract's window is narrow enough to see one rounding in place of two (and a wrong
+    eps): the check this file relies on can fail."""
+    gen = torch.Generator().manual_seed(6)
+    x, _, w = _inputs(8, 512, torch.bfloat16, gen)
+    hf = x.float()
+    one = (w.float() * hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="outside the contract"):
+        assert_rms_norm(one, None, x, None, w, 1e-6)
+    small = x * 1e-3
+    wrong_eps = ref.rms_norm(small, w, 1e-5, torch.bfloat16)
+    with pytest.raises(AssertionError, match="outside the contract"):
+        assert_rms_norm(wrong_eps, None, small, None, w, 1e-6)
+    assert_rms_norm(ref.rms_norm(small, w, 1e-6, torch.bfloat16), None, small, None, w, 1e-6)
+
+
+def test_rms_norm_matches_the_layer_it_replaces():
+    """On CPU tensors the reference backend is the decoder layer's own norm, bit for bit."""
+    gen = torch.Generator().manual_seed(7)
+    x, res, w = _inputs(5, 96, torch.bfloat16, gen, lead=(1, 5))
+    out, total = jk.rms_norm(x, w, eps=1e-6, residual=res, backend="reference")
+    assert torch.equal(total, x + res)
+    assert torch.equal(out, ref.rms_norm(x + res, w, 1e-6, torch.bfloat16))
+    assert torch.equal(jk.rms_norm(x, w, eps=1e-6, backend="reference"),
+                       ref.rms_norm(x, w, 1e-6, torch.bfloat16))
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (lambda x, w, r: jk.rms_norm(x.int(), w), TypeError, "x must have dtype"),
+    (lambda x, w, r: jk.rms_norm(x.double(), w.double()), TypeError, "x must have dtype"),
+    (lambda x, w, r: jk.rms_norm(x[0, 0, 0], w), ValueError, "x must have at least one dimension"),
+    (lambda x, w, r: jk.rms_norm(x[..., :0], w[:0]), ValueError, "x must have a non-empty last"),
+    (lambda x, w, r: jk.rms_norm(x.transpose(0, 2), w), ValueError, "x must be contiguous in its last"),
+    (lambda x, w, r: jk.rms_norm(x, w[:-1]), ValueError, r"weight must have shape \[12\]"),
+    (lambda x, w, r: jk.rms_norm(x, w[None]), ValueError, r"weight must have shape \[12\]"),
+    (lambda x, w, r: jk.rms_norm(x, w.half()), TypeError, "weight must have dtype float32"),
+    (lambda x, w, r: jk.rms_norm(x, [1.0] * 12), TypeError, "weight must be a torch.Tensor"),
+    (lambda x, w, r: jk.rms_norm(x, w, eps=0.0), ValueError, "eps must be > 0"),
+    (lambda x, w, r: jk.rms_norm(x, w, eps=float("nan")), ValueError, "eps must be finite"),
+    (lambda x, w, r: jk.rms_norm(x, w, eps=True), TypeError, "eps must be a number"),
+    (lambda x, w, r: jk.rms_norm(x, w, residual=r[:, :-1]), ValueError, r"residual must have shape \[2, 3, 12\]"),
+    (lambda x, w, r: jk.rms_norm(x, w, residual=r.half()), TypeError, "residual must have dtype float32"),
+    (lambda x, w, r: jk.rms_norm(x, w, residual=r.transpose(1, 2).contiguous().transpose(1, 2)),
+     ValueError, "residual must be contiguous in its last"),
+    (lambda x, w, r: jk.rms_norm(x, w, backend="fast"), ValueError, "backend must be one of"),
+])
+def test_rms_norm_rejects_bad_input(call, err, match):
+    x, r = torch.randn(2, 3, 12), torch.randn(2, 3, 12)
+    w = torch.ones(12)
+    with pytest.raises(err, match=match):
+        call(x, w, r)
