@@ -44,18 +44,42 @@ MMA_EFF = 0.6           # compute-bound GEMMs at these shapes: share of the matm
 SMALL_LAUNCH_S = 2.5e-6  # one small kernel in a CUDA graph (launch gap + one short wave)
 
 # Kernel launches (aten ops that run device work, plus one per backend kernel), counted on the CPU
-# with the reference backend (tests/test_bench_decode.py::test_launch_counts recounts them).
+# with the reference backend (tests/test_bench_decode.py::test_launch_counts recounts them). Each
+# rms_norm call counts one: what it launches once a GPU backend runs it (see :func:`launches`).
 LAUNCHES = {
-    "target_layer": 25,       # one target decoder layer, any token count
-    "head_layer": 25,         # one head layer in the draft forward
+    "target_layer": 14,       # one target decoder layer, any token count (2 rms_norm calls)
+    "head_layer": 14,         # one head layer in the draft forward (2 rms_norm calls)
     "head_append_layer": 3,   # one head layer's K/V projections + cache append
     "sparse_extra": 14,       # extra launches of a MoE layer (routing, sort, grouped GEMMs, scatter)
-    "draft_fixed": 14,        # embedding, block build, final norm, fused top-K, tree
-    "verify_fixed": 15,       # embedding, final norm, one argmax chunk, tree positions
+    "draft_fixed": 10,        # embedding, block build, final norm, fused top-K, tree
+    "verify_fixed": 10,       # embedding, final norm, one argmax chunk, tree positions
     "argmax_chunk": 6,        # each further 32768-token chunk of the fused argmax
-    "accept_commit_fixed": 38,  # verify_tree, commit_kv, fc + norm, emit, state updates
-    "ar_fixed": 11,           # embedding, final norm, lm_head, argmax, advance
+    "accept_commit_fixed": 31,  # verify_tree, commit_kv, fc + norm, emit, state updates
+    "ar_fixed": 6,            # embedding, final norm, lm_head, argmax, advance
 }
+# rms_norm calls in a LAUNCHES entry: (plain norms, norms with the residual add in front).
+NORM_CALLS = {"target_layer": (1, 1), "head_layer": (1, 1), "draft_fixed": (1, 0),
+              "verify_fixed": (1, 0), "accept_commit_fixed": (1, 0), "ar_fixed": (1, 0)}
+# One rms_norm call run as torch ops (auto, until a GPU backend of rms_norm passes on hardware:
+# backend.REFERENCE_UNTIL_VERIFIED), the Hugging Face form in bf16: cast, square, mean, + eps,
+# rsqrt, product, cast, weight; one more with the residual add.
+TORCH_NORM_LAUNCHES = 8
+
+
+def norms_fused() -> bool:
+    """Whether auto runs rms_norm as one kernel on a GPU (a GPU backend is hardware-verified)."""
+    from jetspec_kernels.backend import verified_backends
+    return bool(verified_backends("rms_norm"))
+
+
+def launches(key: str, fused: bool | None = None) -> int:
+    """``LAUNCHES[key]``, with each rms_norm call as the torch ops it runs unless ``fused`` (None:
+    :func:`norms_fused`)."""
+    n = LAUNCHES[key]
+    if not (norms_fused() if fused is None else fused):
+        plain, with_add = NORM_CALLS.get(key, (0, 0))
+        n += plain * (TORCH_NORM_LAUNCHES - 1) + with_add * TORCH_NORM_LAUNCHES
+    return n
 BIG_PER_LAYER = 8             # of a layer's launches: 7 GEMMs + attention (timed by bytes/FLOPs)
 ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
@@ -173,10 +197,11 @@ class Model:
 
 
 def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: int,
-                   causal: bool = False, argmax: bool = False) -> Cost:
+                   causal: bool = False, argmax: bool = False, fused: bool | None = None) -> Cost:
     """One target forward of ``new`` tokens per sequence over ``prefix`` cached positions;
     ``logits_rows`` rows go through the lm_head (fused argmax: in 32768-token chunks);
-    ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs)."""
+    ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs);
+    ``fused``: rms_norm as one kernel a call (None: as auto runs it; :func:`launches`)."""
     tokens = batch * new
     read = m.dense_params + m.sparse_layers * m.touched_experts(tokens) * m.expert_params + m.lm_head
     active = m.dense_params + m.sparse_layers * m.top_k * m.expert_params
@@ -185,15 +210,17 @@ def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: 
     tail = new * new / 2 if causal else new * new
     attn = 4 * m.layers * batch * (new * prefix + tail) * m.q_heads * m.head_dim
     flops = 2 * tokens * active + attn + 2 * logits_rows * m.vocab * m.hidden
-    launches = (m.layers * LAUNCHES["target_layer"] + m.sparse_layers * LAUNCHES["sparse_extra"]
-                + LAUNCHES["verify_fixed"])
+    n = (m.layers * launches("target_layer", fused) + m.sparse_layers * LAUNCHES["sparse_extra"]
+         + launches("verify_fixed", fused))
     if argmax:
-        launches += (math.ceil(m.vocab / ARGMAX_CHUNK) - 1) * LAUNCHES["argmax_chunk"]
-    return Cost(read * m.elt + kv, flops, launches, m.layers * BIG_PER_LAYER)
+        n += (math.ceil(m.vocab / ARGMAX_CHUNK) - 1) * LAUNCHES["argmax_chunk"]
+    return Cost(read * m.elt + kv, flops, n, m.layers * BIG_PER_LAYER)
 
 
-def round_costs(m: Model, batch: int, prefix: int, budget: int) -> dict[str, Cost]:
-    """{draft, verify, accept_commit} of one greedy round (module docstring)."""
+def round_costs(m: Model, batch: int, prefix: int, budget: int,
+                fused: bool | None = None) -> dict[str, Cost]:
+    """{draft, verify, accept_commit} of one greedy round (module docstring); ``fused`` as for
+    :func:`target_forward`."""
     s, d = m.block, m.block - 1
     _, kv_head = m.kv_bytes_per_position()
     head_attn = 4 * m.head_layers * batch * s * (prefix + s) * m.head_q_heads * m.head_head_dim
@@ -201,24 +228,28 @@ def round_costs(m: Model, batch: int, prefix: int, budget: int) -> dict[str, Cos
         nbytes=(m.head_layers * m.head_layer_params + m.lm_head) * m.elt + batch * (prefix + 2 * s) * kv_head,
         flops=(2 * batch * s * m.head_layers * m.head_layer_params + head_attn
                + 2 * batch * d * m.vocab * m.hidden),
-        launches=LAUNCHES["draft_fixed"] + m.head_layers * LAUNCHES["head_layer"],
+        launches=launches("draft_fixed", fused) + m.head_layers * launches("head_layer", fused),
         big=m.head_layers * BIG_PER_LAYER + 1)
-    verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True)
+    verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True,
+                            fused=fused)
     width = min(d, budget - 1) + 1
     kv_pos, _ = m.kv_bytes_per_position()
     append = m.head_fc + m.head_layers * m.head_kv_params
     accept = Cost(
         nbytes=append * m.elt + 2 * batch * width * kv_pos + batch * width * kv_head,
         flops=2 * batch * width * append,
-        launches=LAUNCHES["accept_commit_fixed"] + m.head_layers * LAUNCHES["head_append_layer"],
+        launches=(launches("accept_commit_fixed", fused)
+                  + m.head_layers * LAUNCHES["head_append_layer"]),
         big=1 + m.head_layers)
     return {"draft": draft, "verify": verify, "accept_commit": accept}
 
 
-def ar_step(m: Model, batch: int, prefix: int) -> Cost:
-    """One autoregressive step: B tokens at prefix P, full logits for B rows, argmax."""
-    c = target_forward(m, batch, 1, prefix, logits_rows=batch)
-    return Cost(c.nbytes, c.flops, c.launches - LAUNCHES["verify_fixed"] + LAUNCHES["ar_fixed"], c.big)
+def ar_step(m: Model, batch: int, prefix: int, fused: bool | None = None) -> Cost:
+    """One autoregressive step: B tokens at prefix P, full logits for B rows, argmax; ``fused``
+    as for :func:`target_forward`."""
+    c = target_forward(m, batch, 1, prefix, logits_rows=batch, fused=fused)
+    return Cost(c.nbytes, c.flops,
+                c.launches - launches("verify_fixed", fused) + launches("ar_fixed", fused), c.big)
 
 
 def prefill(m: Model, batch: int, prompt: int) -> Cost:

@@ -8,7 +8,7 @@ masked softmax), the MLP (dense SwiGLU or routed experts), and the draft head's 
 import torch
 import torch.nn.functional as F
 
-from .rope import apply_rope, rms_norm
+from .rope import add_rms_norm, apply_rope, rms_norm
 
 __all__ = ["layer_weights", "swiglu", "qk_norm_rope", "decoder_layer"]
 
@@ -53,7 +53,8 @@ def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):
     return q, k
 
 
-def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, reduce=None):
+def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, reduce=None,
+                  norm=None):
     """One pre-norm Qwen3 decoder layer: ``h += o_proj(attend(q, k, v))``, then
     ``h += mlp(post_attention_layernorm(h))``.
 
@@ -77,12 +78,21 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
         to the MLP's output before each is added to ``h``, or None. Tensor parallelism: the
         weights hold this rank's heads / features, those outputs are partial sums and ``reduce``
         all-reduces them
+    norm : callable ``(x [B, N, H], weight [H], residual) -> (normed, total)``: the residual add
+        ``total = x + residual`` (``residual`` None: ``total = x``) and the RMSNorm of ``total``
+        (the models pass a fused kernel), or None: :func:`~.rope.add_rms_norm` /
+        :func:`~.rope.rms_norm` with ``eps`` and ``dtype``
 
     Returns
     -------
     ``[B, N, H]``
     """
-    a = rms_norm(h, w["input_layernorm.weight"], eps, dtype)
+    if norm is None:
+        def norm(x, weight, residual):
+            if residual is None:
+                return rms_norm(x, weight, eps, dtype), x
+            return add_rms_norm(x, residual, weight, eps, dtype)
+    a, _ = norm(h, w["input_layernorm.weight"], None)
     kv_in = a if context is None else torch.cat([context, a], dim=-2)
     dh = w["self_attn.q_norm.weight"].shape[-1]
     q = F.linear(a, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, dh))
@@ -91,5 +101,6 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
     if reduce is None:
         def reduce(x):
             return x
-    h = h + reduce(F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
-    return h + reduce(mlp(rms_norm(h, w["post_attention_layernorm.weight"], eps, dtype), w))
+    attn = reduce(F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
+    a, h = norm(attn, w["post_attention_layernorm.weight"], h)   # h + attn, then its norm
+    return h + reduce(mlp(a, w))

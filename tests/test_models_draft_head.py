@@ -179,3 +179,36 @@ def test_every_layer_is_the_same_layer(causal):
     assert rel(head.draft_hidden(state, tokens[:, p], embed), want_hidden) < 1e-5
     got_logits = head_forward(dw, dcfg, taps, tokens, torch.full((2, 1), p), embed, lm_head)[:, 0]
     assert rel(got_logits, want_hidden @ lm_head.double().t()) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_norms_are_one_rms_norm_call_each(monkeypatch, dtype):
+    """Every norm of the head is one call of the public rms_norm on ``norm_backend`` (the residual
+    add of the attention fused into the post-attention norm): per layer two calls, one with the
+    residual; plus the context norm and the final norm. Under the Triton interpreter (float32) the
+    fused kernels give the reference's logits."""
+    import jetspec_kernels.triton as triton_backend
+    from jetspec_kernels.backend import triton_interpret
+    cfg = head_config(True)
+    head = DraftHead(cfg, {k: v.to(dtype) for k, v in random_draft_weights(cfg, seed=11).items()})
+    embed, lm_head = (t.to(dtype) for t in embeddings(2))
+    hidden = torch.randn(2, 5, 3 * 64, generator=torch.Generator().manual_seed(12)).to(dtype)
+    anchor = torch.tensor([3, 4])
+    want = head.draft_logits(hidden, anchor, embed_weight=embed, lm_head_weight=lm_head)
+
+    calls = []
+    real = triton_backend.rms_norm
+
+    def spy(x, residual, weight, eps):
+        calls.append(residual is not None)
+        return real(x, residual, weight, eps)
+
+    monkeypatch.setattr(triton_backend, "rms_norm", spy)
+    head.norm_backend = "triton"
+    if not triton_interpret() and not torch.cuda.is_available():
+        pytest.skip("triton needs TRITON_INTERPRET=1 on the CPU")
+    got = head.draft_logits(hidden, anchor, embed_weight=embed, lm_head_weight=lm_head)
+    layers = cfg.num_hidden_layers
+    assert calls == [False] + [False, True] * layers + [False]
+    if dtype == torch.float32:
+        assert rel(got, want) < 1e-5

@@ -17,13 +17,14 @@ import torch.nn.functional as F
 
 from .. import tp
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
+from ..ops.rms_norm import rms_norm
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer
-from ..python_ref.rope import rms_norm
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import DraftConfig, read_config
 from .init import LAYER_KEYS, layer_shapes
 from .kv_cache import KVCache
+from .norm import layer_norm
 from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["DraftHead", "DraftState"]
@@ -50,7 +51,13 @@ class DraftHead:
     layers : list of dicts key (``LAYER_KEYS``) -> tensor
     shard : tp.Shard; split over several ranks, the layers hold this rank's heads and MLP
         features (as the target's, ``models.sharding``); fc and the norms are replicated
+    norm_backend : str or None
+        The backend of the model's ``rms_norm`` calls (None: the process default; ``auto`` runs
+        them as torch ops on a GPU until a GPU backend of rms_norm passes on hardware). Benches
+        set it to time the fused kernels before that.
     """
+
+    norm_backend: str | None = None
 
     def __init__(self, config: DraftConfig, weights: dict[str, torch.Tensor], *, where: str = "DraftHead",
                  group=None):
@@ -130,8 +137,8 @@ class DraftHead:
         cfg = self.config
         b, m, _ = taps.shape
         nkv, dh, eps = local_heads(cfg, self.shard)[1], cfg.head_dim, cfg.rms_norm_eps
-        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps,
-                       self.dtype)
+        ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps=eps,
+                       backend=self.norm_backend)
         pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
         for li, w in enumerate(self.layers):
             k = F.linear(ctx, w["self_attn.k_proj.weight"]).view(b, m, nkv, dh)
@@ -160,6 +167,7 @@ class DraftHead:
         cfg = self.config
         b = anchor_tokens.shape[0]
         s, eps = cfg.block_size, cfg.rms_norm_eps
+        norm = layer_norm(eps, self.norm_backend)
         dev = anchor_tokens.device
         if embed_weight.dim() != 2 or embed_weight.shape[1] != cfg.hidden_size:
             raise ValueError(f"embed_weight must have shape [V, {cfg.hidden_size}] (the draft head's "
@@ -178,8 +186,8 @@ class DraftHead:
                                         pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps, block_table=table)
                 return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
 
-            x = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce)
-        return rms_norm(x[:, 1:], self.norm_weight, eps, self.dtype)
+            x = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce, norm=norm)
+        return rms_norm(x[:, 1:], self.norm_weight, eps=eps, backend=self.norm_backend)
 
     def cached_logits(self, state: DraftState, anchor_tokens: torch.Tensor, *,
                       embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
+from ..ops.rms_norm import rms_norm
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer, swiglu
-from ..python_ref.rope import rms_norm
 from .. import tp
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
@@ -26,6 +26,7 @@ from .config import Qwen3Config, Qwen3MoeConfig, read_config
 from .init import target_layer_shapes
 from .kv_cache import KVCache
 from .moe import fuse_expert_weights, grouped_experts, route
+from .norm import layer_norm
 from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["Qwen3"]
@@ -59,9 +60,14 @@ class Qwen3:
         How sparse layers run their experts (:func:`.moe.grouped_experts`): None picks
         ``torch.nn.functional.grouped_mm`` on CUDA in bf16 (no host sync) and a loop over the
         experts that have tokens otherwise (one host sync per sparse layer).
+    norm_backend : str or None
+        The backend of the model's ``rms_norm`` calls (None: the process default; ``auto`` runs
+        them as torch ops on a GPU until a GPU backend of rms_norm passes on hardware). Benches
+        set it to time the fused kernels before that.
     """
 
     experts_grouped_mm: bool | None = None
+    norm_backend: str | None = None
 
     def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3",
                  group=None):
@@ -180,6 +186,7 @@ class Qwen3:
         """
         cfg = self.config
         eps = cfg.rms_norm_eps
+        norm = layer_norm(eps, self.norm_backend)
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x = F.embedding(tokens.long(), self.embed_weight)
@@ -193,11 +200,12 @@ class Qwen3:
                 return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
                                       block_table=cache.block_table)
 
-            x = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype, reduce=self._reduce)
+            x = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype, reduce=self._reduce,
+                              norm=norm)
             if li in taps:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
-        return rms_norm(x, self.norm_weight, eps, self.dtype), tapped
+        return rms_norm(x, self.norm_weight, eps=eps, backend=self.norm_backend), tapped
 
     def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
         """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
