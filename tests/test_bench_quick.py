@@ -285,6 +285,10 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
     # tests/ops: the backend is a parameter, and the file names the op when the test does not
     assert hr.classify(e("test_matches_reference", "passed", file="tests/ops/test_tree_attention.py",
                          backend="triton", dtype=torch.float16)) == ("tree_attention", "triton", ["fp16"])
+    assert hr.classify(e("test_rms_norm_meets_the_contract", "passed", file="tests/ops/test_rms_norm.py",
+                         backend="triton", dtype=torch.bfloat16)) == ("rms_norm", "triton", ["bf16"])
+    assert hr.classify(e("test_triton_two_pass_rows", "passed", file="tests/ops/test_rms_norm.py",
+                         backend="triton")) == ("rms_norm", "triton", ["-"])
     assert hr.classify(e("test_tree_attention", "passed", file="tests/test_engine_layouts.py",
                          engine="triton")) == ("tree_attention", "triton", ["-"])
     assert hr.classify(e("test_graph_replay", "passed", file="tests/ops/test_every_op.py",

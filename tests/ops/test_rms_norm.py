@@ -11,7 +11,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from helpers import (DEV, api_backend, backend_module, backends, poisoned_empty,
+from helpers import (api_backend, backend_module, backends, poisoned_empty,
                      skip_on_interpreter, sync, widened)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -122,19 +122,21 @@ def test_rms_norm_strided_rows_and_leading_dims(backend, dev, dtype):
     assert_rms_norm(out, None, part.cpu(), None, w, 1e-6)
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=str)
+@backends("triton")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
-def test_triton_two_pass_rows(dtype, with_residual):
+def test_triton_two_pass_rows(backend, dev, dtype, with_residual):
     """The long-row kernel (rows read in pieces, the second pass re-reading the total or x), run on
     short rows by lowering the switch: several pieces, a partial last one, strided rows."""
+    _skip_bf16_interpreter(backend, dtype)
     launch = backend_module("triton", "rms_norm").launch
     gen = torch.Generator().manual_seed(5)
     x, res, w = _inputs(7, 70, dtype, gen)
-    xd = widened(x.to(DEV), 10)
-    rd = res.to(DEV) if with_residual else None
+    xd = widened(x.to(dev), 10)
+    rd = res.to(dev) if with_residual else None
     with poisoned_empty():
-        out, total = launch(xd, rd, w.to(DEV), 1e-6, one_pass_max=16, chunk=16)
-    sync(DEV)
+        out, total = launch(xd, rd, w.to(dev), 1e-6, one_pass_max=16, chunk=16)
+    sync(dev)
     assert_rms_norm(out, total, x, res if with_residual else None, w, 1e-6)
     assert (total is None) == (not with_residual)
 
