@@ -31,7 +31,8 @@
 #                  method="gemm" at B 1, 4, 16, graph-replayed (issue 27; sets
 #                  launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, bench/NOTES.md)
 #   draft_head     when time allows (at most 60 s): the draft head's forward and the fused
-#                  tree at B 1 and 16, graph-replayed (issue 27 problem 3)
+#                  tree at B 1 and 16, graph-replayed, fused rms_norm against torch norms
+#                  (issue 27 problem 3; rows written as they finish)
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
 #                  needs about 65-85 GB)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
