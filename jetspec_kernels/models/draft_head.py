@@ -162,7 +162,8 @@ class DraftHead:
 
         Returns
         -------
-        hidden : [B, S - 1, H] final-normed hidden states of block rows 1..S-1 (depths 1..S-1).
+        hidden : [B, S - 1, H] final-normed hidden states of block rows 1..S-1 (depths 1..S-1);
+            a view (batch stride S * H) of the normed block.
         """
         cfg = self.config
         b = anchor_tokens.shape[0]
@@ -187,7 +188,9 @@ class DraftHead:
                 return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
 
             x = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce, norm=norm)
-        return rms_norm(x[:, 1:], self.norm_weight, eps=eps, backend=self.norm_backend)
+        # Every row normed, then the anchor's dropped: one launch, where norming the strided
+        # x[:, 1:] would copy it first (its rows do not flatten to one stride when B > 1).
+        return rms_norm(x, self.norm_weight, eps=eps, backend=self.norm_backend)[:, 1:]
 
     def cached_logits(self, state: DraftState, anchor_tokens: torch.Tensor, *,
                       embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
