@@ -344,6 +344,11 @@ void define_launchers(py::module_& m, py::dict& t) {
   define_launcher<CommitParams>(
       m, t, "commit_kv", {JETSPEC_COMMIT_FIELDS(JETSPEC_BIND_FIELD)}, launch_commit_kv,
       "Move the accepted path's K/V to contiguous slots in place; gather hidden rows.");
+  define_launcher<RmsNormParams>(
+      m, t, "rms_norm", {JETSPEC_RMS_NORM_FIELDS(JETSPEC_BIND_FIELD)}, launch_rms_norm,
+      "Per row of x [R, H]: h = x + residual (residual = 0: h = x) rounded to dtype, into total "
+      "(0: not written), and out = weight * (h / sqrt(mean(h^2) + eps)), the normalised row "
+      "rounded to dtype before the weight multiplies it (Qwen3RMSNorm).");
   define_launcher<TopkParams>(
       m, t, "log_softmax_topk", {JETSPEC_TOPK_FIELDS(JETSPEC_BIND_FIELD)},
       launch_log_softmax_topk,

@@ -194,6 +194,9 @@ def call_every_wrapper():
     accept_len, path, *_ = c.verify_tree(tokens, parents, num_nodes, 2, logits, None, 1.0, seed,
                                          offset, torch.tensor([3], dtype=i32), None)
     c.commit_kv(k_cache, v_cache, prefix, path, accept_len, None, torch.randn(1, 4, 8))
+    x = torch.randn(3, 16, generator=gen).to(h)
+    c.rms_norm(x, torch.randn(3, 16, generator=gen).to(h), torch.ones(16, dtype=h), 1e-6)
+    c.rms_norm(x, None, torch.ones(16, dtype=h), 1e-6)
 
 
 def test_wrappers_pass_every_field_by_keyword(monkeypatch):

@@ -64,6 +64,9 @@ class Buffers:
         self.path = torch.tensor([[0, 1, 3]], dtype=torch.int32)
         self.accept = i32(1, fill=2)
         self.hidden_rows = torch.zeros(1, 3, 16, dtype=h)
+        self.norm_in = torch.zeros(2, 4, 24, dtype=torch.bfloat16)  # x, residual: rows 24 apart
+        self.norm_w = torch.ones(16, dtype=torch.bfloat16)
+        self.norm_out = torch.zeros(2, 4, 16, dtype=torch.bfloat16)  # out, total
 
 
 def strides(t):
@@ -165,11 +168,20 @@ def pack_mask_args(B, **kw):
     return list(a.values())
 
 
+def rms_norm_args(B, **kw):
+    a = dict(x=ptr(B.norm_in[0]), x_row_stride=24, residual=ptr(B.norm_in[1]),
+             residual_row_stride=24, weight=ptr(B.norm_w), out=ptr(B.norm_out[0]),
+             total=ptr(B.norm_out[1]), rows=4, hidden=16, eps=1e-6, dtype=2, stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
 ARGS = {"tree_attention": attention_args, "build_tree": build_tree_args,
         "log_softmax_topk": topk_args, "hidden_topk": hidden_topk_args,
         "qk_norm_rope_append": rope_args, "verify_target_tokens": target_args,
         "verify_sample_filter": filter_args,
-        "verify_walk": walk_args, "commit_kv": commit_args, "pack_mask": pack_mask_args}
+        "verify_walk": walk_args, "commit_kv": commit_args, "pack_mask": pack_mask_args,
+        "rms_norm": rms_norm_args}
 
 
 @pytest.mark.parametrize("op", sorted(ARGS))
@@ -249,6 +261,15 @@ BAD = [
     ("commit_kv", dict(hidden_elem_bytes=8), r"hidden_elem_bytes 8 is not 2 or 4"),
     ("commit_kv", dict(cols=65536), r"cols 65536 exceeds 65535"),
     ("pack_mask", dict(words=2), r"words 2 is not ceil\(n / 32\) = 1"),
+    ("rms_norm", dict(hidden=0), r"hidden 0 is below 1"),
+    ("rms_norm", dict(rows=-1), r"rows -1 is below 0"),
+    ("rms_norm", dict(x_row_stride=-24), r"x_row_stride -24 is below 0"),
+    ("rms_norm", dict(residual_row_stride=-1), r"residual_row_stride -1 is below 0"),
+    ("rms_norm", dict(eps=0.0), r"eps 0 is not positive"),
+    ("rms_norm", dict(eps=float("nan")), r"eps nan is not positive"),
+    ("rms_norm", dict(dtype=3), r"dtype 3 " + ALL),
+    ("rms_norm", dict(weight=0), r"x, weight and out are required \(rows 4\)"),
+    ("rms_norm", dict(x=0), r"x, weight and out are required \(rows 4\)"),
     ("pack_mask", dict(n=-1), r"n -1 is below 0"),
     # A grid limit itself is accepted: at it, the call fails at a later argument instead. (The
     # limits the simulator can run at are run there by tests/test_limits.py; these would take hours.)

@@ -22,6 +22,9 @@ Status launch_verify_walk(const VerifyWalkParams& p, cudaStream_t stream);
 
 Status launch_commit_kv(const CommitParams& p, cudaStream_t stream);
 
+// Fused residual add + RMSNorm over rows; any hidden size, float32, float16 or bfloat16.
+Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
+
 size_t topk_workspace_bytes(long long rows, int vocab, int k);
 Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream);
 // hidden and weight float16 or bfloat16; the workspace size depends on the current device.

@@ -3,8 +3,6 @@
 // walks i in increasing order, so the overlap is safe: a later source path[j] >= j > i is never
 // a slot already written, and no other thread touches the same elements.
 #pragma once
-#include <initializer_list>
-
 #include "jetspec/common.cuh"
 
 namespace jetspec {
@@ -60,17 +58,6 @@ __global__ void __launch_bounds__(kCommitThreads) gather_hidden_kernel(CommitPar
     src = reinterpret_cast<const U*>(static_cast<const char*>(p.hidden) + off * elem_bytes);
   }
   for (int e = threadIdx.x; e < units; e += blockDim.x) dst[e] = on_path ? src[e] : U{};
-}
-
-// Whether rows of `elems` elements at ptr + k * stride (elements) all start 16-byte aligned and
-// are whole 16-byte units.
-inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
-                           std::initializer_list<int64_t> strides) {
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (static_cast<int64_t>(elems) * elem_bytes) % 16)
-    return false;
-  for (int64_t s : strides)
-    if ((s * elem_bytes) % 16 != 0) return false;
-  return true;
 }
 
 template <typename E>

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #endif
 #include <cstdint>
+#include <initializer_list>
 
 #include "jetspec/params.h"
 #include "jetspec/pdl.cuh"
@@ -38,6 +39,17 @@ namespace jetspec {
 #endif
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Whether rows of `elems` elements at ptr + k * stride (elements) all start 16-byte aligned and
+// are whole 16-byte units.
+inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
+                           std::initializer_list<int64_t> strides) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || (static_cast<int64_t>(elems) * elem_bytes) % 16)
+    return false;
+  for (int64_t s : strides)
+    if ((s * elem_bytes) % 16 != 0) return false;
+  return true;
+}
 
 // Launch limits of every CUDA device the package builds for: grid x, grids y and z, and the
 // dynamic shared memory a kernel gets without cudaFuncSetAttribute's opt-in.

@@ -167,6 +167,25 @@ struct CommitParams {
   JETSPEC_COMMIT_FIELDS(JETSPEC_MEMBER)
 };
 
+// rms_norm (rms_norm.cuh), per row: h = rnd(x + residual) (h = x without residual; total = h),
+// r = 1 / sqrt(sum(h^2) / hidden + eps) in fp32, out = rnd(weight * rnd(h * r)); rnd rounds to
+// dtype. Rows may overlap in x and residual (any non-negative row stride).
+#define JETSPEC_RMS_NORM_FIELDS(X)                                                          \
+  X(const void*, x)               /* [R, H], dim 1 contiguous */                            \
+  X(int64_t, x_row_stride)                                                                  \
+  X(const void*, residual)        /* [R, H], dim 1 contiguous, or null (h = x) */           \
+  X(int64_t, residual_row_stride)                                                           \
+  X(const void*, weight)          /* [H] */                                                 \
+  X(void*, out)                   /* [R, H] contiguous */                                   \
+  X(void*, total)                 /* [R, H] contiguous, or null (not written) */            \
+  X(int, rows)                                                                              \
+  X(int, hidden)                                                                            \
+  X(float, eps)                                                                             \
+  X(int, dtype)                   /* x, residual, weight, out and total */
+struct RmsNormParams {
+  JETSPEC_RMS_NORM_FIELDS(JETSPEC_MEMBER)
+};
+
 // log_softmax_topk (topk.cuh).
 #define JETSPEC_TOPK_FIELDS(X)                                                              \
   X(const void*, logits)          /* [B, D, V], dim 2 contiguous */                         \
