@@ -63,7 +63,7 @@ def _skip_bf16_interpreter(backend, dtype):
                                      "instead of rounding them")
 
 
-@backends("reference", "triton")
+@backends("reference", "triton", "sim", "cuda")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
 @pytest.mark.parametrize("rows,hidden", [(0, 8), (1, 1), (5, 3), (37, 33), (4, 100), (3, 4096)])
@@ -80,7 +80,7 @@ def test_rms_norm_meets_the_contract(backend, dev, dtype, with_residual, rows, h
     assert_rms_norm(out, total, x, res, w, 1e-6)
 
 
-@backends("reference", "triton")
+@backends("reference", "triton", "sim", "cuda")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("scale,eps", [(1e-3, 1e-6), (1e-3, 1e-2), (300.0, 1e-6)],
                          ids=["small-eps-matters", "large-eps", "large"])
@@ -99,7 +99,24 @@ def test_rms_norm_magnitudes_and_eps(backend, dev, dtype, scale, eps):
     assert torch.equal(out[2].cpu(), torch.zeros_like(out[2].cpu()))
 
 
-@backends("reference", "triton")
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_rms_norm_sum_of_squares_overflow(backend, dev, dtype):
+    """Values whose squares overflow float32 (bf16 reaches 3e38): the contract's float32 sum is
+    inf, so the rsqrt is 0 and the row's outputs are zeros of the weight's sign, as the torch form
+    gives; the other rows are unaffected."""
+    _skip_bf16_interpreter(backend, dtype)
+    gen = torch.Generator().manual_seed(8)
+    x, res, w = _inputs(4, 300, dtype, gen)
+    x[1] *= 1e20
+    out, total = jk.rms_norm(x.to(dev), w.to(dev), eps=1e-6, residual=res.to(dev),
+                             backend=api_backend(backend))
+    sync(dev)
+    assert_rms_norm(out, total, x, res, w, 1e-6)
+    assert not out[1].cpu().abs().any() and out[0].cpu().abs().any()
+
+
+@backends("reference", "triton", "sim", "cuda")
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_rms_norm_strided_rows_and_leading_dims(backend, dev, dtype):
     """Rows of wider buffers whose padding is NaN (a read past a row shows), and a 3-D slice whose
