@@ -51,7 +51,7 @@ LAUNCHES = {
     "head_layer": 14,         # one head layer in the draft forward (2 rms_norm calls)
     "head_append_layer": 3,   # one head layer's K/V projections + cache append
     "sparse_extra": 14,       # extra launches of a MoE layer (routing, sort, grouped GEMMs, scatter)
-    "draft_fixed": 10,        # embedding, block build, final norm, fused top-K, tree
+    "draft_fixed": 9,         # embedding, block build, final norm, fused top-K, tree
     "verify_fixed": 10,       # embedding, final norm, one argmax chunk, tree positions
     "argmax_chunk": 6,        # each further 32768-token chunk of the fused argmax
     "accept_commit_fixed": 31,  # verify_tree, commit_kv, fc + norm, emit, state updates

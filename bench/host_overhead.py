@@ -1,5 +1,6 @@
 """Host time of one eager call of the public ops (issue 27: at most 25 µs on a GPU host for
-tree_attention, qk_norm_rope_append, verify_tree and draft_tree).
+tree_attention, qk_norm_rope_append, verify_tree and draft_tree; and rms_norm, the op the models
+call most: twice a layer).
 
 On the CPU (default) the kernel launches are replaced by no-ops and the tensors are CPU tensors
 sent down the cuda or triton backend's path, with value checks off (what CUDA tensors get): a
@@ -52,9 +53,9 @@ if not torch.cuda.is_available():  # before jetspec_kernels.triton is imported
 
 import pytest  # noqa: E402
 
-OPS = ("tree_attention", "qk_norm_rope_append", "verify_tree", "draft_tree")
+OPS = ("tree_attention", "qk_norm_rope_append", "verify_tree", "draft_tree", "rms_norm")
 BACKENDS = ("cuda", "triton")
-B, N, HQ, HKV, DH, L, V, D, K, PREFIX = 1, 64, 32, 8, 128, 4096, 151936, 15, 8, 1000
+B, N, HQ, HKV, DH, L, V, D, K, PREFIX, HID = 1, 64, 32, 8, 128, 4096, 151936, 15, 8, 1000, 4096
 
 
 def op_inputs(device="cpu", dtype=torch.bfloat16, vocab=V) -> dict:
@@ -76,7 +77,8 @@ def op_inputs(device="cpu", dtype=torch.bfloat16, vocab=V) -> dict:
         k_cache=randn(B, L, HKV, DH), v_cache=randn(B, L, HKV, DH), prefix=prefix,
         out=randn(B, N, HQ, DH), norm_w=torch.ones(DH, device=device), tree=tree,
         positions=tree.positions(prefix), target=randn(B, N, vocab, dt=torch.float32),
-        logits=logits, root=root)
+        logits=logits, root=root, stream=randn(B, N, HID), residual=randn(B, N, HID),
+        hidden_norm_w=randn(HID))
 
 
 def calls(x: dict, backend: str) -> dict:
@@ -93,6 +95,8 @@ def calls(x: dict, backend: str) -> dict:
         "verify_tree": lambda: jk.verify_tree(x["tree"], x["target"], backend=backend),
         "draft_tree": lambda: jk.draft_tree(x["logits"], x["root"], budget=N, topk=K,
                                             backend=backend),
+        "rms_norm": lambda: jk.rms_norm(x["stream"], x["hidden_norm_w"], residual=x["residual"],
+                                        backend=backend),
     }
 
 
@@ -228,15 +232,17 @@ def python_calls(fn) -> tuple[int, int]:
 # custom op's call above its implementation, and the implementation with its no-op launches).
 STAGES = {
     "checks": ("jetspec_kernels/ops/", ("check_tree_attention", "check_qk_norm_rope_append",
-                                        "check_verify_tree", "check_draft_tree")),
+                                        "check_verify_tree", "check_draft_tree",
+                                        "check_rms_norm")),
     "select": ("jetspec_kernels/backend.py", ("select",)),
     "backend": ("jetspec_kernels/", ("<interface>",)),
     "custom op": ("", ("__call__",)),
     "impl": ("jetspec_kernels/cuda/", ("_tree_attention", "_qk_norm_rope_append", "_verify_tree",
-                                       "_log_softmax_topk", "_build_tree")),
+                                       "_log_softmax_topk", "_build_tree", "_rms_norm")),
 }
 _INTERFACE = {"tree_attention": ("tree_attention",), "qk_norm_rope_append": ("qk_norm_rope_append",),
-              "verify_tree": ("verify_tree",), "draft_tree": ("log_softmax_topk", "build_tree")}
+              "verify_tree": ("verify_tree",), "draft_tree": ("log_softmax_topk", "build_tree"),
+              "rms_norm": ("rms_norm",)}
 
 
 def stages(fn, op: str) -> dict[str, float]:
@@ -355,8 +361,8 @@ def compare(rev: str, rounds: int, backends) -> None:
 def binding(rounds: int = 3, x: dict | None = None) -> dict:
     """What the no-op stand-in hides: the real ``_C`` launchers' argument parsing. Each op's
     cuda-path launches are recorded (keywords as the wrappers pass them), then replayed on the
-    real ``_C`` with ``batch=0``, which every launcher parses in full and returns on before any
-    CUDA call (so this runs without a GPU). Op -> {"launches", "c_us": real parsing per op call,
+    real ``_C`` with ``batch=0`` (``rows=0`` for rms_norm), which every launcher parses in full
+    and returns on before any CUDA call (so this runs without a GPU). Op -> {"launches", "c_us": real parsing per op call,
     "stub_us": the stand-in's own cost for the same calls}; minimum over ``rounds``; ``x``: the
     inputs (default :func:`op_inputs`)."""
     import jetspec_kernels as jk
@@ -370,7 +376,8 @@ def binding(rounds: int = 3, x: dict | None = None) -> dict:
         with noop_launches("cuda"):
             for name in jk._C.FIELDS:
                 setattr(jk._C, name,
-                        lambda *a, _name=name, **kw: recorded.append((_name, {**kw, "batch": 0})))
+                        lambda *a, _name=name, **kw: recorded.append(
+                            (_name, {**kw, "rows" if _name == "rms_norm" else "batch": 0})))
             fns[op]()
         launches = [(getattr(_C, name), kw) for name, kw in recorded]
 

@@ -135,8 +135,9 @@ def verified_backends(fn: str | None) -> tuple[str, ...]:
 
 def hardware_verified(name: str, fn: str | None) -> bool:
     """Whether ``auto`` may pick backend ``name`` for interface function ``fn`` on a CUDA device
-    (``fn`` None: for every interface function). The cuda backend is gated, and both GPU backends
-    for the functions in ``REFERENCE_UNTIL_VERIFIED``; elsewhere triton is auto's choice where no
+    (``fn`` None: for every interface function but those in ``REFERENCE_UNTIL_VERIFIED``, which
+    :func:`resolve` then does not describe). The cuda backend is gated, and both GPU backends for
+    the functions in ``REFERENCE_UNTIL_VERIFIED``; elsewhere triton is auto's choice where no
     backend has passed on hardware."""
     if name == "reference" or (name == "triton" and fn not in REFERENCE_UNTIL_VERIFIED):
         return True
@@ -154,7 +155,7 @@ def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, 
 
 def resolve(device: torch.device, backend: str | None = None, fn: str | None = None) -> str:
     """The backend that ops on ``device`` use first: for interface function ``fn``, or for every
-    op when ``fn`` is None (``auto`` may still pass an op it cannot take to the next backend; see
+    op when ``fn`` is None (but those in ``REFERENCE_UNTIL_VERIFIED``) (``auto`` may still pass an op it cannot take to the next backend; see
     :func:`select`)."""
     name = _current if backend is None else _check_name(backend)
     if name == "auto":

@@ -11,6 +11,7 @@ decoding round, so they run only when enabled with :func:`set_value_checks` ("al
 """
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Iterable
 
@@ -120,9 +121,13 @@ def integer(name: str, v, *, lo: int | None = None, hi: int | None = None) -> in
 
 
 def number(name: str, v, *, lo: float | None = None, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """A real number (int, float, NumPy scalar; not bool) as a finite float."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int past float64
+        raise ValueError(f"{name} must be finite, got an integer of {int(v).bit_length()} bits") from None
     if v != v or v in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be finite, got {v}")
     if positive and v <= 0:

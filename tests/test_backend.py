@@ -271,10 +271,13 @@ def test_hardware_verified_ops_are_recorded_in_notes():
 
 
 def test_interface_functions_match_the_backends():
-    """INTERFACE_FUNCTIONS names what every backend implements (CONTRIBUTING.md)."""
-    from jetspec_kernels.ops import _reference
-    for fn in bk.INTERFACE_FUNCTIONS:
-        assert callable(getattr(_reference, fn)), fn
+    """INTERFACE_FUNCTIONS names what every backend implements (CONTRIBUTING.md): a function
+    missing from one would make set_backend(<it>) fail every model forward that needs it."""
+    import importlib
+    for name in ("reference", "triton", "cuda"):
+        module = importlib.import_module(bk._BACKEND_MODULES[name])
+        for fn in bk.INTERFACE_FUNCTIONS:
+            assert callable(getattr(module, fn, None)), (name, fn)
 
 
 def test_cpu_tests_skip_without_c_extension():

@@ -185,7 +185,10 @@ def test_stage_graphs_capture_every_op_of_the_round(round_backend, monkeypatch):
     assert order == [split.graphs[g] for g in dr.GROUPS]
 
 
-def _counts(layers, round_backend_unused=None):
+def _stage_ops(layers):
+    """The ops HostReads records (backend kernels as ``kernel:<fn>``) of a round's draft step, its
+    verify and accept-commit steps, the verify forward alone and an AR step, on tiny models of
+    ``layers`` layers (target and head)."""
     tc = tiny_qwen3_config(num_hidden_layers=layers)
     target = Qwen3(tc, random_qwen3_weights(tc))
     hc = tiny_draft_config(tc, num_hidden_layers=layers, block_size=5, target_layer_ids=[0])
@@ -204,10 +207,47 @@ def _counts(layers, round_backend_unused=None):
     ar = dr.ARStep(target, pre)
     with dr.HostReads(record_ops=True) as step:
         ar()
-    draft = dr.kernel_launches(rec.ops[:n_draft])
-    verify = dr.kernel_launches(fwd.ops)
-    accept = dr.kernel_launches(rec.ops[n_draft:]) - verify
-    return draft, verify, accept, dr.kernel_launches(step.ops)
+    return rec.ops[:n_draft], rec.ops[n_draft:], fwd.ops, step.ops
+
+
+def _counts(layers):
+    draft, after, fwd, step = _stage_ops(layers)
+    verify = dr.kernel_launches(fwd)
+    accept = dr.kernel_launches(after) - verify
+    return dr.kernel_launches(draft), verify, accept, dr.kernel_launches(step)
+
+
+def test_norm_calls_and_their_torch_form(round_backend):
+    """What the predictions add while auto runs rms_norm as torch ops (decode_costs.launches):
+    the rms_norm calls per layer and per stage (NORM_CALLS: plain, with the residual add),
+    recounted on models of one and two layers, and the torch form's launches in bf16
+    (TORCH_NORM_LAUNCHES, one more with the residual add)."""
+    def norms(ops):
+        calls = [len(shapes) for name, shapes in ops if name == "kernel:rms_norm"]
+        return calls.count(1), calls.count(2)            # (out) or (out, total)
+
+    def stages(layers):
+        draft, after, fwd, step = _stage_ops(layers)
+        v, a = norms(fwd), norms(after)
+        return [norms(draft), v, (a[0] - v[0], a[1] - v[1]), norms(step)]
+
+    one, two = stages(1), stages(2)
+    per = [tuple(b - a for a, b in zip(x, y)) for x, y in zip(one, two)]
+    fixed = [tuple(a - p for a, p in zip(x, q)) for x, q in zip(one, per)]
+    calls = dc.NORM_CALLS
+    assert per == [calls["head_layer"], calls["target_layer"], (0, 0), calls["target_layer"]]
+    assert fixed == [calls["draft_fixed"], calls["verify_fixed"], calls["accept_commit_fixed"],
+                     calls["ar_fixed"]]
+
+    from jetspec_kernels import python_ref as ref
+    x, r = torch.randn(4, 64).bfloat16(), torch.randn(4, 64).bfloat16()
+    w = torch.ones(64).bfloat16()
+    with dr.HostReads(record_ops=True) as plain:
+        ref.rms_norm(x, w, 1e-6, torch.bfloat16)
+    with dr.HostReads(record_ops=True) as added:
+        ref.add_rms_norm(x, r, w, 1e-6, torch.bfloat16)
+    assert dr.kernel_launches(plain.ops) == dc.TORCH_NORM_LAUNCHES
+    assert dr.kernel_launches(added.ops) == dc.TORCH_NORM_LAUNCHES + 1
 
 
 def test_launch_counts(round_backend):

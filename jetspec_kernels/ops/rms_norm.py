@@ -1,6 +1,8 @@
 """rms_norm: the models' RMSNorm, with the residual add before it fused (one kernel, not nine)."""
 from __future__ import annotations
 
+import torch
+
 from .. import backend as _backend
 from .. import checks
 
@@ -19,7 +21,10 @@ def check_rms_norm(x, weight, eps, residual) -> None:
     if h < 1:
         raise ValueError(f"x must have a non-empty last dimension, got shape {list(x.shape)}")
     checks.tensor("weight", weight, dtypes=(x.dtype,), shape=[h], device=x.device)
-    checks.number("eps", eps, positive=True)
+    eps32 = torch.tensor(checks.number("eps", eps, positive=True), dtype=torch.float32).item()
+    if not 0 < eps32 < float("inf"):  # the kernels add it in float32
+        raise ValueError(f"eps must be a positive float32 (the kernels add it in float32), got "
+                         f"{eps!r}, which is {eps32} there")
     checks.optional("residual", residual, dtypes=(x.dtype,), shape=list(x.shape), device=x.device)
     checks.remember(_STATIC, key, True)
 
@@ -52,9 +57,14 @@ def rms_norm(x, weight, *, eps: float = 1e-6, residual=None, backend: str | None
     Returns
     -------
     out : x.dtype [..., H], contiguous; with ``residual``, ``(out, total)`` with total x.dtype
-    [..., H] contiguous (the new residual stream). No host sync (graph-capturable).
+    [..., H] contiguous (the new residual stream). No host sync (graph-capturable). No autograd:
+    inputs that require grad (with grad enabled) are a ValueError.
     """
     check_rms_norm(x, weight, eps, residual)
+    if (x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)) \
+            and torch.is_grad_enabled():
+        raise ValueError("rms_norm has no backward: its inputs must not require grad (call it under "
+                         "torch.no_grad() or torch.inference_mode())")
     rows = _rows(x)
     res = None if residual is None else _rows(residual)
     out, total = _backend.select(x.device, "rms_norm", backend, dict(x=rows))(

@@ -101,6 +101,7 @@ def test_rms_norm_magnitudes_and_eps(backend, dev, dtype, scale, eps):
 
 @backends("reference", "triton", "sim", "cuda")
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
 def test_rms_norm_sum_of_squares_overflow(backend, dev, dtype):
     """Values whose squares overflow float32 (bf16 reaches 3e38): the contract's float32 sum is
     inf, so the rsqrt is 0 and the row's outputs are zeros of the weight's sign, as the torch form
@@ -142,20 +143,53 @@ def test_rms_norm_strided_rows_and_leading_dims(backend, dev, dtype):
 @backends("triton")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
-def test_triton_two_pass_rows(backend, dev, dtype, with_residual):
+@pytest.mark.parametrize("scale,eps", [(1.0, 1e-6), (1e-3, 1e-6), (1e-3, 1e-2)],
+                         ids=["unit", "small-eps-matters", "large-eps"])
+def test_triton_two_pass_rows(backend, dev, dtype, with_residual, scale, eps):
     """The long-row kernel (rows read in pieces, the second pass re-reading the total or x), run on
-    short rows by lowering the switch: several pieces, a partial last one, strided rows."""
+    short rows by lowering the switch: several pieces, a partial last one, strided rows, and
+    magnitudes where eps decides the scale."""
     _skip_bf16_interpreter(backend, dtype)
     launch = backend_module("triton", "rms_norm").launch
     gen = torch.Generator().manual_seed(5)
-    x, res, w = _inputs(7, 70, dtype, gen)
+    x, res, w = _inputs(7, 70, dtype, gen, scale=scale)
     xd = widened(x.to(dev), 10)
     rd = res.to(dev) if with_residual else None
     with poisoned_empty():
-        out, total = launch(xd, rd, w.to(dev), 1e-6, one_pass_max=16, chunk=16)
+        out, total = launch(xd, rd, w.to(dev), eps, one_pass_max=16, chunk=16)
     sync(dev)
-    assert_rms_norm(out, total, x, res if with_residual else None, w, 1e-6)
+    assert_rms_norm(out, total, x, res if with_residual else None, w, eps)
     assert (total is None) == (not with_residual)
+
+
+@backends("reference", "triton", "sim", "cuda")
+def test_rms_norm_rows_longer_than_one_pass(backend, dev):
+    """A row past Triton's one-pass limit (16384 elements: pieces of 4096) and past the cuda
+    kernel's registers, through the public op."""
+    gen = torch.Generator().manual_seed(9)
+    x, res, w = _inputs(2, 20000, torch.float16, gen)
+    out, total = jk.rms_norm(x.to(dev), w.to(dev), eps=1e-6, residual=res.to(dev),
+                             backend=api_backend(backend))
+    sync(dev)
+    assert_rms_norm(out, total, x, res, w, 1e-6)
+
+
+@backends("triton", "cuda")
+@pytest.mark.gpu
+def test_rms_norm_offsets_past_int32(backend, dev):
+    """Rows beyond element 2^31 of x and the outputs (64-bit offsets): the last rows of a
+    [R, 16384] bf16 batch with R * 16384 > 2^31 (4 GiB a tensor), checked against the contract."""
+    h = 16384
+    r = (1 << 31) // h + 3
+    x = torch.zeros(r, h, dtype=torch.bfloat16, device=dev)
+    res = torch.zeros_like(x)
+    gen = torch.Generator().manual_seed(10)
+    tail_x, tail_res, w = _inputs(3, h, torch.bfloat16, gen)
+    x[-3:], res[-3:] = tail_x.to(dev), tail_res.to(dev)
+    out, total = jk.rms_norm(x, w.to(dev), eps=1e-6, residual=res, backend=backend.name)
+    sync(dev)
+    assert_rms_norm(out[-3:], total[-3:], tail_x, tail_res, w, 1e-6)
+    del x, res, out, total
 
 
 def test_the_checker_rejects_a_single_rounding():
@@ -185,6 +219,27 @@ def test_rms_norm_matches_the_layer_it_replaces():
                        ref.rms_norm(x, w, 1e-6, torch.bfloat16))
 
 
+def test_rms_norm_static_checks_are_keyed_on_every_argument():
+    """A valid call remembered by its signature does not let the same shapes through with a bad
+    eps (eps is part of the key)."""
+    x, w = torch.randn(3, 8), torch.ones(8)
+    jk.rms_norm(x, w, eps=1e-6)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        jk.rms_norm(x, w, eps=0.0)
+    with pytest.raises(ValueError, match="eps must be a positive float32"):
+        jk.rms_norm(x, w, eps=1e-50)
+    import numpy as np
+    assert torch.equal(jk.rms_norm(x, w, eps=np.float32(1e-2)), jk.rms_norm(x, w, eps=1e-2))
+
+
+def test_rms_norm_refuses_inputs_needing_grad():
+    x, w = torch.randn(3, 8, requires_grad=True), torch.ones(8)
+    with pytest.raises(ValueError, match="rms_norm has no backward"):
+        jk.rms_norm(x, w)
+    with torch.no_grad():
+        jk.rms_norm(x, w)
+
+
 @pytest.mark.parametrize("call,err,match", [
     (lambda x, w, r: jk.rms_norm(x.int(), w), TypeError, "x must have dtype"),
     (lambda x, w, r: jk.rms_norm(x.double(), w.double()), TypeError, "x must have dtype"),
@@ -198,6 +253,11 @@ def test_rms_norm_matches_the_layer_it_replaces():
     (lambda x, w, r: jk.rms_norm(x, w, eps=0.0), ValueError, "eps must be > 0"),
     (lambda x, w, r: jk.rms_norm(x, w, eps=float("nan")), ValueError, "eps must be finite"),
     (lambda x, w, r: jk.rms_norm(x, w, eps=True), TypeError, "eps must be a number"),
+    (lambda x, w, r: jk.rms_norm(x, w, eps="1e-6"), TypeError, "eps must be a number"),
+    (lambda x, w, r: jk.rms_norm(x, w, eps=10 ** 400), ValueError, "eps must be finite"),
+    (lambda x, w, r: jk.rms_norm(x, w, eps=1e39), ValueError, "eps must be a positive float32"),
+    (lambda x, w, r: jk.rms_norm(x, w.to("meta")), ValueError, "weight must be on cpu"),
+    (lambda x, w, r: jk.rms_norm(x, w, residual=r.to("meta")), ValueError, "residual must be on cpu"),
     (lambda x, w, r: jk.rms_norm(x, w, residual=r[:, :-1]), ValueError, r"residual must have shape \[2, 3, 12\]"),
     (lambda x, w, r: jk.rms_norm(x, w, residual=r.half()), TypeError, "residual must have dtype float32"),
     (lambda x, w, r: jk.rms_norm(x, w, residual=r.transpose(1, 2).contiguous().transpose(1, 2)),
