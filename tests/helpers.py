@@ -425,3 +425,40 @@ def fused_qkv(q, k, v):
     qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=2)
     cuts = [0, hq * dh, (hq + hkv) * dh, (hq + 2 * hkv) * dh]
     return [qkv[..., lo:hi].view(b, n, -1, dh) for lo, hi in zip(cuts, cuts[1:])]
+
+
+# ---- rms_norm's contract (DESIGN.md section 4) ----
+
+# Relative slack on a row's rsqrt: float32 summation in any order over up to 8192 terms (pairwise
+# or tree: about log2(H) roundings), the division and an approximate rsqrt.
+RMS_R_SLACK = 2e-6
+
+
+def _rms_rounded(h, w, r, dtype):
+    """The contract's output for rsqrt values ``r`` (float32 [R, 1]): round(w * round(h * r))."""
+    n = (h.float() * r).to(dtype)
+    return (w.float() * n.float()).to(dtype)
+
+
+def assert_rms_norm(out, total, x, residual, w, eps):
+    """``out`` (and ``total``) of ``rms_norm(x, w, eps, residual)`` meet the contract: total is
+    x + residual rounded to the dtype, bit for bit; each output lies between the contract's
+    values for the row's rsqrt RMS_R_SLACK below and above its float64 value (the float32 sum
+    of squares overflowing to inf as the contract's does)."""
+    dtype = x.dtype
+    x, w = x.cpu(), w.cpu()
+    h = x if residual is None else x + residual.cpu()    # the contract's rounded sum
+    if residual is not None:
+        assert total.dtype == dtype and total.is_contiguous()
+        assert torch.equal(total.cpu(), h), "total must be x + residual rounded to the dtype"
+    assert out.dtype == dtype and out.is_contiguous() and out.shape == x.shape
+    hf = h.reshape(-1, h.shape[-1]).double()
+    r = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True).float().double() + eps)
+    lo = _rms_rounded(hf, w, (r * (1 - RMS_R_SLACK)).float(), dtype).double()
+    hi = _rms_rounded(hf, w, (r * (1 + RMS_R_SLACK)).float(), dtype).double()
+    got = out.cpu().reshape(hf.shape).double()
+    ok = (got >= torch.minimum(lo, hi)) & (got <= torch.maximum(lo, hi))
+    bad = (~ok).nonzero()
+    assert not len(bad), (f"{len(bad)} of {got.numel()} outputs outside the contract, first at "
+                          f"{bad[0].tolist()}: {got[tuple(bad[0])]} not in "
+                          f"[{lo[tuple(bad[0])]}, {hi[tuple(bad[0])]}]")

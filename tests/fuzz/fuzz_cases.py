@@ -38,7 +38,7 @@ I32 = torch.int32
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 MAGNITUDES = (1e-4, 1e-3, 1e-2, 1.0, 30.0, 1e3)
 OPS = ("pack_mask", "draft_tree_from_topk", "draft_tree", "draft_tree_from_hidden",
-       "tree_attention", "qk_norm_rope_append", "verify_tree", "commit_kv")
+       "tree_attention", "qk_norm_rope_append", "verify_tree", "commit_kv", "rms_norm")
 
 
 @dataclass
@@ -645,6 +645,45 @@ def make_commit_kv(r, g):
     return call, meta
 
 
+# ------------------------------------------------------------------ rms_norm
+
+
+def rows_layout(r, t):
+    """``t`` [..., H] in an outer-strided layout that keeps its last dim contiguous (swapping the
+    two outer dims of a 2-D tensor would not)."""
+    return outer_layout(r, t) if t.dim() >= 3 else widened(t, r.randint(1, 9)) if r.random() < 0.5 else t
+
+
+def make_rms_norm(r, g):
+    lead = [r.choice((1, 2, 3, 5, 16)) for _ in range(r.randint(1, 3))]
+    if r.random() < 0.1:
+        lead[r.randrange(len(lead))] = 0                  # no rows at all
+    H = r.choice((1, 3, 7, 64, 100, 257, 1024, 1032, 4096) + ((20000,) if r.random() < 0.1 else ()))
+    dtype = dtype_choice(r)
+    mag = r.choice(MAGNITUDES)
+    x = torch.randn(*lead, H, generator=g) * mag
+    if x.numel() and r.random() < 0.2:                    # a row of zeros: rsqrt(eps)
+        x.view(-1, H)[0] = 0
+    w = torch.randn(H, generator=g) * r.choice((0.1, 1.0, 3.0))
+    w[::r.randint(2, 9)] = 0
+    residual = None
+    if r.random() < 0.6:
+        residual = rows_layout(r, (torch.randn(*lead, H, generator=g) * mag).to(dtype))
+    call = dict(x=rows_layout(r, x.to(dtype)), weight=w.to(dtype),
+                eps=r.choice((1e-6, 1e-5, 1e-2, mag * mag)), residual=residual)
+    meta = {}
+    if r.random() < 0.06:
+        bad = r.choice(("residual", "eps", "weight"))
+        if bad == "residual":
+            call["residual"] = torch.zeros(*lead, H + 1, dtype=dtype)
+        elif bad == "eps":
+            call["eps"] = r.choice((0.0, -1e-6, float("nan")))
+        else:
+            call["weight"] = w.to(F32 if dtype != F32 else F16)
+        meta["refuse"] = (TypeError if bad == "weight" else ValueError, bad)
+    return call, meta
+
+
 MAKERS = {
     "pack_mask": make_pack_mask,
     "draft_tree_from_topk": make_draft_tree_from_topk,
@@ -654,4 +693,5 @@ MAKERS = {
     "qk_norm_rope_append": make_qk_norm_rope_append,
     "verify_tree": make_verify_tree,
     "commit_kv": make_commit_kv,
+    "rms_norm": make_rms_norm,
 }

@@ -22,7 +22,7 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from fuzz_cases import BF16, F32, OPS, make
 from fuzz_engines import Engine, engine_ready, interpreted, to_engine
-from helpers import TOL, TREE_FIELDS, poisoned_empty, rel_l2, tree_difference, tree_fields
+from helpers import TOL, TREE_FIELDS, assert_rms_norm, poisoned_empty, rel_l2, tree_difference, tree_fields
 
 TL_DOT_OPS = ("tree_attention", "draft_tree_from_hidden")
 
@@ -45,6 +45,8 @@ def check(op: str, seed: int, engine: Engine, monkeypatch=None) -> str:
     gemm = case.call.get("method") == "gemm"  # draft_tree_from_hidden's top-K without tl.dot
     if interpreted(engine) and op in TL_DOT_OPS and BF16 in dtypes and not gemm:
         return "unsupported: the Triton interpreter cannot run a bf16 tl.dot"
+    if interpreted(engine) and op == "rms_norm" and BF16 in dtypes:
+        return "unsupported: the Triton interpreter truncates float32 -> bfloat16 casts"
     refuse = case.meta.get("refuse")
     try:
         case, call, got = run(op, seed, engine, monkeypatch)
@@ -245,6 +247,12 @@ def compare_commit_kv(case, call, got):
         same(got.hidden, rows, "hidden")
 
 
+def compare_rms_norm(case, call, got):
+    c = case.call
+    out, total = got if c["residual"] is not None else (got, None)
+    assert_rms_norm(out, total, c["x"], c["residual"], c["weight"], c["eps"])
+
+
 COMPARE = {
     "pack_mask": compare_pack_mask,
     "draft_tree_from_topk": compare_draft_tree_from_topk,
@@ -254,5 +262,6 @@ COMPARE = {
     "qk_norm_rope_append": compare_qk_norm_rope_append,
     "verify_tree": compare_verify_tree,
     "commit_kv": compare_commit_kv,
+    "rms_norm": compare_rms_norm,
 }
 assert set(COMPARE) == set(OPS)

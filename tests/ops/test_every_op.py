@@ -60,6 +60,10 @@ def test_opcheck(dev):
     path = torch.tensor([[0, 2, 3]], dtype=torch.int32, device=dev)
     acc = torch.tensor([2], dtype=torch.int32, device=dev)
     opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))
+    xs = torch.randn(5, 96, generator=gen).half().to(dev)
+    nw = torch.randn(96, generator=gen).half().to(dev)
+    opcheck(torch.ops.jetspec.rms_norm.default, (xs, xs.flip(0), nw, 1e-6))
+    opcheck(torch.ops.jetspec.rms_norm.default, (xs, None, nw, 1e-6))
 
 
 @backends("cuda")

@@ -1,50 +1,20 @@
 """rms_norm (the residual add and the models' RMSNorm) against its contract, on every backend.
 
-The check is exact up to the one thing the contract leaves open, the float32 summation order of
-the sum of squares: each output must lie between the values the contract's roundings give with
-the row's rsqrt taken a hair (``R_SLACK``) below and above its float64 value. A wrong rounding
-(one instead of two), a wrong eps, weight or residual lands outside that window; the total
-(x + residual) must be bit-exact.
+The check (helpers.assert_rms_norm) is exact up to the one thing the contract leaves open, the
+float32 summation order of the sum of squares: each output must lie between the values the
+contract's roundings give with the row's rsqrt taken a hair below and above its float64 value. A
+wrong rounding (one instead of two), a wrong eps, weight or residual lands outside that window;
+the total (x + residual) must be bit-exact.
 """
 import pytest
 import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from helpers import (api_backend, backend_module, backends, poisoned_empty,
+from helpers import (api_backend, assert_rms_norm, backend_module, backends, poisoned_empty,
                      skip_on_interpreter, sync, widened)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Relative slack on the row's rsqrt: float32 summation in any order over up to 8192 terms
-# (pairwise or tree: about log2(H) roundings), the division and an approximate rsqrt.
-R_SLACK = 2e-6
-
-
-def _rounded(h, w, r, dtype):
-    """The contract's output for rsqrt values ``r`` (float32 [R, 1]): round(w * round(h * r))."""
-    n = (h.float() * r).to(dtype)
-    return (w.float() * n.float()).to(dtype)
-
-
-def assert_rms_norm(out, total, x, residual, w, eps):
-    """``out`` (and ``total``) of ``rms_norm(x, w, eps, residual)`` meet the contract."""
-    dtype = x.dtype
-    x, w = x.cpu(), w.cpu()
-    h = x if residual is None else x + residual.cpu()    # the contract's rounded sum
-    if residual is not None:
-        assert total.dtype == dtype and total.is_contiguous()
-        assert torch.equal(total.cpu(), h), "total must be x + residual rounded to the dtype"
-    assert out.dtype == dtype and out.is_contiguous() and out.shape == x.shape
-    hf = h.reshape(-1, h.shape[-1]).double()
-    r = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True).float().double() + eps)
-    lo = _rounded(hf, w, (r * (1 - R_SLACK)).float(), dtype).double()
-    hi = _rounded(hf, w, (r * (1 + R_SLACK)).float(), dtype).double()
-    got = out.cpu().reshape(hf.shape).double()
-    ok = (got >= torch.minimum(lo, hi)) & (got <= torch.maximum(lo, hi))
-    bad = (~ok).nonzero()
-    assert not len(bad), (f"{len(bad)} of {got.numel()} outputs outside the contract, first at "
-                          f"{bad[0].tolist()}: {got[tuple(bad[0])]} not in "
-                          f"[{lo[tuple(bad[0])]}, {hi[tuple(bad[0])]}]")
 
 
 def _inputs(rows, hidden, dtype, gen, scale=1.0, lead=None):
