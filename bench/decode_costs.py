@@ -47,9 +47,9 @@ SMALL_LAUNCH_S = 2.5e-6  # one small kernel in a CUDA graph (launch gap + one sh
 # with the reference backend (tests/test_bench_decode.py::test_launch_counts recounts them). Each
 # rms_norm call counts one: what it launches once a GPU backend runs it (see :func:`launches`).
 LAUNCHES = {
-    "target_layer": 14,       # one target decoder layer, any token count (2 rms_norm calls)
-    "head_layer": 14,         # one head layer in the draft forward (2 rms_norm calls)
-    "head_append_layer": 3,   # one head layer's K/V projections + cache append
+    "target_layer": 11,       # one target decoder layer, any token count (2 rms_norm calls)
+    "head_layer": 11,         # one head layer in the draft forward (2 rms_norm calls)
+    "head_append_layer": 2,   # one head layer's K/V projection (one GEMM) + cache append
     "sparse_extra": 14,       # extra launches of a MoE layer (routing, sort, grouped GEMMs, scatter)
     "draft_fixed": 9,         # embedding, block build, final norm, fused top-K, tree
     "verify_fixed": 10,       # embedding, final norm, one argmax chunk, tree positions
@@ -80,7 +80,8 @@ def launches(key: str, fused: bool | None = None) -> int:
         plain, with_add = NORM_CALLS.get(key, (0, 0))
         n += plain * (TORCH_NORM_LAUNCHES - 1) + with_add * TORCH_NORM_LAUNCHES
     return n
-BIG_PER_LAYER = 8             # of a layer's launches: 7 GEMMs + attention (timed by bytes/FLOPs)
+BIG_PER_LAYER = 5             # of a layer's launches: 4 GEMMs (q/k/v and gate/up fused) + attention
+                              # (timed by bytes/FLOPs)
 ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
 

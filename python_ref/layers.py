@@ -26,14 +26,18 @@ def swiglu(x, w):
     Parameters
     ----------
     x : ``[..., H]``; w : ``mlp.gate_proj.weight``, ``mlp.up_proj.weight`` ``[I, H]``,
-        ``mlp.down_proj.weight`` ``[H, I]``
+        ``mlp.down_proj.weight`` ``[H, I]``; with ``mlp.gate_up_proj.weight`` ``[2I, H]`` (the
+        two stacked, gate first) one GEMM computes both
 
     Returns
     -------
     ``[..., H]``
     """
-    gate = F.linear(x, w["mlp.gate_proj.weight"])
-    return F.linear(F.silu(gate) * F.linear(x, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+    if "mlp.gate_up_proj.weight" in w:                   # gate rows, then up rows: one GEMM
+        gate, up = F.linear(x, w["mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
+    else:
+        gate, up = F.linear(x, w["mlp.gate_proj.weight"]), F.linear(x, w["mlp.up_proj.weight"])
+    return F.linear(F.silu(gate) * up, w["mlp.down_proj.weight"])
 
 
 def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):
@@ -63,7 +67,9 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
     h : ``[B, N, H]`` the residual stream
     w : one layer's tensors, keys as in Hugging Face checkpoints after ``layers.{i}.``
         (``input_layernorm.weight``, ``self_attn.{q,k,v,o}_proj.weight``,
-        ``self_attn.{q,k}_norm.weight [Dh]``, ``post_attention_layernorm.weight``, the MLP's)
+        ``self_attn.{q,k}_norm.weight [Dh]``, ``post_attention_layernorm.weight``, the MLP's);
+        with ``self_attn.qkv_proj.weight`` (q, k and v stacked in that order) one GEMM computes
+        q, k and v when ``context`` is None (the models' fused projections)
     attend : callable ``(q [B, N, Hq, Dh], k [B, M, Hkv, Dh], v [B, M, Hkv, Dh], w) ->
         [B, N, Hq, Dh]`` on the raw projections: it applies the q/k norms and RoPE
         (:func:`qk_norm_rope`, or a fused kernel that also fills a KV cache) and attends
@@ -93,11 +99,16 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
                 return rms_norm(x, weight, eps, dtype), x
             return add_rms_norm(x, residual, weight, eps, dtype)
     a, _ = norm(h, w["input_layernorm.weight"], None)
-    kv_in = a if context is None else torch.cat([context, a], dim=-2)
     dh = w["self_attn.q_norm.weight"].shape[-1]
-    q = F.linear(a, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, dh))
-    k = F.linear(kv_in, w["self_attn.k_proj.weight"]).unflatten(-1, (-1, dh))
-    v = F.linear(kv_in, w["self_attn.v_proj.weight"]).unflatten(-1, (-1, dh))
+    if context is None and "self_attn.qkv_proj.weight" in w:     # one GEMM, views of its output
+        nq, nkv = w["self_attn.q_proj.weight"].shape[0], w["self_attn.k_proj.weight"].shape[0]
+        q, k, v = (t.unflatten(-1, (-1, dh)) for t in
+                   F.linear(a, w["self_attn.qkv_proj.weight"]).split([nq, nkv, nkv], dim=-1))
+    else:
+        kv_in = a if context is None else torch.cat([context, a], dim=-2)
+        q = F.linear(a, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, dh))
+        k = F.linear(kv_in, w["self_attn.k_proj.weight"]).unflatten(-1, (-1, dh))
+        v = F.linear(kv_in, w["self_attn.v_proj.weight"]).unflatten(-1, (-1, dh))
     if reduce is None:
         def reduce(x):
             return x

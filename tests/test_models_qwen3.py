@@ -172,3 +172,42 @@ def test_argmax_over_vocabulary_chunks_ties_to_the_lower_id():
     want = torch.argmax(model.logits(hidden), dim=-1).to(torch.int32)
     assert want[:2].tolist() == [7, 32768 + 20]
     assert torch.equal(model.argmax(hidden), want)
+
+
+def test_projections_are_one_gemm_each_and_the_checkpoint_keys_views():
+    """q/k/v and gate/up run as one GEMM each (models.projections): the checkpoint keys are row
+    views of the concatenation the forward runs (an in-place edit shows in both, and a sum over a
+    layer's tensors counts each weight once), also after a move; the forward gives what the
+    separate projections give."""
+    from jetspec_kernels.models.projections import GATE_UP, GATE_UP_KEY, QKV, QKV_KEY
+    from jetspec_kernels import python_ref as ref
+    cfg = tiny_qwen3_config(num_hidden_layers=2)
+    w = random_qwen3_weights(cfg, seed=4)
+    model = Qwen3(cfg, w)
+    model._move("cpu")
+    for layer, run in zip(model.layers, model._run_layers):
+        assert QKV_KEY not in layer and GATE_UP_KEY not in layer
+        for key, parts in ((QKV_KEY, QKV), (GATE_UP_KEY, GATE_UP)):
+            whole = run[key]
+            assert torch.equal(whole, torch.cat([layer[p] for p in parts]))
+            assert all(layer[p].untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+                       for p in parts)
+    assert sum(t.numel() for layer in model.layers for t in layer.values()) == sum(
+        t.numel() for k, t in w.items() if "layers." in k)
+    model.layers[0]["self_attn.k_proj.weight"][0, 0] = 123.0
+    assert model._run_layers[0][QKV_KEY][cfg.num_attention_heads * cfg.head_dim, 0] == 123.0
+
+    # The fused forward against the separate projections (python_ref's layer on the checkpoint
+    # keys alone), one layer, causal.
+    x = torch.randn(2, 5, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    def attend(q, k, v, lw):
+        q, k = ref.qk_norm_rope(q, k, lw, cfg.rms_norm_eps, torch.arange(5), torch.arange(5),
+                                cfg.rope_theta)
+        mask = torch.ones(5, 5, dtype=torch.bool).tril()
+        rep = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+        s = torch.einsum("bnhd,bmhd->bhnm", q, k) / cfg.head_dim ** 0.5
+        return torch.einsum("bhnm,bmhd->bnhd", s.masked_fill(~mask, float("-inf")).softmax(-1), v)
+    fused = ref.decoder_layer(x, model._run_layers[1], attend, cfg.rms_norm_eps)
+    separate = ref.decoder_layer(x, model.layers[1], attend, cfg.rms_norm_eps)
+    assert rel(fused, separate) < 1e-6

@@ -25,6 +25,7 @@ from .config import DraftConfig, read_config
 from .init import LAYER_KEYS, layer_shapes
 from .kv_cache import KVCache
 from .norm import layer_norm
+from .projections import QKV_KEY, fuse_projections
 from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["DraftHead", "DraftState"]
@@ -73,9 +74,9 @@ class DraftHead:
         self.hidden_norm_weight = take(weights, "hidden_norm.weight", (h,), where)
         self.norm_weight = take(weights, "norm.weight", (h,), where)
         shapes = layer_shapes(cfg)
-        self.layers = [shard_layer({key: take(weights, f"layers.{i}.{key}", shapes[key], where)
+        self._set_layers([shard_layer({key: take(weights, f"layers.{i}.{key}", shapes[key], where)
                                     for key in LAYER_KEYS}, shard)
-                       for i in range(cfg.num_hidden_layers)]
+                          for i in range(cfg.num_hidden_layers)])
         check_layer_keys(weights, "layers.", cfg.num_hidden_layers, LAYER_KEYS, where)
         self._reduce = (lambda x: tp.all_reduce(x, shard)) if shard.parallel else None
 
@@ -98,7 +99,15 @@ class DraftHead:
         self.fc_weight = self.fc_weight.to(device)
         self.hidden_norm_weight = self.hidden_norm_weight.to(device)
         self.norm_weight = self.norm_weight.to(device)
-        self.layers = [{k: t.to(device) for k, t in layer.items()} for layer in self.layers]
+        self._set_layers([{k: t.to(device) for k, t in layer.items()} for layer in self.layers])
+
+    def _set_layers(self, layers: list[dict]) -> None:
+        """``self.layers`` (checkpoint keys; q/k/v and gate/up as views of their concatenations)
+        and ``self._run_layers``, what the forward runs (the same plus the concatenations: one
+        GEMM each, ``models.projections``)."""
+        pairs = [fuse_projections(layer) for layer in layers]
+        self.layers = [layer for layer, _ in pairs]
+        self._run_layers = [run for _, run in pairs]
 
     @property
     def block_size(self) -> int:
@@ -140,9 +149,11 @@ class DraftHead:
         ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps=eps,
                        backend=self.norm_backend)
         pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
-        for li, w in enumerate(self.layers):
-            k = F.linear(ctx, w["self_attn.k_proj.weight"]).view(b, m, nkv, dh)
-            v = F.linear(ctx, w["self_attn.v_proj.weight"]).view(b, m, nkv, dh)
+        for li, w in enumerate(self._run_layers):
+            nq = w["self_attn.q_proj.weight"].shape[0]
+            # k and v rows sit together in the q/k/v concatenation: one GEMM for both.
+            k, v = (t.view(b, m, nkv, dh) for t in
+                    F.linear(ctx, w[QKV_KEY][nq:]).split(nkv * dh, dim=-1))
             kc, vc = state.cache.layer(li)
             # Context rows have no query: the K/V-only form (q=None) only fills the cache.
             qk_norm_rope_append(None, k, v, None, w["self_attn.k_norm.weight"], pos, kc, vc,
@@ -179,7 +190,7 @@ class DraftHead:
         pos = (state.ctx_len[:, None] + torch.arange(s, device=dev, dtype=torch.int32)).contiguous()
         tail = "causal" if cfg.causal_head else "full"
         table = state.cache.block_table
-        for li, w in enumerate(self.layers):
+        for li, w in enumerate(self._run_layers):
             kc, vc = state.cache.layer(li)
 
             def attend(q, k, v, lw):

@@ -27,6 +27,7 @@ from .init import target_layer_shapes
 from .kv_cache import KVCache
 from .moe import fuse_expert_weights, grouped_experts, route
 from .norm import layer_norm
+from .projections import fuse_projections
 from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["Qwen3"]
@@ -97,9 +98,9 @@ class Qwen3:
         else:
             self.lm_head_weight = take(weights, "lm_head.weight", (v, h), where)
         shapes = [target_layer_shapes(cfg, i) for i in range(cfg.num_hidden_layers)]
-        self.layers = [shard_layer({key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
+        self._set_layers([shard_layer({key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
                                     for key, shape in shapes[i].items()}, shard)
-                       for i in range(cfg.num_hidden_layers)]
+                          for i in range(cfg.num_hidden_layers)])
         check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, lambda i: shapes[i], where)
         self._reduce = (lambda x: tp.all_reduce(x, shard)) if shard.parallel else None
 
@@ -136,7 +137,15 @@ class Qwen3:
         self.embed_weight = self.embed_weight.to(device)
         self.norm_weight = self.norm_weight.to(device)
         self.lm_head_weight = self.embed_weight if tied else self.lm_head_weight.to(device)
-        self.layers = [{k: t.to(device) for k, t in layer.items()} for layer in self.layers]
+        self._set_layers([{k: t.to(device) for k, t in layer.items()} for layer in self.layers])
+
+    def _set_layers(self, layers: list[dict]) -> None:
+        """``self.layers`` (checkpoint keys; q/k/v and gate/up as views of their concatenations)
+        and ``self._run_layers``, what the forward runs (the same plus the concatenations: one
+        GEMM each, ``models.projections``)."""
+        pairs = [fuse_projections(layer) for layer in layers]
+        self.layers = [layer for layer, _ in pairs]
+        self._run_layers = [run for _, run in pairs]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -190,7 +199,7 @@ class Qwen3:
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x = F.embedding(tokens.long(), self.embed_weight)
-        for li, w in enumerate(self.layers):
+        for li, w in enumerate(self._run_layers):
             kc, vc = cache.layer(li)
 
             def attend(q, k, v, lw):
