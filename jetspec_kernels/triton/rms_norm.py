@@ -80,7 +80,8 @@ def launch(x, residual, weight, eps, *, one_pass_max: int = ONE_PASS_MAX, chunk:
     total = None if residual is None else torch.empty(r, h, dtype=x.dtype, device=x.device)
     if r == 0:
         return out, total
-    block = next_power_of_2(h)
+    # At least 128 lanes: short rows share one compiled kernel (masked lanes cost nothing here).
+    block = max(128, next_power_of_2(h))
     kernel = _rms_norm_one_pass
     if block > one_pass_max:
         kernel, block = _rms_norm_two_pass, chunk
