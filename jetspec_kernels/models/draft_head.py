@@ -25,7 +25,7 @@ from .config import DraftConfig, read_config
 from .init import LAYER_KEYS, layer_shapes
 from .kv_cache import KVCache
 from .norm import layer_norm
-from .projections import QKV_KEY, fuse_projections
+from .projections import QKV_KEY, fused_layers
 from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["DraftHead", "DraftState"]
@@ -74,9 +74,10 @@ class DraftHead:
         self.hidden_norm_weight = take(weights, "hidden_norm.weight", (h,), where)
         self.norm_weight = take(weights, "norm.weight", (h,), where)
         shapes = layer_shapes(cfg)
-        self._set_layers([shard_layer({key: take(weights, f"layers.{i}.{key}", shapes[key], where)
-                                    for key in LAYER_KEYS}, shard)
-                          for i in range(cfg.num_hidden_layers)])
+        layers = [shard_layer({key: take(weights, f"layers.{i}.{key}", shapes[key], where)
+                               for key in LAYER_KEYS}, shard)
+                  for i in range(cfg.num_hidden_layers)]
+        self.layers, self._run_layers = fused_layers(layers)
         check_layer_keys(weights, "layers.", cfg.num_hidden_layers, LAYER_KEYS, where)
         self._reduce = (lambda x: tp.all_reduce(x, shard)) if shard.parallel else None
 
@@ -99,15 +100,8 @@ class DraftHead:
         self.fc_weight = self.fc_weight.to(device)
         self.hidden_norm_weight = self.hidden_norm_weight.to(device)
         self.norm_weight = self.norm_weight.to(device)
-        self._set_layers([{k: t.to(device) for k, t in layer.items()} for layer in self.layers])
-
-    def _set_layers(self, layers: list[dict]) -> None:
-        """``self.layers`` (checkpoint keys; q/k/v and gate/up as views of their concatenations)
-        and ``self._run_layers``, what the forward runs (the same plus the concatenations: one
-        GEMM each, ``models.projections``)."""
-        pairs = [fuse_projections(layer) for layer in layers]
-        self.layers = [layer for layer, _ in pairs]
-        self._run_layers = [run for _, run in pairs]
+        moved = [{k: t.to(device) for k, t in layer.items()} for layer in self.layers]
+        self.layers, self._run_layers = fused_layers(moved)   # views again, on the device
 
     @property
     def block_size(self) -> int:

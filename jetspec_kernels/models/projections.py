@@ -25,3 +25,10 @@ def fuse_projections(layer: dict[str, torch.Tensor]) -> tuple[dict, dict]:
                 layer[p] = view
             fused[key] = whole
     return layer, {**layer, **fused}
+
+
+def fused_layers(layers: list[dict]) -> tuple[list[dict], list[dict]]:
+    """:func:`fuse_projections` of each layer: ``(layers, run_layers)``, what a model keeps as
+    ``layers`` (checkpoint keys) and what its forward runs."""
+    pairs = [fuse_projections(layer) for layer in layers]
+    return [layer for layer, _ in pairs], [run for _, run in pairs]

@@ -27,7 +27,7 @@ from .init import target_layer_shapes
 from .kv_cache import KVCache
 from .moe import fuse_expert_weights, grouped_experts, route
 from .norm import layer_norm
-from .projections import fuse_projections
+from .projections import fused_layers
 from .sharding import check_tp, local_heads, shard_layer
 
 __all__ = ["Qwen3"]
@@ -98,9 +98,10 @@ class Qwen3:
         else:
             self.lm_head_weight = take(weights, "lm_head.weight", (v, h), where)
         shapes = [target_layer_shapes(cfg, i) for i in range(cfg.num_hidden_layers)]
-        self._set_layers([shard_layer({key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
-                                    for key, shape in shapes[i].items()}, shard)
-                          for i in range(cfg.num_hidden_layers)])
+        layers = [shard_layer({key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
+                               for key, shape in shapes[i].items()}, shard)
+                  for i in range(cfg.num_hidden_layers)]
+        self.layers, self._run_layers = fused_layers(layers)
         check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, lambda i: shapes[i], where)
         self._reduce = (lambda x: tp.all_reduce(x, shard)) if shard.parallel else None
 
@@ -137,15 +138,8 @@ class Qwen3:
         self.embed_weight = self.embed_weight.to(device)
         self.norm_weight = self.norm_weight.to(device)
         self.lm_head_weight = self.embed_weight if tied else self.lm_head_weight.to(device)
-        self._set_layers([{k: t.to(device) for k, t in layer.items()} for layer in self.layers])
-
-    def _set_layers(self, layers: list[dict]) -> None:
-        """``self.layers`` (checkpoint keys; q/k/v and gate/up as views of their concatenations)
-        and ``self._run_layers``, what the forward runs (the same plus the concatenations: one
-        GEMM each, ``models.projections``)."""
-        pairs = [fuse_projections(layer) for layer in layers]
-        self.layers = [layer for layer, _ in pairs]
-        self._run_layers = [run for _, run in pairs]
+        moved = [{k: t.to(device) for k, t in layer.items()} for layer in self.layers]
+        self.layers, self._run_layers = fused_layers(moved)   # views again, on the device
 
     @property
     def dtype(self) -> torch.dtype:
