@@ -66,8 +66,16 @@ NORM_CALLS = {"target_layer": (1, 1), "head_layer": (1, 1), "draft_fixed": (1, 0
 TORCH_NORM_LAUNCHES = 8
 
 
+# Set by a bench that runs the models' norms on a chosen backend (bench_decode --norm-backend):
+# whether they are one kernel a call. None: as auto runs them.
+FUSED_NORMS: bool | None = None
+
+
 def norms_fused() -> bool:
-    """Whether auto runs rms_norm as one kernel on a GPU (a GPU backend is hardware-verified)."""
+    """Whether the models' rms_norm calls are one kernel each on a GPU: ``FUSED_NORMS`` when set,
+    else whether auto runs a GPU backend for them (one is hardware-verified)."""
+    if FUSED_NORMS is not None:
+        return FUSED_NORMS
     from jetspec_kernels.backend import verified_backends
     return bool(verified_backends("rms_norm"))
 
