@@ -64,33 +64,33 @@ NORM_CALLS = {"target_layer": (1, 1), "head_layer": (1, 1), "draft_fixed": (1, 0
 # backend.REFERENCE_UNTIL_VERIFIED), the Hugging Face form in bf16: cast, square, mean, + eps,
 # rsqrt, product, cast, weight; one more with the residual add.
 TORCH_NORM_LAUNCHES = 8
+BIG_PER_LAYER = 5             # of a layer's launches: 4 GEMMs (q/k/v and gate/up fused) + attention
+                              # (timed by bytes/FLOPs)
+ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
 
-# Set by a bench that runs the models' norms on a chosen backend (bench_decode --norm-backend):
-# whether they are one kernel a call. None: as auto runs them.
+# Whether the models' rms_norm calls are one kernel each: None (default) as auto runs them on a
+# GPU (one kernel once a GPU backend of rms_norm is hardware-verified); a bench that runs the
+# norms on a chosen backend sets it (bench_decode --norm-backend).
 FUSED_NORMS: bool | None = None
 
 
 def norms_fused() -> bool:
-    """Whether the models' rms_norm calls are one kernel each on a GPU: ``FUSED_NORMS`` when set,
-    else whether auto runs a GPU backend for them (one is hardware-verified)."""
+    """``FUSED_NORMS`` when set, else whether auto runs a GPU backend for rms_norm."""
     if FUSED_NORMS is not None:
         return FUSED_NORMS
     from jetspec_kernels.backend import verified_backends
     return bool(verified_backends("rms_norm"))
 
 
-def launches(key: str, fused: bool | None = None) -> int:
-    """``LAUNCHES[key]``, with each rms_norm call as the torch ops it runs unless ``fused`` (None:
-    :func:`norms_fused`)."""
+def launches(key: str) -> int:
+    """``LAUNCHES[key]``, each rms_norm call counted as the torch ops it runs unless
+    :func:`norms_fused`."""
     n = LAUNCHES[key]
-    if not (norms_fused() if fused is None else fused):
+    if not norms_fused():
         plain, with_add = NORM_CALLS.get(key, (0, 0))
         n += plain * (TORCH_NORM_LAUNCHES - 1) + with_add * TORCH_NORM_LAUNCHES
     return n
-BIG_PER_LAYER = 5             # of a layer's launches: 4 GEMMs (q/k/v and gate/up fused) + attention
-                              # (timed by bytes/FLOPs)
-ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
 
 @dataclass(frozen=True)
@@ -206,11 +206,11 @@ class Model:
 
 
 def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: int,
-                   causal: bool = False, argmax: bool = False, fused: bool | None = None) -> Cost:
+                   causal: bool = False, argmax: bool = False) -> Cost:
     """One target forward of ``new`` tokens per sequence over ``prefix`` cached positions;
     ``logits_rows`` rows go through the lm_head (fused argmax: in 32768-token chunks);
-    ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs);
-    ``fused``: rms_norm as one kernel a call (None: as auto runs it; :func:`launches`)."""
+    ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs).
+    Norm launches as :func:`launches` counts them."""
     tokens = batch * new
     read = m.dense_params + m.sparse_layers * m.touched_experts(tokens) * m.expert_params + m.lm_head
     active = m.dense_params + m.sparse_layers * m.top_k * m.expert_params
@@ -219,17 +219,15 @@ def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: 
     tail = new * new / 2 if causal else new * new
     attn = 4 * m.layers * batch * (new * prefix + tail) * m.q_heads * m.head_dim
     flops = 2 * tokens * active + attn + 2 * logits_rows * m.vocab * m.hidden
-    n = (m.layers * launches("target_layer", fused) + m.sparse_layers * LAUNCHES["sparse_extra"]
-         + launches("verify_fixed", fused))
+    n = (m.layers * launches("target_layer") + m.sparse_layers * LAUNCHES["sparse_extra"]
+         + launches("verify_fixed"))
     if argmax:
         n += (math.ceil(m.vocab / ARGMAX_CHUNK) - 1) * LAUNCHES["argmax_chunk"]
     return Cost(read * m.elt + kv, flops, n, m.layers * BIG_PER_LAYER)
 
 
-def round_costs(m: Model, batch: int, prefix: int, budget: int,
-                fused: bool | None = None) -> dict[str, Cost]:
-    """{draft, verify, accept_commit} of one greedy round (module docstring); ``fused`` as for
-    :func:`target_forward`."""
+def round_costs(m: Model, batch: int, prefix: int, budget: int) -> dict[str, Cost]:
+    """{draft, verify, accept_commit} of one greedy round (module docstring)."""
     s, d = m.block, m.block - 1
     _, kv_head = m.kv_bytes_per_position()
     head_attn = 4 * m.head_layers * batch * s * (prefix + s) * m.head_q_heads * m.head_head_dim
@@ -237,28 +235,24 @@ def round_costs(m: Model, batch: int, prefix: int, budget: int,
         nbytes=(m.head_layers * m.head_layer_params + m.lm_head) * m.elt + batch * (prefix + 2 * s) * kv_head,
         flops=(2 * batch * s * m.head_layers * m.head_layer_params + head_attn
                + 2 * batch * d * m.vocab * m.hidden),
-        launches=launches("draft_fixed", fused) + m.head_layers * launches("head_layer", fused),
+        launches=launches("draft_fixed") + m.head_layers * launches("head_layer"),
         big=m.head_layers * BIG_PER_LAYER + 1)
-    verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True,
-                            fused=fused)
+    verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True)
     width = min(d, budget - 1) + 1
     kv_pos, _ = m.kv_bytes_per_position()
     append = m.head_fc + m.head_layers * m.head_kv_params
     accept = Cost(
         nbytes=append * m.elt + 2 * batch * width * kv_pos + batch * width * kv_head,
         flops=2 * batch * width * append,
-        launches=(launches("accept_commit_fixed", fused)
-                  + m.head_layers * LAUNCHES["head_append_layer"]),
+        launches=launches("accept_commit_fixed") + m.head_layers * LAUNCHES["head_append_layer"],
         big=1 + m.head_layers)
     return {"draft": draft, "verify": verify, "accept_commit": accept}
 
 
-def ar_step(m: Model, batch: int, prefix: int, fused: bool | None = None) -> Cost:
-    """One autoregressive step: B tokens at prefix P, full logits for B rows, argmax; ``fused``
-    as for :func:`target_forward`."""
-    c = target_forward(m, batch, 1, prefix, logits_rows=batch, fused=fused)
-    return Cost(c.nbytes, c.flops,
-                c.launches - launches("verify_fixed", fused) + launches("ar_fixed", fused), c.big)
+def ar_step(m: Model, batch: int, prefix: int) -> Cost:
+    """One autoregressive step: B tokens at prefix P, full logits for B rows, argmax."""
+    c = target_forward(m, batch, 1, prefix, logits_rows=batch)
+    return Cost(c.nbytes, c.flops, c.launches - launches("verify_fixed") + launches("ar_fixed"), c.big)
 
 
 def prefill(m: Model, batch: int, prompt: int) -> Cost:
