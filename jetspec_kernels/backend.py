@@ -155,8 +155,8 @@ def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, 
 
 def resolve(device: torch.device, backend: str | None = None, fn: str | None = None) -> str:
     """The backend that ops on ``device`` use first: for interface function ``fn``, or for every
-    op when ``fn`` is None (but those in ``REFERENCE_UNTIL_VERIFIED``) (``auto`` may still pass an op it cannot take to the next backend; see
-    :func:`select`)."""
+    op but those in ``REFERENCE_UNTIL_VERIFIED`` when ``fn`` is None (``auto`` may still pass an
+    op it cannot take to the next backend; see :func:`select`)."""
     name = _current if backend is None else _check_name(backend)
     if name == "auto":
         for cand in _auto_candidates(device, fn):

@@ -7,6 +7,7 @@ from .. import backend as _backend
 from .. import checks
 
 _STATIC: dict = {}  # signatures whose static checks passed (checks.signature)
+_F32 = torch.finfo(torch.float32)
 
 
 def check_rms_norm(x, weight, eps, residual) -> None:
@@ -21,10 +22,9 @@ def check_rms_norm(x, weight, eps, residual) -> None:
     if h < 1:
         raise ValueError(f"x must have a non-empty last dimension, got shape {list(x.shape)}")
     checks.tensor("weight", weight, dtypes=(x.dtype,), shape=[h], device=x.device)
-    eps32 = torch.tensor(checks.number("eps", eps, positive=True), dtype=torch.float32).item()
-    if not 0 < eps32 < float("inf"):  # the kernels add it in float32
-        raise ValueError(f"eps must be a positive float32 (the kernels add it in float32), got "
-                         f"{eps!r}, which is {eps32} there")
+    if not _F32.tiny <= checks.number("eps", eps, positive=True) <= _F32.max:
+        raise ValueError(f"eps must be a positive float32 (the kernels add it in float32: from "
+                         f"{_F32.tiny:g} to {_F32.max:g}), got {eps!r}")
     checks.optional("residual", residual, dtypes=(x.dtype,), shape=list(x.shape), device=x.device)
     checks.remember(_STATIC, key, True)
 
