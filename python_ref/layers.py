@@ -86,8 +86,8 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
         all-reduces them
     norm : callable ``(x [B, N, H], weight [H], residual) -> (normed, total)``: the residual add
         ``total = x + residual`` (``residual`` None: ``total = x``) and the RMSNorm of ``total``
-        (the models pass a fused kernel), or None: :func:`~.rope.add_rms_norm` /
-        :func:`~.rope.rms_norm` with ``eps`` and ``dtype``
+        (the models pass a fused kernel), or None: :func:`~.rope.add_rms_norm` with ``eps`` and
+        ``dtype``
 
     Returns
     -------
@@ -95,8 +95,6 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
     """
     if norm is None:
         def norm(x, weight, residual):
-            if residual is None:
-                return rms_norm(x, weight, eps, dtype), x
             return add_rms_norm(x, residual, weight, eps, dtype)
     a, _ = norm(h, w["input_layernorm.weight"], None)
     dh = w["self_attn.q_norm.weight"].shape[-1]

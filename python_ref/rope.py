@@ -41,18 +41,19 @@ def rms_norm(x, weight, eps=1e-6, dtype=None):
 
 def add_rms_norm(x, residual, weight, eps=1e-6, dtype=None):
     """The residual add and the RMSNorm after it, as a decoder layer runs them:
-    ``total = x + residual`` (in their dtype: rounded as the models' add), then
-    ``rms_norm(total, weight, eps, dtype)``.
+    ``total = x + residual`` (in their dtype: rounded as the models' add; ``total = x`` when
+    ``residual`` is None), then ``rms_norm(total, weight, eps, dtype)``.
 
     Parameters
     ----------
-    x, residual : ``[..., D]`` of one dtype; weight : ``[D]``; eps, dtype : as in :func:`rms_norm`
+    x : ``[..., D]``; residual : x's dtype and shape, or None; weight : ``[D]``;
+    eps, dtype : as in :func:`rms_norm`
 
     Returns
     -------
     ``(normed, total)``: normed as :func:`rms_norm` returns it, total ``[..., D]`` in x's dtype.
     """
-    total = x + residual
+    total = x if residual is None else x + residual
     return rms_norm(total, weight, eps, dtype), total
 
 

@@ -40,10 +40,8 @@ def pack_mask(parents, num_nodes):
 
 
 def rms_norm(x, residual, weight, eps):
-    if residual is None:
-        return ref.rms_norm(x, weight, eps, x.dtype).contiguous(), None
     out, total = ref.add_rms_norm(x, residual, weight, eps, x.dtype)
-    return out.contiguous(), total.contiguous()
+    return out.contiguous(), None if residual is None else total.contiguous()
 
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
