@@ -651,7 +651,9 @@ def make_commit_kv(r, g):
 def rows_layout(r, t):
     """``t`` [..., H] in an outer-strided layout that keeps its last dim contiguous (swapping the
     two outer dims of a 2-D tensor would not)."""
-    return outer_layout(r, t) if t.dim() >= 3 else widened(t, r.randint(1, 9)) if r.random() < 0.5 else t
+    if t.dim() >= 3:
+        return outer_layout(r, t)
+    return widened(t, r.randint(1, 9)) if r.random() < 0.5 else t
 
 
 def make_rms_norm(r, g):

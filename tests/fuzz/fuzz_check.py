@@ -22,7 +22,8 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from fuzz_cases import BF16, F32, OPS, make
 from fuzz_engines import Engine, engine_ready, interpreted, to_engine
-from helpers import TOL, TREE_FIELDS, assert_rms_norm, poisoned_empty, rel_l2, tree_difference, tree_fields
+from helpers import (TOL, TREE_FIELDS, assert_rms_norm, poisoned_empty, rel_l2, tree_difference,
+                     tree_fields)
 
 TL_DOT_OPS = ("tree_attention", "draft_tree_from_hidden")
 
