@@ -47,8 +47,8 @@ SMALL_LAUNCH_S = 2.5e-6  # one small kernel in a CUDA graph (launch gap + one sh
 # with the reference backend (tests/test_bench_decode.py::test_launch_counts recounts them). Each
 # rms_norm call counts one: what it launches once a GPU backend runs it (see :func:`launches`).
 LAUNCHES = {
-    "target_layer": 11,       # one target decoder layer, any token count (2 rms_norm calls)
-    "head_layer": 11,         # one head layer in the draft forward (2 rms_norm calls)
+    "target_layer": 10,       # one target decoder layer, any token count (2 rms_norm calls)
+    "head_layer": 10,         # one head layer in the draft forward (2 rms_norm calls)
     "head_append_layer": 2,   # one head layer's K/V projection (one GEMM) + cache append
     "sparse_extra": 14,       # extra launches of a MoE layer (routing, sort, grouped GEMMs, scatter)
     "draft_fixed": 9,         # embedding, block build, final norm, fused top-K, tree
@@ -56,10 +56,15 @@ LAUNCHES = {
     "argmax_chunk": 6,        # each further 32768-token chunk of the fused argmax
     "accept_commit_fixed": 31,  # verify_tree, commit_kv, fc + norm, emit, state updates
     "ar_fixed": 6,            # embedding, final norm, lm_head, argmax, advance
+    "tap": 1,                 # a tapped target layer's residual add (elsewhere the next norm adds it)
 }
-# rms_norm calls in a LAUNCHES entry: (plain norms, norms with the residual add in front).
-NORM_CALLS = {"target_layer": (1, 1), "head_layer": (1, 1), "draft_fixed": (1, 0),
-              "verify_fixed": (1, 0), "accept_commit_fixed": (1, 0), "ar_fixed": (1, 0)}
+# rms_norm calls in a LAUNCHES entry: (plain norms, norms with the residual add in front). Each
+# layer's norms both add (the MLP's residual add deferred to the next norm); the first layer's input
+# norm is plain and the final norm adds, so the fixed entries keep one plain norm. A tap turns the
+# next norm's add into its own launch: one plain norm more, one adding norm fewer.
+NORM_CALLS = {"target_layer": (0, 2), "head_layer": (0, 2), "draft_fixed": (1, 0),
+              "verify_fixed": (1, 0), "accept_commit_fixed": (1, 0), "ar_fixed": (1, 0),
+              "tap": (1, -1)}
 # One rms_norm call run as torch ops (auto, until a GPU backend of rms_norm passes on hardware:
 # backend.REFERENCE_UNTIL_VERIFIED), the Hugging Face form in bf16: cast, square, mean, + eps,
 # rsqrt, product, cast, weight; one more with the residual add.
@@ -206,11 +211,11 @@ class Model:
 
 
 def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: int,
-                   causal: bool = False, argmax: bool = False) -> Cost:
+                   causal: bool = False, argmax: bool = False, taps: int = 0) -> Cost:
     """One target forward of ``new`` tokens per sequence over ``prefix`` cached positions;
     ``logits_rows`` rows go through the lm_head (fused argmax: in 32768-token chunks);
-    ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs).
-    Norm launches as :func:`launches` counts them."""
+    ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs);
+    ``taps``: tapped layers (the head's). Norm launches as :func:`launches` counts them."""
     tokens = batch * new
     read = m.dense_params + m.sparse_layers * m.touched_experts(tokens) * m.expert_params + m.lm_head
     active = m.dense_params + m.sparse_layers * m.top_k * m.expert_params
@@ -220,7 +225,7 @@ def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: 
     attn = 4 * m.layers * batch * (new * prefix + tail) * m.q_heads * m.head_dim
     flops = 2 * tokens * active + attn + 2 * logits_rows * m.vocab * m.hidden
     n = (m.layers * launches("target_layer") + m.sparse_layers * LAUNCHES["sparse_extra"]
-         + launches("verify_fixed"))
+         + launches("verify_fixed") + taps * launches("tap"))
     if argmax:
         n += (math.ceil(m.vocab / ARGMAX_CHUNK) - 1) * LAUNCHES["argmax_chunk"]
     return Cost(read * m.elt + kv, flops, n, m.layers * BIG_PER_LAYER)
@@ -237,7 +242,8 @@ def round_costs(m: Model, batch: int, prefix: int, budget: int) -> dict[str, Cos
                + 2 * batch * d * m.vocab * m.hidden),
         launches=launches("draft_fixed") + m.head_layers * launches("head_layer"),
         big=m.head_layers * BIG_PER_LAYER + 1)
-    verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True)
+    verify = target_forward(m, batch, budget, prefix, logits_rows=batch * budget, argmax=True,
+                            taps=m.taps)
     width = min(d, budget - 1) + 1
     kv_pos, _ = m.kv_bytes_per_position()
     append = m.head_fc + m.head_layers * m.head_kv_params
@@ -257,7 +263,7 @@ def ar_step(m: Model, batch: int, prefix: int) -> Cost:
 
 def prefill(m: Model, batch: int, prompt: int) -> Cost:
     """The causal prefill of B prompts of P tokens, and the head's context append of them."""
-    c = target_forward(m, batch, prompt, 0, logits_rows=batch, causal=True)
+    c = target_forward(m, batch, prompt, 0, logits_rows=batch, causal=True, taps=m.taps)
     _, kv_head = m.kv_bytes_per_position()
     append = m.head_fc + m.head_layers * m.head_kv_params
     return c + Cost(append * m.elt + batch * prompt * kv_head, 2 * batch * prompt * append)

@@ -58,13 +58,13 @@ def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):
 
 
 def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, reduce=None,
-                  norm=None):
+                  norm=None, residual=None, defer_add=False):
     """One pre-norm Qwen3 decoder layer: ``h += o_proj(attend(q, k, v))``, then
     ``h += mlp(post_attention_layernorm(h))``.
 
     Parameters
     ----------
-    h : ``[B, N, H]`` the residual stream
+    h : ``[B, N, H]`` the residual stream (with ``residual``: its last addend)
     w : one layer's tensors, keys as in Hugging Face checkpoints after ``layers.{i}.``
         (``input_layernorm.weight``, ``self_attn.{q,k,v,o}_proj.weight``,
         ``self_attn.{q,k}_norm.weight [Dh]``, ``post_attention_layernorm.weight``, the MLP's);
@@ -88,15 +88,20 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
         ``total = x + residual`` (``residual`` None: ``total = x``) and the RMSNorm of ``total``
         (the models pass a fused kernel), or None: :func:`~.rope.add_rms_norm` with ``eps`` and
         ``dtype``
+    residual : ``[B, N, H]`` or None. The stream is ``h + residual``, added by the input norm's
+        fused add (a previous layer's ``defer_add`` output): one launch fewer a layer
+    defer_add : bool. Return the MLP's output and the stream before it, unsummed, so the next
+        layer's input norm (or the final norm) adds them; False: their sum
 
     Returns
     -------
-    ``[B, N, H]``
+    ``[B, N, H]``, or with ``defer_add`` ``(mlp_out, h)`` of that shape, whose sum is the
+    layer's output
     """
     if norm is None:
         def norm(x, weight, residual):
             return add_rms_norm(x, residual, weight, eps, dtype)
-    a, _ = norm(h, w["input_layernorm.weight"], None)
+    a, h = norm(h, w["input_layernorm.weight"], residual)
     dh = w["self_attn.q_norm.weight"].shape[-1]
     if context is None and "self_attn.qkv_proj.weight" in w:     # one GEMM, views of its output
         nq, nkv = w["self_attn.q_proj.weight"].shape[0], w["self_attn.k_proj.weight"].shape[0]
@@ -112,4 +117,5 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
             return x
     attn = reduce(F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
     a, h = norm(attn, w["post_attention_layernorm.weight"], h)   # h + attn, then its norm
-    return h + reduce(mlp(a, w))
+    out = reduce(mlp(a, w))
+    return (out, h) if defer_add else h + out

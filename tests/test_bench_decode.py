@@ -235,8 +235,9 @@ def test_norm_calls_and_their_torch_form(round_backend):
     per = [tuple(b - a for a, b in zip(x, y)) for x, y in zip(one, two)]
     fixed = [tuple(a - p for a, p in zip(x, q)) for x, q in zip(one, per)]
     calls = dc.NORM_CALLS
+    tapped_verify = tuple(a + b for a, b in zip(calls["verify_fixed"], calls["tap"]))  # one tap
     assert per == [calls["head_layer"], calls["target_layer"], (0, 0), calls["target_layer"]]
-    assert fixed == [calls["draft_fixed"], calls["verify_fixed"], calls["accept_commit_fixed"],
+    assert fixed == [calls["draft_fixed"], tapped_verify, calls["accept_commit_fixed"],
                      calls["ar_fixed"]]
 
     from jetspec_kernels import python_ref as ref
@@ -259,7 +260,8 @@ def test_launch_counts(round_backend):
     fixed = [a - p for a, p in zip(one, per)]
     L = dc.LAUNCHES
     want_per = [L["head_layer"], L["target_layer"], L["head_append_layer"], L["target_layer"]]
-    want_fixed = [L["draft_fixed"], L["verify_fixed"], L["accept_commit_fixed"], L["ar_fixed"]]
+    want_fixed = [L["draft_fixed"], L["verify_fixed"] + L["tap"], L["accept_commit_fixed"],
+                  L["ar_fixed"]]                                   # the head taps one layer
     for got, want in zip(per + fixed, want_per + want_fixed):
         assert abs(got - want) <= max(2, want // 4), (per, fixed)
 

@@ -12,7 +12,7 @@ from jetspec_kernels import python_ref as ref
 from jetspec_kernels.models import CheckpointError, DraftConfig, DraftHead, save_draft_head
 from jetspec_kernels.models.config import default_target_layer_ids
 from jetspec_kernels.models.tiny import random_draft_weights, tiny_draft_config, tiny_qwen3_config
-from helpers import rel_l2 as rel
+from helpers import rel_l2 as rel, undeferred
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -183,10 +183,11 @@ def test_every_layer_is_the_same_layer(causal):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_norms_are_one_rms_norm_call_each(monkeypatch, dtype):
-    """Every norm of the head is one call of the public rms_norm on ``norm_backend`` (the residual
-    add of the attention fused into the post-attention norm): per layer two calls, one with the
-    residual; plus the context norm and the final norm. Under the Triton interpreter (float32) the
-    fused kernels give the reference's logits."""
+    """Every norm of the head is one call of the public rms_norm on ``norm_backend``, every
+    residual add fused into the norm after it (the attention's into the post-attention norm, the
+    MLP's into the next layer's input norm or the final norm): the context norm, then two calls a
+    layer, each with a residual but the first layer's input norm. Under the Triton interpreter
+    (float32) the fused kernels give the reference's logits."""
     import jetspec_kernels.triton as triton_backend
     from jetspec_kernels.backend import triton_interpret
     cfg = head_config(True)
@@ -209,6 +210,21 @@ def test_norms_are_one_rms_norm_call_each(monkeypatch, dtype):
         pytest.skip("triton needs TRITON_INTERPRET=1 on the CPU")
     got = head.draft_logits(hidden, anchor, embed_weight=embed, lm_head_weight=lm_head)
     layers = cfg.num_hidden_layers
-    assert calls == [False] + [False, True] * layers + [False]
+    assert calls == [False, False] + [True] * (2 * layers)
     if dtype == torch.float32:
         assert rel(got, want) < 1e-5
+
+
+def test_deferred_residual_adds_change_no_bit(monkeypatch):
+    """The MLP's residual add runs in the next layer's input norm or the final norm: in bf16 the
+    drafted logits equal, bit for bit, those with every add where the layer computed it before."""
+    import jetspec_kernels.models.draft_head as head_module
+    cfg = head_config(True)
+    head = DraftHead(cfg, {k: v.bfloat16() for k, v in random_draft_weights(cfg, seed=13).items()})
+    embed, lm_head = (t.bfloat16() for t in embeddings(2))
+    hidden = torch.randn(2, 5, 3 * 64, generator=torch.Generator().manual_seed(14)).bfloat16()
+    anchor = torch.tensor([3, 4])
+    got = head.draft_logits(hidden, anchor, embed_weight=embed, lm_head_weight=lm_head)
+    monkeypatch.setattr(head_module, "decoder_layer", undeferred(head_module.decoder_layer))
+    assert torch.equal(got, head.draft_logits(hidden, anchor, embed_weight=embed,
+                                               lm_head_weight=lm_head))

@@ -10,7 +10,7 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels.models import CheckpointError, Qwen3, Qwen3Config, save_qwen3
 from jetspec_kernels.models.tiny import random_qwen3_weights, tiny_qwen3_config
-from helpers import rel_l2 as rel
+from helpers import rel_l2 as rel, undeferred
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -211,3 +211,24 @@ def test_projections_are_one_gemm_each_and_the_checkpoint_keys_views():
     fused = ref.decoder_layer(x, model._run_layers[1], attend, cfg.rms_norm_eps)
     separate = ref.decoder_layer(x, model.layers[1], attend, cfg.rms_norm_eps)
     assert rel(fused, separate) < 1e-6
+
+
+@pytest.mark.parametrize("taps", [(), (1,), (0, 2)], ids=str)
+def test_deferred_residual_adds_change_no_bit(monkeypatch, taps):
+    """The MLP's residual add runs in the next layer's input norm or the final norm (or, at a
+    tapped layer, where it was): in bf16 the hidden states and taps equal, bit for bit, those of
+    the forward with every add where the layer computed it before."""
+    import jetspec_kernels.models.qwen3 as qwen3_module
+    cfg = tiny_qwen3_config(num_hidden_layers=3)
+    model = Qwen3(cfg, {k: v.bfloat16() for k, v in random_qwen3_weights(cfg, seed=5).items()})
+    ids = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(6))
+    pos = torch.arange(7, dtype=torch.int32).expand(2, 7).contiguous()
+
+    def run():
+        return model.forward(ids, pos, model.new_cache(2, 7), torch.zeros(2, dtype=torch.int32),
+                             taps=taps)
+    hidden, tapped = run()
+    monkeypatch.setattr(qwen3_module, "decoder_layer", undeferred(qwen3_module.decoder_layer))
+    want_hidden, want_tapped = run()
+    assert torch.equal(hidden, want_hidden)
+    assert (tapped is None and want_tapped is None) or torch.equal(tapped, want_tapped)

@@ -180,7 +180,7 @@ class DraftHead:
                              f"hidden size), got {list(embed_weight.shape)}")
         block = torch.full((b, s), cfg.mask_token_id, dtype=torch.long, device=dev)
         block[:, 0] = anchor_tokens.long()
-        x = F.embedding(block, embed_weight).to(self.dtype)
+        x, res = F.embedding(block, embed_weight).to(self.dtype), None
         pos = (state.ctx_len[:, None] + torch.arange(s, device=dev, dtype=torch.int32)).contiguous()
         tail = "causal" if cfg.causal_head else "full"
         table = state.cache.block_table
@@ -192,10 +192,12 @@ class DraftHead:
                                         pos, kc, vc, rope_theta=cfg.rope_theta, eps=eps, block_table=table)
                 return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
 
-            x = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce, norm=norm)
+            # The MLP's residual add is left to the next norm: one launch fewer a layer.
+            x, res = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce, norm=norm,
+                                   residual=res, defer_add=True)
         # Every row normed, then the anchor's dropped: one launch, where norming the strided
         # x[:, 1:] would copy it first (its rows do not flatten to one stride when B > 1).
-        return rms_norm(x, self.norm_weight, eps=eps, backend=self.norm_backend)[:, 1:]
+        return norm(x, self.norm_weight, res)[0][:, 1:]
 
     def cached_logits(self, state: DraftState, anchor_tokens: torch.Tensor, *,
                       embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
-from ..ops.rms_norm import rms_norm
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer, swiglu
 from .. import tp
@@ -192,7 +191,7 @@ class Qwen3:
         norm = layer_norm(eps, self.norm_backend)
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
-        x = F.embedding(tokens.long(), self.embed_weight)
+        x, res = F.embedding(tokens.long(), self.embed_weight), None
         for li, w in enumerate(self._run_layers):
             kc, vc = cache.layer(li)
 
@@ -203,12 +202,17 @@ class Qwen3:
                 return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
                                       block_table=cache.block_table)
 
-            x = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype, reduce=self._reduce,
-                              norm=norm)
+            # The MLP's residual add is left to the next norm (one launch fewer a layer), except
+            # where the layer's output is tapped.
+            out = decoder_layer(x, w, attend, eps, mlp=self._mlp, dtype=self.dtype,
+                                reduce=self._reduce, norm=norm, residual=res, defer_add=li not in taps)
             if li in taps:
-                kept[li] = x
+                x = kept[li] = out
+                res = None
+            else:
+                x, res = out
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
-        return rms_norm(x, self.norm_weight, eps=eps, backend=self.norm_backend), tapped
+        return norm(x, self.norm_weight, res)[0], tapped
 
     def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
         """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
