@@ -98,10 +98,10 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds: configs predicted to end later are skipped (rows say so)")
     p.add_argument("--resume", type=Path, default=None,
                    help="a decode CSV of an earlier run: its finished (batch, prompt) groups are kept")
-    p.add_argument("--norm-backend", default=None, choices=["reference", "triton", "cuda"],
-                   help="the models' rms_norm calls on this backend (default: as auto runs them; "
-                        "on a GPU the torch ops until rms_norm is hardware-verified); the "
-                        "predictions follow")
+    p.add_argument("--fused-ops-backend", default=None, choices=["reference", "triton", "cuda"],
+                   help="the models' fused layer ops (rms_norm, silu_mul) on this backend "
+                        "(default: as auto runs them; on a GPU the torch ops until each is "
+                        "hardware-verified); the predictions follow")
     p.add_argument("--predict", action="store_true",
                    help="print the floors and predictions of the plan on an H200 and an H100; no run")
     return p
@@ -241,8 +241,8 @@ def main(argv=None) -> int:
     args = opts.args
     cuda = opts.cuda
     size, configs, chunk = plan(args, cuda or args.predict)   # --predict: the GPU plan
-    if args.norm_backend is not None:
-        dc.FUSED_NORMS = args.norm_backend != "reference"
+    if args.fused_ops_backend is not None:
+        dc.FUSED_OPS = args.fused_ops_backend != "reference"
     for what, path in (("target", args.target), ("head", args.head)):
         if path and not Path(path).is_dir():
             print(f"bench_decode: --{what} {path} is not a directory", file=sys.stderr)
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         print(f"bench_decode: cannot build the models ({type(ex).__name__}: {ex})", file=sys.stderr)
         return 2
     target, head = m.target, m.head
-    target.norm_backend = head.norm_backend = args.norm_backend
+    target.fused_ops_backend = head.fused_ops_backend = args.fused_ops_backend
     from jetspec_kernels.models.moe import grouped_mm_impl
     if getattr(target.config, "num_experts", 0) and grouped_mm_impl() is not None:
         target.experts_grouped_mm = True     # the GPU's bf16 path; on the CPU the loop would sync
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
         + (f", MoE {cm.experts} experts top-{cm.top_k}" if cm.experts else "")
         + f"; head {cm.head_layers} layers, block {cm.block}; {str(dtype)[6:]}, greedy topn, top-K {TOPK}; "
         f"backends {','.join(backends)}; prefill chunk {chunk}"
-        + (f"; norms on {args.norm_backend}" if args.norm_backend else ""))
+        + (f"; fused layer ops on {args.fused_ops_backend}" if args.fused_ops_backend else ""))
     done = _resume(table, args.resume)
     failed = False
     old_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")

@@ -6,10 +6,10 @@ Row groups per (B, T = context rows) shape:
       then ``draft_tree_from_hidden`` (never materialising [B, S-1, V] logits). Baseline
       ``published``: ``head.draft_logits`` from scratch (fc and every layer's K/V over all T
       context rows, then the lm_head) plus the host tree path, as the published drafter does.
-      Rows ``<backend>:torch_norms`` run the same with the head's norms as torch ops
-      (``head.norm_backend = "reference"``: what ``auto`` runs on a GPU until a GPU backend of
-      rms_norm passes there), against the plain rows' fused rms_norm on that backend: the launches
-      the fused norms save.
+      Rows ``<backend>:torch_ops`` run the same with the head's fused layer ops (rms_norm,
+      silu_mul) as torch ops (``head.fused_ops_backend = "reference"``: what ``auto`` runs on a
+      GPU until a GPU backend of each passes there), against the plain rows' fused kernels on
+      that backend: the launches they save.
       Floor (ours): bytes = head layer weights + lm_head + context K/V (2*layers*B*(T+S)*Hkv*Dh)
       + block embeddings, all * elt; FLOPs = 2*layer_params*B*S + 4*layers*B*S*(T+S)*Hq*Dh
       + 2*B*(S-1)*V*H. The baseline's floor adds fc, the taps and the context K/V projections.
@@ -138,17 +138,17 @@ def _round(table, opts, m, status, usable, b, t, budget, topk, e, gen, si):
                       note=f"context append failed: {type(ex).__name__}: {ex}"[:300])
             continue
 
-        def ours(name=name, state=state, norms=None):
+        def ours(name=name, state=state, fused_ops=None):
             with bc.using_backend(name):
-                head.norm_backend = norms
+                head.fused_ops_backend = fused_ops
                 try:
                     hidden = head.draft_hidden(state, anchor, m.embed_weight)
                 finally:
-                    head.norm_backend = None
+                    head.fused_ops_backend = None
                 return jk.draft_tree_from_hidden(hidden, m.lm_head_weight, anchor, budget=budget,
                                                  topk=topk)
         table.run(shape, name, ours, flops=flops, nbytes=nbytes)
-        table.run(shape, f"{name}:torch_norms", lambda ours=ours: ours(norms="reference"),
+        table.run(shape, f"{name}:torch_ops", lambda ours=ours: ours(fused_ops="reference"),
                   flops=flops, nbytes=nbytes)
 
     # The baseline last: a device_check step cut by its limit keeps our rows first.

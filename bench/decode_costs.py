@@ -76,23 +76,23 @@ ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
 # Whether the models' rms_norm calls are one kernel each: None (default) as auto runs them on a
 # GPU (one kernel once a GPU backend of rms_norm is hardware-verified); a bench that runs the
-# norms on a chosen backend sets it (bench_decode --norm-backend).
-FUSED_NORMS: bool | None = None
+# norms on a chosen backend sets it (bench_decode --fused-ops-backend).
+FUSED_OPS: bool | None = None
 
 
-def norms_fused() -> bool:
-    """``FUSED_NORMS`` when set, else whether auto runs a GPU backend for rms_norm."""
-    if FUSED_NORMS is not None:
-        return FUSED_NORMS
+def ops_fused() -> bool:
+    """``FUSED_OPS`` when set, else whether auto runs a GPU backend for rms_norm."""
+    if FUSED_OPS is not None:
+        return FUSED_OPS
     from jetspec_kernels.backend import verified_backends
     return bool(verified_backends("rms_norm"))
 
 
 def launches(key: str) -> int:
     """``LAUNCHES[key]``, each rms_norm call counted as the torch ops it runs unless
-    :func:`norms_fused`."""
+    :func:`ops_fused`."""
     n = LAUNCHES[key]
-    if not norms_fused():
+    if not ops_fused():
         plain, with_add = NORM_CALLS.get(key, (0, 0))
         n += plain * (TORCH_NORM_LAUNCHES - 1) + with_add * TORCH_NORM_LAUNCHES
     return n

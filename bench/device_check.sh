@@ -31,11 +31,12 @@
 #                  method="gemm" at B 1, 4, 16, graph-replayed (issue 27; sets
 #                  launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, bench/NOTES.md)
 #   draft_head     when time allows (at most 60 s): the draft head's forward and the fused
-#                  tree at B 1 and 16, graph-replayed, fused rms_norm against torch norms
+#                  tree at B 1 and 16, graph-replayed, fused layer ops (rms_norm, silu_mul)
+#                  against torch ops
 #                  (issue 27 problem 3; rows written as they finish)
-#   decode_norms   when time allows (at most 70 s): the B1/p512/n64 round and AR step with the
-#                  models' norms on the cuda rms_norm (decode's rows run them as torch ops until
-#                  rms_norm is hardware-verified): the fused norms' end-to-end effect
+#   decode_fused   when time allows (at most 70 s): the B1/p512/n64 round and AR step with the
+#                  models' fused layer ops on the cuda kernels (decode's rows run them as torch
+#                  ops until they are hardware-verified): their end-to-end effect
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (H200 only: it
 #                  needs about 65-85 GB)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -206,9 +207,9 @@ step hidden_topk 0 0 "timeout 60 '$PY' bench/bench_draft_tree.py --quick --graph
 step draft_head 0 0 "timeout 60 '$PY' bench/bench_draft_head.py --quick --graphs --no-plot \
   --out '$RES/draft_head'"
 
-# 7d. When time allows: decode's headline config with fused norms (against decode's own row).
-step decode_norms 0 0 "timeout 70 '$PY' bench/bench_decode.py --batches 1 --prompts 512 --budgets 64 \
-  --norm-backend cuda --deadline 60 --no-plot --out '$RES/decode_norms'"
+# 7d. When time allows: decode's headline config with fused layer ops (against decode's own row).
+step decode_fused 0 0 "timeout 70 '$PY' bench/bench_decode.py --batches 1 --prompts 512 --budgets 64 \
+  --fused-ops-backend cuda --deadline 60 --no-plot --out '$RES/decode_fused'"
 
 # 8. When time allows: the MoE round table (an H200's memory), a no-PDL rerun of failing cuda
 #    ops, Nsight Compute.

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "device_check.sh"
 ORDER = ["smi", "setup", "build", "gpu_tests", "gpu_tests_tma", "decode", "sanitizers", "small_ops",
-         "attn_sweep", "hidden_topk", "draft_head", "decode_norms", "moe", "gpu_tests_nopdl", "ncu"]
+         "attn_sweep", "hidden_topk", "draft_head", "decode_fused", "moe", "gpu_tests_nopdl", "ncu"]
 PLAN = re.compile(r"^\[device_check\] plan (\S+) (\d+) (\d+) (required|optional|conditional): (.*)$")
 
 
@@ -54,7 +54,7 @@ def test_plan_order_and_limits():
         assert keep == sum(limit for _, limit, _ in required[i + 1:]), name
     kinds = {name: kind for name, _, _, kind, _ in plan}
     assert kinds["build"] == "conditional" and kinds["moe"] == kinds["ncu"] == "optional"
-    assert kinds["hidden_topk"] == kinds["draft_head"] == kinds["decode_norms"] == "optional"
+    assert kinds["hidden_topk"] == kinds["draft_head"] == kinds["decode_fused"] == "optional"
     cmds = {name: cmd for name, *_, cmd in plan}
     assert "--on-gpu" in cmds["gpu_tests"] and "--tma skip" in cmds["gpu_tests"]
     assert "--tma only" in cmds["gpu_tests_tma"]
@@ -66,7 +66,7 @@ def test_plan_order_and_limits():
     assert "host_overhead.py --gpu" in cmds["small_ops"]
     assert "--groups from_hidden --batches 1,4,16" in cmds["hidden_topk"]
     assert "bench_draft_head.py --quick --graphs" in cmds["draft_head"]
-    assert "--norm-backend cuda" in cmds["decode_norms"] and "--budgets 64" in cmds["decode_norms"]
+    assert "--fused-ops-backend cuda" in cmds["decode_fused"] and "--budgets 64" in cmds["decode_fused"]
     assert "SOURCES.sha256" in cmds["setup"] and "make device-bundle" in cmds["build"]
 
 

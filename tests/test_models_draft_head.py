@@ -183,7 +183,7 @@ def test_every_layer_is_the_same_layer(causal):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_norms_are_one_rms_norm_call_each(monkeypatch, dtype):
-    """Every norm of the head is one call of the public rms_norm on ``norm_backend``, every
+    """Every norm of the head is one call of the public rms_norm on ``fused_ops_backend``, every
     residual add fused into the norm after it (the attention's into the post-attention norm, the
     MLP's into the next layer's input norm or the final norm): the context norm, then two calls a
     layer, each with a residual but the first layer's input norm. Under the Triton interpreter
@@ -205,7 +205,7 @@ def test_norms_are_one_rms_norm_call_each(monkeypatch, dtype):
         return real(x, residual, weight, eps)
 
     monkeypatch.setattr(triton_backend, "rms_norm", spy)
-    head.norm_backend = "triton"
+    head.fused_ops_backend = "triton"
     if not triton_interpret() and not torch.cuda.is_available():
         pytest.skip("triton needs TRITON_INTERPRET=1 on the CPU")
     got = head.draft_logits(hidden, anchor, embed_weight=embed, lm_head_weight=lm_head)

@@ -157,11 +157,11 @@ def _adaptive_defaults(target, head, prompt_ids, args, calibrator, cost_model, *
         calibrator = kept.setdefault(("calibrator", greedy), AcceptanceCalibrator(
             max_depth=head.block_size - 1, device=target.device))
     if cost_model is None:
-        # The norms' backend too: auto's pick for rms_norm may differ from the other ops'.
+        # The fused layer ops' backends too: auto's picks for them may differ from the other ops'.
         key = ("costs", len(prompt_ids), args.sizes, topk, greedy, page_size, fused_draft,
                cuda_graphs, _backend.resolve(target.device),
-               _backend.resolve(target.device, fn="rms_norm"), target.norm_backend,
-               head.norm_backend)
+               _backend.resolve(target.device, fn="rms_norm"), target.fused_ops_backend,
+               head.fused_ops_backend)
         if key not in kept:
             kept[key] = measure_round_costs(target, head, prompt_ids, args.sizes, topk=topk,
                                             temperature=temperature, top_k=top_k, top_p=top_p,

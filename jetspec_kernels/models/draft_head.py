@@ -52,13 +52,13 @@ class DraftHead:
     layers : list of dicts key (``LAYER_KEYS``) -> tensor
     shard : tp.Shard; split over several ranks, the layers hold this rank's heads and MLP
         features (as the target's, ``models.sharding``); fc and the norms are replicated
-    norm_backend : str or None
-        The backend of the model's ``rms_norm`` calls (None: the process default; ``auto`` runs
-        them as torch ops on a GPU until a GPU backend of rms_norm passes on hardware). Benches
-        set it to time the fused kernels before that.
+    fused_ops_backend : str or None
+        The backend of the model's fused layer ops, its ``rms_norm`` and ``silu_mul`` calls
+        (None: the process default; ``auto`` runs each as torch ops on a GPU until a GPU backend
+        of it passes on hardware). Benches set it to time the fused kernels before that.
     """
 
-    norm_backend: str | None = None
+    fused_ops_backend: str | None = None
 
     def __init__(self, config: DraftConfig, weights: dict[str, torch.Tensor], *, where: str = "DraftHead",
                  group=None):
@@ -141,7 +141,7 @@ class DraftHead:
         b, m, _ = taps.shape
         nkv, dh, eps = local_heads(cfg, self.shard)[1], cfg.head_dim, cfg.rms_norm_eps
         ctx = rms_norm(F.linear(taps.to(self.dtype), self.fc_weight), self.hidden_norm_weight, eps=eps,
-                       backend=self.norm_backend)
+                       backend=self.fused_ops_backend)
         pos = (state.ctx_len[:, None] + torch.arange(m, device=taps.device, dtype=torch.int32)).contiguous()
         for li, w in enumerate(self._run_layers):
             nq = w["self_attn.q_proj.weight"].shape[0]
@@ -173,7 +173,7 @@ class DraftHead:
         cfg = self.config
         b = anchor_tokens.shape[0]
         s, eps = cfg.block_size, cfg.rms_norm_eps
-        norm = layer_norm(eps, self.norm_backend)
+        norm = layer_norm(eps, self.fused_ops_backend)
         dev = anchor_tokens.device
         if embed_weight.dim() != 2 or embed_weight.shape[1] != cfg.hidden_size:
             raise ValueError(f"embed_weight must have shape [V, {cfg.hidden_size}] (the draft head's "

@@ -60,14 +60,14 @@ class Qwen3:
         How sparse layers run their experts (:func:`.moe.grouped_experts`): None picks
         ``torch.nn.functional.grouped_mm`` on CUDA in bf16 (no host sync) and a loop over the
         experts that have tokens otherwise (one host sync per sparse layer).
-    norm_backend : str or None
-        The backend of the model's ``rms_norm`` calls (None: the process default; ``auto`` runs
-        them as torch ops on a GPU until a GPU backend of rms_norm passes on hardware). Benches
-        set it to time the fused kernels before that.
+    fused_ops_backend : str or None
+        The backend of the model's fused layer ops, its ``rms_norm`` and ``silu_mul`` calls
+        (None: the process default; ``auto`` runs each as torch ops on a GPU until a GPU backend
+        of it passes on hardware). Benches set it to time the fused kernels before that.
     """
 
     experts_grouped_mm: bool | None = None
-    norm_backend: str | None = None
+    fused_ops_backend: str | None = None
 
     def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3",
                  group=None):
@@ -188,7 +188,7 @@ class Qwen3:
         """
         cfg = self.config
         eps = cfg.rms_norm_eps
-        norm = layer_norm(eps, self.norm_backend)
+        norm = layer_norm(eps, self.fused_ops_backend)
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x, res = F.embedding(tokens.long(), self.embed_weight), None
