@@ -349,6 +349,10 @@ void define_launchers(py::module_& m, py::dict& t) {
       "Per row of x [R, H]: h = x + residual (residual = 0: h = x) rounded to dtype, into total "
       "(0: not written), and out = weight * (h / sqrt(mean(h^2) + eps)), the normalised row "
       "rounded to dtype before the weight multiplies it (Qwen3RMSNorm).");
+  define_launcher<SiluMulParams>(
+      m, t, "silu_mul", {JETSPEC_SILU_MUL_FIELDS(JETSPEC_BIND_FIELD)}, launch_silu_mul,
+      "Per row of x [R, 2I] (gate = x[:, :I], up = x[:, I:]): out [R, I] = rnd(rnd(silu(gate)) "
+      "* up), silu(g) = g / (1 + exp(-g)) in float32, each product rounded to dtype (SwiGLU).");
   define_launcher<TopkParams>(
       m, t, "log_softmax_topk", {JETSPEC_TOPK_FIELDS(JETSPEC_BIND_FIELD)},
       launch_log_softmax_topk,

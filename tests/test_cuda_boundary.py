@@ -197,6 +197,7 @@ def call_every_wrapper():
     x = torch.randn(3, 16, generator=gen).to(h)
     c.rms_norm(x, torch.randn(3, 16, generator=gen).to(h), torch.ones(16, dtype=h), 1e-6)
     c.rms_norm(x, None, torch.ones(16, dtype=h), 1e-6)
+    c.silu_mul(torch.randn(3, 32, generator=gen).to(h))
 
 
 def test_wrappers_pass_every_field_by_keyword(monkeypatch):

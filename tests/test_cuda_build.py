@@ -41,7 +41,7 @@ MAIN_KERNELS = (
     "build_tree_accum_kernel",
     "sample_filter_kernel", "target_partial_kernel", "verify_walk_kernel",
     "commit_kv_kernel", "gather_hidden_kernel", "qk_norm_rope_append_kernel", "pack_mask_kernel",
-    "rms_norm_kernel",
+    "rms_norm_kernel", "silu_mul_kernel",
 )
 # Double-precision sincos (python_ref's RoPE convention) keeps its argument-reduction table in
 # local memory; that stack frame is libdevice's, not a spill.
@@ -100,7 +100,8 @@ def test_split_heuristic_one_wave(monkeypatch):
         assert s == 1 or -(-n * 4 // rows) * b * 8 * s <= per_sm * 132
 
 
-CU_FILES = ("attention", "draft_tree", "verify", "commit", "pack_mask", "rope", "norm")
+CU_FILES = ("attention", "draft_tree", "verify", "commit", "pack_mask", "rope", "norm",
+            "silu_mul")
 
 
 def kernel_ptx(cu: str, arch: str, tmp_path) -> dict:

@@ -67,6 +67,8 @@ class Buffers:
         self.norm_in = torch.zeros(2, 4, 24, dtype=torch.bfloat16)  # x, residual: rows 24 apart
         self.norm_w = torch.ones(16, dtype=torch.bfloat16)
         self.norm_out = torch.zeros(2, 4, 16, dtype=torch.bfloat16)  # out, total
+        self.silu_in = torch.zeros(3, 40, dtype=torch.bfloat16)  # x [3, 2 * 16], rows 40 apart
+        self.silu_out = torch.zeros(3, 16, dtype=torch.bfloat16)
 
 
 def strides(t):
@@ -176,12 +178,19 @@ def rms_norm_args(B, **kw):
     return list(a.values())
 
 
+def silu_mul_args(B, **kw):
+    a = dict(x=ptr(B.silu_in), x_row_stride=40, out=ptr(B.silu_out), rows=3, inner=16, dtype=2,
+             stream=0)
+    a.update(kw)
+    return list(a.values())
+
+
 ARGS = {"tree_attention": attention_args, "build_tree": build_tree_args,
         "log_softmax_topk": topk_args, "hidden_topk": hidden_topk_args,
         "qk_norm_rope_append": rope_args, "verify_target_tokens": target_args,
         "verify_sample_filter": filter_args,
         "verify_walk": walk_args, "commit_kv": commit_args, "pack_mask": pack_mask_args,
-        "rms_norm": rms_norm_args}
+        "rms_norm": rms_norm_args, "silu_mul": silu_mul_args}
 
 
 @pytest.mark.parametrize("op", sorted(ARGS))
@@ -270,6 +279,14 @@ BAD = [
     ("rms_norm", dict(dtype=3), r"dtype 3 " + ALL),
     ("rms_norm", dict(weight=0), r"x, weight and out are required \(rows 4\)"),
     ("rms_norm", dict(x=0), r"x, weight and out are required \(rows 4\)"),
+    ("silu_mul", dict(inner=0), r"inner 0 is below 1"),
+    ("silu_mul", dict(inner=-16), r"inner -16 is below 1"),
+    ("silu_mul", dict(rows=-1), r"rows -1 is below 0"),
+    ("silu_mul", dict(x_row_stride=-40), r"x_row_stride -40 is below 0"),
+    ("silu_mul", dict(dtype=3), r"dtype 3 " + ALL),
+    ("silu_mul", dict(dtype=-1), r"dtype -1 " + ALL),
+    ("silu_mul", dict(x=0), r"x and out are required \(rows 3\)"),
+    ("silu_mul", dict(out=0), r"x and out are required \(rows 3\)"),
     ("pack_mask", dict(n=-1), r"n -1 is below 0"),
     # A grid limit itself is accepted: at it, the call fails at a later argument instead. (The
     # limits the simulator can run at are run there by tests/test_limits.py; these would take hours.)

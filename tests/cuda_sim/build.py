@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(__file__).resolve().parent
 SOURCES = {
     "_C": [ROOT / "csrc" / f for f in ("bindings.cpp", "attention.cu", "draft_tree.cu", "verify.cu",
-                                       "commit.cu", "pack_mask.cu", "rope.cu", "norm.cu")],
+                                       "commit.cu", "pack_mask.cu", "rope.cu", "norm.cu",
+                                       "silu_mul.cu")],
     "_primitives": [SIM_DIR / "primitives.cpp"],
 }
 

@@ -266,6 +266,14 @@ namespace jetspec_sim {
   std::abort();
 }
 
+// A vector access (jetspec/common.cuh's as_units) at an address off its size: the GPU faults
+// ("misaligned address"), where x86 would read or write it as if nothing were wrong.
+inline void require_aligned(const void* p, std::size_t align) {
+  if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
+    fail("misaligned vector access: a unit of 16 (or 8, 4) bytes at an address not a multiple "
+         "of its size (the GPU faults)");
+}
+
 // The threads of a block are fibers (ucontext) on the launching thread and take turns: exactly
 // one runs at a time, until it waits at a barrier or exits; then the runnable thread first in the
 // block's order runs. So each stretch between two barriers runs whole, in a fixed order: lowest

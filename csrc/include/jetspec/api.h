@@ -25,6 +25,9 @@ Status launch_commit_kv(const CommitParams& p, cudaStream_t stream);
 // Fused residual add + RMSNorm over rows; any hidden size, float32, float16 or bfloat16.
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
+// SwiGLU's silu(gate) * up over the rows of [R, 2I]; any I, float32, float16 or bfloat16.
+Status launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
+
 size_t topk_workspace_bytes(long long rows, int vocab, int k);
 Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream);
 // hidden and weight float16 or bfloat16; the workspace size depends on the current device.

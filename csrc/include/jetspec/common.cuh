@@ -51,6 +51,17 @@ inline bool rows_aligned16(const void* ptr, int elem_bytes, int elems,
   return true;
 }
 
+// p as a pointer to U (a 16-byte vector such as uint4, or the element type itself): a vector
+// access must be aligned to its size on the GPU, which the simulator checks here (x86 would
+// read a misaligned one as if nothing were wrong). Qualify U as p is: as_units<const uint4>(x).
+template <typename U, typename T>
+__device__ __forceinline__ U* as_units(T* p) {
+#ifdef JETSPEC_CPU_SIM
+  ::jetspec_sim::require_aligned(p, alignof(U));
+#endif
+  return reinterpret_cast<U*>(p);
+}
+
 // Launch limits of every CUDA device the package builds for: grid x, grids y and z, and the
 // dynamic shared memory a kernel gets without cudaFuncSetAttribute's opt-in.
 constexpr long long kMaxGridX = 0x7fffffffLL;

@@ -186,6 +186,20 @@ struct RmsNormParams {
   JETSPEC_RMS_NORM_FIELDS(JETSPEC_MEMBER)
 };
 
+// silu_mul (silu_mul.cuh), per row of x [R, 2I] (gate = x[:, :I], up = x[:, I:]):
+// out = rnd(float(rnd(g / (1 + exp(-g)))) * float(u)), computed in fp32; rnd rounds to dtype.
+// Rows may overlap in x (any non-negative row stride).
+#define JETSPEC_SILU_MUL_FIELDS(X)                                                          \
+  X(const void*, x)               /* [R, 2 * inner], dim 1 contiguous */                    \
+  X(int64_t, x_row_stride)                                                                  \
+  X(void*, out)                   /* [R, inner] contiguous */                               \
+  X(int, rows)                                                                              \
+  X(int, inner)                   /* I */                                                   \
+  X(int, dtype)                   /* x and out */
+struct SiluMulParams {
+  JETSPEC_SILU_MUL_FIELDS(JETSPEC_MEMBER)
+};
+
 // log_softmax_topk (topk.cuh).
 #define JETSPEC_TOPK_FIELDS(X)                                                              \
   X(const void*, logits)          /* [B, D, V], dim 2 contiguous */                         \

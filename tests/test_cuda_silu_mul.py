@@ -1,0 +1,264 @@
+"""The cuda backend's silu_mul (csrc/include/jetspec/silu_mul.cuh) on the CUDA simulator, against
+the contract's numerics evaluated here in float64 (g = x[:, j], u = x[:, I + j], d = x's dtype):
+
+    s = rnd_d(g / (1 + exp(-g))) computed in float32; out = rnd_d(float32(s) * float32(u))
+
+The float32 silu may differ from the exact one by a couple of ulps (exp, division), so any float32
+s within relative 2e-6 of the float64 value (or either float32 neighbour of it) is accepted; where
+float32's exp(-g) overflows, s is -0.0 exactly (g / inf), as torch's. fp16 / bf16: out must be
+one of the (at most two) values those s give after both roundings, each product in float32 as the
+contract says; float32: out between them. Zero signs, infinities and NaN positions are exact.
+Outputs are poisoned (NaN), inputs are views of NaN-filled wider buffers where a read past a row
+or before it would show; a vector access off 16 bytes fails the simulator (common.cuh as_units).
+"""
+import math
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import poisoned_empty, sim_module, use_sim
+from test_cuda_rms_norm import wide
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LN_F32_MAX = math.log(torch.finfo(torch.float32).max)
+REL = 2e-6
+
+
+def _down32(v):
+    """The largest float32 <= v (float64 in, float32 out)."""
+    f = v.float()
+    return torch.where(f.double() > v, torch.nextafter(f, torch.full_like(f, -math.inf)), f)
+
+
+def _up32(v):
+    f = v.float()
+    return torch.where(f.double() < v, torch.nextafter(f, torch.full_like(f, math.inf)), f)
+
+
+def silu_bounds(g):
+    """The least and greatest float32 silu(g) the contract accepts (g in any float dtype)."""
+    g64 = g.double()
+    exact = g64 / (1 + torch.exp(-g64))
+    tol = REL * exact.abs()
+    lo = torch.minimum(_up32(exact - tol), _down32(exact))
+    hi = torch.maximum(_down32(exact + tol), _up32(exact))
+    fixed = ~exact.isfinite() | (exact == 0)  # NaN, +-inf, +-0: exactly these
+    lo = torch.where(fixed, exact.float(), lo)
+    hi = torch.where(fixed, exact.float(), hi)
+    overflow = g64.isfinite() & (-g64 > LN_F32_MAX)  # float32 exp(-g) = inf: s = g / inf = -0.0
+    neg0 = torch.full_like(lo, -0.0)
+    return torch.where(overflow, neg0, lo), torch.where(overflow, neg0, hi)
+
+
+def candidates(x):
+    """The two outputs of the contract's form at the ends of the accepted silu window, in x's
+    dtype ([R, I] each)."""
+    inner = x.shape[1] // 2
+    g, u = x[:, :inner], x[:, inner:]
+    lo, hi = silu_bounds(g)
+    return tuple((s.to(x.dtype).float() * u.float()).to(x.dtype) for s in (lo, hi))
+
+
+def same(a, b):
+    """Elementwise: equal with the sign of zero, or both NaN."""
+    return ((a == b) & (a.signbit() == b.signbit())) | (a.isnan() & b.isnan())
+
+
+def check(out, x):
+    rows, inner = x.shape[0], x.shape[1] // 2
+    assert out.dtype == x.dtype and out.shape == (rows, inner) and out.is_contiguous()
+    p_lo, p_hi = candidates(x)
+    if x.dtype == torch.float32:
+        lo, hi = torch.minimum(p_lo, p_hi), torch.maximum(p_lo, p_hi)
+        ok = ((out >= lo) & (out <= hi) & ((out != 0) | (out.signbit() == p_lo.signbit())))
+        ok |= out.isnan() & p_lo.isnan()
+    else:
+        ok = same(out, p_lo) | same(out, p_hi)
+    assert ok.all(), (ok.logical_not().nonzero()[:4].tolist(), out[~ok][:6], p_lo[~ok][:6],
+                      p_hi[~ok][:6])
+
+
+def inputs(rows, inner, dtype, scale=1.0, seed=0):
+    gen = torch.Generator().manual_seed(seed * 1000 + rows * 17 + inner)
+    return (torch.randn(rows, 2 * inner, generator=gen) * scale).to(dtype)
+
+
+def run(x):
+    from jetspec_kernels import cuda
+    with poisoned_empty():
+        return cuda.silu_mul(x)
+
+
+@pytest.fixture
+def sim(monkeypatch):
+    use_sim(monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("inner", [1, 2, 3, 4, 7, 8, 9, 16, 33, 100, 257, 1024, 3001, 4104])
+def test_contiguous(sim, dtype, inner):
+    x = inputs(5 if inner >= 1000 else 37, inner, dtype)
+    check(run(x), x)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 37])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows(sim, rows, dtype):
+    for inner in (8, 13):  # 16-byte units (fp16 / bf16) and elements
+        x = inputs(rows, inner, dtype, seed=1)
+        out = run(x)
+        assert out.shape == (rows, inner)
+        check(out, x)
+
+
+# (extra columns of x's buffer, x's first element): rows 16 bytes apart with 16-byte aligned
+# starts (the vector path where I allows), rows 3 elements off, every row one element in.
+LAYOUTS = {"aligned": (8, 0), "stride3": (3, 0), "offset1": (8, 1)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("inner", [1, 5, 8, 24, 1000])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_strided_rows(sim, dtype, inner, layout):
+    """Rows of wider NaN-filled buffers (row stride > 2I): each layout off 16 bytes takes the
+    scalar path (a 16-byte access there fails the simulator), the aligned one the vector path."""
+    extra, offset = LAYOUTS[layout]
+    x = inputs(7, inner, dtype, seed=2)
+    xs = wide(x, extra, offset)
+    assert xs.stride(0) == 2 * inner + extra
+    check(run(xs), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_broadcast_row_stride_zero(sim, dtype):
+    """A row stride of 0 (one row expanded) is read, not refused: rows may overlap in x."""
+    x = inputs(1, 64, dtype, seed=3)
+    xs = x.expand(6, 128)
+    assert xs.stride(0) == 0
+    out = run(xs)
+    check(out, xs.contiguous())
+    assert torch.equal(out, out[:1].expand(6, 64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scale", [1e-4, 1e-2, 1.0, 30.0, 1e3])
+def test_magnitudes(sim, dtype, scale):
+    """Gate and up over magnitudes 1e-4 .. 1e3 (up a tenth of gate's at 1e3 in fp16, whose
+    products would overflow: test_float16_overflow has those); at 30 and 1e3 silu(g) is g or
+    -0.0 on the negative side (exp(-g) past float32's range from -88.7 on)."""
+    x = inputs(9, 520, dtype, scale=scale, seed=4)
+    if dtype == torch.float16 and scale == 1e3:
+        x[:, 520:] = (x[:, 520:].float() / 10).to(dtype)
+    check(run(x), x)
+
+
+def test_float16_overflow(sim):
+    """Products past float16's largest value (65504) are inf, of either sign, as torch's."""
+    gen = torch.Generator().manual_seed(5)
+    g = torch.rand(4, 256, generator=gen) * 6e4 + 200            # silu(g) = g
+    u = (torch.rand(4, 256, generator=gen) * 3 + 0.5) * torch.randn(4, 256, generator=gen).sign()
+    x = torch.cat([g, u], 1).to(torch.float16)
+    out = run(x)
+    check(out, x)
+    want = F.silu(x[:, :256]) * x[:, 256:]
+    assert out.isinf().sum() > 100 and torch.equal(out.isinf(), want.isinf())
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_specials_as_torch(sim, dtype):
+    """NaN, +-inf, +-0, exp overflow (g = -100, -1000: -0.0) and saturated silu (g = 30, 1000),
+    each gate against each up: exactly torch's F.silu(g) * u (these silu values are exact, so
+    there is one right answer), NaN positions, infinities and zero signs included."""
+    nan, inf = float("nan"), float("inf")
+    gates = [nan, inf, -inf, 0.0, -0.0, -100.0, -1000.0, 30.0, 1000.0]
+    ups = [nan, inf, -inf, 0.0, -0.0, 1.0, -1.0, 2.0, -3.0, 1e3]
+    g = torch.tensor(gates).repeat_interleave(len(ups))
+    u = torch.tensor(ups).repeat(len(gates))
+    inner = g.numel()
+    x = torch.cat([g, u]).view(1, 2 * inner).to(dtype).repeat(3, 1)
+    out = run(x)
+    want = F.silu(x[:, :inner]) * x[:, inner:]
+    ok = same(out, want)
+    assert ok.all(), (g[~ok[0]].tolist(), u[~ok[0]].tolist(), out[0][~ok[0]], want[0][~ok[0]])
+    check(out, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_subnormals_are_not_flushed(sim, dtype):
+    """Tiny gates (float32 / bf16 subnormals, fp16 at its smallest) give silu(g) ~ g / 2, not
+    0: the build has no flush-to-zero."""
+    tiny = torch.finfo(dtype).smallest_normal
+    g = torch.tensor([1.0, -1.0, 0.5, 3.0, -0.25, 17.0, 0.75, -6.0]) * tiny * 8
+    if dtype != torch.float16:
+        g = torch.cat([g, g / 64])
+    x = torch.cat([g, torch.ones_like(g)]).view(1, -1).to(dtype)
+    out = run(x)
+    check(out, x)
+    assert (out != 0).sum() >= g.numel() // 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["aligned", "offset1"])
+def test_large_calls_take_more_units_a_thread(sim, dtype, layout):
+    """Calls of 4 MiB of output or more: each thread loads two 16-byte units (four scalar ones)
+    before it computes; rows end mid-warp (I = 2056 fp16 / bf16 units of 8 and 257 of them)."""
+    inner = 2056
+    rows = (4 << 20) // (inner * torch.finfo(dtype).bits // 8) + 3
+    x = inputs(rows, inner, dtype, scale=3.0, seed=6)
+    extra, offset = LAYOUTS[layout]
+    check(run(wide(x, extra, offset)), x)
+
+
+def test_qwen3_8b_draft_block_shape(sim):
+    """R 16 x I 12288 bf16, the Qwen3-8B draft block (96 CTAs of one 16-byte unit a thread)."""
+    x = inputs(16, 12288, torch.bfloat16, seed=7)
+    check(run(x), x)
+
+
+# ---- the launcher called directly on the simulated _C -----------------------------------------
+
+@pytest.fixture
+def C():
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA simulator needs g++")
+    return sim_module()
+
+
+def launcher_args(x, out, **changes):
+    a = dict(x=x.data_ptr(), x_row_stride=x.stride(0), out=out.data_ptr(), rows=x.shape[0],
+             inner=x.shape[1] // 2, dtype=2, stream=0)
+    a.update(changes)
+    return a
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("inner", [1, 8, 13, 4104])
+def test_launcher_writes_only_out(C, dtype, inner):
+    """out inside a NaN-guarded buffer, 16-byte aligned or one element in: the guards stay
+    untouched (no unit past the last row's end, none before the first)."""
+    codes = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+    x = inputs(3, inner, dtype, seed=8)
+    for offset in (8, 1):
+        buf = torch.full((3 * inner + 40,), float("nan"), dtype=dtype)
+        out = buf[offset:offset + 3 * inner].view(3, inner)
+        C.silu_mul(**launcher_args(x, out, dtype=codes[dtype]))
+        check(out, x)
+        assert buf[:offset].isnan().all() and buf[offset + 3 * inner:].isnan().all()
+
+
+def test_launcher_refuses_before_writing(C):
+    """A refused call (tests/test_cuda_errors.py has every refusal's message) writes nothing."""
+    x = inputs(4, 16, torch.bfloat16)
+    out = torch.zeros(4, 16, dtype=torch.bfloat16)
+    for changes in (dict(inner=0), dict(x_row_stride=-32), dict(rows=-1), dict(dtype=7)):
+        with pytest.raises(ValueError, match=r"^jetspec_kernels\._C\.silu_mul: " +
+                           next(iter(changes))):
+            C.silu_mul(**launcher_args(x, out, **changes))
+    assert not out.any()
+
+
+def test_launcher_rows_zero_takes_null_pointers(C):
+    C.silu_mul(x=0, x_row_stride=0, out=0, rows=0, inner=16, dtype=2, stream=0)
