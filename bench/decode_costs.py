@@ -47,8 +47,8 @@ SMALL_LAUNCH_S = 2.5e-6  # one small kernel in a CUDA graph (launch gap + one sh
 # with the reference backend (tests/test_bench_decode.py::test_launch_counts recounts them). Each
 # rms_norm call counts one: what it launches once a GPU backend runs it (see :func:`launches`).
 LAUNCHES = {
-    "target_layer": 10,       # one target decoder layer, any token count (2 rms_norm calls)
-    "head_layer": 10,         # one head layer in the draft forward (2 rms_norm calls)
+    "target_layer": 9,        # one target decoder layer, any token count (2 rms_norm, 1 silu_mul)
+    "head_layer": 9,          # one head layer in the draft forward (2 rms_norm, 1 silu_mul)
     "head_append_layer": 2,   # one head layer's K/V projection (one GEMM) + cache append
     "sparse_extra": 14,       # extra launches of a MoE layer (routing, sort, grouped GEMMs, scatter)
     "draft_fixed": 9,         # embedding, block build, final norm, fused top-K, tree
@@ -69,32 +69,38 @@ NORM_CALLS = {"target_layer": (0, 2), "head_layer": (0, 2), "draft_fixed": (1, 0
 # backend.REFERENCE_UNTIL_VERIFIED), the Hugging Face form in bf16: cast, square, mean, + eps,
 # rsqrt, product, cast, weight; one more with the residual add.
 TORCH_NORM_LAUNCHES = 8
+# silu_mul calls in a LAUNCHES entry, and one call's launches as torch ops (silu, product).
+SILU_MUL_CALLS = {"target_layer": 1, "head_layer": 1}
+TORCH_SILU_MUL_LAUNCHES = 2
 BIG_PER_LAYER = 5             # of a layer's launches: 4 GEMMs (q/k/v and gate/up fused) + attention
                               # (timed by bytes/FLOPs)
 ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
 
-# Whether the models' rms_norm calls are one kernel each: None (default) as auto runs them on a
-# GPU (one kernel once a GPU backend of rms_norm is hardware-verified); a bench that runs the
-# norms on a chosen backend sets it (bench_decode --fused-ops-backend).
+# Whether the models' fused layer ops (rms_norm, silu_mul) are one kernel a call: None (default)
+# as auto runs each on a GPU (one kernel once a GPU backend of it is hardware-verified); a bench
+# that runs them on a chosen backend sets it (bench_decode --fused-ops-backend).
 FUSED_OPS: bool | None = None
 
 
-def ops_fused() -> bool:
-    """``FUSED_OPS`` when set, else whether auto runs a GPU backend for rms_norm."""
+def ops_fused(fn: str) -> bool:
+    """``FUSED_OPS`` when set, else whether auto runs a GPU backend for interface function
+    ``fn`` (rms_norm or silu_mul)."""
     if FUSED_OPS is not None:
         return FUSED_OPS
     from jetspec_kernels.backend import verified_backends
-    return bool(verified_backends("rms_norm"))
+    return bool(verified_backends(fn))
 
 
 def launches(key: str) -> int:
-    """``LAUNCHES[key]``, each rms_norm call counted as the torch ops it runs unless
-    :func:`ops_fused`."""
+    """``LAUNCHES[key]``, each rms_norm and silu_mul call counted as the torch ops it runs
+    unless :func:`ops_fused`."""
     n = LAUNCHES[key]
-    if not ops_fused():
+    if not ops_fused("rms_norm"):
         plain, with_add = NORM_CALLS.get(key, (0, 0))
         n += plain * (TORCH_NORM_LAUNCHES - 1) + with_add * TORCH_NORM_LAUNCHES
+    if not ops_fused("silu_mul"):
+        n += SILU_MUL_CALLS.get(key, 0) * (TORCH_SILU_MUL_LAUNCHES - 1)
     return n
 
 

@@ -27,7 +27,7 @@ OP_OF_TEST = (("tree_attention", "tree_attention"), ("log_softmax_topk", "log_so
               ("hidden_topk", "hidden_topk"), ("build_tree", "build_tree"),
               ("draft_tree", "build_tree"), ("norm_rope_append", "qk_norm_rope_append"),
               ("rope", "qk_norm_rope_append"), ("verify", "verify_tree"), ("commit", "commit_kv"),
-              ("pack_mask", "pack_mask"), ("rms_norm", "rms_norm"))
+              ("pack_mask", "pack_mask"), ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"))
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
 NO_DTYPE = "-"
 HEADER = ["| op (interface function) | backend | dtype | device | status | date | commit | files |",

@@ -2,7 +2,7 @@
 
 Public API (see DESIGN.md section 4 and each function's docstring):
     draft_tree, draft_tree_from_topk, draft_tree_from_hidden, pack_mask,
-    tree_attention, qk_norm_rope_append, rms_norm, verify_tree, commit_kv,
+    tree_attention, qk_norm_rope_append, rms_norm, silu_mul, verify_tree, commit_kv,
     Tree, Verdict, Commit,
     AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
     expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive/),
@@ -17,6 +17,7 @@ from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_
 from .ops.pack_mask import pack_mask
 from .ops.qk_norm_rope_append import qk_norm_rope_append
 from .ops.rms_norm import rms_norm
+from .ops.silu_mul import silu_mul
 from .ops.tree_attention import tree_attention
 from .ops.verify_tree import verify_tree
 from .tree import Commit, Tree, Verdict
@@ -27,6 +28,6 @@ __all__ = [
     "AcceptanceCalibrator", "BackendUnavailableError", "Commit", "CostModel", "Tree", "Verdict",
     "available_backends", "choose_budget", "choose_budget_from_topk", "commit_kv", "draft_tree", "draft_tree_from_hidden",
     "draft_tree_from_topk", "expected_accept_curve", "expected_accept_curve_from_topk", "get_backend",
-    "pack_mask", "qk_norm_rope_append", "rms_norm", "set_backend", "set_value_checks", "tree_attention",
+    "pack_mask", "qk_norm_rope_append", "rms_norm", "set_backend", "silu_mul", "set_value_checks", "tree_attention",
     "verify_tree",
 ]

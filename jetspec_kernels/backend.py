@@ -53,12 +53,13 @@ HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
 GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
-                       "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask", "rms_norm")
+                       "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask", "rms_norm",
+                       "silu_mul")
 
 # Interface functions whose work the models ran as torch ops before the function existed: on CUDA
 # tensors ``auto`` keeps them on those ops (the reference backend) until a GPU backend is listed in
 # HARDWARE_VERIFIED, rather than trading hardware-proven torch ops for an unverified kernel.
-REFERENCE_UNTIL_VERIFIED = ("rms_norm",)
+REFERENCE_UNTIL_VERIFIED = ("rms_norm", "silu_mul")
 
 
 class BackendUnavailableError(RuntimeError):

@@ -20,7 +20,7 @@ from .rope import rms_norm, add_rms_norm, rope_inv_freq, rope_cos_sin, apply_rop
 from .verify import mix32, gumbel_uniform, sample_tokens, verify_tree
 from .sampling import token_masses, filter_keep
 from .commit import commit_kv
-from .layers import layer_weights, swiglu, qk_norm_rope, decoder_layer
+from .layers import layer_weights, silu_mul, swiglu, qk_norm_rope, decoder_layer
 from .draft_head import draft_head_forward, target_layer_ids
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "filter_keep",
     "commit_kv",
     "layer_weights",
+    "silu_mul",
     "swiglu",
     "qk_norm_rope",
     "decoder_layer",

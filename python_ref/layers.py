@@ -8,9 +8,10 @@ masked softmax), the MLP (dense SwiGLU or routed experts), and the draft head's 
 import torch
 import torch.nn.functional as F
 
+from ._common import compute_dtype
 from .rope import add_rms_norm, apply_rope, rms_norm
 
-__all__ = ["layer_weights", "swiglu", "qk_norm_rope", "decoder_layer"]
+__all__ = ["layer_weights", "silu_mul", "swiglu", "qk_norm_rope", "decoder_layer"]
 
 
 def layer_weights(weights, prefix):
@@ -20,7 +21,28 @@ def layer_weights(weights, prefix):
     return {k[n:]: t for k, t in weights.items() if k.startswith(prefix)}
 
 
-def swiglu(x, w):
+def silu_mul(x, dtype=None):
+    """SwiGLU's activation ``silu(gate) * up`` of ``x = [gate, up]`` (the gate/up GEMM's output).
+
+    Parameters
+    ----------
+    x : ``[..., 2I]``: gate in the first I columns, up in the last I
+    dtype : None for the reference form (``g / (1 + exp(-g)) * u`` in the compute dtype, no
+        rounding between), else the Hugging Face form: ``F.silu(gate)`` rounded to ``dtype``,
+        then the product rounded to ``dtype`` (what the models run)
+
+    Returns
+    -------
+    ``[..., I]``: dtype None -> in the compute dtype; else in ``dtype``.
+    """
+    if dtype is None:
+        gate, up = x.to(compute_dtype(x)).chunk(2, dim=-1)
+        return gate / (1 + torch.exp(-gate)) * up
+    gate, up = x.to(dtype).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def swiglu(x, w, act=None):
     """SwiGLU MLP ``down(silu(gate(x)) * up(x))``.
 
     Parameters
@@ -28,13 +50,18 @@ def swiglu(x, w):
     x : ``[..., H]``; w : ``mlp.gate_proj.weight``, ``mlp.up_proj.weight`` ``[I, H]``,
         ``mlp.down_proj.weight`` ``[H, I]``; with ``mlp.gate_up_proj.weight`` ``[2I, H]`` (the
         two stacked, gate first) one GEMM computes both
+    act : callable ``[..., 2I] -> [..., I]`` on the gate/up GEMM's output (the models pass the
+        fused ``silu_mul`` op; needs ``mlp.gate_up_proj.weight``), or None: ``F.silu(gate) * up``
 
     Returns
     -------
     ``[..., H]``
     """
     if "mlp.gate_up_proj.weight" in w:                   # gate rows, then up rows: one GEMM
-        gate, up = F.linear(x, w["mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
+        gate_up = F.linear(x, w["mlp.gate_up_proj.weight"])
+        if act is not None:
+            return F.linear(act(gate_up), w["mlp.down_proj.weight"])
+        gate, up = gate_up.chunk(2, dim=-1)
     else:
         gate, up = F.linear(x, w["mlp.gate_proj.weight"]), F.linear(x, w["mlp.up_proj.weight"])
     return F.linear(F.silu(gate) * up, w["mlp.down_proj.weight"])

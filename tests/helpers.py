@@ -473,3 +473,66 @@ def assert_rms_norm(out, total, x, residual, w, eps):
     assert not len(bad), (f"{len(bad)} of {got.numel()} outputs outside the contract, first at "
                           f"{bad[0].tolist()}: {got[tuple(bad[0])]} not in "
                           f"[{lo[tuple(bad[0])]}, {hi[tuple(bad[0])]}]")
+
+
+# ---- silu_mul's contract (tests/ops/test_silu_mul.py, tests/test_cuda_silu_mul.py) ----
+
+SILU_REL = 2e-6
+_LN_F32_MAX = math.log(torch.finfo(torch.float32).max)
+
+
+def _down32(v):
+    """The largest float32 <= v (float64 in, float32 out)."""
+    f = v.float()
+    return torch.where(f.double() > v, torch.nextafter(f, torch.full_like(f, -math.inf)), f)
+
+
+def _up32(v):
+    f = v.float()
+    return torch.where(f.double() < v, torch.nextafter(f, torch.full_like(f, math.inf)), f)
+
+
+def silu_bounds(g):
+    """The least and greatest float32 silu(g) the contract accepts (g in any float dtype)."""
+    g64 = g.double()
+    exact = g64 / (1 + torch.exp(-g64))
+    tol = SILU_REL * exact.abs()
+    lo = torch.minimum(_up32(exact - tol), _down32(exact))
+    hi = torch.maximum(_down32(exact + tol), _up32(exact))
+    fixed = ~exact.isfinite() | (exact == 0)  # NaN, +-inf, +-0: exactly these
+    lo = torch.where(fixed, exact.float(), lo)
+    hi = torch.where(fixed, exact.float(), hi)
+    overflow = g64.isfinite() & (-g64 > _LN_F32_MAX)  # float32 exp(-g) = inf: s = g / inf = -0.0
+    neg0 = torch.full_like(lo, -0.0)
+    return torch.where(overflow, neg0, lo), torch.where(overflow, neg0, hi)
+
+
+def candidates(x):
+    """The two outputs of the contract's form at the ends of the accepted silu window, in x's
+    dtype ([R, I] each)."""
+    inner = x.shape[1] // 2
+    g, u = x[:, :inner], x[:, inner:]
+    lo, hi = silu_bounds(g)
+    return tuple((s.to(x.dtype).float() * u.float()).to(x.dtype) for s in (lo, hi))
+
+
+def same(a, b):
+    """Elementwise: equal with the sign of zero, or both NaN."""
+    return ((a == b) & (a.signbit() == b.signbit())) | (a.isnan() & b.isnan())
+
+
+def assert_silu_mul(out, x):
+    """silu_mul's contract: ``out`` of x's dtype [R, I] contiguous, each element the contract's
+    form of some float32 silu within relative ``SILU_REL`` of the exact one (test_cuda_silu_mul's
+    docstring says how); zero signs, infinities and NaN positions exact."""
+    rows, inner = x.shape[0], x.shape[1] // 2
+    assert out.dtype == x.dtype and out.shape == (rows, inner) and out.is_contiguous()
+    p_lo, p_hi = candidates(x)
+    if x.dtype == torch.float32:
+        lo, hi = torch.minimum(p_lo, p_hi), torch.maximum(p_lo, p_hi)
+        ok = ((out >= lo) & (out <= hi) & ((out != 0) | (out.signbit() == p_lo.signbit())))
+        ok |= out.isnan() & p_lo.isnan()
+    else:
+        ok = same(out, p_lo) | same(out, p_hi)
+    assert ok.all(), (ok.logical_not().nonzero()[:4].tolist(), out[~ok][:6], p_lo[~ok][:6],
+                      p_hi[~ok][:6])

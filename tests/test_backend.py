@@ -222,7 +222,8 @@ def test_auto_keeps_cuda_tensors_off_unverified_cuda_kernels(fake_gpu_backends, 
     monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"pack_mask": ("cuda",), "verify_tree": ("cuda",),
                                                   "rms_norm": ("triton",)})
     picks = {fn: bk.select(dev, fn, "auto")() for fn in bk.INTERFACE_FUNCTIONS}
-    assert picks == {fn: "cuda" if fn in ("pack_mask", "verify_tree") else "triton"
+    assert picks == {fn: "cuda" if fn in ("pack_mask", "verify_tree") else
+                     "triton" if fn == "rms_norm" else _unverified(fn)
                      for fn in bk.INTERFACE_FUNCTIONS}
     assert bk._auto_candidates(dev, "rms_norm") == ("triton", "reference")
     assert bk.resolve(dev, fn="pack_mask") == "cuda" and bk.resolve(dev) == "triton"

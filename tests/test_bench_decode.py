@@ -251,6 +251,25 @@ def test_norm_calls_and_their_torch_form(round_backend):
     assert dr.kernel_launches(added.ops) == dc.TORCH_NORM_LAUNCHES + 1
 
 
+def test_silu_mul_calls(round_backend):
+    """One silu_mul call a layer, target and head (decode_costs.SILU_MUL_CALLS), none elsewhere;
+    its torch form (the reference backend's) is silu and the product."""
+    def per_stage(layers):
+        return [sum(name == "kernel:silu_mul" for name, _ in ops) for ops in _stage_ops(layers)]
+    one, two = per_stage(1), per_stage(2)
+    calls = dc.SILU_MUL_CALLS
+    # draft, verify + accept, verify forward, AR step: per layer, and nothing fixed
+    assert [b - a for a, b in zip(one, two)] == [calls["head_layer"], calls["target_layer"],
+                                                 calls["target_layer"], calls["target_layer"]]
+    assert one == [calls["head_layer"], calls["target_layer"], calls["target_layer"],
+                   calls["target_layer"]]
+    from jetspec_kernels import python_ref as ref
+    x = torch.randn(3, 8).bfloat16()
+    with dr.HostReads(record_ops=True) as rec:
+        ref.silu_mul(x, torch.bfloat16)
+    assert dr.kernel_launches(rec.ops) == dc.TORCH_SILU_MUL_LAUNCHES
+
+
 def test_launch_counts(round_backend):
     """The launch counts behind the predictions (decode_costs.LAUNCHES), recounted on models of
     one and two layers (target and head): per layer and fixed, within a quarter (update LAUNCHES

@@ -11,73 +11,16 @@ contract says; float32: out between them. Zero signs, infinities and NaN positio
 Outputs are poisoned (NaN), inputs are views of NaN-filled wider buffers where a read past a row
 or before it would show; a vector access off 16 bytes fails the simulator (common.cuh as_units).
 """
-import math
 import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import poisoned_empty, sim_module, use_sim
+from helpers import assert_silu_mul as check, poisoned_empty, same, sim_module, use_sim
 from test_cuda_rms_norm import wide
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-LN_F32_MAX = math.log(torch.finfo(torch.float32).max)
-REL = 2e-6
-
-
-def _down32(v):
-    """The largest float32 <= v (float64 in, float32 out)."""
-    f = v.float()
-    return torch.where(f.double() > v, torch.nextafter(f, torch.full_like(f, -math.inf)), f)
-
-
-def _up32(v):
-    f = v.float()
-    return torch.where(f.double() < v, torch.nextafter(f, torch.full_like(f, math.inf)), f)
-
-
-def silu_bounds(g):
-    """The least and greatest float32 silu(g) the contract accepts (g in any float dtype)."""
-    g64 = g.double()
-    exact = g64 / (1 + torch.exp(-g64))
-    tol = REL * exact.abs()
-    lo = torch.minimum(_up32(exact - tol), _down32(exact))
-    hi = torch.maximum(_down32(exact + tol), _up32(exact))
-    fixed = ~exact.isfinite() | (exact == 0)  # NaN, +-inf, +-0: exactly these
-    lo = torch.where(fixed, exact.float(), lo)
-    hi = torch.where(fixed, exact.float(), hi)
-    overflow = g64.isfinite() & (-g64 > LN_F32_MAX)  # float32 exp(-g) = inf: s = g / inf = -0.0
-    neg0 = torch.full_like(lo, -0.0)
-    return torch.where(overflow, neg0, lo), torch.where(overflow, neg0, hi)
-
-
-def candidates(x):
-    """The two outputs of the contract's form at the ends of the accepted silu window, in x's
-    dtype ([R, I] each)."""
-    inner = x.shape[1] // 2
-    g, u = x[:, :inner], x[:, inner:]
-    lo, hi = silu_bounds(g)
-    return tuple((s.to(x.dtype).float() * u.float()).to(x.dtype) for s in (lo, hi))
-
-
-def same(a, b):
-    """Elementwise: equal with the sign of zero, or both NaN."""
-    return ((a == b) & (a.signbit() == b.signbit())) | (a.isnan() & b.isnan())
-
-
-def check(out, x):
-    rows, inner = x.shape[0], x.shape[1] // 2
-    assert out.dtype == x.dtype and out.shape == (rows, inner) and out.is_contiguous()
-    p_lo, p_hi = candidates(x)
-    if x.dtype == torch.float32:
-        lo, hi = torch.minimum(p_lo, p_hi), torch.maximum(p_lo, p_hi)
-        ok = ((out >= lo) & (out <= hi) & ((out != 0) | (out.signbit() == p_lo.signbit())))
-        ok |= out.isnan() & p_lo.isnan()
-    else:
-        ok = same(out, p_lo) | same(out, p_hi)
-    assert ok.all(), (ok.logical_not().nonzero()[:4].tolist(), out[~ok][:6], p_lo[~ok][:6],
-                      p_hi[~ok][:6])
 
 
 def inputs(rows, inner, dtype, scale=1.0, seed=0):

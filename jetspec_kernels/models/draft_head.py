@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from .. import tp
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.rms_norm import rms_norm
+from ..ops.silu_mul import silu_mul
 from ..ops.tree_attention import tree_attention
-from ..python_ref.layers import decoder_layer
+from ..python_ref.layers import decoder_layer, swiglu
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import DraftConfig, read_config
 from .init import LAYER_KEYS, layer_shapes
@@ -174,6 +175,9 @@ class DraftHead:
         b = anchor_tokens.shape[0]
         s, eps = cfg.block_size, cfg.rms_norm_eps
         norm = layer_norm(eps, self.fused_ops_backend)
+
+        def mlp(a, w):
+            return swiglu(a, w, act=lambda gate_up: silu_mul(gate_up, backend=self.fused_ops_backend))
         dev = anchor_tokens.device
         if embed_weight.dim() != 2 or embed_weight.shape[1] != cfg.hidden_size:
             raise ValueError(f"embed_weight must have shape [V, {cfg.hidden_size}] (the draft head's "
@@ -193,8 +197,8 @@ class DraftHead:
                 return tree_attention(q, kc, vc, state.ctx_len, tail=tail, block_table=table)
 
             # The MLP's residual add is left to the next norm: one launch fewer a layer.
-            x, res = decoder_layer(x, w, attend, eps, dtype=self.dtype, reduce=self._reduce, norm=norm,
-                                   residual=res, defer_add=True)
+            x, res = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, reduce=self._reduce,
+                                   norm=norm, residual=res, defer_add=True)
         # Every row normed, then the anchor's dropped: one launch, where norming the strided
         # x[:, 1:] would copy it first (its rows do not flatten to one stride when B > 1).
         return norm(x, self.norm_weight, res)[0][:, 1:]

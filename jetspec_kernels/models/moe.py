@@ -109,8 +109,10 @@ def _use_grouped_mm(x: torch.Tensor) -> bool:
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
                     gate_up: torch.Tensor, down: torch.Tensor, *,
-                    grouped_mm: bool | None = None) -> torch.Tensor:
-    """Sum over each token's chosen experts of ``weight * down(silu(gate(x)) * up(x))``.
+                    grouped_mm: bool | None = None, act=None) -> torch.Tensor:
+    """Sum over each token's chosen experts of ``weight * down(silu(gate(x)) * up(x))``; ``act``:
+    the activation ``[rows, 2I] -> [rows, I]`` (the models pass the fused ``silu_mul``), None:
+    ``F.silu(gate) * up``.
 
     The ``T * k`` (token, choice) rows are sorted by expert (stable), so each expert's rows are
     contiguous, and each expert with rows runs as one matmul for gate+up and one for down. No
@@ -139,6 +141,9 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     rows = x[order // k]
     # ends[j]: one past the last row of expert j (rows of expert j: ends[j-1] .. ends[j]-1).
     ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=x.device), right=True)
+    if act is None:
+        def act(h):
+            return F.silu(h[:, :inter]) * h[:, inter:]
     if grouped_mm is None:
         grouped_mm = _use_grouped_mm(x)
     if grouped_mm:
@@ -148,7 +153,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
                                "torch.nn.functional.grouped_mm nor torch._grouped_mm")
         offs = ends.to(torch.int32)
         h = mm(rows, gate_up.transpose(1, 2), offs=offs)
-        y = mm(F.silu(h[:, :inter]) * h[:, inter:], down.transpose(1, 2), offs=offs)
+        y = mm(act(h), down.transpose(1, 2), offs=offs)
     else:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("MoE experts: the per-expert loop reads row counts on the host and "
@@ -159,7 +164,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
         for j, end in enumerate(ends.tolist()):
             if end > start:
                 h = F.linear(rows[start:end], gate_up[j])
-                y[start:end] = F.linear(F.silu(h[:, :inter]) * h[:, inter:], down[j])
+                y[start:end] = F.linear(act(h), down[j])
             start = end
     y = y * weights.reshape(-1)[order, None]
     out = torch.empty_like(y)

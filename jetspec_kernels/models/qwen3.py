@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
+from ..ops.silu_mul import silu_mul
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer, swiglu
 from .. import tp
@@ -216,14 +217,20 @@ class Qwen3:
 
     def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
         """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
+        act = self._silu_mul
         if "mlp.gate.weight" not in w:
-            return swiglu(a, w)
+            return swiglu(a, w, act=act)
         cfg = self.config
         flat = a.reshape(-1, a.shape[-1])
         weights, experts = route(flat, w["mlp.gate.weight"], cfg.num_experts_per_tok, cfg.norm_topk_prob)
         out = grouped_experts(flat, weights, experts, w["mlp.experts.gate_up_proj"],
-                              w["mlp.experts.down_proj"], grouped_mm=self.experts_grouped_mm)
+                              w["mlp.experts.down_proj"], grouped_mm=self.experts_grouped_mm,
+                              act=act)
         return out.view_as(a)
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLPs' activation: one ``silu_mul`` call on ``fused_ops_backend``."""
+        return silu_mul(gate_up, backend=self.fused_ops_backend)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] final hidden -> [..., V] logits (model dtype)."""

@@ -44,6 +44,10 @@ def rms_norm(x, residual, weight, eps):
     return out.contiguous(), None if residual is None else total.contiguous()
 
 
+def silu_mul(x):
+    return ref.silu_mul(x, x.dtype).contiguous()
+
+
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
                         block_table, cache_start):
     q_out = ref.qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,

@@ -14,6 +14,7 @@ from .log_softmax_topk import log_softmax_topk  # noqa: F401
 from .pack_mask import pack_mask  # noqa: F401
 from .qk_norm_rope_append import qk_norm_rope_append  # noqa: F401
 from .rms_norm import rms_norm  # noqa: F401
+from .silu_mul import silu_mul  # noqa: F401
 from .tree_attention import tree_attention  # noqa: F401
 from .verify_tree import verify_tree  # noqa: F401
 

@@ -64,6 +64,7 @@ def test_opcheck(dev):
     nw = torch.randn(96, generator=gen).half().to(dev)
     opcheck(torch.ops.jetspec.rms_norm.default, (xs, xs.flip(0), nw, 1e-6))
     opcheck(torch.ops.jetspec.rms_norm.default, (xs, None, nw, 1e-6))
+    opcheck(torch.ops.jetspec.silu_mul.default, (xs,))
 
 
 @backends("cuda")

@@ -120,6 +120,7 @@ def test_every_op_replays_from_a_graph(backend, dev, no_value_checks):
                                                       offset=offset, top_k=top_k, top_p=top_p, backend=name),
         "commit_kv": lambda: jk.commit_kv(kc, vc, prefix, verdict, backend=name),
         "rms_norm": lambda: jk.rms_norm(stream, norm_w, residual=residual, backend=name),
+        "silu_mul": lambda: jk.silu_mul(stream, backend=name),
     }
     inputs = [logits, hidden, lm_head, q, k, v, kc, vc, target, stream, residual]
     for what, fn in ops.items():

@@ -1,0 +1,111 @@
+"""silu_mul (SwiGLU's activation) against its contract, on every backend, and its refusals.
+
+The check (helpers.assert_silu_mul) is exact up to what the contract leaves open, the float32
+exp and division of the silu (within relative 2e-6 before the rounding to x's dtype): a missing
+rounding, a wrong column for up, a tail left unwritten land outside it.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import jetspec_kernels as jk
+from jetspec_kernels import python_ref as ref
+from helpers import (api_backend, assert_silu_mul, backends, poisoned_empty, same,
+                     skip_on_interpreter, sync, widened)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _skip_bf16_interpreter(backend, dtype):
+    if dtype == torch.bfloat16:
+        skip_on_interpreter(backend, "the interpreter truncates float32 -> bfloat16 casts "
+                                     "instead of rounding them")
+
+
+def _call(x, backend, dev):
+    with poisoned_empty():
+        out = jk.silu_mul(x.to(dev) if x.device.type != dev else x, backend=api_backend(backend))
+    sync(dev)
+    return out
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,inner", [(0, 8), (1, 1), (5, 3), (37, 33), (4, 100), (3, 1500)])
+def test_silu_mul_meets_the_contract(backend, dev, dtype, rows, inner):
+    _skip_bf16_interpreter(backend, dtype)
+    gen = torch.Generator().manual_seed(rows * 131 + inner)
+    x = (torch.randn(rows, 2 * inner, generator=gen) * 3).to(dtype)
+    out = _call(x, backend, dev)
+    assert_silu_mul(out.cpu(), x)
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 30.0, 1e3])
+def test_silu_mul_magnitudes_and_specials(backend, dev, dtype, scale):
+    """Values far from 1 (fp16 products past its max become inf, as torch's), and the specials:
+    +-inf, NaN, +-0 and gates whose float32 exp(-g) overflows, in both halves."""
+    _skip_bf16_interpreter(backend, dtype)
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    x = torch.randn(6, 2 * 40, generator=gen) * scale
+    specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, -100.0, 90.0,
+                             -88.5, 1e-30])
+    x[0, :9] = specials
+    x[1, 40:49] = specials
+    x = x.to(dtype)
+    out = _call(x, backend, dev)
+    assert_silu_mul(out.cpu(), x)
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_silu_mul_strided_and_leading_dims(backend, dev, dtype):
+    """Rows with a stride wider than 2I (NaN between them: a read past a row shows), leading dims
+    that do not flatten to one row stride, and a row slice starting one element in."""
+    gen = torch.Generator().manual_seed(5)
+    base = (torch.randn(3, 4, 2 * 21, generator=gen) * 2).to(dtype)
+    wide = widened(base, 9)[..., :2 * 21]
+    assert wide.stride(-2) == 2 * 21 + 9
+    out = _call(wide, backend, dev)
+    assert out.shape == (3, 4, 21) and out.is_contiguous()
+    assert_silu_mul(out.cpu().reshape(-1, 21), base.reshape(-1, 2 * 21))
+    holey = base.transpose(0, 1)                            # [4, 3, 42]: no single row stride
+    out = _call(holey, backend, dev)
+    assert_silu_mul(out.cpu().reshape(-1, 21), holey.reshape(-1, 2 * 21))
+    shifted = torch.randn(5, 2 * 8 + 1, generator=gen).to(dtype)[:, 1:]
+    assert_silu_mul(_call(shifted, backend, dev).cpu(), shifted)
+
+
+def test_reference_is_the_models_torch_form():
+    """The reference backend is bit for bit ``F.silu(gate) * up`` in x's dtype (what the models
+    ran), and python_ref's float64 form is the exact silu times up."""
+    gen = torch.Generator().manual_seed(9)
+    for dtype in DTYPES:
+        x = (torch.randn(7, 2 * 45, generator=gen) * 4).to(dtype)
+        want = F.silu(x[:, :45]) * x[:, 45:]
+        assert same(jk.silu_mul(x, backend="reference"), want).all()
+    x = torch.randn(3, 10, dtype=torch.float64, generator=gen)
+    g, u = x[:, :5], x[:, 5:]
+    assert torch.allclose(ref.silu_mul(x), g * torch.sigmoid(g) * u, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: torch.randn(4, 7), ValueError, "x must have an even last dimension"),
+    (lambda: torch.randn(4, 0), ValueError, "x must have an even last dimension"),
+    (lambda: torch.randn(()), ValueError, "x must have an even last dimension"),
+    (lambda: torch.randn(8, 4).t(), ValueError, "x must be contiguous in its last dimension"),
+    (lambda: torch.randint(0, 5, (4, 8)), TypeError, "x must have dtype"),
+    (lambda: "not a tensor", TypeError, "x must be a torch.Tensor"),
+])
+def test_silu_mul_refuses_bad_x(make, error, match):
+    with pytest.raises(error, match=match):
+        jk.silu_mul(make())
+
+
+def test_silu_mul_refuses_grad():
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="no backward"):
+        jk.silu_mul(x)
+    with torch.no_grad():
+        assert jk.silu_mul(x).shape == (2, 4)
