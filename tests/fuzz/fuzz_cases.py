@@ -38,7 +38,7 @@ I32 = torch.int32
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 MAGNITUDES = (1e-4, 1e-3, 1e-2, 1.0, 30.0, 1e3)
 OPS = ("pack_mask", "draft_tree_from_topk", "draft_tree", "draft_tree_from_hidden",
-       "tree_attention", "qk_norm_rope_append", "verify_tree", "commit_kv", "rms_norm")
+       "tree_attention", "qk_norm_rope_append", "verify_tree", "commit_kv", "rms_norm", "silu_mul")
 
 
 @dataclass
@@ -686,6 +686,44 @@ def make_rms_norm(r, g):
     return call, meta
 
 
+# ------------------------------------------------------------------ silu_mul
+
+SPECIALS = (-INF, INF, NAN, -0.0, 0.0, -100.0, -89.0)   # the last two: exp(-g) overflows float32
+
+
+def make_silu_mul(r, g):
+    lead = [r.choice((1, 2, 3, 5, 16)) for _ in range(r.randint(1, 3))]
+    if r.random() < 0.1:
+        lead[r.randrange(len(lead))] = 0                  # no rows at all
+    inner = r.choice((1, 3, 7, 64, 100, 257, 1024, 1025, 3000)
+                     + ((12289,) if r.random() < 0.1 else ()))
+    dtype = dtype_choice(r)
+    x = torch.randn(*lead, 2 * inner, generator=g) * r.choice(MAGNITUDES)
+    if dtype == F16 and r.random() < 0.2:                 # silu(g) = g near fp16's max: inf products
+        x[..., :inner] = x[..., :inner].sign() * (3e4 + x[..., :inner].abs() % 3e4)
+    if x.numel() and r.random() < 0.3:                    # specials in the gate and the up columns
+        flat = x.view(-1)
+        for i in torch.randint(0, flat.numel(), (r.randint(1, 12),), generator=g).tolist():
+            flat[i] = r.choice(SPECIALS)
+    x = x.to(dtype)
+    if r.random() < 0.3:                                  # rows from an odd column of a wider buffer
+        off = r.randint(1, 5)
+        buf = torch.full((*lead, off + 2 * inner + r.randint(0, 4)), NAN, dtype=dtype)
+        buf[..., off:off + 2 * inner] = x
+        x = buf[..., off:off + 2 * inner]
+    else:
+        x = rows_layout(r, x)
+    meta = {}
+    if r.random() < 0.06:
+        if r.random() < 0.5:
+            x = x[..., :2 * inner - 1]                    # an odd last dim
+            meta["refuse"] = (ValueError, "x")
+        else:
+            x = x.double()
+            meta["refuse"] = (TypeError, "x")
+    return dict(x=x), meta
+
+
 MAKERS = {
     "pack_mask": make_pack_mask,
     "draft_tree_from_topk": make_draft_tree_from_topk,
@@ -696,4 +734,5 @@ MAKERS = {
     "verify_tree": make_verify_tree,
     "commit_kv": make_commit_kv,
     "rms_norm": make_rms_norm,
+    "silu_mul": make_silu_mul,
 }

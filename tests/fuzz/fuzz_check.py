@@ -22,8 +22,8 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from fuzz_cases import BF16, F32, OPS, make
 from fuzz_engines import Engine, engine_ready, interpreted, to_engine
-from helpers import (TOL, TREE_FIELDS, assert_rms_norm, poisoned_empty, rel_l2, tree_difference,
-                     tree_fields)
+from helpers import (TOL, TREE_FIELDS, assert_rms_norm, assert_silu_mul, poisoned_empty, rel_l2,
+                     tree_difference, tree_fields)
 
 TL_DOT_OPS = ("tree_attention", "draft_tree_from_hidden")
 
@@ -46,7 +46,7 @@ def check(op: str, seed: int, engine: Engine, monkeypatch=None) -> str:
     gemm = case.call.get("method") == "gemm"  # draft_tree_from_hidden's top-K without tl.dot
     if interpreted(engine) and op in TL_DOT_OPS and BF16 in dtypes and not gemm:
         return "unsupported: the Triton interpreter cannot run a bf16 tl.dot"
-    if interpreted(engine) and op == "rms_norm" and BF16 in dtypes:
+    if interpreted(engine) and op in ("rms_norm", "silu_mul") and BF16 in dtypes:
         return "unsupported: the Triton interpreter truncates float32 -> bfloat16 casts"
     refuse = case.meta.get("refuse")
     try:
@@ -254,6 +254,10 @@ def compare_rms_norm(case, call, got):
     assert_rms_norm(out, total, c["x"], c["residual"], c["weight"], c["eps"])
 
 
+def compare_silu_mul(case, call, got):
+    assert_silu_mul(got, case.call["x"])
+
+
 COMPARE = {
     "pack_mask": compare_pack_mask,
     "draft_tree_from_topk": compare_draft_tree_from_topk,
@@ -264,5 +268,6 @@ COMPARE = {
     "verify_tree": compare_verify_tree,
     "commit_kv": compare_commit_kv,
     "rms_norm": compare_rms_norm,
+    "silu_mul": compare_silu_mul,
 }
 assert set(COMPARE) == set(OPS)
