@@ -143,16 +143,39 @@ def test_subnormals_are_not_flushed(sim, dtype):
     assert (out != 0).sum() >= g.numel() // 2
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["aligned", "offset1"])
-def test_large_calls_take_more_units_a_thread(sim, dtype, layout):
-    """Calls of 4 MiB of output or more: each thread loads two 16-byte units (four scalar ones)
-    before it computes; rows end mid-warp (I = 2056 fp16 / bf16 units of 8 and 257 of them)."""
-    inner = 2056
-    rows = (4 << 20) // (inner * torch.finfo(dtype).bits // 8) + 3
-    x = inputs(rows, inner, dtype, scale=3.0, seed=6)
+def large_rows(inner, dtype, unit_elems, span):
+    """The fewest rows past 4 MiB of output whose units (unit_elems elements each) leave the last
+    CTA (span units a pass) past its first 256 threads' units: a thread's later unit there is the
+    one just past out's end."""
+    per_row = inner // unit_elems
+    rows = -(-(4 << 20) // (inner * torch.finfo(dtype).bits // 8))
+    while (rows * per_row) % span < 256:
+        rows += 1
+    return rows
+
+
+# (I, x's layout): rows of one 16-byte unit (a thread's next unit 256 rows on), of three, rows of
+# 257 units (ending mid-warp), and the scalar path's short (I = 1, 100) and long rows.
+LARGE = [(8, "aligned"), (24, "aligned"), (2056, "aligned"), (1, "aligned"), (100, "stride3"),
+         (2056, "offset1")]
+
+
+def large_input(dtype, inner, layout, seed):
+    """x past 4 MiB of output for LARGE's (I, layout), and the rows as the kernel reads them."""
     extra, offset = LAYOUTS[layout]
-    check(run(wide(x, extra, offset)), x)
+    vec = layout == "aligned" and inner * torch.finfo(dtype).bits % 128 == 0
+    unit = 128 // torch.finfo(dtype).bits if vec else 1
+    x = inputs(large_rows(inner, dtype, unit, 512 if vec else 1024), inner, dtype, 3.0, seed)
+    return x, wide(x, extra, offset)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("inner,layout", LARGE, ids=[f"{i}-{l}" for i, l in LARGE])
+def test_large_calls_take_more_units_a_thread(sim, dtype, inner, layout):
+    """Calls of 4 MiB of output or more: each thread loads two 16-byte units (four scalar ones)
+    before it computes, the later ones a row or more on where rows are short."""
+    x, xs = large_input(dtype, inner, layout, seed=6)
+    check(run(xs), x)
 
 
 def test_qwen3_8b_draft_block_shape(sim):
@@ -177,19 +200,36 @@ def launcher_args(x, out, **changes):
     return a
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("inner", [1, 8, 13, 4104])
-def test_launcher_writes_only_out(C, dtype, inner):
-    """out inside a NaN-guarded buffer, 16-byte aligned or one element in: the guards stay
-    untouched (no unit past the last row's end, none before the first)."""
-    codes = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-    x = inputs(3, inner, dtype, seed=8)
-    for offset in (8, 1):
-        buf = torch.full((3 * inner + 40,), float("nan"), dtype=dtype)
-        out = buf[offset:offset + 3 * inner].view(3, inner)
-        C.silu_mul(**launcher_args(x, out, dtype=codes[dtype]))
+def guarded_out(rows, inner, dtype, offset):
+    """out [rows, inner] inside a NaN-filled buffer, `offset` elements in, 40 elements after."""
+    buf = torch.full((rows * inner + offset + 40,), float("nan"), dtype=dtype)
+    return buf, buf[offset:offset + rows * inner].view(rows, inner)
+
+
+CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+# Small calls in every dtype, out aligned and one element in; large ones (two units a thread on
+# the 16-byte path, four on the scalar one) with out aligned, in bf16 and float32.
+GUARDED = ([(d, i, "aligned", False) for d in DTYPES for i in (1, 8, 13, 4104)] +
+           [(d, i, l, True) for d in (torch.bfloat16, torch.float32)
+            for i, l in ((8, "aligned"), (2056, "aligned"), (100, "stride3"))])
+
+
+@pytest.mark.parametrize("dtype,inner,layout,large", GUARDED,
+                         ids=[f"{d}-{i}-{l}-{'large' if g else 'small'}" for d, i, l, g in GUARDED])
+def test_launcher_writes_only_out(C, dtype, inner, layout, large):
+    """out inside a NaN-guarded buffer: the guards stay untouched (no unit past the last row's
+    end, none before the first)."""
+    if large:
+        x, xs = large_input(dtype, inner, layout, seed=8)
+    else:
+        x = xs = inputs(3, inner, dtype, seed=8)
+    for offset in ((8,) if large else (8, 1)):
+        buf, out = guarded_out(x.shape[0], inner, dtype, offset)
+        C.silu_mul(**launcher_args(xs, out, dtype=CODES[dtype]))
         check(out, x)
-        assert buf[:offset].isnan().all() and buf[offset + 3 * inner:].isnan().all()
+        assert buf[:offset].isnan().all() and buf[offset + out.numel():].isnan().all()
 
 
 def test_launcher_refuses_before_writing(C):

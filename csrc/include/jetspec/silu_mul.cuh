@@ -27,12 +27,26 @@ constexpr int kSiluMulVecItems = 2;
 constexpr int kSiluMulScalarItems = 4;
 constexpr long long kSiluMulSmallBytes = 4LL << 20;
 
-template <typename T>
-__device__ __forceinline__ T silu_mul_one(T g, T u) {
-  const float gf = to_float(g);
-  // The _rn intrinsics keep the compiler from contracting the add or the product into an FMA.
-  const float s = __fdiv_rn(gf, __fadd_rn(1.0f, expf(-gf)));
-  return from_float<T>(__fmul_rn(to_float(from_float<T>(s)), to_float(u)));
+// out of one unit from its gate and up units. Every element's 1 + exp(-g) comes first, then the
+// divisions: each correctly rounded division ends in a branch (its slow path), which the compiler
+// does not schedule across, so one element at a time would chain E exp + division latencies (the
+// small calls' critical path). The _rn intrinsics keep the add and the product out of FMAs.
+template <typename T, typename U>
+__device__ __forceinline__ U silu_mul_unit(const U& g, const U& u) {
+  constexpr int E = static_cast<int>(sizeof(U) / sizeof(T));
+  const T* ge = reinterpret_cast<const T*>(&g);
+  const T* ue = reinterpret_cast<const T*>(&u);
+  float d[E];
+#pragma unroll
+  for (int j = 0; j < E; ++j) d[j] = __fadd_rn(1.0f, expf(-to_float(ge[j])));
+  U o;
+  T* oe = reinterpret_cast<T*>(&o);
+#pragma unroll
+  for (int j = 0; j < E; ++j) {
+    const float s = __fdiv_rn(to_float(ge[j]), d[j]);
+    oe[j] = from_float<T>(__fmul_rn(to_float(from_float<T>(s)), to_float(ue[j])));
+  }
+  return o;
 }
 
 // U: uint4 (16-byte units; every row of x, its up half and out start 16-byte aligned and I fills
@@ -81,15 +95,7 @@ __global__ void __launch_bounds__(kSiluMulThreads) silu_mul_kernel(SiluMulParams
 #pragma unroll
     for (int i = 0; i < Items; ++i) {
       const int64_t fi = f + i * kSiluMulThreads;
-      if (fi < total) {
-        const T* ge = reinterpret_cast<const T*>(&g[i]);
-        const T* ue = reinterpret_cast<const T*>(&u[i]);
-        U o;
-        T* oe = reinterpret_cast<T*>(&o);
-#pragma unroll
-        for (int j = 0; j < E; ++j) oe[j] = silu_mul_one(ge[j], ue[j]);
-        *as_units<U>(out + fi * E) = o;
-      }
+      if (fi < total) *as_units<U>(out + fi * E) = silu_mul_unit<T>(g[i], u[i]);
     }
   }
 }
