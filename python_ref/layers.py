@@ -51,7 +51,8 @@ def swiglu(x, w, act=None):
         ``mlp.down_proj.weight`` ``[H, I]``; with ``mlp.gate_up_proj.weight`` ``[2I, H]`` (the
         two stacked, gate first) one GEMM computes both
     act : callable ``[..., 2I] -> [..., I]`` on the gate/up GEMM's output (the models pass the
-        fused ``silu_mul`` op; needs ``mlp.gate_up_proj.weight``), or None: ``F.silu(gate) * up``
+        fused ``silu_mul`` op; used with ``mlp.gate_up_proj.weight``), or None:
+        :func:`silu_mul` in x's dtype
 
     Returns
     -------
@@ -59,12 +60,10 @@ def swiglu(x, w, act=None):
     """
     if "mlp.gate_up_proj.weight" in w:                   # gate rows, then up rows: one GEMM
         gate_up = F.linear(x, w["mlp.gate_up_proj.weight"])
-        if act is not None:
-            return F.linear(act(gate_up), w["mlp.down_proj.weight"])
-        gate, up = gate_up.chunk(2, dim=-1)
+        h = silu_mul(gate_up, gate_up.dtype) if act is None else act(gate_up)
     else:
-        gate, up = F.linear(x, w["mlp.gate_proj.weight"]), F.linear(x, w["mlp.up_proj.weight"])
-    return F.linear(F.silu(gate) * up, w["mlp.down_proj.weight"])
+        h = F.silu(F.linear(x, w["mlp.gate_proj.weight"])) * F.linear(x, w["mlp.up_proj.weight"])
+    return F.linear(h, w["mlp.down_proj.weight"])
 
 
 def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):

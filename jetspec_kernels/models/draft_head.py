@@ -9,6 +9,7 @@ writes the block ``[anchor, mask, ..., mask]`` K/V at positions ``ctx_len .. ctx
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -175,9 +176,7 @@ class DraftHead:
         b = anchor_tokens.shape[0]
         s, eps = cfg.block_size, cfg.rms_norm_eps
         norm = layer_norm(eps, self.fused_ops_backend)
-
-        def mlp(a, w):
-            return swiglu(a, w, act=lambda gate_up: silu_mul(gate_up, backend=self.fused_ops_backend))
+        mlp = functools.partial(swiglu, act=functools.partial(silu_mul, backend=self.fused_ops_backend))
         dev = anchor_tokens.device
         if embed_weight.dim() != 2 or embed_weight.shape[1] != cfg.hidden_size:
             raise ValueError(f"embed_weight must have shape [V, {cfg.hidden_size}] (the draft head's "

@@ -10,11 +10,13 @@ layout (``mlp.experts.{j}.{gate,up,down}_proj.weight``) into it.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
 import torch.nn.functional as F
 
+from ..python_ref.layers import silu_mul
 from .checkpoint import CheckpointError, take
 
 __all__ = ["moe_shapes", "fuse_expert_weights", "route", "grouped_experts", "grouped_mm_impl"]
@@ -112,7 +114,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
                     grouped_mm: bool | None = None, act=None) -> torch.Tensor:
     """Sum over each token's chosen experts of ``weight * down(silu(gate(x)) * up(x))``; ``act``:
     the activation ``[rows, 2I] -> [rows, I]`` (the models pass the fused ``silu_mul``), None:
-    ``F.silu(gate) * up``.
+    ``python_ref.silu_mul`` in x's dtype (``F.silu(gate) * up``).
 
     The ``T * k`` (token, choice) rows are sorted by expert (stable), so each expert's rows are
     contiguous, and each expert with rows runs as one matmul for gate+up and one for down. No
@@ -136,14 +138,13 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     [T, H] in x.dtype.
     """
     t, k = experts.shape
-    num_experts, inter = gate_up.shape[0], down.shape[2]
+    num_experts = gate_up.shape[0]
     sorted_ids, order = torch.sort(experts.reshape(-1), stable=True)
     rows = x[order // k]
     # ends[j]: one past the last row of expert j (rows of expert j: ends[j-1] .. ends[j]-1).
     ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=x.device), right=True)
     if act is None:
-        def act(h):
-            return F.silu(h[:, :inter]) * h[:, inter:]
+        act = functools.partial(silu_mul, dtype=x.dtype)
     if grouped_mm is None:
         grouped_mm = _use_grouped_mm(x)
     if grouped_mm:

@@ -10,6 +10,7 @@ run too: their sparse layers' MLP is :mod:`.moe` (router, top-k, experts grouped
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -217,7 +218,7 @@ class Qwen3:
 
     def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
         """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
-        act = self._silu_mul
+        act = functools.partial(silu_mul, backend=self.fused_ops_backend)
         if "mlp.gate.weight" not in w:
             return swiglu(a, w, act=act)
         cfg = self.config
@@ -227,10 +228,6 @@ class Qwen3:
                               w["mlp.experts.down_proj"], grouped_mm=self.experts_grouped_mm,
                               act=act)
         return out.view_as(a)
-
-    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLPs' activation: one ``silu_mul`` call on ``fused_ops_backend``."""
-        return silu_mul(gate_up, backend=self.fused_ops_backend)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] final hidden -> [..., V] logits (model dtype)."""
