@@ -497,6 +497,12 @@ def test_default_cost_model_is_measured_once_and_kept(monkeypatch):
     assert set(a.stats.budget_costs) == {2, 4} and min(a.stats.budget_costs.values()) > 0
     generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4])     # another batch size
     assert len(calls) == 2
+    # auto's pick for a fused layer op (rms_norm, silu_mul) is part of the configuration
+    real_resolve = loop._backend.resolve
+    monkeypatch.setattr(loop._backend, "resolve", lambda device, backend=None, fn=None: (
+        "cuda" if fn == "silu_mul" else real_resolve(device, backend, fn)))
+    generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4])
+    assert len(calls) == 3
     kept = kept_for(target, head)[("calibrator", True)]     # (calibrator, greedy)
     assert float(kept.predicted.sum()) > 0          # the kept calibrator learned from the calls
 

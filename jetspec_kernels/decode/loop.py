@@ -160,8 +160,8 @@ def _adaptive_defaults(target, head, prompt_ids, args, calibrator, cost_model, *
         # The fused layer ops' backends too: auto's picks for them may differ from the other ops'.
         key = ("costs", len(prompt_ids), args.sizes, topk, greedy, page_size, fused_draft,
                cuda_graphs, _backend.resolve(target.device),
-               _backend.resolve(target.device, fn="rms_norm"), target.fused_ops_backend,
-               head.fused_ops_backend)
+               *(_backend.resolve(target.device, fn=fn) for fn in _backend.REFERENCE_UNTIL_VERIFIED),
+               target.fused_ops_backend, head.fused_ops_backend)
         if key not in kept:
             kept[key] = measure_round_costs(target, head, prompt_ids, args.sizes, topk=topk,
                                             temperature=temperature, top_k=top_k, top_p=top_p,
