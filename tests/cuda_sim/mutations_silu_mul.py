@@ -19,7 +19,7 @@ MUTS = {
     # s used before its rounding to the dtype
     "s_not_rounded": (K, "to_float(from_float<T>(s))", "s"),
     # the tail: a unit past the end stored; I's tail elements never covered by 16-byte units
-    "store_mask_past_end": (K, "if (fi < total) {", "if (fi <= total) {"),
+    "store_mask_past_end": (K, "if (fi < total) *as_units", "if (fi <= total) *as_units"),
     "vector_ignores_I": (K, "rows_aligned16(p.x, eb, p.inner, {p.x_row_stride}) &&\n"
                             "                   rows_aligned16(p.out, eb, p.inner, {});",
                          "rows_aligned16(p.x, eb, 8, {p.x_row_stride}) &&\n"
