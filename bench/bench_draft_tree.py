@@ -10,7 +10,8 @@ Three groups of rows per shape:
   ``.../from_hidden`` ``draft_tree_from_hidden(hidden [B, D, H], lm_head [V, H])`` against the
                     same two paths after ``hidden @ lm_head.T`` (cuBLAS): ``<backend>:<algorithm>``
                     rows run ``method="fused"`` (the lm_head GEMM fused with the top-K, no logits
-                    in memory), ``<backend>:gemm`` rows ``method="gemm"`` (float32 logits by
+                    in memory; skipped for the cuda backend, which has no fused kernel),
+                    ``<backend>:gemm`` rows ``method="gemm"`` (float32 logits by
                     cuBLAS, then the backend's log_softmax_topk; topn tree), the two sides of
                     launch_plan.hidden_topk_method's crossover (bench/NOTES.md, "Hidden top-K:
                     fused or GEMM").
@@ -201,6 +202,7 @@ def main(argv=None) -> int:
     algos = [a for a in opts.args.algorithms.split(",") if a]
     dev = opts.device
     import jetspec_kernels as jk
+    from jetspec_kernels.backend import implements
 
     ceil = bc.measure_ceilings(dev, torch.bfloat16 if opts.cuda else torch.float32, opts.quick)
     table = bc.Table("draft_tree", opts, ceil, BASELINES, stream=True)
@@ -254,8 +256,12 @@ def main(argv=None) -> int:
             table.run(shape, "host", host, flops=flops, nbytes=nbytes)
             table.run(shape, "torch_vec", vec, flops=flops, nbytes=nbytes)
             for name, why in status.items():
+                fused_why = why
+                if group == "from_hidden" and why is None and not implements(name, "hidden_topk"):
+                    fused_why = f"{name} has no fused hidden_topk: its path is {name}:gemm"
                 for alg in algos:
-                    table.run_ours(shape, name, why, lambda name=name, alg=ALGOS[alg]: ours(name, alg),
+                    table.run_ours(shape, name, fused_why,
+                                   lambda name=name, alg=ALGOS[alg]: ours(name, alg),
                                    first_shape=si == 0, flops=flops, nbytes=nbytes,
                                    label=f"{name}:{alg}")
                 if group == "from_hidden":  # the GEMM method, one tree algorithm (topn)

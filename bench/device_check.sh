@@ -27,9 +27,9 @@
 #                  replayed from CUDA graphs and eager                                  60
 #   attn_sweep     the Hopper attention sweep (bench/attn_sweep.sh; carry build/attn_sweep),
 #                  shapes in priority order until the limit                             25
-#   hidden_topk    when time allows (at most 60 s): draft_tree_from_hidden fused against
-#                  method="gemm" at B 1, 4, 16, graph-replayed (issue 27; sets
-#                  launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, bench/NOTES.md)
+#   hidden_topk    when time allows (at most 60 s): draft_tree_from_hidden fused (triton)
+#                  against method="gemm" (cuda and triton) at B 1, 4, 16, graph-replayed
+#                  (issue 27; sets launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, bench/NOTES.md)
 #   draft_head     when time allows (at most 60 s): the draft head's forward and the fused
 #                  tree at B 1 and 16, graph-replayed, fused layer ops (rms_norm, silu_mul)
 #                  against torch ops

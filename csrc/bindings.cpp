@@ -357,9 +357,6 @@ void define_launchers(py::module_& m, py::dict& t) {
       m, t, "log_softmax_topk", {JETSPEC_TOPK_FIELDS(JETSPEC_BIND_FIELD)},
       launch_log_softmax_topk,
       "Per-row log-softmax over the vocabulary and its top-k (tokens int32, log-probs fp32).");
-  define_launcher<HiddenTopkParams>(
-      m, t, "hidden_topk", {JETSPEC_HIDDEN_TOPK_FIELDS(JETSPEC_BIND_FIELD)}, launch_hidden_topk,
-      "Top-k of log_softmax(hidden @ weight^T) per row without materialising the logits.");
   define_launcher<BuildTreeParams>(
       m, t, "build_tree", {JETSPEC_BUILD_TREE_FIELDS(JETSPEC_BIND_FIELD)}, launch_build_tree,
       "Draft tree (algorithm 0 topn, 1 accum_logp) from per-depth top-k, one CTA per sequence. "
@@ -412,7 +409,6 @@ py::dict limits() {
   d["attn_tma_wide_ctas_per_sm"] = kAttnTmaWideCtasPerSm;
   d["attn_tma_page_multiple"] = kAttnTmaPageMultiple;
   d["row_align_bytes"] = kRowAlignBytes;
-  d["hidden_topk_multiple"] = kHiddenTopkMultiple;
   return d;
 }
 
@@ -440,17 +436,6 @@ PYBIND11_MODULE(_C, m) {
         "Number of visible CUDA devices; 0 (not an error) when there is no device or driver.");
   m.def("topk_workspace_bytes", &jetspec::topk_workspace_bytes, py::arg("rows"), py::arg("vocab"),
         py::arg("k"), "Workspace bytes log_softmax_topk needs for rows x vocab and top-k.");
-  m.def(
-      "hidden_topk_workspace_bytes",
-      [](long long rows, int vocab, int k) {
-        size_t bytes = 0;
-        check(jetspec::hidden_topk_workspace_bytes(rows, vocab, k, &bytes),
-              "hidden_topk_workspace_bytes");
-        return bytes;
-      },
-      py::arg("rows"), py::arg("vocab"), py::arg("k"),
-      "Workspace bytes hidden_topk needs for rows x vocab and top-k on the current device.");
-
   m.def(
       "tree_attention_hopper_splits",
       [](int batch, int n, int hq, int hkv, int capacity, int dtype, int head_dim, int sms) {

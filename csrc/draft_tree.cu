@@ -1,8 +1,7 @@
-// Draft tree expansion: vocab-parallel log-softmax top-K (from logits or fused with the lm_head
-// GEMM from hidden states), then one CTA per sequence builds the tree.
+// Draft tree expansion: vocab-parallel log-softmax top-K of the logits, then one CTA per sequence
+// builds the tree.
 #include "jetspec/api.h"
 #include "jetspec/build_tree.cuh"
-#include "jetspec/hidden_topk.cuh"
 #include "jetspec/topk.cuh"
 
 namespace jetspec {
@@ -17,18 +16,6 @@ Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
     case kFloat16: return log_softmax_topk<__half>(p, stream);
     case kBFloat16: return log_softmax_topk<__nv_bfloat16>(p, stream);
     default: return bad_dtype("dtype", p.dtype, kAllDtypes);
-  }
-}
-
-Status hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes) {
-  return hidden_topk_workspace(rows, vocab, k, bytes);
-}
-
-Status launch_hidden_topk(const HiddenTopkParams& p, cudaStream_t stream) {
-  switch (p.dtype) {
-    case kFloat16: return hidden_topk<__half>(p, stream);
-    case kBFloat16: return hidden_topk<__nv_bfloat16>(p, stream);
-    default: return bad_dtype("dtype", p.dtype, kHalfDtypes);
   }
 }
 

@@ -111,11 +111,14 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
 # ----------------------------------------------------------------------------------------------
 # draft_tree_from_hidden can compute its per-depth top-K two ways (ops/draft_tree.py):
 #   "fused": the backend's hidden_topk kernel (lm_head GEMM and top-K in one pass, no logits in
-#            memory); reads lm_head once, so it is near the read floor at small B*D;
+#            memory); reads lm_head once, so it is near the read floor at small B*D. Triton and
+#            the reference have one; the cuda backend's (mma.sync) lost to Triton's by 1.5-3x
+#            on the H200 and was deleted (issue 27's rule), so the cuda backend always takes
+#            the GEMM path;
 #   "gemm":  float32 logits [B*D, V] by torch (cuBLAS on a GPU), then the backend's
-#            log_softmax_topk; costs a B*D*V*4-byte buffer and its write + read, but runs the
-#            GEMM at cuBLAS speed where the fused kernels fall behind (bench/NOTES.md, "Hidden
-#            top-K: fused or GEMM").
+#            log_softmax_topk, over row chunks whose logits fit HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES;
+#            costs the logits' write + read, but runs the GEMM at cuBLAS speed where the fused
+#            kernels fall behind (bench/NOTES.md, "Hidden top-K: fused or GEMM").
 # Per device type: the smallest B*D from which the GEMM path wins, None = never. An entry
 # changes only with a GPU run that measured the crossover (bench_draft_tree.py's from_hidden rows
 # <backend>:gemm against the fused ones, in the same run); until then auto keeps the fused kernel
@@ -126,23 +129,23 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
 HIDDEN_TOPK_GEMM_MIN_ROWS: dict[str, int | None] = {"cuda": None}
 # The dtypes the crossover is measured for (tensor-core GEMMs; fp32 never measured: fused).
 HIDDEN_TOPK_GEMM_DTYPES = (torch.float16, torch.bfloat16)
-# The GEMM path never allocates a float32 logits buffer larger than this (1 GiB: B*D up to 1766
-# at V 151936); bigger calls stay fused whatever the rows.
+# The GEMM path's float32 logits buffer is at most this big (1 GiB: 1766 rows at V 151936; at
+# least one row whatever V): bigger calls run in row chunks.
 HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES = 1 << 30
 HIDDEN_TOPK_METHODS = ("fused", "gemm")
 
 
-def hidden_topk_method(rows: int, vocab: int, dtype: torch.dtype, device) -> str:
+def hidden_topk_method(rows: int, dtype: torch.dtype, device) -> str:
     """How ``method="auto"`` computes draft_tree_from_hidden's top-K: "fused" or "gemm".
 
-    ``rows`` = B*D (hidden rows), ``vocab`` = V (lm_head rows), ``dtype`` the hidden / lm_head
-    dtype, ``device`` a torch.device or device string. "gemm" when the device type has a
-    measured crossover in :data:`HIDDEN_TOPK_GEMM_MIN_ROWS` (None: never), ``dtype`` is one of
-    :data:`HIDDEN_TOPK_GEMM_DTYPES`, ``rows`` reaches the crossover and the float32 logits
-    (rows * vocab * 4 bytes) fit :data:`HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES`; "fused" otherwise.
-    A function of static shapes only (fixed under CUDA-graph capture).
+    ``rows`` = B*D (hidden rows), ``dtype`` the hidden / lm_head dtype, ``device`` a
+    torch.device or device string. "gemm" when the device type has a measured crossover in
+    :data:`HIDDEN_TOPK_GEMM_MIN_ROWS` (None: never), ``dtype`` is one of
+    :data:`HIDDEN_TOPK_GEMM_DTYPES` and ``rows`` reaches the crossover; "fused" otherwise (a
+    backend without a fused kernel takes "gemm" whatever this says: ops/draft_tree.py). A
+    function of static shapes only (fixed under CUDA-graph capture).
     """
     min_rows = HIDDEN_TOPK_GEMM_MIN_ROWS.get(torch.device(device).type)
     if min_rows is None or dtype not in HIDDEN_TOPK_GEMM_DTYPES or rows < min_rows:
         return "fused"
-    return "gemm" if rows * vocab * 4 <= HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES else "fused"
+    return "gemm"

@@ -71,10 +71,11 @@ def test_bench_runs_as_a_script(tmp_path, capsys):
     assert "build" in out and "PASS" in out and "reference:topn" in out and "x_host=" in out
 
 
-def test_draft_tree_bench_hidden_methods(tmp_path, capsys):
+def test_draft_tree_bench_hidden_methods(tmp_path, capsys, monkeypatch):
     """The fused-against-gemm measurement (device_check's hidden_topk step, on the CPU):
     --groups keeps the from_hidden rows, --batches sets the shapes, and each backend has a
-    method="gemm" row beside its fused ones; bad values are refused naming the option."""
+    method="gemm" row beside its fused ones (a skip row where it has no fused kernel); bad
+    values are refused naming the option."""
     mod = importlib.import_module("bench.bench_draft_tree")
     assert mod.main(["--quick", "--device", "cpu", "--no-plot", "--backends", "reference",
                      "--groups", "from_hidden", "--batches", "1,3", "--algorithms", "topn",
@@ -84,6 +85,16 @@ def test_draft_tree_bench_hidden_methods(tmp_path, capsys):
     assert [(r["shape"], r["backend"], r["status"]) for r in rows] == [
         (f"{b}x4x2048/k4/n16/from_hidden", backend, "ok") for b in (1, 3)
         for backend in ("host", "torch_vec", "reference:topn", "reference:gemm")]
+    # A backend without a fused hidden_topk (the cuda one) gets a skip row naming its gemm row.
+    import jetspec_kernels.backend as bk
+    monkeypatch.setattr(bk, "implements", lambda name, fn: fn != "hidden_topk")
+    assert mod.main(["--quick", "--device", "cpu", "--no-plot", "--backends", "reference",
+                     "--groups", "from_hidden", "--batches", "1", "--algorithms", "topn",
+                     "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "draft_tree.csv", newline="") as f:
+        rows = {r["backend"]: r for r in csv.DictReader(f)}
+    assert rows["reference:topn"]["status"] == "skip" and rows["reference:gemm"]["status"] == "ok"
+    assert "its path is reference:gemm" in rows["reference:topn"]["note"]
     for argv, message in ((["--groups", "logits,hidden"], "argument --groups: 'hidden' is not"),
                           (["--batches", "1,0"], "argument --batches: must be an int >= 1, got 0"),
                           (["--batches", ","], "argument --batches: must be a comma list")):

@@ -170,8 +170,6 @@ def call_every_wrapper():
     c.pack_mask(parents, num_nodes)
     logits = torch.randn(1, 4, 50, generator=gen)
     topk_tokens, topk_logprobs = c.log_softmax_topk(logits, 2)
-    c.hidden_topk(torch.randn(1, 4, 16, generator=gen).to(h),
-                  torch.randn(50, 16, generator=gen).to(h), 2)
     tokens, parents, *_ = c.build_tree(topk_tokens, topk_logprobs, torch.tensor([7], dtype=i32),
                                        4, "topn")
     q = torch.randn(1, 4, 2, 64, generator=gen).to(h)

@@ -37,7 +37,7 @@ MAIN_KERNELS = (
     "tree_attention_kernel", "tree_attention_wgmma_kernel", "tree_attention_tma_kernel",
     "tree_attention_hopper_kernel",
     "attention_combine_kernel", "topk_partial_kernel",
-    "topk_merge_kernel", "hidden_topk_partial_kernel", "build_tree_topn_kernel",
+    "topk_merge_kernel", "build_tree_topn_kernel",
     "build_tree_accum_kernel",
     "sample_filter_kernel", "target_partial_kernel", "verify_walk_kernel",
     "commit_kv_kernel", "gather_hidden_kernel", "qk_norm_rope_append_kernel", "pack_mask_kernel",

@@ -308,21 +308,19 @@ def sim_limits(monkeypatch):
 
 def test_cuda_supports_at_each_limit(sim_limits):
     walk, rope_dh = sim_limits("walk_max_nodes"), sim_limits("rope_max_head_dim")
-    mult, align = sim_limits("hidden_topk_multiple"), sim_limits("row_align_bytes")
+    align = sim_limits("row_align_bytes")
     ask = bk.supports
     assert ask("cuda", "verify_tree", tokens=torch.zeros(1, walk, dtype=I32)) is None
     assert str(walk) in ask("cuda", "verify_tree", tokens=torch.zeros(1, walk + 1, dtype=I32))
     assert ask("cuda", "qk_norm_rope_append", k=torch.zeros(1, 1, 1, rope_dh)) is None
     assert str(rope_dh) in ask("cuda", "qk_norm_rope_append", k=torch.zeros(1, 1, 1, rope_dh + 2))
     h = torch.float16
-    assert ask("cuda", "hidden_topk", hidden=torch.zeros(1, 1, mult, dtype=h)) is None
-    assert "multiple of" in ask("cuda", "hidden_topk", hidden=torch.zeros(1, 1, mult + 2, dtype=h))
-    weight = torch.zeros(10, 64 + align, dtype=h)
-    hid = torch.zeros(1, 1, 64, dtype=h)
-    per = align // 2
-    assert ask("cuda", "hidden_topk", hidden=hid, lm_head_weight=weight[:, per:per + 64]) is None
-    assert "16-byte" in ask("cuda", "hidden_topk", hidden=hid,
-                            lm_head_weight=weight[:, per - 1:per + 63])
+    cache = torch.zeros(1, 4, 1, 64 + align, dtype=h)   # fp16 rows 128 + 2 * align bytes apart
+    q, per = torch.zeros(1, 1, 1, 64, dtype=h), align // 2
+    for first, want in ((per, None), (per - 1, f"rows on {align}-byte boundaries")):
+        kv = cache[..., first:first + 64]
+        got = ask("cuda", "tree_attention", q=q, k_cache=kv, v_cache=kv, kernel="mma")
+        assert got == want if want is None else want in got
     for dh in sim_limits("attn_head_dims"):
         q = torch.zeros(1, 1, 1, dh, dtype=h)
         assert ask("cuda", "tree_attention", q=q, k_cache=q, v_cache=q, kernel="mma") is None

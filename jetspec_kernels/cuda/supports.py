@@ -64,15 +64,6 @@ def _tree_attention(q, k_cache=None, v_cache=None, block_table=None, kernel=None
     return attention_kernel_reason(attention_kernel(kernel), q, k_cache, block_table)
 
 
-def _hidden_topk(hidden, lm_head_weight=None, **_):
-    multiple = ext.limit("hidden_topk_multiple")
-    reason = _half("hidden_topk", hidden)
-    if reason is None and hidden.shape[-1] % multiple:
-        reason = (f"hidden_topk needs the hidden size to be a multiple of {multiple} "
-                  f"(H % {multiple} == 0), got {hidden.shape[-1]}")
-    return reason or _aligned("hidden_topk", lm_head_weight=lm_head_weight)
-
-
 def _qk_norm_rope_append(k, **_):
     limit = ext.limit("rope_max_head_dim")
     if k.shape[-1] > limit:
@@ -87,12 +78,12 @@ def _verify_tree(tokens, **_):
     return None
 
 
-_CHECKS = {"tree_attention": _tree_attention, "hidden_topk": _hidden_topk,
-           "qk_norm_rope_append": _qk_norm_rope_append, "verify_tree": _verify_tree}
+_CHECKS = {"tree_attention": _tree_attention, "qk_norm_rope_append": _qk_norm_rope_append,
+           "verify_tree": _verify_tree}
 
 
 _ANSWERS: dict = {}  # (op, attention kernel, id(_C), call signature) -> (answer, _C)
-_CACHED = ("tree_attention", "hidden_topk")  # the answers that cost more than a signature
+_CACHED = ("tree_attention",)  # the answers that cost more than a signature
 
 
 def supports(op: str, signature=None, **call) -> str | None:
@@ -105,7 +96,7 @@ def supports(op: str, signature=None, **call) -> str | None:
         return None
     if op not in _CACHED:
         return check(**call)
-    kernel = attention_kernel(call.get("kernel")) if op == "tree_attention" else None
+    kernel = attention_kernel(call.get("kernel"))
     if signature is None:
         signature = checks.signature(*call, *call.values())
     module = ext.module()

@@ -147,6 +147,22 @@ def gemm_logits(hidden, lm_head_weight):
     return out.view(b, d, lm_head_weight.shape[0])
 
 
+def gemm_topk(hidden, lm_head_weight, k: int, log_softmax_topk):
+    """The "gemm" method's per-depth top-K: :func:`gemm_logits`, then ``log_softmax_topk``
+    (a backend's, taking float32 logits [B', D', V] and ``k``), over chunks of the B * D rows
+    whose logits fit ``launch_plan.HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES`` (one row at least).
+
+    Returns (int32 [B, D, K], float32 [B, D, K])."""
+    b, d, h = hidden.shape
+    step = max(1, launch_plan.HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES // (4 * lm_head_weight.shape[0]))
+    if b * d <= step:
+        return log_softmax_topk(gemm_logits(hidden, lm_head_weight), k)
+    rows = hidden.reshape(1, b * d, h)
+    parts = [log_softmax_topk(gemm_logits(rows[:, i:i + step], lm_head_weight), k)
+             for i in range(0, b * d, step)]
+    return tuple(torch.cat(p, dim=1).view(b, d, k) for p in zip(*parts))
+
+
 def tree_from_checked_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int, algorithm: str,
                            backend: str | None = None) -> Tree:
     """The second half of :func:`draft_tree` (the first is :func:`checked_topk`): the tree of
@@ -165,20 +181,20 @@ def checked_topk(draft, lm_head_weight, root_tokens, *, budget: int, topk: int, 
     [B, D, K], float32 [B, D, K])."""
     if lm_head_weight is None:
         check_draft_tree(draft, root_tokens, budget, topk, algorithm)
-        logits = draft
-    else:
-        method = check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk,
-                                              algorithm, method)
-        if method == "auto":
-            b, d, _ = draft.shape
-            method = launch_plan.hidden_topk_method(b * d, lm_head_weight.shape[0], draft.dtype,
-                                                    draft.device)
-        if method == "fused":
-            kernel = _backend.select(draft.device, "hidden_topk", backend,
-                                     dict(hidden=draft, lm_head_weight=lm_head_weight))
-            return kernel(draft, lm_head_weight, topk)
-        logits = gemm_logits(draft, lm_head_weight)
-    return _backend.select(draft.device, "log_softmax_topk", backend)(logits, topk)
+        return _backend.select(draft.device, "log_softmax_topk", backend)(draft, topk)
+    method = check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk,
+                                          algorithm, method)
+    if method == "auto":
+        b, d, _ = draft.shape
+        method = launch_plan.hidden_topk_method(b * d, draft.dtype, draft.device)
+        if method == "fused" and not _backend.implements(backend, "hidden_topk"):
+            method = "gemm"  # the cuda backend has no fused kernel (launch_plan.py)
+    if method == "fused":
+        kernel = _backend.select(draft.device, "hidden_topk", backend,
+                                 dict(hidden=draft, lm_head_weight=lm_head_weight))
+        return kernel(draft, lm_head_weight, topk)
+    return gemm_topk(draft, lm_head_weight, topk,
+                     _backend.select(draft.device, "log_softmax_topk", backend))
 
 
 def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = "topn",
@@ -246,12 +262,15 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
     root_tokens, budget, topk, algorithm, backend : as in :func:`draft_tree`.
     method : "auto" | "fused" | "gemm", optional
         How the per-depth top-K is computed (the same tree either way, up to ties within float32
-        rounding). "fused": the backend's hidden_topk kernel, no logits in memory. "gemm": float32
-        logits [B, D, V] by torch (cuBLAS on a GPU; a B * D * V * 4-byte buffer), then the
-        backend's log_softmax_topk. "auto": launch_plan.hidden_topk_method's rule, a function of
-        B * D, V, dtype and device (fused until a GPU run measures the crossover; bench/NOTES.md).
-        None (default): the ``JETSPEC_HIDDEN_TOPK`` environment variable, else "auto". Another
-        value is a ValueError naming ``method`` (or the variable).
+        rounding). "fused": the backend's hidden_topk kernel, no logits in memory (triton and
+        reference; the cuda backend has none: BackendUnavailableError). "gemm": float32 logits
+        by torch (cuBLAS on a GPU; B * D * V * 4 bytes, in row chunks of at most
+        launch_plan.HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES), then the backend's log_softmax_topk.
+        "auto": launch_plan.hidden_topk_method's rule, a function of B * D, dtype and device
+        (fused until a GPU run measures the crossover; bench/NOTES.md), and "gemm" on a backend
+        without a fused kernel. None (default): the ``JETSPEC_HIDDEN_TOPK`` environment
+        variable, else "auto". Another value is a ValueError naming ``method`` (or the
+        variable).
 
     Returns
     -------

@@ -1,6 +1,6 @@
-"""The draft-tree path against python_ref: log-softmax top-K (from logits, and fused from hidden
-states: hidden_topk / draft_tree_from_hidden) and tree building (topn, accum_logp; bit-exact from
-top-K), on the cuda kernels (simulator, and a GPU: gpu) and Triton."""
+"""The draft-tree path against python_ref: log-softmax top-K (from logits, and from hidden states:
+draft_tree_from_hidden, fused (Triton's hidden_topk) or by a GEMM) and tree building (topn,
+accum_logp; bit-exact from top-K), on the cuda kernels (simulator, and a GPU: gpu) and Triton."""
 import math
 
 import pytest
@@ -51,70 +51,24 @@ def test_log_softmax_topk_many_chunks(dev, monkeypatch, staged):
     assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
 
 
-# (dtype, B, D, H, V, k, simulated SMs): one m16 tile with a hidden-size tail (72 = 64 + 8) and
-# a partial vocab tile; 21 rows (one 64-row tile); 65 rows (two) and a 4-entry last tile; k = 33
-# (two list slots per lane); a 1-SM plan, so that each CTA folds several vocab tiles; and H = 200
-# (4 pipeline steps a tile, with no barrier between them) so that stages are refilled mid-tile.
 F16, BF16 = torch.float16, torch.bfloat16
-
-
-HIDDEN_CASES = [(F16, 1, 5, 72, 1000, 8, 132), (BF16, 1, 5, 72, 1000, 8, 132),
-                (BF16, 3, 7, 64, 2000, 5, 132), (F16, 5, 13, 128, 260, 4, 132),
-                (BF16, 1, 3, 64, 700, 33, 132),
-                (F16, 2, 3, 64, 1500, 6, 1), (BF16, 2, 3, 64, 1500, 6, 1),
-                (F16, 1, 4, 200, 700, 5, 1)]
-
-
-@backends("sim", "cuda")
-@pytest.mark.parametrize("dtype,b,d,h,v,k,sms", HIDDEN_CASES)
-def test_hidden_topk(dev, monkeypatch, dtype, b, d, h, v, k, sms):
-    monkeypatch.setenv("JETSPEC_SIM_SM_COUNT", str(sms))
-    gen = torch.Generator().manual_seed(h + v + k)
-    hidden = torch.randn(b, d, h, generator=gen).to(dtype)
-    weight = (torch.randn(v, h, generator=gen) / 4).to(dtype)
-    # Nine equal logits, seven in the first tile (inserted there out of id order: lane 4 holds
-    # token 100), the others in later tiles / CTAs; for k < 9 the cut falls inside the tie, and
-    # the lower token ids must win.
-    weight[[2, 3, 5, 40, 77, 100, 129, v - 1]] = weight[v // 2].clone()
-    hidden[0, 0] = weight[2] * 4  # make the tied logits the largest of row (0, 0)
-    with poisoned_empty():
-        tt, tl = cu().hidden_topk(hidden.to(dev), weight.to(dev), k)
-    sync(dev)
-    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, k)
-    assert torch.equal(tt.cpu(), want_t)
-    # 16-bit inputs are exact in fp32; only the accumulation order differs from float64.
-    assert rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
 
 
 @backends("cuda")
 @pytest.mark.gpu
-@pytest.mark.parametrize("b", [1, 6])  # 15 rows (one 16-row tile) and 90 rows (two 64-row tiles)
-def test_hidden_topk_qwen3_shape(dev, b):
-    """Qwen3-8B's lm_head (V=151936, H=4096, bf16) with the device's real launch plan."""
+@pytest.mark.parametrize("b", [1, 16])  # 15 rows and 240 rows
+def test_cuda_hidden_topk_qwen3_shape(dev, b):
+    """Qwen3-8B's lm_head (V=151936, H=4096, bf16) on the cuda backend, method auto: cuBLAS into
+    float32 logits, then the cuda log_softmax_topk (the cuda backend has no fused kernel)."""
     gen = torch.Generator(device=dev).manual_seed(b)
     hidden = torch.randn(b, 15, 4096, device=dev, generator=gen).to(torch.bfloat16)
     weight = (torch.randn(151936, 4096, device=dev, generator=gen) / 64).to(torch.bfloat16)
-    tt, tl = cu().hidden_topk(hidden, weight, 8)
+    root = torch.zeros(b, dtype=torch.int32, device=dev)
+    tt, tl = checked_topk(hidden, weight, root, budget=64, topk=8, algorithm="topn",
+                          backend="cuda")
     want_t, want_l = ref.log_softmax_topk((hidden.float() @ weight.float().T).double(), 8)
-    assert torch.equal(tt.cpu(), want_t.cpu())
+    assert torch.equal(tt.cpu().long(), want_t.cpu())
     assert rel_l2(tl, want_l) < TOL[torch.float32]
-
-
-@backends("sim", "cuda")
-def test_hidden_topk_strided_and_unsupported(dev):
-    gen = torch.Generator().manual_seed(3)
-    hidden = torch.randn(4, 6, 64, generator=gen).half()[1::2, ::3]  # strided B and D
-    weight = torch.randn(300, 64, generator=gen).half()
-    tt, tl = cu().hidden_topk(hidden.to(dev), weight.to(dev), 4)
-    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, 4)
-    assert torch.equal(tt.cpu(), want_t) and rel_l2(tl.cpu(), want_l) < TOL[torch.float32]
-    with pytest.raises(jk.BackendUnavailableError, match="float16/bfloat16"):
-        cu().hidden_topk(hidden.float().to(dev), weight.float().to(dev), 4)
-    with pytest.raises(jk.BackendUnavailableError, match="H % 8"):
-        cu().hidden_topk(hidden[..., :60].to(dev), weight[:, :60].to(dev), 4)
-    with pytest.raises(ValueError, match="lm_head_weight rows must start on 16-byte"):
-        # sliced on the device: .to() of a non-dense view makes a fresh (aligned) copy
-        cu().hidden_topk(hidden.to(dev)[..., :56], weight.to(dev)[:, 1:57], 4)
 
 
 @backends("sim", "cuda")
@@ -705,7 +659,8 @@ def test_hidden_topk_gemm(backend, dtype, b, d, h, v, k, layout, scale):
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
 def test_draft_tree_from_hidden_gemm_tree(backend, dtype):
     """The public op with method="gemm": python_ref's tree (up to ties within fp32 rounding),
-    the same as method="fused" gives where the backend's fused kernel takes the dtype."""
+    the same as method="fused" gives where the backend has a fused kernel taking the dtype, and
+    the same as auto on the cuda backend (which has none)."""
     gen = torch.Generator().manual_seed(23)
     B, D, H, V = 2, 4, 64, 1201
     hidden = torch.randn(B, D, H, generator=gen).to(dtype)
@@ -719,15 +674,18 @@ def test_draft_tree_from_hidden_gemm_tree(backend, dtype):
     sync(backend.device)
     why = tree_difference(got, want, 1e-4)
     assert why is None, why
-    fused_runs = not ((backend.name in ("sim", "cuda") and dtype == F32)
-                      or (backend.name == "triton" and DEV == "cpu" and dtype == BF16))
-    if fused_runs:
+    if backend.name in ("sim", "cuda"):
+        # No fused kernel on the cuda backend: asked for, a BackendUnavailableError; auto takes
+        # the GEMM method whatever launch_plan's rule says.
+        with pytest.raises(jk.BackendUnavailableError, match="does not implement hidden_topk"):
+            jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend="cuda", method="fused")
+        auto = jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend="cuda",
+                                         method="auto")
+        assert tree_difference(got, auto, 0.0) is None
+    elif not (backend.name == "triton" and DEV == "cpu" and dtype == BF16):
         fused = jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3,
                                           backend=api_backend(backend), method="fused")
         assert tree_difference(got, fused, 1e-4) is None
-    elif backend.name != "triton":  # the cuda backend's fused kernel takes fp16/bf16 only
-        with pytest.raises(jk.BackendUnavailableError, match="float16/bfloat16"):
-            jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend="cuda", method="fused")
 
 
 @backends("reference", "triton", "sim", "cuda")
@@ -829,21 +787,39 @@ def test_hidden_topk_method_choice(monkeypatch):
     tree(1, method="fused")                              # an explicit method ignores the variable
 
 
-@backends("reference")
-def test_hidden_topk_auto_caps_the_logits_by_vocabulary(monkeypatch):
-    """auto's cap on the gemm method's float32 logits counts B * D * V * 4 bytes (V the lm_head
-    rows, not the hidden size): at the cap gemm, one byte under it fused."""
-    monkeypatch.delenv("JETSPEC_HIDDEN_TOPK", raising=False)
+@backends("reference", "triton", "sim")
+@pytest.mark.parametrize("cap,chunk", [(4 * 300 * 3, 3), (4 * 300 * 3 + 4, 3), (4 * 300 - 1, 1),
+                                       (4 * 300 * 8, 8)])
+def test_gemm_topk_chunks_rows_by_the_logits_cap(backend, monkeypatch, cap, chunk):
+    """The gemm method never holds more than HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES of float32 logits
+    (B * D * V * 4 bytes; V the lm_head rows): bigger calls run in chunks of floor(cap / 4V)
+    rows (one at least; the last chunk partial), with the result of one pass. Strided hidden
+    states (B and D sliced) are chunked over their B * D rows in order."""
     calls = _spy_gemm(monkeypatch)
     gen = torch.Generator().manual_seed(5)
-    weight = torch.randn(300, 16, generator=gen).half()      # V 300, H 16
-    hidden = torch.randn(2, 4, 16, generator=gen).half()     # 8 rows: 8 * 300 * 4 = 9600 bytes
+    weight = torch.randn(300, 16, generator=gen).half()               # V 300, H 16
+    base = torch.randn(4, 8, 16, generator=gen).half()
+    hidden = base[::2, 1::2]                                          # B 2, D 4: 8 rows
     root = torch.zeros(2, dtype=torch.int32)
-    monkeypatch.setitem(launch_plan.HIDDEN_TOPK_GEMM_MIN_ROWS, "cpu", 1)
-    for cap, want in ((9600, 1), (9599, 1)):
-        monkeypatch.setattr(launch_plan, "HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES", cap)
-        jk.draft_tree_from_hidden(hidden, weight, root, budget=8, topk=2, backend="reference")
-        assert len(calls) == want, cap
+    x, w, r = (on(t, backend.device) for t in (hidden, weight, root))
+    one = checked_topk(x, w, r, budget=8, topk=5, algorithm="topn", backend=api_backend(backend),
+                       method="gemm")
+    assert calls == [(2, 4, 16)]
+    monkeypatch.setattr(launch_plan, "HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES", cap)
+    with poisoned_empty():
+        got = checked_topk(x, w, r, budget=8, topk=5, algorithm="topn",
+                           backend=api_backend(backend), method="gemm")
+    sync(backend.device)
+    sizes = [min(chunk, 8 - i) for i in range(0, 8, chunk)]
+    assert calls[1:] == ([(2, 4, 16)] if chunk >= 8 else [(1, n, 16) for n in sizes])
+    assert got[0].shape == (2, 4, 5) and got[1].shape == (2, 4, 5)
+    # The same tokens; log-probs within float32 rounding of one pass (a GEMM of fewer rows may
+    # sum in another order: torch's CPU matmul takes a GEMV path for one row).
+    assert torch.equal(got[0].cpu(), one[0].cpu())
+    want_t, want_l = ref.log_softmax_topk(hidden.double() @ weight.double().T, 5)
+    assert torch.equal(got[0].cpu().long(), want_t)
+    assert rel_l2(got[1].cpu(), one[1].cpu()) < TOL[torch.float32]
+    assert rel_l2(got[1].cpu(), want_l) < TOL[torch.float32]
 
 
 @backends("reference")

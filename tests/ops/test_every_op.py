@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from jetspec_kernels import python_ref as ref
+from jetspec_kernels.ops.draft_tree import checked_topk
 from helpers import TOL, backends, cu, rel_l2
 
 
@@ -38,7 +39,6 @@ def test_opcheck(dev):
             opcheck(torch.ops.jetspec.tree_attention.default,
                     (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, kernel))
     opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
-    opcheck(torch.ops.jetspec.hidden_topk.default, (hid, torch.randn(700, 64).half().to(dev), 4))
     tt, tl = cu().log_softmax_topk(logits, 4)
     opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))
     tree = cu().build_tree(tt, tl, root, 20, "topn")
@@ -82,7 +82,8 @@ def test_ops_on_a_device_that_is_not_current():
         o = torch.empty_like(out)
         cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, o, None, 2, None)
         tt, tl = cu().log_softmax_topk(logits, 4)
-        ht, hl = cu().hidden_topk(hid, lm_head, 4)
+        ht, hl = checked_topk(hid, lm_head, root, budget=20, topk=4, algorithm="topn",
+                              backend="cuda")   # cuBLAS, then the cuda top-K
         tree = cu().build_tree(tt, tl, root, 20, "topn")
         acc = cu().verify_tree(tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None)
         mask = cu().pack_mask(tree[1], tree[4])
@@ -170,7 +171,8 @@ def test_graph_replay(dev):
     def round_():
         cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, num_splits=2)
         t = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
-        th = cu().build_tree(*cu().hidden_topk(hid, w_head, 4), root, 20, "topn")
+        th = cu().build_tree(*checked_topk(hid, w_head, root, budget=20, topk=4,
+                                           algorithm="topn", backend="cuda"), root, 20, "topn")
         return t, th, cu().verify_tree(t[0], t[1], t[4], 3, tlog1, None, 0.0, None, None)
 
     g, (t_graph, th_graph, verdict) = _capture(round_)
@@ -199,8 +201,6 @@ def test_graph_replay(dev):
 def test_graph_replay_hidden_topk_gemm(dtype):
     """draft_tree_from_hidden's gemm method (cuBLAS into float32 logits, then log_softmax_topk)
     has no host sync: captured, it replays on new hidden states."""
-    from jetspec_kernels.ops.draft_tree import checked_topk
-
     gen = torch.Generator(device="cuda").manual_seed(5)
     hidden = torch.randn(4, 15, 256, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(5003, 256, device="cuda", generator=gen) / 16).to(dtype)

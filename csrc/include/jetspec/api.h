@@ -31,8 +31,6 @@ Status launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
 size_t topk_workspace_bytes(long long rows, int vocab, int k);
 Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream);
 // hidden and weight float16 or bfloat16; the workspace size depends on the current device.
-Status hidden_topk_workspace_bytes(long long rows, int vocab, int k, size_t* bytes);
-Status launch_hidden_topk(const HiddenTopkParams& p, cudaStream_t stream);
 Status launch_build_tree(const BuildTreeParams& p, cudaStream_t stream);
 
 // dtype float16 or bfloat16; head_dim 64, 128 or 256.

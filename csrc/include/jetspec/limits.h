@@ -60,9 +60,7 @@ constexpr int kAttnTmaWideRows = 2 * kAttnRows;
 constexpr int kAttnTmaWideCtasPerSm = 1;
 // The TMA kernel loads whole 8-row boxes of a paged cache.
 constexpr int kAttnTmaPageMultiple = 8;
-// cp.async / TMA rows: K/V and lm_head_weight rows start on these boundaries (bytes), and
-// hidden_topk's hidden size is a multiple of kHiddenTopkMultiple (16-byte rows of fp16/bf16).
+// cp.async / TMA rows: K/V rows start on these boundaries (bytes).
 constexpr int kRowAlignBytes = 16;
-constexpr int kHiddenTopkMultiple = 8;
 
 }  // namespace jetspec

@@ -217,26 +217,6 @@ struct TopkParams {
   JETSPEC_TOPK_FIELDS(JETSPEC_MEMBER)
 };
 
-// hidden_topk (hidden_topk.cuh): top-K of log_softmax(hidden @ weight^T) per (b, d) row.
-#define JETSPEC_HIDDEN_TOPK_FIELDS(X)                                                       \
-  X(const void*, hidden)          /* [B, D, H], dim 2 contiguous */                         \
-  X(int64_t, hidden_batch_stride)                                                           \
-  X(int64_t, hidden_row_stride)                                                             \
-  X(const void*, weight)          /* [V, H], dim 1 contiguous */                            \
-  X(int64_t, weight_row_stride)                                                             \
-  X(int32_t*, tokens)             /* [B, D, K] contiguous */                                \
-  X(float*, logprobs)             /* [B, D, K] contiguous */                                \
-  X(void*, workspace)             /* hidden_topk_workspace_bytes */                         \
-  X(int, batch)                                                                             \
-  X(int, depth)                                                                             \
-  X(int, hidden_dim)                                                                        \
-  X(int, vocab)                                                                             \
-  X(int, k)                                                                                 \
-  X(int, dtype)                   /* hidden and weight: float16 or bfloat16 */
-struct HiddenTopkParams {
-  JETSPEC_HIDDEN_TOPK_FIELDS(JETSPEC_MEMBER)
-};
-
 // build_tree (build_tree.cuh); algorithm: TreeAlgorithm. steps is optional (tests).
 #define JETSPEC_BUILD_TREE_FIELDS(X)                                                        \
   X(const int32_t*, topk_tokens)  /* [B, D, K] contiguous */                                \
