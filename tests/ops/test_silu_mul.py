@@ -4,6 +4,8 @@ The check (helpers.assert_silu_mul) is exact up to what the contract leaves open
 exp and division of the silu (within relative 2e-6 before the rounding to x's dtype): a missing
 rounding, a wrong column for up, a tail left unwritten land outside it.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,6 +90,23 @@ def test_reference_is_the_models_torch_form():
     x = torch.randn(3, 10, dtype=torch.float64, generator=gen)
     g, u = x[:, :5], x[:, 5:]
     assert torch.allclose(ref.silu_mul(x), g * torch.sigmoid(g) * u, rtol=1e-14, atol=0)
+
+
+
+def test_the_checker_rejects_tl_exp_on_very_negative_gates():
+    """Triton's ``tl.exp(-g)`` is exp2 of the float32 product ``-g * log2(e)``, whose rounding
+    (half an ulp of a number up to 128) puts exp(-g) up to about 4e-6 off relatively for gates in
+    [-88, -44], past the window's 2e-6 (hence triton/silu_mul.py's range-reduced exp): the check
+    fails on that form and passes the same gates with the exact exp, and torch's form."""
+    gen = torch.Generator().manual_seed(6)
+    g = -30 - 58 * torch.rand(4, 64, generator=gen)       # float32 exp(-g) still finite
+    u = torch.randn(4, 64, generator=gen)
+    x = torch.cat([g, u], -1)
+    t = -g * torch.tensor(math.log2(math.e))              # rounded to float32, as tl.exp does
+    with pytest.raises(AssertionError):
+        assert_silu_mul((g.double() / (1 + torch.exp2(t.double()))).float() * u, x)
+    assert_silu_mul((g.double() / (1 + torch.exp(-g.double()))).float() * u, x)
+    assert_silu_mul(F.silu(g) * u, x)
 
 
 @pytest.mark.parametrize("make,error,match", [
