@@ -2,7 +2,8 @@
 
 The check (helpers.assert_silu_mul) is exact up to what the contract leaves open, the float32
 exp and division of the silu (within relative 2e-6 before the rounding to x's dtype): a missing
-rounding, a wrong column for up, a tail left unwritten land outside it.
+rounding, a wrong column for up, a tail left unwritten land outside it. Outputs are fenced
+(helpers.fenced_empty): a write past an output's end fails.
 """
 import math
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from helpers import (api_backend, assert_silu_mul, backends, poisoned_empty, same,
+from helpers import (api_backend, assert_silu_mul, backends, fenced_empty, same,
                      skip_on_interpreter, sync, widened)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -25,7 +26,8 @@ def _skip_bf16_interpreter(backend, dtype):
 
 
 def _call(x, backend, dev):
-    with poisoned_empty():
+    """The public op on ``x`` on ``dev``, its output NaN-poisoned and fenced."""
+    with fenced_empty():
         out = jk.silu_mul(x.to(dev) if x.device.type != dev else x, backend=api_backend(backend))
     sync(dev)
     return out
@@ -91,6 +93,18 @@ def test_reference_is_the_models_torch_form():
     g, u = x[:, :5], x[:, 5:]
     assert torch.allclose(ref.silu_mul(x), g * torch.sigmoid(g) * u, rtol=1e-14, atol=0)
 
+
+def test_the_fence_fails_a_write_past_an_output_s_end():
+    """fenced_empty (the outputs above): a write at an output's last element passes, one just
+    past it fails; what is left unwritten stays NaN."""
+    with fenced_empty():
+        out = torch.empty(3, 5, dtype=torch.bfloat16)
+        out[-1, -1] = 1.0
+    assert out.isnan().sum() == 14
+    with pytest.raises(AssertionError, match="past an output's end"):
+        with fenced_empty():
+            out = torch.empty(3, 5)
+            out.as_strided((1,), (1,), out.numel()).fill_(1.0)
 
 
 def test_the_checker_rejects_tl_exp_on_very_negative_gates():
