@@ -1,14 +1,14 @@
 """Host time of one eager call of the public ops (issue 27: at most 25 µs on a GPU host for
-tree_attention, qk_norm_rope_append, verify_tree and draft_tree; and rms_norm, the op the models
-call most: twice a layer).
+tree_attention, qk_norm_rope_append, verify_tree and draft_tree; and rms_norm and silu_mul, the
+ops the models call most: twice and once a layer).
 
 On the CPU (default) the kernel launches are replaced by no-ops and the tensors are CPU tensors
 sent down the cuda or triton backend's path, with value checks off (what CUDA tensors get): a
 ``_C`` stand-in whose launchers return at once (limits, enums and fields are the real ones), or
 Triton kernels whose ``kernel[grid](...)`` does nothing. What is left is the Python a call costs:
 argument checks, backend choice, the cuda custom op's dispatch, the wrappers' packing and the
-output allocations. Shapes: Qwen3-8B (Hq 32, Hkv 8, Dh 128, bf16; V 151936), B1, a 64-node tree,
-a 4096-slot cache, 15 draft depths, top-K 8.
+output allocations. Shapes: Qwen3-8B (Hq 32, Hkv 8, Dh 128, H 4096, I 12288, bf16; V 151936), B1,
+a 64-node tree, a 4096-slot cache, 15 draft depths, top-K 8.
 
     python bench/host_overhead.py                 # µs per call, per op and backend
     python bench/host_overhead.py --stages        # and where it goes (cProfile shares of it)
@@ -53,9 +53,11 @@ if not torch.cuda.is_available():  # before jetspec_kernels.triton is imported
 
 import pytest  # noqa: E402
 
-OPS = ("tree_attention", "qk_norm_rope_append", "verify_tree", "draft_tree", "rms_norm")
+OPS = ("tree_attention", "qk_norm_rope_append", "verify_tree", "draft_tree", "rms_norm",
+       "silu_mul")
 BACKENDS = ("cuda", "triton")
 B, N, HQ, HKV, DH, L, V, D, K, PREFIX, HID = 1, 64, 32, 8, 128, 4096, 151936, 15, 8, 1000, 4096
+INTER = 12288  # the MLP's intermediate size
 
 
 def op_inputs(device="cpu", dtype=torch.bfloat16, vocab=V) -> dict:
@@ -78,7 +80,7 @@ def op_inputs(device="cpu", dtype=torch.bfloat16, vocab=V) -> dict:
         out=randn(B, N, HQ, DH), norm_w=torch.ones(DH, device=device), tree=tree,
         positions=tree.positions(prefix), target=randn(B, N, vocab, dt=torch.float32),
         logits=logits, root=root, stream=randn(B, N, HID), residual=randn(B, N, HID),
-        hidden_norm_w=randn(HID))
+        hidden_norm_w=randn(HID), gate_up=randn(B, N, 2 * INTER))
 
 
 def calls(x: dict, backend: str) -> dict:
@@ -97,6 +99,7 @@ def calls(x: dict, backend: str) -> dict:
                                             backend=backend),
         "rms_norm": lambda: jk.rms_norm(x["stream"], x["hidden_norm_w"], residual=x["residual"],
                                         backend=backend),
+        "silu_mul": lambda: jk.silu_mul(x["gate_up"], backend=backend),
     }
 
 
@@ -233,16 +236,19 @@ def python_calls(fn) -> tuple[int, int]:
 STAGES = {
     "checks": ("jetspec_kernels/ops/", ("check_tree_attention", "check_qk_norm_rope_append",
                                         "check_verify_tree", "check_draft_tree",
-                                        "check_rms_norm")),
+                                        "check_rms_norm", "check_silu_mul")),
     "select": ("jetspec_kernels/backend.py", ("select",)),
     "backend": ("jetspec_kernels/", ("<interface>",)),
     "custom op": ("", ("__call__",)),
     "impl": ("jetspec_kernels/cuda/", ("_tree_attention", "_qk_norm_rope_append", "_verify_tree",
-                                       "_log_softmax_topk", "_build_tree", "_rms_norm")),
+                                       "_log_softmax_topk", "_build_tree", "_rms_norm",
+                                       "_silu_mul")),
 }
 _INTERFACE = {"tree_attention": ("tree_attention",), "qk_norm_rope_append": ("qk_norm_rope_append",),
               "verify_tree": ("verify_tree",), "draft_tree": ("log_softmax_topk", "build_tree"),
-              "rms_norm": ("rms_norm",)}
+              "rms_norm": ("rms_norm",), "silu_mul": ("silu_mul",)}
+# The launchers whose empty call is rows=0 (the others': batch=0).
+_ROWS_LAUNCHERS = ("rms_norm", "silu_mul")
 
 
 def stages(fn, op: str) -> dict[str, float]:
@@ -351,20 +357,23 @@ def compare(rev: str, rounds: int, backends) -> None:
           f"Python calls (ours/all) {rev} | this (- where that tree's script does not count)")
     for backend in backends:
         for op in OPS:
-            b = statistics.median(r[backend][op]["us"] for r in runs["base"])
             t = statistics.median(r[backend][op]["us"] for r in runs["this"])
-            counts = [r[backend][op] for r in (runs["base"][0], runs["this"][0])]
+            counts = [r[backend].get(op, {}) for r in (runs["base"][0], runs["this"][0])]
             calls = " | ".join(f"{c['ours']}/{c['calls']}" if "calls" in c else "-" for c in counts)
+            if any(op not in r[backend] for r in runs["base"]):   # a tree from before the op
+                print(f"{op:21s} {backend:8s} {'-':>8s} | {t:8.1f} |     -   calls {calls}")
+                continue
+            b = statistics.median(r[backend][op]["us"] for r in runs["base"])
             print(f"{op:21s} {backend:8s} {b:8.1f} | {t:8.1f} | {b / t:5.2f}x   calls {calls}")
 
 
 def binding(rounds: int = 3, x: dict | None = None) -> dict:
     """What the no-op stand-in hides: the real ``_C`` launchers' argument parsing. Each op's
     cuda-path launches are recorded (keywords as the wrappers pass them), then replayed on the
-    real ``_C`` with ``batch=0`` (``rows=0`` for rms_norm), which every launcher parses in full
-    and returns on before any CUDA call (so this runs without a GPU). Op -> {"launches", "c_us": real parsing per op call,
-    "stub_us": the stand-in's own cost for the same calls}; minimum over ``rounds``; ``x``: the
-    inputs (default :func:`op_inputs`)."""
+    real ``_C`` with ``batch=0`` (``rows=0`` for rms_norm and silu_mul), which every launcher
+    parses in full and returns on before any CUDA call (so this runs without a GPU). Op ->
+    {"launches", "c_us": real parsing per op call, "stub_us": the stand-in's own cost for the same
+    calls}; minimum over ``rounds``; ``x``: the inputs (default :func:`op_inputs`)."""
     import jetspec_kernels as jk
     from jetspec_kernels import _C
 
@@ -377,7 +386,7 @@ def binding(rounds: int = 3, x: dict | None = None) -> dict:
             for name in jk._C.FIELDS:
                 setattr(jk._C, name,
                         lambda *a, _name=name, **kw: recorded.append(
-                            (_name, {**kw, "rows" if _name == "rms_norm" else "batch": 0})))
+                            (_name, {**kw, "rows" if _name in _ROWS_LAUNCHERS else "batch": 0})))
             fns[op]()
         launches = [(getattr(_C, name), kw) for name, kw in recorded]
 

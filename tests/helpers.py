@@ -12,6 +12,13 @@ import pytest
 import torch
 
 
+def _poisoned(t):
+    """``t`` filled with NaN (float) / -7 (signed int) / 0xA5 (uint8)."""
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    return t.fill_(0xA5 if t.dtype == torch.uint8 else -7)
+
+
 @contextlib.contextmanager
 def poisoned_empty():
     """Make torch.empty return NaN (float) / -7 (signed int) / 0xA5 (uint8) tensors, so unwritten
@@ -19,16 +26,41 @@ def poisoned_empty():
     real = torch.empty
 
     def empty(*size, dtype=None, **kw):
-        t = real(*size, dtype=dtype, **kw)
-        if t.is_floating_point():
-            return t.fill_(float("nan"))
-        return t.fill_(0xA5 if t.dtype == torch.uint8 else -7)
+        return _poisoned(real(*size, dtype=dtype, **kw))
 
     torch.empty = empty
     try:
         yield
     finally:
         torch.empty = real
+
+
+@contextlib.contextmanager
+def fenced_empty(fence: int = 64):
+    """poisoned_empty whose float tensors are the front of buffers ``fence`` elements longer, the
+    rest holding the dtype's largest finite value; on exit (without an error) asserts it still
+    does, so a kernel's write past the end of an output it allocated fails (the poison shows only
+    what is left unwritten inside it). Other dtypes, and calls with keywords other than device:
+    as poisoned_empty."""
+    real = torch.empty
+    tails = []
+
+    def empty(*size, dtype=None, **kw):
+        t = _poisoned(real(*size, dtype=dtype, **kw))
+        if not t.is_floating_point() or set(kw) - {"device"}:
+            return t
+        buf = _poisoned(real(t.numel() + fence, dtype=t.dtype, device=t.device))
+        buf[t.numel():] = torch.finfo(t.dtype).max
+        tails.append(buf[t.numel():])
+        return buf[:t.numel()].view(t.shape)
+
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        torch.empty = real
+    for tail in tails:
+        assert (tail == torch.finfo(tail.dtype).max).all(), "a write past an output's end"
 
 
 @lru_cache(maxsize=None)

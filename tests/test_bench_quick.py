@@ -293,20 +293,31 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
     assert "passed on this run, every dtype: qk_norm_rope_append: cuda, triton" in out.stdout
     assert "passed on this run, every dtype: verify_tree" not in out.stdout
 
-    # tests/ops: the backend is a parameter, and the file names the op when the test does not
-    assert hr.classify(e("test_matches_reference", "passed", file="tests/ops/test_tree_attention.py",
-                         backend="triton", dtype=torch.float16)) == ("tree_attention", "triton", ["fp16"])
-    assert hr.classify(e("test_rms_norm_meets_the_contract", "passed", file="tests/ops/test_rms_norm.py",
-                         backend="triton", dtype=torch.bfloat16)) == ("rms_norm", "triton", ["bf16"])
-    assert hr.classify(e("test_triton_two_pass_rows", "passed", file="tests/ops/test_rms_norm.py",
-                         backend="triton")) == ("rms_norm", "triton", ["-"])
-    assert hr.classify(e("test_tree_attention", "passed", file="tests/test_engine_layouts.py",
-                         engine="triton")) == ("tree_attention", "triton", ["-"])
-    assert hr.classify(e("test_graph_replay", "passed", file="tests/ops/test_every_op.py",
-                         backend="cuda")) == ("other: test_graph_replay", "cuda", ["-"])
-    assert hr.classify(e("test_topn_steps_match_model", "passed",
-                         file="tests/test_cuda_build_tree_steps.py", backend="cuda"))[0] == \
-        "other: test_topn_steps_match_model"
+    # tests/ops: the backend is a parameter, and the file names the op when the test does not.
+    # (test, file, parameters) -> (op, backend, dtypes)
+    ops_dir = "tests/ops/"
+    cases = [
+        (("test_matches_reference", ops_dir + "test_tree_attention.py",
+          dict(backend="triton", dtype=torch.float16)), ("tree_attention", "triton", ["fp16"])),
+        (("test_rms_norm_meets_the_contract", ops_dir + "test_rms_norm.py",
+          dict(backend="triton", dtype=torch.bfloat16)), ("rms_norm", "triton", ["bf16"])),
+        (("test_triton_two_pass_rows", ops_dir + "test_rms_norm.py", dict(backend="triton")),
+         ("rms_norm", "triton", ["-"])),
+        (("test_silu_mul_meets_the_contract", ops_dir + "test_silu_mul.py",
+          dict(backend="sim", dtype=torch.bfloat16)), ("silu_mul", "sim", ["bf16"])),
+        (("test_silu_mul_magnitudes_and_specials", ops_dir + "test_silu_mul.py",
+          dict(backend="cuda", dtype=torch.float16)), ("silu_mul", "cuda", ["fp16"])),
+        (("test_silu_mul_strided_and_leading_dims", ops_dir + "test_silu_mul.py",
+          dict(backend="triton", dtype=torch.float32)), ("silu_mul", "triton", ["fp32"])),
+        (("test_tree_attention", "tests/test_engine_layouts.py", dict(engine="triton")),
+         ("tree_attention", "triton", ["-"])),
+        (("test_graph_replay", ops_dir + "test_every_op.py", dict(backend="cuda")),
+         ("other: test_graph_replay", "cuda", ["-"])),
+        (("test_topn_steps_match_model", "tests/test_cuda_build_tree_steps.py",
+          dict(backend="cuda")), ("other: test_topn_steps_match_model", "cuda", ["-"])),
+    ]
+    for (test, file, params), want in cases:
+        assert hr.classify(e(test, "passed", file=file, **params)) == want, (test, file, params)
 
 
 def test_conftest_writes_the_hardware_record(tmp_path):

@@ -8,8 +8,9 @@ s within relative 2e-6 of the float64 value (or either float32 neighbour of it) 
 float32's exp(-g) overflows, s is -0.0 exactly (g / inf), as torch's. fp16 / bf16: out must be
 one of the (at most two) values those s give after both roundings, each product in float32 as the
 contract says; float32: out between them. Zero signs, infinities and NaN positions are exact.
-Outputs are poisoned (NaN), inputs are views of NaN-filled wider buffers where a read past a row
-or before it would show; a vector access off 16 bytes fails the simulator (common.cuh as_units).
+Outputs are poisoned (NaN) and fenced (a write past their end fails), inputs are views of
+NaN-filled wider buffers where a read past a row or before it would show; a vector access off 16
+bytes fails the simulator (common.cuh as_units).
 """
 import shutil
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_silu_mul as check, poisoned_empty, same, sim_module, use_sim
+from helpers import assert_silu_mul as check, fenced_empty, same, sim_module, use_sim
 from test_cuda_rms_norm import wide
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -30,7 +31,7 @@ def inputs(rows, inner, dtype, scale=1.0, seed=0):
 
 def run(x):
     from jetspec_kernels import cuda
-    with poisoned_empty():
+    with fenced_empty():
         return cuda.silu_mul(x)
 
 

@@ -2,15 +2,18 @@
 
 The check (helpers.assert_silu_mul) is exact up to what the contract leaves open, the float32
 exp and division of the silu (within relative 2e-6 before the rounding to x's dtype): a missing
-rounding, a wrong column for up, a tail left unwritten land outside it.
+rounding, a wrong column for up, a tail left unwritten land outside it. Outputs are fenced
+(helpers.fenced_empty): a write past an output's end fails.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from helpers import (api_backend, assert_silu_mul, backends, poisoned_empty, same,
+from helpers import (api_backend, assert_silu_mul, backends, fenced_empty, same,
                      skip_on_interpreter, sync, widened)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -23,7 +26,8 @@ def _skip_bf16_interpreter(backend, dtype):
 
 
 def _call(x, backend, dev):
-    with poisoned_empty():
+    """The public op on ``x`` on ``dev``, its output NaN-poisoned and fenced."""
+    with fenced_empty():
         out = jk.silu_mul(x.to(dev) if x.device.type != dev else x, backend=api_backend(backend))
     sync(dev)
     return out
@@ -88,6 +92,35 @@ def test_reference_is_the_models_torch_form():
     x = torch.randn(3, 10, dtype=torch.float64, generator=gen)
     g, u = x[:, :5], x[:, 5:]
     assert torch.allclose(ref.silu_mul(x), g * torch.sigmoid(g) * u, rtol=1e-14, atol=0)
+
+
+def test_the_fence_fails_a_write_past_an_output_s_end():
+    """fenced_empty (the outputs above): a write at an output's last element passes, one just
+    past it fails; what is left unwritten stays NaN."""
+    with fenced_empty():
+        out = torch.empty(3, 5, dtype=torch.bfloat16)
+        out[-1, -1] = 1.0
+    assert out.isnan().sum() == 14
+    with pytest.raises(AssertionError, match="past an output's end"):
+        with fenced_empty():
+            out = torch.empty(3, 5)
+            out.as_strided((1,), (1,), out.numel()).fill_(1.0)
+
+
+def test_the_checker_rejects_tl_exp_on_very_negative_gates():
+    """Triton's ``tl.exp(-g)`` is exp2 of the float32 product ``-g * log2(e)``, whose rounding
+    (half an ulp of a number up to 128) puts exp(-g) up to about 4e-6 off relatively for gates in
+    [-88, -44], past the window's 2e-6 (hence triton/silu_mul.py's range-reduced exp): the check
+    fails on that form and passes the same gates with the exact exp, and torch's form."""
+    gen = torch.Generator().manual_seed(6)
+    g = -30 - 58 * torch.rand(4, 64, generator=gen)       # float32 exp(-g) still finite
+    u = torch.randn(4, 64, generator=gen)
+    x = torch.cat([g, u], -1)
+    t = -g * torch.tensor(math.log2(math.e))              # rounded to float32, as tl.exp does
+    with pytest.raises(AssertionError):
+        assert_silu_mul((g.double() / (1 + torch.exp2(t.double()))).float() * u, x)
+    assert_silu_mul((g.double() / (1 + torch.exp(-g.double()))).float() * u, x)
+    assert_silu_mul(F.silu(g) * u, x)
 
 
 @pytest.mark.parametrize("make,error,match", [
