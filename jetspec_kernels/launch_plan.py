@@ -149,3 +149,28 @@ def hidden_topk_method(rows: int, dtype: torch.dtype, device) -> str:
     if min_rows is None or dtype not in HIDDEN_TOPK_GEMM_DTYPES or rows < min_rows:
         return "fused"
     return "gemm"
+
+
+# ----------------------------------------------------------------------------------------------
+# The greedy verify's argmax over the vocabulary (models.Qwen3.argmax)
+# ----------------------------------------------------------------------------------------------
+# The lm_head GEMM and the argmax run in vocabulary chunks so that the logits of a big verify
+# (B16 x 256 nodes: 1.2 GB in bf16) never exist at once. A chunk costs two launches (the GEMM
+# slice and its max) and the chunks' merge four, against three for one pass, so a call takes as
+# few chunks as ARGMAX_CHUNK_BYTES of logits allow, and never more than chunks of
+# ARGMAX_MIN_CHUNK columns would need (one pass at B1 x 64 nodes of Qwen3-8B: 19 MB).
+ARGMAX_MIN_CHUNK = 32768
+ARGMAX_CHUNK_BYTES = 32 << 20
+
+
+def argmax_chunk(rows: int, vocab: int, elt: int) -> int:
+    """Vocabulary columns per chunk of the chunked argmax over ``rows`` hidden rows (``elt``:
+    bytes a logit): ``vocab`` (one pass) when the logits fit ARGMAX_CHUNK_BYTES; else the fewest
+    chunks of at most max(ARGMAX_MIN_CHUNK, the columns that fit, a multiple of 256) columns,
+    sized alike (a multiple of 256; the last one is the rest). Static shapes only."""
+    fit = ARGMAX_CHUNK_BYTES // max(1, rows * elt)
+    if fit >= vocab:
+        return vocab
+    most = max(ARGMAX_MIN_CHUNK, fit - fit % 256)
+    n = -(-vocab // most)
+    return min(vocab, -(-vocab // (n * 256)) * 256)

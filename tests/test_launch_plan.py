@@ -172,6 +172,33 @@ def test_hidden_topk_method_rule(monkeypatch, rows, dtype, device, want):
     assert lp.hidden_topk_method(rows, dtype, device) == want
 
 
+# ---------------------------------------------------------------------- the verify's argmax
+# (rows, vocab, elt) -> columns per chunk, at the defaults (chunks of at most 32 MiB of logits
+# or 32768 columns, whichever is more; balanced, multiples of 256)
+ARGMAX_CHUNKS = [
+    (64, 151936, 2, 151936),     # B1 x 64 nodes of Qwen3-8B: 19.4 MB of logits, one pass
+    (110, 151936, 2, 151936),    # 33,425,920 bytes: fits 32 MiB
+    (111, 151936, 2, 76032),     # one row more: two balanced chunks, not 151040 + 896
+    (256, 151936, 2, 50688),     # B4 x 64: at most 65536 columns fit, 3 chunks
+    (1024, 151936, 2, 30464),    # B16 x 64: at most the minimum, 32768: 5 chunks (as before)
+    (4096, 151936, 4, 30464),
+    (0, 151936, 2, 151936),      # no rows: one (empty) pass
+    (1, 1000, 4, 1000),
+    (10 ** 6, 1000, 2, 1000),    # the vocabulary is below the minimum chunk: one pass
+]
+
+
+@pytest.mark.parametrize("rows,vocab,elt,want", ARGMAX_CHUNKS)
+def test_argmax_chunk(rows, vocab, elt, want):
+    assert lp.ARGMAX_MIN_CHUNK == 32768 and lp.ARGMAX_CHUNK_BYTES == 32 << 20
+    got = lp.argmax_chunk(rows, vocab, elt)
+    assert got == want
+    if got < vocab:   # a multiple of 256, within the bound, and no chunk fewer would do
+        most = max(lp.ARGMAX_MIN_CHUNK, lp.ARGMAX_CHUNK_BYTES // (rows * elt) // 256 * 256)
+        assert got % 256 == 0 and got <= most
+        assert -(-vocab // got) == -(-vocab // most)
+
+
 # ---- Plans once per signature (launch_plan.planned; issue 27) ----
 
 def test_planned_keys_on_the_signature_and_the_sm_count(monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import jetspec_kernels as jk
+from jetspec_kernels import launch_plan
 from jetspec_kernels.models import CheckpointError, Qwen3, Qwen3Config, save_qwen3
 from jetspec_kernels.models.tiny import random_qwen3_weights, tiny_qwen3_config
 from helpers import rel_l2 as rel, undeferred
@@ -157,21 +158,37 @@ def test_tied_embeddings_and_config_errors(tmp_path):
     assert Qwen3Config.from_dict(v5).rope_theta == 5.0
 
 
-def test_argmax_over_vocabulary_chunks_ties_to_the_lower_id():
-    """Qwen3.argmax reads the vocabulary in chunks of 32768: a tie between ids in different chunks
-    goes to the lower id (torch.argmax's rule, which generate_ar and the reference use), so
-    greedy speculative output stays equal to the baseline on a large vocabulary."""
-    cfg = tiny_qwen3_config(vocab_size=32768 + 40, hidden_size=16, intermediate_size=32,
+@pytest.mark.parametrize("min_chunk,cap,chunks", [(256, 0, 4), (512, 0, 2), (256, 3 * 300 * 4, 4),
+                                                   (256, 3 * 768 * 4, 2), (256, 3 * 1000 * 4, 1)])
+def test_argmax_over_vocabulary_chunks_ties_to_the_lower_id(monkeypatch, min_chunk, cap, chunks):
+    """Qwen3.argmax reads the vocabulary in chunks (launch_plan.argmax_chunk: as few as the
+    logits cap allows, never smaller than the minimum, one pass when all fit): a tie between ids
+    in different chunks goes to the lower id (torch.argmax's rule, which generate_ar and the
+    reference use), so greedy speculative output stays equal to the baseline; the best id in the
+    last, partial chunk is found; leading dims and zero rows keep their shape."""
+    monkeypatch.setattr(launch_plan, "ARGMAX_MIN_CHUNK", min_chunk)
+    monkeypatch.setattr(launch_plan, "ARGMAX_CHUNK_BYTES", cap)
+    cfg = tiny_qwen3_config(vocab_size=1000, hidden_size=16, intermediate_size=32,
                             num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                             num_hidden_layers=1)
     model = Qwen3(cfg, random_qwen3_weights(cfg, seed=4))
+    chunk = launch_plan.argmax_chunk(3, 1000, 4)
+    assert -(-1000 // chunk) == chunks
     hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
     lm = model.lm_head_weight
-    lm[7] = lm[32768 + 7] = 100.0 * hidden[0]                  # tie across the chunk boundary
-    lm[32768 + 20] = 100.0 * hidden[1]                          # the best id in the second chunk
+    lm[[7, 256 + 7, 512 + 7, 999]] = 100.0 * hidden[0]          # ties across every boundary
+    lm[768 + 20] = 100.0 * hidden[1]                             # the best id in the last chunk
+    calls = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda x, w: calls.append(w.shape[0]) or real(x, w))
     want = torch.argmax(model.logits(hidden), dim=-1).to(torch.int32)
-    assert want[:2].tolist() == [7, 32768 + 20]
+    calls.clear()
+    assert want[:2].tolist() == [7, 768 + 20]
     assert torch.equal(model.argmax(hidden), want)
+    assert calls == [min(chunk, 1000 - i) for i in range(0, 1000, chunk)]
+    assert torch.equal(model.argmax(hidden.view(1, 3, 16)), want.view(1, 3))
+    assert model.argmax(hidden[:0].view(2, 0, 16)).shape == (2, 0)
 
 
 def test_projections_are_one_gemm_each_and_the_checkpoint_keys_views():

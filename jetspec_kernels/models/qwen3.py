@@ -20,7 +20,7 @@ from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.silu_mul import silu_mul
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import decoder_layer, swiglu
-from .. import tp
+from .. import launch_plan, tp
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, Qwen3MoeConfig, read_config
@@ -234,23 +234,24 @@ class Qwen3:
         return F.linear(hidden, self.lm_head_weight)
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Greedy tokens int32 [...] from final hidden [..., H] (ties to the lower id).
+        """Greedy tokens int32 [...] from final hidden [..., H] (ties to the lower id, as
+        ``torch.argmax`` over the full logits).
 
-        Computed in vocabulary chunks so the full [..., V] logits never exist at once.
+        The logits come in vocabulary chunks (``launch_plan.argmax_chunk``: one pass while they
+        fit ARGMAX_CHUNK_BYTES) so the full [..., V] logits of a big verify never exist at once.
         """
-        chunk = 32768
-        best_val = best_idx = None
-        for start in range(0, self.config.vocab_size, chunk):
-            part = F.linear(hidden, self.lm_head_weight[start:start + chunk])
-            val, idx = part.max(dim=-1)
-            idx = idx + start
-            if best_val is None:
-                best_val, best_idx = val, idx
-            else:
-                better = val > best_val        # strict: an equal later chunk never wins a tie
-                best_val = torch.where(better, val, best_val)
-                best_idx = torch.where(better, idx, best_idx)
-        return best_idx.to(torch.int32)
+        w, v = self.lm_head_weight, self.lm_head_weight.shape[0]
+        rows = hidden.numel() // max(1, hidden.shape[-1])
+        chunk = launch_plan.argmax_chunk(rows, v, hidden.element_size())
+        if chunk >= v:
+            return torch.argmax(F.linear(hidden, w), dim=-1).to(torch.int32)
+        n = -(-v // chunk)
+        vals = hidden.new_empty((n, *hidden.shape[:-1]))
+        idxs = torch.empty(vals.shape, dtype=torch.int64, device=hidden.device)
+        for c in range(n):
+            torch.max(F.linear(hidden, w[c * chunk:(c + 1) * chunk]), dim=-1, out=(vals[c], idxs[c]))
+        best = torch.argmax(vals, dim=0, keepdim=True)      # the first chunk holding the maximum
+        return torch.add(idxs.gather(0, best), best, alpha=chunk).squeeze(0).to(torch.int32)
 
     def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, cache: KVCache, *, taps=()):
         """Causal forward over right-padded prompts, writing their K/V at slots 0..T-1.
