@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from jetspec_kernels.launch_plan import argmax_chunk
+
 # Ceilings measured on this workplace's machines (.library/device KINDS.md; bench/NOTES.md,
 # "Ceilings"): device-to-device copy, bytes read + written; bf16 8192^3 matmul on random data.
 @dataclass(frozen=True)
@@ -52,9 +54,8 @@ LAUNCHES = {
     "head_append_layer": 2,   # one head layer's K/V projection (one GEMM) + cache append
     "sparse_extra": 14,       # extra launches of a MoE layer (routing, sort, grouped GEMMs, scatter)
     "draft_fixed": 9,         # embedding, block build, final norm, fused top-K, tree
-    "verify_fixed": 10,       # embedding, final norm, one argmax chunk, tree positions
-    "argmax_chunk": 6,        # each further 32768-token chunk of the fused argmax
-    "accept_commit_fixed": 31,  # verify_tree, commit_kv, fc + norm, emit, state updates
+    "verify_fixed": 6,        # embedding, final norm, tree positions (the argmax: argmax_launches)
+    "accept_commit_fixed": 21,  # verify_tree, commit_kv, fc + norm, emit (7), state updates
     "ar_fixed": 6,            # embedding, final norm, lm_head, argmax, advance
     "tap": 1,                 # a tapped target layer's residual add (elsewhere the next norm adds it)
 }
@@ -74,7 +75,6 @@ SILU_MUL_CALLS = {"target_layer": 1, "head_layer": 1}
 TORCH_SILU_MUL_LAUNCHES = 2
 BIG_PER_LAYER = 5             # of a layer's launches: 4 GEMMs (q/k/v and gate/up fused) + attention
                               # (timed by bytes/FLOPs)
-ARGMAX_CHUNK = 32768          # Qwen3.argmax's vocabulary chunk
 
 
 # Whether the models' fused layer ops (rms_norm, silu_mul) are one kernel a call: None (default)
@@ -90,6 +90,14 @@ def ops_fused(fn: str) -> bool:
         return FUSED_OPS
     from jetspec_kernels.backend import verified_backends
     return bool(verified_backends(fn))
+
+
+def argmax_launches(rows: int, vocab: int, elt: int) -> int:
+    """Launches of Qwen3.argmax over ``rows`` hidden rows: one pass is the GEMM, the argmax and
+    the cast; in n vocabulary chunks (launch_plan.argmax_chunk) each chunk is its GEMM slice and
+    max, and the merge four (argmax over the chunks, gather, add, cast)."""
+    chunks = math.ceil(vocab / argmax_chunk(rows, vocab, elt))
+    return 3 if chunks == 1 else 2 * chunks + 4
 
 
 def launches(key: str) -> int:
@@ -219,7 +227,7 @@ class Model:
 def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: int,
                    causal: bool = False, argmax: bool = False, taps: int = 0) -> Cost:
     """One target forward of ``new`` tokens per sequence over ``prefix`` cached positions;
-    ``logits_rows`` rows go through the lm_head (fused argmax: in 32768-token chunks);
+    ``logits_rows`` rows go through the lm_head (fused argmax: :func:`argmax_launches`);
     ``causal``: the new tokens attend causally among themselves (prefill; half the tail FLOPs);
     ``taps``: tapped layers (the head's). Norm launches as :func:`launches` counts them."""
     tokens = batch * new
@@ -233,7 +241,7 @@ def target_forward(m: Model, batch: int, new: int, prefix: int, *, logits_rows: 
     n = (m.layers * launches("target_layer") + m.sparse_layers * LAUNCHES["sparse_extra"]
          + launches("verify_fixed") + taps * launches("tap"))
     if argmax:
-        n += (math.ceil(m.vocab / ARGMAX_CHUNK) - 1) * LAUNCHES["argmax_chunk"]
+        n += argmax_launches(logits_rows, m.vocab, m.elt)
     return Cost(read * m.elt + kv, flops, n, m.layers * BIG_PER_LAYER)
 
 
@@ -300,7 +308,7 @@ def memory(m: Model, batch: int, prompt: int, budget: int, capacity: int, chunk:
     kv_pos, kv_head = m.kv_bytes_per_position()
     rows_prefill = batch * min(chunk, prompt)
     rows_verify = batch * budget
-    round_ = 2 * rows_verify * (row_bytes(m) + 2 * ARGMAX_CHUNK * m.elt)
+    round_ = 2 * rows_verify * (row_bytes(m) + 2 * argmax_chunk(rows_verify, m.vocab, m.elt) * m.elt)
     parts = {"weights": m.weight_bytes(), "kv": float(batch * capacity * kv_pos),
              "head_kv": float(batch * capacity * kv_head), "prefill": rows_prefill * row_bytes(m),
              "round": round_, "slack": float(MEMORY_SLACK)}

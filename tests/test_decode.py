@@ -512,3 +512,39 @@ def test_acceptance_counts_every_prompt(trained):
     want = sum(map(sum, runs)) / sum(map(len, runs))
     assert want != sum(runs[0]) / len(runs[0]), "the test needs the last batch to move the mean"
     assert acceptance(target, head, prompts, batch=2, **kw) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("eos", [None, 5, [5, 9]])
+def test_token_buffer_emit_against_a_list_model(eos):
+    """TokenBuffer.emit appends emitted[b, :counts[b]] (counts 0: nothing), stops a sequence at
+    max_new tokens or at an EOS id among its first max_new tokens (not one emitted past them),
+    and never writes a token outside its row's first max_new + max_emit columns; checked against
+    a list model over random rounds."""
+    from jetspec_kernels.decode.output import TokenBuffer
+    gen = torch.Generator().manual_seed(7)
+    b, max_new, m = 5, 9, 4
+    out = TokenBuffer(b, max_new, m, eos, "cpu")
+    ids = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+    rows, done = [[] for _ in range(b)], [False] * b
+    for _ in range(8):
+        emitted = torch.randint(0, 12, (b, m), generator=gen, dtype=torch.int32)
+        counts = torch.randint(0, m + 1, (b,), generator=gen, dtype=torch.int32)
+        counts[torch.tensor(done)] = 0        # the decode passes 0 for a finished sequence
+        out.emit(emitted, counts)
+        for i in range(b):
+            new = emitted[i, :counts[i]].tolist()
+            start = len(rows[i])
+            rows[i] += new
+            done[i] = done[i] or len(rows[i]) >= max_new or any(
+                t in ids and start + j < max_new for j, t in enumerate(new))
+        assert out.done.tolist() == done
+        assert out.count.tolist() == [len(r) for r in rows]
+        for i in range(b):
+            n = min(len(rows[i]), max_new + m)
+            assert out.tokens[i, :n].tolist() == rows[i][:n]
+    want = []
+    for r in rows:
+        r = r[:max_new]
+        cut = next((j for j, t in enumerate(r) if t in ids), None)
+        want.append(r if cut is None else r[:cut + 1])
+    assert out.to_lists() == want

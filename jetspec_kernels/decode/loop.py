@@ -230,16 +230,15 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
         token, _ = prefill(target, tokens, lens, cache, sampling, seed_t, out)
     offset = torch.zeros_like(seed_t)
     prefix = lens.clone()
-    one = torch.ones_like(lens)
     while not bool(out.done.all()):          # the one host sync per step
-        active = ~out.done
+        active = (~out.done).to(torch.int32)     # one token per active sequence
         offset.add_(1)
         with stages("decode"):
             logits = target.decode(token, prefix, cache)
             token = next_token(logits, sampling, seed_t, offset)
         with stages("emit"):
-            prefix.add_(active.to(torch.int32))
-            out.emit(token[:, None], one, active)
+            prefix.add_(active)
+            out.emit(token[:, None], active)
         stats.rounds += 1
     _check_ranks_agree(out, shard)
     return finish(stats, out, stages, t0, [], 0)

@@ -78,20 +78,23 @@ class TokenBuffer:
         self.count = torch.zeros(batch, dtype=torch.int32, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.eos = _eos_tensor(eos_token_id, device)
+        self.cols = torch.arange(max_emit, dtype=torch.int64, device=device)
+        # where()'s scalar operand would be a tensor made on the device at every call
+        self.trash_col = torch.full((1,), self.trash, dtype=torch.int64, device=device)
 
-    def emit(self, emitted: torch.Tensor, num: torch.Tensor, active: torch.Tensor) -> None:
-        """Append ``emitted[b, :num[b]]`` (int32 [B, M]) for active sequences; update ``done``."""
+    def emit(self, emitted: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append ``emitted[b, :counts[b]]`` (int32 [B, M], M <= max_emit; ``counts`` int32 [B],
+        0 for a sequence that emits nothing); update ``done``. Seven launches without EOS ids: a
+        round's emit runs in its CUDA graph, where each costs a launch gap."""
         m = emitted.shape[1]
-        col = torch.arange(m, device=emitted.device, dtype=torch.int32)
-        valid = (col[None, :] < num[:, None]) & active[:, None]
-        trash = torch.full_like(col, self.trash)[None, :]
-        idx = torch.where(valid, self.count[:, None] + col[None, :], trash)
-        self.tokens.scatter_(1, idx.long(), emitted)
-        self.count.add_(torch.where(active, num, torch.zeros_like(num)))
+        col = self.cols[:m]
+        valid = col < counts[:, None]
+        pos = self.count[:, None] + col                  # int64: scatter's index dtype
+        self.tokens.scatter_(1, torch.where(valid, pos, self.trash_col), emitted)
+        self.count.add_(counts)
         hit = self.count >= self.max_new
-        if self.eos is not None:
-            in_budget = valid & (self.count[:, None] - num[:, None] + col[None, :] < self.max_new)
-            hit = hit | (in_budget & torch.isin(emitted, self.eos)).any(dim=1)
+        if self.eos is not None:   # an EOS past max_new needs no test: the count stops it
+            hit = hit | (valid & torch.isin(emitted, self.eos)).any(dim=1)
         self.done.logical_or_(hit)
 
     def to_lists(self) -> list[list[int]]:

@@ -48,5 +48,5 @@ def prefill(target, tokens, lens, cache, sampling: Sampling, seed, out: TokenBuf
     Returns ``(token int32 [B], the tapped hidden states of ``taps`` or None)``."""
     logits, tapped = target.prefill(tokens, lens, cache, taps=taps)
     token = next_token(logits, sampling, seed, torch.zeros_like(seed))
-    out.emit(token[:, None], torch.ones_like(lens), torch.ones_like(out.done))
+    out.emit(token[:, None], torch.ones_like(lens))
     return token, tapped

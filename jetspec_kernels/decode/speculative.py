@@ -122,17 +122,17 @@ class SpeculativeDecode:
             commit = commit_kv(cache.k, cache.v, self.prefix, verdict, block_table=cache.block_table,
                                hidden=tapped)
         with st("append"):
-            counts = torch.where(active, num, torch.zeros_like(num))
+            counts = num * active                       # tokens each sequence takes this round
             self.head.append_context(self.dstate, commit.hidden, counts)
         if self.adaptive:
             with st("calibrate"):
                 self.calibrator.update(tree, verdict, active)
-        with st("emit"):
-            self.prefix.copy_(torch.where(active, commit.prefix_lens, self.prefix))
-            self.anchor.copy_(torch.where(active, verdict.bonus, self.anchor))
+        with st("emit"):   # in place through out=: one launch each, not a where and a copy
+            torch.where(active, commit.prefix_lens, self.prefix, out=self.prefix)
+            torch.where(active, verdict.bonus, self.anchor, out=self.anchor)
             self.offset.add_(1)
-            self.out.emit(verdict.emitted, num, active)
-            accept = torch.where(active, verdict.accept_len, torch.full_like(verdict.accept_len, -1))
+            self.out.emit(verdict.emitted, counts)
+            accept = counts - 1                         # accept_len, -1 for a finished sequence
         self.accept = accept
         return accept
 
