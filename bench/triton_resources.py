@@ -92,6 +92,7 @@ def _cases():
     from jetspec_kernels import launch_plan
     attention = importlib.import_module("jetspec_kernels.triton.tree_attention")
     verify = importlib.import_module("jetspec_kernels.triton.verify_tree")
+    rms_norm_mod = importlib.import_module("jetspec_kernels.triton.rms_norm")
 
     for m in (attention, verify):
         _as_cuda(m)
@@ -155,6 +156,13 @@ def _cases():
                e(2, 64, hkv, 128, dtype=bf16), e(128), e(128), e(2, 64, **i32),
                e(2, 4096, hkv, 128, dtype=bf16), e(2, 4096, hkv, 128, dtype=bf16), 1e6, 1e-6,
                None, e(2, **i32)))
+    for what, h, res in (("H4096 + residual", 4096, True), ("H4096", 4096, False),
+                         ("H 2 x one-pass max + residual", 2 * rms_norm_mod.ONE_PASS_MAX, True)):
+        yield (f"rms_norm bf16 {what}",
+               lambda h=h, res=res: kernels.rms_norm(e(64, h, dtype=bf16),
+                                                     e(64, h, dtype=bf16) if res else None,
+                                                     e(h, dtype=bf16), 1e-6))
+    yield ("silu_mul bf16 I12288", lambda: kernels.silu_mul(e(64, 2 * 12288, dtype=bf16)))
     yield ("commit_kv bf16 Dh128 + hidden",
            lambda: kernels.commit_kv(e(2, 4096, hkv, 128, dtype=bf16),
                                      e(2, 4096, hkv, 128, dtype=bf16), e(2, **i32),
@@ -182,8 +190,9 @@ def _usage(ptx: str, name: str, tmp: Path) -> dict:
                 spill_stores=int(frame.group(2)), spill_loads=int(frame.group(3)))
 
 
-def collect() -> list[dict]:
-    """One row per compiled kernel: case, kernel, warps, stages, registers, stack, shared."""
+def collect(ptx_dir: Path | None = None) -> list[dict]:
+    """One row per compiled kernel: case, kernel, warps, stages, registers, stack, shared;
+    ``ptx_dir``: also write each kernel's PTX there as ``<row index>_<kernel>.ptx``."""
     compiled: list = []
     _install(compiled)
     rows = []
@@ -193,6 +202,8 @@ def collect() -> list[dict]:
             thunk()
             for name, kernel in compiled[start:]:
                 md = kernel.metadata
+                if ptx_dir is not None:
+                    (ptx_dir / f"{len(rows)}_{name}.ptx").write_text(kernel.asm["ptx"])
                 rows.append(dict(case=label, kernel=name, warps=md.num_warps,
                                  stages=md.num_stages, shared=md.shared,
                                  **_usage(kernel.asm["ptx"], md.name, Path(tmp))))
@@ -202,8 +213,12 @@ def collect() -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", type=Path, default=None, help="also write the rows as CSV")
+    p.add_argument("--ptx-dir", type=Path, default=None,
+                   help="also write each kernel's PTX there (<row index>_<kernel>.ptx)")
     args = p.parse_args(argv)
-    rows = collect()
+    if args.ptx_dir:
+        args.ptx_dir.mkdir(parents=True, exist_ok=True)
+    rows = collect(args.ptx_dir)
     cols = ["case", "kernel", "warps", "stages", "registers", "stack", "spill_stores",
             "spill_loads", "shared"]
     width = max(len(r["case"]) for r in rows)

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = {
     "_tree_attention_fwd", "_merge_splits", "_logits_partial_kernel", "_merge_kernel",
     "_hidden_partial_kernel", "_tree_kernel", "_pack_mask_kernel", "_target_partial_kernel",
-    "_walk_kernel", "_filter_kernel", "_qk_norm_rope_append_kernel", "_commit_kv_kernel", "_gather_hidden_kernel",
+    "_walk_kernel", "_filter_kernel", "_qk_norm_rope_append_kernel", "_commit_kv_kernel",
+    "_gather_hidden_kernel", "_rms_norm_one_pass", "_rms_norm_two_pass", "_silu_mul",
 }
 # float64 sin/cos (python_ref's RoPE convention) keeps libdevice's argument-reduction buffer on
 # the stack: a frame, not a spill (ptxas reports 0 spill bytes for it).
@@ -24,14 +25,18 @@ STACK_ALLOWED = {"_qk_norm_rope_append_kernel": 48}
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its CUDA backend")
-    out = tmp_path_factory.mktemp("sm90") / "resources.csv"
+    tmp = tmp_path_factory.mktemp("sm90")
+    out = tmp / "resources.csv"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_resources.py"),
-                           "--csv", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+                           "--csv", str(out), "--ptx-dir", str(tmp / "ptx")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out) as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows):
+        r["ptx"] = (tmp / "ptx" / f"{i}_{r['kernel']}.ptx").read_text()
+    return rows
 
 
 def test_every_kernel_compiled(rows):
@@ -46,3 +51,14 @@ def test_no_spills_and_shared_memory_fits(rows):
     assert not bad, "\n".join(f"{r['case']}: {r['kernel']} regs {r['registers']} stack "
                               f"{r['stack']} spills {r['spill_stores']}/{r['spill_loads']} "
                               f"shared {r['shared']}" for r in bad)
+
+
+def test_correctly_rounded_division_where_the_contract_needs_it(rows):
+    """silu_mul's contract window (DESIGN.md section 4) needs silu's division correctly rounded:
+    its kernel's PTX divides with div.rn.f32 (tl.math.div_rn) and has no approximate division,
+    which the interpreter (numpy's exact division) could never show."""
+    ptx = [r["ptx"] for r in rows if r["kernel"] == "_silu_mul"]
+    assert ptx
+    for text in ptx:
+        assert "div.rn.f32" in text
+        assert "div.full.f32" not in text and "div.approx" not in text
