@@ -3,7 +3,8 @@ the fused lm_head + top-K (``draft_tree_from_hidden``) alone.
 
 Row groups per (B, T = context rows) shape:
   ``.../round``  per backend: ``head.draft_hidden`` over a context already in the draft KV cache,
-      then ``draft_tree_from_hidden`` (never materialising [B, S-1, V] logits). Baseline
+      then ``draft_tree_from_hidden`` (fused: no [B, S-1, V] logits in memory; the cuda
+      backend, which has no fused hidden top-K, writes them by cuBLAS, its GEMM method). Baseline
       ``published``: ``head.draft_logits`` from scratch (fc and every layer's K/V over all T
       context rows, then the lm_head) plus the host tree path, as the published drafter does.
       Rows ``<backend>:torch_ops`` run the same with the head's fused layer ops (rms_norm,

@@ -280,7 +280,9 @@ def prefill(m: Model, batch: int, prompt: int) -> Cost:
     c = target_forward(m, batch, prompt, 0, logits_rows=batch, causal=True, taps=m.taps)
     _, kv_head = m.kv_bytes_per_position()
     append = m.head_fc + m.head_layers * m.head_kv_params
-    return c + Cost(append * m.elt + batch * prompt * kv_head, 2 * batch * prompt * append)
+    # the first token: the last rows' logits and their argmax (launched as the one-pass argmax)
+    first = argmax_launches(batch, m.vocab, m.elt)
+    return c + Cost(append * m.elt + batch * prompt * kv_head, 2 * batch * prompt * append, first)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from jetspec_kernels.backend import GPU_BACKENDS, INTERFACE_FUNCTIONS
+from jetspec_kernels.backend import GPU_BACKENDS, INTERFACE_FUNCTIONS, implements
 
 # Test-function name fragments -> the interface function they test (first match wins).
 OP_OF_TEST = (("tree_attention", "tree_attention"), ("log_softmax_topk", "log_softmax_topk"),
@@ -84,11 +84,13 @@ def status(row: dict) -> str:
 
 def verified(rows: dict[tuple[str, str, str], dict]) -> dict[str, list[str]]:
     """Interface function -> the GPU backends (``GPU_BACKENDS``) whose rows for it ran and all
-    passed, every dtype and every test (the candidates for ``HARDWARE_VERIFIED``)."""
+    passed, every dtype and every test (the candidates for ``HARDWARE_VERIFIED``); a backend
+    without the function (``backend.OPTIONAL_FUNCTIONS``: the cuda hidden_topk tests run its
+    GEMM method) is never one."""
     out = {}
     for fn in INTERFACE_FUNCTIONS:
         ok = []
-        for b in GPU_BACKENDS:
+        for b in (b for b in GPU_BACKENDS if implements(b, fn)):
             mine = [r for (op, backend, _), r in rows.items() if op == fn and backend == b]
             if mine and all(status(r) == "passed" for r in mine):
                 ok.append(b)

@@ -1,6 +1,6 @@
 """Compile every Triton kernel for sm_90a offline (no GPU) and report its resources.
 
-    python bench/triton_resources.py [--csv PATH]
+    python bench/triton_resources.py [--csv PATH] [--ptx-dir DIR]
 
 The Triton interpreter checks the kernels' logic on the CPU but never compiles them, so it
 cannot see bf16 ``tl.dot`` lowering, register spills or shared memory beyond the 227 KB an

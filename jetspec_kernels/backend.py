@@ -55,10 +55,11 @@ GPU_BACKENDS = ("cuda", "triton")
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask", "rms_norm",
                        "silu_mul")
-# Interface functions a backend may lack: draft_tree_from_hidden then takes its "gemm" method
+# Interface functions a backend may lack, and the backends that lack them (tests/test_backend.py
+# checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
 # mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
-OPTIONAL_FUNCTIONS = ("hidden_topk",)
+OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",)}
 
 # Interface functions whose work the models ran as torch ops before the function existed: on CUDA
 # tensors ``auto`` keeps them on those ops (the reference backend) until a GPU backend is listed in
@@ -178,17 +179,19 @@ def kernel(name: str, fn: str):
     """The function ``fn`` of backend ``name`` (see CONTRIBUTING.md, backend interface)."""
     impl = getattr(_module(_BACKEND_MODULES[name]), fn, None)
     if impl is None:
-        raise BackendUnavailableError(
-            f"backend {name!r} is not available: it does not implement {fn} yet")
+        why = (f"it has no {fn} (an optional interface function)" if not implements(name, fn)
+               else f"it does not implement {fn} yet")
+        raise BackendUnavailableError(f"backend {name!r} is not available: {why}")
     return impl
 
 
 def implements(backend: str | None, fn: str) -> bool:
     """Whether ``backend`` (None: the process default; "auto": always, its candidates include the
-    reference) has interface function ``fn``, on any device; a bad name is a ValueError naming
-    ``backend``."""
+    reference) has interface function ``fn`` (``OPTIONAL_FUNCTIONS``; imports nothing, so a
+    backend that cannot load still answers, and :func:`select` says why it cannot run); a bad name
+    is a ValueError naming ``backend``."""
     name = _current if backend is None else _check_name(backend)
-    return name == "auto" or getattr(_module(_BACKEND_MODULES[name]), fn, None) is not None
+    return name not in OPTIONAL_FUNCTIONS.get(fn, ())
 
 
 def supports(name: str, fn: str, **call) -> str | None:

@@ -160,10 +160,15 @@ def test_ops_on_a_device_that_is_not_current(backend):
     assert got.device == torch.device("cuda:1") and torch.equal(got.cpu(), want.to(torch.int32))
 
 
-def test_implements_names_the_fused_hidden_topk_backends():
+def test_implements_names_the_fused_hidden_topk_backends(monkeypatch):
     """The cuda backend has no fused hidden_topk (deleted: it lost to Triton's on the H200,
     bench/NOTES.md), so draft_tree_from_hidden takes the GEMM method there; auto's candidates
-    (and the process default, when auto) always have one; a bad name is a ValueError."""
+    (and the process default, when auto) always have one; a bad name is a ValueError; the answer
+    imports no backend (one that cannot load is select's to explain)."""
+    import sys
+    monkeypatch.delitem(sys.modules, "jetspec_kernels.triton", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)        # triton not importable
+    assert bk.implements("triton", "hidden_topk") and "jetspec_kernels.triton" not in sys.modules
     assert not bk.implements("cuda", "hidden_topk")
     assert bk.implements("cuda", "log_softmax_topk")
     assert bk.implements("triton", "hidden_topk") and bk.implements("reference", "hidden_topk")
@@ -263,19 +268,19 @@ def test_hardware_verified_ops_are_recorded_in_notes():
 
 
 def test_interface_functions_match_the_backends():
-    """INTERFACE_FUNCTIONS names what every backend implements (CONTRIBUTING.md) but the
-    OPTIONAL_FUNCTIONS, which the reference and Triton have and the cuda backend lacks: any
-    other function missing from one would make set_backend(<it>) fail every model forward that
-    needs it."""
+    """INTERFACE_FUNCTIONS names what every backend implements (CONTRIBUTING.md) but what
+    OPTIONAL_FUNCTIONS says each lacks (the cuda backend: hidden_topk), and that table is the
+    modules' truth: any other function missing from one would make set_backend(<it>) fail every
+    model forward that needs it."""
     import importlib
     assert set(bk.OPTIONAL_FUNCTIONS) <= set(bk.INTERFACE_FUNCTIONS)
+    assert bk.OPTIONAL_FUNCTIONS == {"hidden_topk": ("cuda",)}
     for name in ("reference", "triton", "cuda"):
         module = importlib.import_module(bk._BACKEND_MODULES[name])
         for fn in bk.INTERFACE_FUNCTIONS:
-            has = callable(getattr(module, fn, None))
-            assert has or (name == "cuda" and fn in bk.OPTIONAL_FUNCTIONS), (name, fn)
-            assert has == bk.implements(name, fn), (name, fn)
-    assert [fn for fn in bk.INTERFACE_FUNCTIONS if not bk.implements("cuda", fn)] == ["hidden_topk"]
+            assert callable(getattr(module, fn, None)) == bk.implements(name, fn), (name, fn)
+    with pytest.raises(bk.BackendUnavailableError, match="has no hidden_topk .an optional"):
+        bk.kernel("cuda", "hidden_topk")
 
 
 def test_cpu_tests_skip_without_c_extension():

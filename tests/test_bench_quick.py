@@ -265,8 +265,13 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
         e("test_verify_tree_walk_limit", "passed", dev="cuda"),
         e("test_pack_mask", "skipped", dev="cuda"),
         e("test_rope_matches_reference", "passed", file="tests/test_triton_rope.py", dtype=torch.float32),
+        # the cuda backend's hidden-state top-K is its GEMM method (no fused hidden_topk): filed
+        # under hidden_topk, never a candidate for it
+        e("test_cuda_hidden_topk_qwen3_shape", "passed", file="tests/ops/test_draft_tree.py",
+          backend="cuda"),
     ]
     rows = hr.aggregate(entries)
+    assert hr.status(rows[("hidden_topk", "cuda", "-")]) == "passed"
     assert hr.classify(entries[1]) == ("tree_attention", "cuda kernel=tma", ["fp16"])
     assert hr.status(rows[("tree_attention", "cuda", "bf16")]) == "passed"
     assert hr.status(rows[("tree_attention", "cuda kernel=tma", "fp16")]) == "FAILED (1 of 1)"

@@ -548,3 +548,5 @@ def test_token_buffer_emit_against_a_list_model(eos):
         cut = next((j for j, t in enumerate(r) if t in ids), None)
         want.append(r if cut is None else r[:cut + 1])
     assert out.to_lists() == want
+    with pytest.raises(ValueError, match=r"^emitted must have at most 4 columns \(max_emit\)"):
+        out.emit(torch.zeros(b, m + 1, dtype=torch.int32), counts)

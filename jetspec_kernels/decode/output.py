@@ -87,6 +87,9 @@ class TokenBuffer:
         0 for a sequence that emits nothing); update ``done``. Seven launches without EOS ids: a
         round's emit runs in its CUDA graph, where each costs a launch gap."""
         m = emitted.shape[1]
+        if m > self.cols.numel():   # a shape check: no host sync
+            raise ValueError(f"emitted must have at most {self.cols.numel()} columns (max_emit), "
+                             f"got shape {list(emitted.shape)}")
         col = self.cols[:m]
         valid = col < counts[:, None]
         pos = self.count[:, None] + col                  # int64: scatter's index dtype

@@ -182,13 +182,21 @@ def checked_topk(draft, lm_head_weight, root_tokens, *, budget: int, topk: int, 
     if lm_head_weight is None:
         check_draft_tree(draft, root_tokens, budget, topk, algorithm)
         return _backend.select(draft.device, "log_softmax_topk", backend)(draft, topk)
+    asked = method
     method = check_draft_tree_from_hidden(draft, lm_head_weight, root_tokens, budget, topk,
                                           algorithm, method)
+    fused = _backend.implements(backend, "hidden_topk")
     if method == "auto":
         b, d, _ = draft.shape
         method = launch_plan.hidden_topk_method(b * d, draft.dtype, draft.device)
-        if method == "fused" and not _backend.implements(backend, "hidden_topk"):
+        if not fused:
             method = "gemm"  # the cuda backend has no fused kernel (launch_plan.py)
+    elif method == "fused" and not fused:
+        where = "method" if asked is not None else HIDDEN_TOPK_ENV
+        name = backend if backend is not None else _backend.get_backend()
+        raise _backend.BackendUnavailableError(
+            f"backend {name!r} has no fused hidden top-K ({where}='fused'; deleted: it lost to "
+            f"Triton's on the H200): use 'gemm' or 'auto', which takes the GEMM method there")
     if method == "fused":
         kernel = _backend.select(draft.device, "hidden_topk", backend,
                                  dict(hidden=draft, lm_head_weight=lm_head_weight))

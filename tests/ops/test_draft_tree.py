@@ -677,7 +677,8 @@ def test_draft_tree_from_hidden_gemm_tree(backend, dtype):
     if backend.name in ("sim", "cuda"):
         # No fused kernel on the cuda backend: asked for, a BackendUnavailableError; auto takes
         # the GEMM method whatever launch_plan's rule says.
-        with pytest.raises(jk.BackendUnavailableError, match="does not implement hidden_topk"):
+        with pytest.raises(jk.BackendUnavailableError,
+                           match=r"^backend 'cuda' has no fused hidden top-K \(method='fused';"):
             jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend="cuda", method="fused")
         auto = jk.draft_tree_from_hidden(h, w, r, budget=20, topk=3, backend="cuda",
                                          method="auto")
@@ -785,6 +786,30 @@ def test_hidden_topk_method_choice(monkeypatch):
     with pytest.raises(ValueError, match=r"^JETSPEC_HIDDEN_TOPK must be one of .*'unfused'"):
         tree(1)
     tree(1, method="fused")                              # an explicit method ignores the variable
+
+
+@backends("sim")
+def test_fused_asked_of_the_cuda_backend(monkeypatch):
+    """The cuda backend has no fused hidden top-K: asked for by method= or by JETSPEC_HIDDEN_TOPK
+    (the process default being cuda, as in a decode loop), a BackendUnavailableError naming where
+    the ask came from; method= overrides the variable; auto takes the GEMM method."""
+    gen = torch.Generator().manual_seed(4)
+    h = torch.randn(1, 3, 16, generator=gen).half()
+    w = torch.randn(40, 16, generator=gen).half()
+    r = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setenv("JETSPEC_HIDDEN_TOPK", "fused")
+    prev = jk.get_backend()
+    jk.set_backend("cuda")
+    try:
+        with pytest.raises(jk.BackendUnavailableError,
+                           match=r"^backend 'cuda' has no fused hidden top-K \(JETSPEC_HIDDEN_TOPK="):
+            jk.draft_tree_from_hidden(h, w, r, budget=6, topk=2)
+        want = ref.draft_tree(h.double() @ w.double().T, r, 6, 2)
+        for method in ("gemm", "auto"):
+            got = jk.draft_tree_from_hidden(h, w, r, budget=6, topk=2, method=method)
+            assert tree_difference(got, want, 1e-4) is None
+    finally:
+        jk.set_backend(prev)
 
 
 @backends("reference", "triton", "sim")
