@@ -62,3 +62,21 @@ def test_correctly_rounded_division_where_the_contract_needs_it(rows):
     for text in ptx:
         assert "div.rn.f32" in text
         assert "div.full.f32" not in text and "div.approx" not in text
+
+
+def test_every_narrowing_conversion_rounds_to_nearest(rows):
+    """Each float32 -> bf16 / fp16 (and float64 -> float32) conversion in every kernel rounds to
+    nearest even (cvt.rn), never toward zero: the contracts round that way, and the Triton
+    interpreter, which truncates float32 -> bfloat16 itself, cannot check it on the CPU."""
+    import re
+    narrowing = re.compile(r"cvt(\.[a-z0-9]+)*\.(bf16|f16|bf16x2|f16x2|f32)\.(f32|f64)\b")
+    bad = []
+    for r in rows:
+        for m in narrowing.finditer(r["ptx"]):
+            text = m.group(0)
+            if text.split(".")[-2] == "f32" and text.endswith(".f32"):
+                continue                                   # f32 -> f32: a float rounding op
+            if ".rn." not in text:
+                bad.append(f"{r['case']}: {r['kernel']}: {text}")
+    assert not bad, "\n".join(sorted(set(bad)))
+    assert any("cvt.rn.bf16x2.f32" in r["ptx"] for r in rows)
