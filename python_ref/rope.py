@@ -33,10 +33,14 @@ def rms_norm(x, weight, eps=1e-6, dtype=None):
     """
     cd = compute_dtype(x) if dtype is None else torch.float32
     xf = x.to(cd)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    r = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     if dtype is None:
-        return xf * weight.to(cd)
-    return weight * xf.to(dtype)
+        return xf * r * weight.to(cd)
+    # (xf * r).to(dtype) in one launch: x * r in float32 (x widened exactly), rounded to dtype as
+    # it is stored; the same bits, one kernel fewer (auto runs this form on a GPU until a rms_norm
+    # kernel is hardware-verified: bench/NOTES.md)
+    n = torch.mul(x, r, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+    return weight * n
 
 
 def add_rms_norm(x, residual, weight, eps=1e-6, dtype=None):

@@ -47,20 +47,25 @@ def test_rms_norm():
 
 
 @pytest.mark.parametrize("scale", [1e-4, 1e-3, 1.0, 1e3])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rms_norm_hugging_face_form(scale, dtype):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hidden,strided", [(64, False), (4096, True)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_rms_norm_hugging_face_form(scale, dtype, hidden, strided, device):
     """rms_norm(dtype=...) is transformers' Qwen3RMSNorm bit for bit (normalised in fp32, cast to
-    the model dtype, then times the weight), at activation scales where eps matters too."""
+    the model dtype, then times the weight), at activation scales where eps matters too, on rows
+    of a wider buffer too. (Its product and cast are one launch, a multiply into an output of the
+    model dtype: on a GPU the same bits only if the kernel rounds as it stores, the GPU case.)"""
     pytest.importorskip("transformers")
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(4, 7, 64, generator=g) * scale).to(dtype)
-    norm = Qwen3RMSNorm(64, eps=1e-6).to(dtype)
+    x = (torch.randn(4, 7, 2 * hidden if strided else hidden, generator=g) * scale).to(dtype)
+    x = x.to(device)[..., ::2] if strided else x.to(device)
+    norm = Qwen3RMSNorm(hidden, eps=1e-6).to(dtype).to(device)
     with torch.no_grad():
-        norm.weight.copy_(torch.rand(64, generator=g) + 0.5)
+        norm.weight.copy_(torch.rand(hidden, generator=g) + 0.5)
         want = norm(x)
     got = R.rms_norm(x, norm.weight.detach(), 1e-6, dtype)
-    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
 
 
 @pytest.mark.parametrize("Dh,theta", [(8, 10000.0), (64, 1e6), (16, 500.0)])
