@@ -36,6 +36,8 @@ def rms_norm(x, weight, eps=1e-6, dtype=None):
     r = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     if dtype is None:
         return xf * r * weight.to(cd)
+    if x.requires_grad and torch.is_grad_enabled():   # out= has no autograd
+        return weight * (xf * r).to(dtype)
     # (xf * r).to(dtype) in one launch: x * r in float32 (x widened exactly), rounded to dtype as
     # it is stored; the same bits, one kernel fewer (auto runs this form on a GPU until a rms_norm
     # kernel is hardware-verified: bench/NOTES.md)

@@ -66,6 +66,12 @@ def test_rms_norm_hugging_face_form(scale, dtype, hidden, strided, device):
         want = norm(x)
     got = R.rms_norm(x, norm.weight.detach(), 1e-6, dtype)
     assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    # with autograd (the two-launch form: out= has none) the same bits and a gradient
+    xg = x.detach().clone().requires_grad_(True)
+    got = R.rms_norm(xg, norm.weight.detach(), 1e-6, dtype)
+    assert torch.equal(got.detach(), want)
+    got.float().sum().backward()
+    assert xg.grad is not None and xg.grad.shape == x.shape
 
 
 @pytest.mark.parametrize("Dh,theta", [(8, 10000.0), (64, 1e6), (16, 500.0)])
