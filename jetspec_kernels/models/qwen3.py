@@ -233,6 +233,7 @@ class Qwen3:
         """[..., H] final hidden -> [..., V] logits (model dtype)."""
         return F.linear(hidden, self.lm_head_weight)
 
+    @torch.no_grad()   # integer tokens: no gradient, and max(out=) has no autograd
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy tokens int32 [...] from final hidden [..., H] (ties to the lower id, as
         ``torch.argmax`` over the full logits).
