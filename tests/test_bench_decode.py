@@ -299,6 +299,21 @@ def test_emit_launches():
     assert out.count.tolist() == [4, 0, 2]
 
 
+@pytest.mark.parametrize("min_chunk,cap", [(1000, 1 << 20), (256, 0), (96, 0)])
+def test_argmax_launches(monkeypatch, min_chunk, cap):
+    """decode_costs.argmax_launches (one pass: 3; n chunks: 2n + 4) is what Qwen3.argmax
+    launches, recounted in one pass and in 4 and 11 chunks."""
+    from jetspec_kernels import launch_plan
+    monkeypatch.setattr(launch_plan, "ARGMAX_MIN_CHUNK", min_chunk)
+    monkeypatch.setattr(launch_plan, "ARGMAX_CHUNK_BYTES", cap)
+    tc = tiny_qwen3_config(vocab_size=1000, num_hidden_layers=1)
+    target = Qwen3(tc, random_qwen3_weights(tc))
+    hidden = torch.randn(2, 5, tc.hidden_size)
+    with dr.HostReads(record_ops=True) as rec:
+        target.argmax(hidden)
+    assert dr.kernel_launches(rec.ops) == dc.argmax_launches(10, 1000, 4), rec.ops
+
+
 def test_floors_against_hand_computed_values():
     """Qwen3-8B shapes, bf16, H200 ceilings (4.3 TB/s). Weights per target layer: q, o 4096^2,
     k, v 1024 x 4096, gate/up/down 12288 x 4096 = 192,937,984; 36 layers 6,945,767,424; lm_head
