@@ -123,6 +123,26 @@ def test_the_checker_rejects_tl_exp_on_very_negative_gates():
     assert_silu_mul(F.silu(g) * u, x)
 
 
+def test_the_checker_rejects_a_missing_rounding_a_shifted_up_and_a_zero_sign():
+    """The window is narrow enough to see one rounding in place of two (silu times up rounded
+    once), the up columns read one place off, and a +0.0 where the torch form gives -0.0: the
+    check the backends' tests rely on can fail on each; the contract's form written out passes."""
+    gen = torch.Generator().manual_seed(6)
+    x = (torch.randn(8, 1024, generator=gen) * 3).to(torch.bfloat16)
+    g, u = x[:, :512].float(), x[:, 512:].float()
+    with pytest.raises(AssertionError):
+        assert_silu_mul((g / (1 + torch.exp(-g)) * u).to(torch.bfloat16), x)
+    shifted = torch.cat([x[:, :512], x[:, 513:], x[:, 512:513]], -1)
+    with pytest.raises(AssertionError):
+        assert_silu_mul(ref.silu_mul(shifted, torch.bfloat16), x)
+    zeros = torch.tensor([[1.0, -3.0, 0.0, 0.0]], dtype=torch.float16)  # silu(-3) * +0 = -0.0
+    assert ref.silu_mul(zeros, torch.float16)[0, 1].signbit()
+    with pytest.raises(AssertionError):
+        assert_silu_mul(ref.silu_mul(zeros, torch.float16).abs(), zeros)
+    s_ = (g / (1 + torch.exp(-g))).to(torch.bfloat16)                   # the contract's form
+    assert_silu_mul((s_.float() * u).to(torch.bfloat16), x)
+
+
 @pytest.mark.parametrize("make,error,match", [
     (lambda: torch.randn(4, 7), ValueError, "x must have an even last dimension"),
     (lambda: torch.randn(4, 0), ValueError, "x must have an even last dimension"),
