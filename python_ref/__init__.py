@@ -16,7 +16,7 @@ from .tree import (
     implicit_tree_size,
 )
 from .attention import tree_attention
-from .rope import rms_norm, add_rms_norm, rope_inv_freq, rope_cos_sin, apply_rope, qk_norm_rope_append
+from .rope import rms_norm, rms_scale, add_rms_norm, rope_inv_freq, rope_cos_sin, apply_rope, qk_norm_rope_append
 from .verify import mix32, gumbel_uniform, sample_tokens, verify_tree
 from .sampling import token_masses, filter_keep
 from .commit import commit_kv
@@ -34,6 +34,7 @@ __all__ = [
     "implicit_tree_size",
     "tree_attention",
     "rms_norm",
+    "rms_scale",
     "add_rms_norm",
     "rope_inv_freq",
     "rope_cos_sin",

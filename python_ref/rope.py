@@ -13,7 +13,7 @@ import torch
 
 from ._common import cache_indices, compute_dtype
 
-__all__ = ["rms_norm", "add_rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
+__all__ = ["rms_norm", "rms_scale", "add_rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "qk_norm_rope_append"]
 
 
 def rms_norm(x, weight, eps=1e-6, dtype=None):
@@ -33,16 +33,15 @@ def rms_norm(x, weight, eps=1e-6, dtype=None):
     """
     cd = compute_dtype(x) if dtype is None else torch.float32
     xf = x.to(cd)
-    r = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    xf = xf * rms_scale(xf, eps)
     if dtype is None:
-        return xf * r * weight.to(cd)
-    if x.requires_grad and torch.is_grad_enabled():   # out= has no autograd
-        return weight * (xf * r).to(dtype)
-    # (xf * r).to(dtype) in one launch: x * r in float32 (x widened exactly), rounded to dtype as
-    # it is stored; the same bits, one kernel fewer (auto runs this form on a GPU until a rms_norm
-    # kernel is hardware-verified: bench/NOTES.md)
-    n = torch.mul(x, r, out=torch.empty(x.shape, dtype=dtype, device=x.device))
-    return weight * n
+        return xf * weight.to(cd)
+    return weight * xf.to(dtype)
+
+
+def rms_scale(xf, eps):
+    """``rsqrt(mean(xf**2) + eps)`` over the last dim of ``xf`` (in its dtype), ``[..., 1]``."""
+    return torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
 def add_rms_norm(x, residual, weight, eps=1e-6, dtype=None):

@@ -240,13 +240,13 @@ def test_norm_calls_and_their_torch_form(round_backend):
     assert fixed == [calls["draft_fixed"], tapped_verify, calls["accept_commit_fixed"],
                      calls["ar_fixed"]]
 
-    from jetspec_kernels import python_ref as ref
+    from jetspec_kernels.ops import _reference     # the reference backend: the models' torch ops
     x, r = torch.randn(4, 64).bfloat16(), torch.randn(4, 64).bfloat16()
     w = torch.ones(64).bfloat16()
     with dr.HostReads(record_ops=True) as plain:
-        ref.rms_norm(x, w, 1e-6, torch.bfloat16)
+        _reference.rms_norm(x, None, w, 1e-6)
     with dr.HostReads(record_ops=True) as added:
-        ref.add_rms_norm(x, r, w, 1e-6, torch.bfloat16)
+        _reference.rms_norm(x, r, w, 1e-6)
     assert dr.kernel_launches(plain.ops) == dc.TORCH_NORM_LAUNCHES
     assert dr.kernel_launches(added.ops) == dc.TORCH_NORM_LAUNCHES + 1
 
@@ -299,19 +299,22 @@ def test_emit_launches():
     assert out.count.tolist() == [4, 0, 2]
 
 
-@pytest.mark.parametrize("min_chunk,cap", [(1000, 1 << 20), (256, 0), (96, 0)])
-def test_argmax_launches(monkeypatch, min_chunk, cap):
+@pytest.mark.parametrize("vocab,min_chunk,cap,chunks", [(1000, 1000, 1 << 20, 1), (1000, 256, 0, 4),
+                                                     (2816, 256, 0, 11)])
+def test_argmax_launches(monkeypatch, vocab, min_chunk, cap, chunks):
     """decode_costs.argmax_launches (one pass: 3; n chunks: 2n + 4) is what Qwen3.argmax
     launches, recounted in one pass and in 4 and 11 chunks."""
     from jetspec_kernels import launch_plan
     monkeypatch.setattr(launch_plan, "ARGMAX_MIN_CHUNK", min_chunk)
     monkeypatch.setattr(launch_plan, "ARGMAX_CHUNK_BYTES", cap)
-    tc = tiny_qwen3_config(vocab_size=1000, num_hidden_layers=1)
+    assert -(-vocab // launch_plan.argmax_chunk(10, vocab, 4)) == chunks
+    tc = tiny_qwen3_config(vocab_size=vocab, num_hidden_layers=1)
     target = Qwen3(tc, random_qwen3_weights(tc))
     hidden = torch.randn(2, 5, tc.hidden_size)
     with dr.HostReads(record_ops=True) as rec:
         target.argmax(hidden)
-    assert dr.kernel_launches(rec.ops) == dc.argmax_launches(10, 1000, 4), rec.ops
+    assert dr.kernel_launches(rec.ops) == dc.argmax_launches(10, vocab, 4) == (
+        3 if chunks == 1 else 2 * chunks + 4), rec.ops
 
 
 def test_floors_against_hand_computed_values():

@@ -188,6 +188,8 @@ def test_argmax_over_vocabulary_chunks_ties_to_the_lower_id(monkeypatch, min_chu
     assert torch.equal(model.argmax(hidden), want)
     assert calls == [min(chunk, 1000 - i) for i in range(0, 1000, chunk)]
     assert torch.equal(model.argmax(hidden.view(1, 3, 16)), want.view(1, 3))
+    got = model.argmax(hidden.clone().requires_grad_(True))     # max(out=) has no autograd
+    assert torch.equal(got, want) and not got.requires_grad
     assert model.argmax(hidden[:0].view(2, 0, 16)).shape == (2, 0)
 
 

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import jetspec_kernels as jk
+
 from jetspec_kernels import python_ref as R
 
 
@@ -53,25 +55,29 @@ def test_rms_norm():
 def test_rms_norm_hugging_face_form(scale, dtype, hidden, strided, device):
     """rms_norm(dtype=...) is transformers' Qwen3RMSNorm bit for bit (normalised in fp32, cast to
     the model dtype, then times the weight), at activation scales where eps matters too, on rows
-    of a wider buffer too. (Its product and cast are one launch, a multiply into an output of the
-    model dtype: on a GPU the same bits only if the kernel rounds as it stores, the GPU case.)"""
+    of a wider buffer too; so is the reference backend's rms_norm (what the models run as torch
+    ops), whose product and cast are one launch, a multiply into an output of the model dtype:
+    on a GPU the same bits only if the kernel rounds as it stores (the GPU case), with the
+    residual add in front too."""
     pytest.importorskip("transformers")
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(4, 7, 2 * hidden if strided else hidden, generator=g) * scale).to(dtype)
-    x = x.to(device)[..., ::2] if strided else x.to(device)
+    x = (torch.randn(4, 7, hidden + 24 if strided else hidden, generator=g) * scale).to(dtype)
+    x = x.to(device)[..., :hidden]                      # strided: rows of a wider buffer
     norm = Qwen3RMSNorm(hidden, eps=1e-6).to(dtype).to(device)
     with torch.no_grad():
         norm.weight.copy_(torch.rand(hidden, generator=g) + 0.5)
         want = norm(x)
-    got = R.rms_norm(x, norm.weight.detach(), 1e-6, dtype)
+    w = norm.weight.detach()
+    got = R.rms_norm(x, w, 1e-6, dtype)
     assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-    # with autograd (the two-launch form: out= has none) the same bits and a gradient
-    xg = x.detach().clone().requires_grad_(True)
-    got = R.rms_norm(xg, norm.weight.detach(), 1e-6, dtype)
-    assert torch.equal(got.detach(), want)
-    got.float().sum().backward()
-    assert xg.grad is not None and xg.grad.shape == x.shape
+    got = jk.rms_norm(x, w, eps=1e-6, backend="reference")
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    half = (x * 0.5).to(dtype)
+    out, total = jk.rms_norm(half, w, eps=1e-6, residual=x - half, backend="reference")
+    assert torch.equal(total, half + (x - half))
+    with torch.no_grad():
+        assert torch.equal(out, norm(total))
 
 
 @pytest.mark.parametrize("Dh,theta", [(8, 10000.0), (64, 1e6), (16, 500.0)])

@@ -65,18 +65,28 @@ def test_correctly_rounded_division_where_the_contract_needs_it(rows):
 
 
 def test_every_narrowing_conversion_rounds_to_nearest(rows):
-    """Each float32 -> bf16 / fp16 (and float64 -> float32) conversion in every kernel rounds to
-    nearest even (cvt.rn), never toward zero: the contracts round that way, and the Triton
-    interpreter, which truncates float32 -> bfloat16 itself, cannot check it on the CPU."""
+    """Each conversion to a narrower float in every kernel (f32 -> bf16 / fp16, f64 -> f32, and
+    any other float target) is plain round-to-nearest-even, one of the five forms in ``ok``: no
+    truncation (rz), no saturation (sat, satfinite: inf would become the max), no relu, no
+    flush to zero. The contracts round that way, and the Triton interpreter, which truncates
+    float32 -> bfloat16 itself, cannot check it on the CPU."""
     import re
-    narrowing = re.compile(r"cvt(\.[a-z0-9]+)*\.(bf16|f16|bf16x2|f16x2|f32)\.(f32|f64)\b")
+    # a cvt whose destination is a float type and whose source is a wider float
+    narrowing = re.compile(r"cvt((?:\.[a-z0-9]+)*)\.(bf16x2|f16x2|bf16|f16|tf32|e4m3x2|e5m2x2|"
+                           r"e4m3|e5m2|f32)\.(f32|f64)\b")
+    ok = {"cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32", "cvt.rn.bf16.f32", "cvt.rn.f16.f32",
+          "cvt.rn.f32.f64"}
     bad = []
     for r in rows:
         for m in narrowing.finditer(r["ptx"]):
             text = m.group(0)
-            if text.split(".")[-2] == "f32" and text.endswith(".f32"):
-                continue                                   # f32 -> f32: a float rounding op
-            if ".rn." not in text:
+            if m.group(2) == "f32" and m.group(3) == "f32":
+                continue                          # f32 -> f32: a rounding to an integer value
+            if text not in ok:
                 bad.append(f"{r['case']}: {r['kernel']}: {text}")
     assert not bad, "\n".join(sorted(set(bad)))
     assert any("cvt.rn.bf16x2.f32" in r["ptx"] for r in rows)
+    for planted in ("cvt.rz.bf16.f32", "cvt.rn.satfinite.bf16x2.f32", "cvt.rn.relu.bf16x2.f32",
+                    "cvt.rn.sat.f16.f32", "cvt.rn.ftz.f32.f64", "cvt.rz.f16x2.f32"):
+        m = narrowing.search(planted + " %r1, %f1;")
+        assert m is not None and m.group(0) not in ok, planted

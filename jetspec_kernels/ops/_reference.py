@@ -40,8 +40,15 @@ def pack_mask(parents, num_nodes):
 
 
 def rms_norm(x, residual, weight, eps):
-    out, total = ref.add_rms_norm(x, residual, weight, eps, x.dtype)
-    return out.contiguous(), None if residual is None else total.contiguous()
+    # python_ref.add_rms_norm's Hugging Face form (what the models run on a GPU until an rms_norm
+    # kernel is hardware-verified) with its product and cast back as one multiply rounded to x's
+    # dtype as it is stored: the same bits, one launch fewer a norm on a GPU (bench/NOTES.md). No
+    # autograd here (out=), which ops.rms_norm refuses anyway.
+    total = x if residual is None else x + residual
+    xf = total.float()
+    n = torch.mul(xf, ref.rms_scale(xf, eps), out=torch.empty(total.shape, dtype=x.dtype,
+                                                               device=x.device))
+    return weight * n, None if residual is None else total.contiguous()
 
 
 def silu_mul(x):

@@ -1,4 +1,4 @@
-"""rms_norm: the models' RMSNorm, with the residual add before it fused (one kernel, not nine)."""
+"""rms_norm: the models' RMSNorm, with the residual add before it fused (one kernel, not eight)."""
 from __future__ import annotations
 
 import torch
