@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .sizes import cdiv, next_power_of_2
+
 __all__ = ["silu_mul", "BLOCK"]
 
 BLOCK = 1024  # columns a program
@@ -65,7 +67,7 @@ def silu_mul(x):
     out = torch.empty(r, inner, dtype=x.dtype, device=x.device)
     if r == 0:
         return out
-    block = min(BLOCK, max(128, triton.next_power_of_2(inner)))
-    _silu_mul[(r, triton.cdiv(inner, block))](x, x.stride(0), out, inner, BLOCK=block,
+    block = min(BLOCK, max(128, next_power_of_2(inner)))
+    _silu_mul[(r, cdiv(inner, block))](x, x.stride(0), out, inner, BLOCK=block,
                                               num_warps=4 if block >= 512 else 1)
     return out
