@@ -68,8 +68,8 @@ NORM_CALLS = {"target_layer": (0, 2), "head_layer": (0, 2), "draft_fixed": (1, 0
               "tap": (1, -1)}
 # One rms_norm call run as torch ops (auto, until a GPU backend of rms_norm passes on hardware:
 # backend.REFERENCE_UNTIL_VERIFIED), the Hugging Face form in bf16: cast, square, mean, + eps,
-# rsqrt, the product rounded as it is stored (python_ref.rms_norm), weight; one more with the
-# residual add.
+# rsqrt, the product rounded as it is stored (the reference backend, ops/_reference.py), weight;
+# one more with the residual add.
 TORCH_NORM_LAUNCHES = 7
 # silu_mul calls in a LAUNCHES entry, and one call's launches as torch ops (silu, product).
 SILU_MUL_CALLS = {"target_layer": 1, "head_layer": 1}

@@ -90,7 +90,7 @@ def verified(rows: dict[tuple[str, str, str], dict]) -> dict[str, list[str]]:
     out = {}
     for fn in INTERFACE_FUNCTIONS:
         ok = []
-        for b in (b for b in GPU_BACKENDS if implements(b, fn)):
+        for b in filter(lambda b: implements(b, fn), GPU_BACKENDS):
             mine = [r for (op, backend, _), r in rows.items() if op == fn and backend == b]
             if mine and all(status(r) == "passed" for r in mine):
                 ok.append(b)
