@@ -241,11 +241,10 @@ STAGES = {
     "backend": ("jetspec_kernels/", ("<interface>",)),
     "custom op": ("", ("__call__",)),
     "impl": ("jetspec_kernels/cuda/", ("_tree_attention", "_qk_norm_rope_append", "_verify_tree",
-                                       "_log_softmax_topk", "_build_tree", "_rms_norm",
-                                       "_silu_mul")),
+                                       "_draft_tree", "_rms_norm", "_silu_mul")),
 }
 _INTERFACE = {"tree_attention": ("tree_attention",), "qk_norm_rope_append": ("qk_norm_rope_append",),
-              "verify_tree": ("verify_tree",), "draft_tree": ("log_softmax_topk", "build_tree"),
+              "verify_tree": ("verify_tree",), "draft_tree": ("draft_tree",),
               "rms_norm": ("rms_norm",), "silu_mul": ("silu_mul",)}
 # The launchers whose empty call is rows=0 (the others': batch=0).
 _ROWS_LAUNCHERS = ("rms_norm", "silu_mul")
@@ -315,7 +314,10 @@ def _baseline_tree(rev: str) -> Path:
     """A copy of git revision ``rev`` under a temp dir, with this checkout's _C (if built) and
     python_ref linked in, importable through PYTHONPATH."""
     root = Path(__file__).resolve().parents[1]
-    dest = Path(tempfile.gettempdir()) / f"jetspec_host_base_{rev}"
+    # keyed on the commit, not the name: a copy made for "HEAD" or a branch goes stale
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=root,
+                         check=True, capture_output=True, text=True).stdout.strip()
+    dest = Path(tempfile.gettempdir()) / f"jetspec_host_base_{sha}"
     if not dest.exists():
         dest.mkdir(parents=True)
         archive = subprocess.run(["git", "archive", rev], cwd=root, check=True,

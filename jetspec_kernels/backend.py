@@ -53,8 +53,13 @@ HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
 GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
-                       "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask", "rms_norm",
-                       "silu_mul")
+                       "draft_tree", "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask",
+                       "rms_norm", "silu_mul")
+# Interface functions that chain others in one backend call (the same kernels, fewer host steps
+# for the cuda backend: issue 27): a backend is verified for one where it is verified for every
+# function of its chain, so auto runs a chain where it would run each of its parts. A chain has no
+# rows of its own in the hardware record and no entry in HARDWARE_VERIFIED.
+CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_tree")}
 # Interface functions a backend may lack, and the backends that lack them (tests/test_backend.py
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
@@ -131,11 +136,15 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
 
 def verified_backends(fn: str | None) -> tuple[str, ...]:
     """The backends that passed interface function ``fn``'s parity tests on hardware, fastest first
-    (``HARDWARE_VERIFIED``); ``fn`` None: those listed for every interface function, in the order
-    of the first."""
+    (``HARDWARE_VERIFIED``; for a chain, ``CHAINS``, those of every function of the chain, in the
+    order of the first); ``fn`` None: those listed for every interface function, in the order of
+    the first."""
+    if fn in CHAINS:
+        first, *rest = (verified_backends(f) for f in CHAINS[fn])
+        return tuple(b for b in first if all(b in other for other in rest))
     if fn is not None:
         return tuple(HARDWARE_VERIFIED.get(fn, ()))
-    lists = [HARDWARE_VERIFIED.get(f, ()) for f in INTERFACE_FUNCTIONS]
+    lists = [verified_backends(f) for f in INTERFACE_FUNCTIONS]
     return tuple(b for b in lists[0] if all(b in other for other in lists[1:]))
 
 

@@ -251,6 +251,30 @@ def test_auto_runs_the_fastest_hardware_verified_backend(fake_gpu_backends, monk
     assert bk.verified_backends(None) == ("triton", "cuda") and bk.resolve(dev) == "triton"
 
 
+def test_a_chain_goes_where_each_of_its_functions_may_go(fake_gpu_backends, monkeypatch):
+    """draft_tree (backend.CHAINS: log_softmax_topk then build_tree) is verified for a backend
+    only where both functions are, in the first one's order; auto sends it there and never to a
+    backend that one of them has not passed on (HARDWARE_VERIFIED holds no chain: the next test)."""
+    dev = fake_gpu_backends
+    assert bk.CHAINS == {"draft_tree": ("log_softmax_topk", "build_tree")}
+    assert set(bk.CHAINS) <= set(bk.INTERFACE_FUNCTIONS)
+    for parts in bk.CHAINS.values():
+        assert set(parts) <= set(bk.INTERFACE_FUNCTIONS) - set(bk.CHAINS)
+    cases = [({}, (), "triton"),
+             ({"log_softmax_topk": ("cuda",)}, (), "triton"),
+             ({"build_tree": ("cuda",)}, (), "triton"),
+             ({"log_softmax_topk": ("cuda",), "build_tree": ("cuda",)}, ("cuda",), "cuda"),
+             ({"log_softmax_topk": ("triton", "cuda"), "build_tree": ("cuda", "triton")},
+              ("triton", "cuda"), "triton"),
+             ({"log_softmax_topk": ("cuda", "triton"), "build_tree": ("triton",),
+               "draft_tree": ("cuda",)}, ("triton",), "triton")]   # a listed chain is ignored
+    for verified, want, pick in cases:
+        monkeypatch.setattr(bk, "HARDWARE_VERIFIED", verified)
+        assert bk.verified_backends("draft_tree") == want, verified
+        assert bk.select(dev, "draft_tree", "auto")() == pick, verified
+        assert bk.select(dev, "draft_tree", "cuda")() == "cuda"
+
+
 def test_hardware_verified_ops_are_recorded_in_notes():
     """An op x backend joins HARDWARE_VERIFIED only with its passing GPU run recorded in
     bench/NOTES.md (the hardware record: rows `| <op> | <backend> | <dtype> | <device> | passed |
@@ -259,7 +283,7 @@ def test_hardware_verified_ops_are_recorded_in_notes():
     from pathlib import Path
     notes = (Path(__file__).resolve().parents[1] / "bench" / "NOTES.md").read_text()
     assert "## Hardware record" in notes
-    assert set(bk.HARDWARE_VERIFIED) <= set(bk.INTERFACE_FUNCTIONS)
+    assert set(bk.HARDWARE_VERIFIED) <= set(bk.INTERFACE_FUNCTIONS) - set(bk.CHAINS)
     for fn, backends in bk.HARDWARE_VERIFIED.items():
         assert backends and set(backends) <= set(bk.GPU_BACKENDS) and len(set(backends)) == len(backends), fn
         for b in backends:

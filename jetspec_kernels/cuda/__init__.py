@@ -9,6 +9,7 @@ CONTRIBUTING.md, named after it; the package re-exports each function under that
 """
 from .build_tree import build_tree  # noqa: F401
 from .commit_kv import commit_kv  # noqa: F401
+from .draft_tree import draft_tree  # noqa: F401
 from .log_softmax_topk import log_softmax_topk  # noqa: F401
 from .pack_mask import pack_mask  # noqa: F401
 from .qk_norm_rope_append import qk_norm_rope_append  # noqa: F401

@@ -35,6 +35,10 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
             t["scores"].to(torch.float32), t["num_nodes"].to(_I32), t["mask"].to(_I32))
 
 
+def draft_tree(logits, k, root_tokens, budget, algorithm):
+    return build_tree(*log_softmax_topk(logits, k), root_tokens, budget, algorithm)
+
+
 def pack_mask(parents, num_nodes):
     return ref.pack_mask(parents, num_nodes).to(_I32)
 

@@ -228,10 +228,10 @@ def draft_tree(logits, root_tokens, *, budget: int, topk: int, algorithm: str = 
     -------
     Tree with capacity N = budget and max_depth = min(D, budget - 1).
     """
-    tk, lp = checked_topk(logits, None, root_tokens, budget=budget, topk=topk, algorithm=algorithm,
-                          backend=backend)
-    return tree_from_checked_topk(tk, lp, root_tokens, budget=budget, algorithm=algorithm,
-                                  backend=backend)
+    check_draft_tree(logits, root_tokens, budget, topk, algorithm)
+    parts = _backend.select(logits.device, "draft_tree", backend)(
+        logits, topk, checks.as_dtype(root_tokens, torch.int32), budget, algorithm)
+    return Tree(*parts, max_depth=min(logits.shape[1], budget - 1))
 
 
 def draft_tree_from_topk(topk_tokens, topk_logprobs, root_tokens, *, budget: int,

@@ -9,6 +9,7 @@ only once triton is known to be importable.
 """
 from .build_tree import build_tree  # noqa: F401
 from .commit_kv import commit_kv  # noqa: F401
+from .draft_tree import draft_tree  # noqa: F401
 from .hidden_topk import hidden_topk  # noqa: F401
 from .log_softmax_topk import log_softmax_topk  # noqa: F401
 from .pack_mask import pack_mask  # noqa: F401

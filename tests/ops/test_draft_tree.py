@@ -534,6 +534,37 @@ def test_draft_tree_engine_layouts(backend, layout):
     check_tree_exact(got, ref.draft_tree(logits.float(), root, 13, K))
 
 
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("algorithm", ALGS)
+@pytest.mark.parametrize("B,D,V,K,budget", [
+    (3, 5, 1000, 3, 37),   # top-K of 180 bytes: the cuda chain's next scratch part is rounded up
+    (1, 3, 5003, 7, 64),
+    (2, 1, 999, 1, 2),
+])
+def test_draft_tree_chain_is_its_parts(backend, algorithm, B, D, V, K, budget):
+    """The backend's draft_tree (backend.CHAINS; on cuda one custom op whose top-K lives in
+    scratch space) gives build_tree(*log_softmax_topk(...)) bit for bit, on outputs and scratch
+    poisoned first; the public op runs it."""
+    from jetspec_kernels import backend as jk_backend
+    gen = torch.Generator().manual_seed(B * 100 + K)
+    logits = (torch.randn(B, D, V, generator=gen) * 4).to(backend.device)
+    logits[0, -1, 7:11] = logits[0, -1].max()   # ties: the lower token first, on both paths
+    root = torch.randint(0, V, (B,), generator=gen, dtype=torch.int32).to(backend.device)
+    name = api_backend(backend)
+    fn = {f: jk_backend.kernel(name, f) for f in ("draft_tree", "log_softmax_topk", "build_tree")}
+    with poisoned_empty():
+        chained = fn["draft_tree"](logits, K, root, budget, algorithm)
+        parts = fn["build_tree"](*fn["log_softmax_topk"](logits, K), root, budget, algorithm)
+        public = jk.draft_tree(logits, root.long(), budget=budget, topk=K, algorithm=algorithm,
+                               backend=name)
+    sync(backend.device)
+    assert len(chained) == len(parts) == len(TREE_FIELDS)
+    c, p, q = tree_fields(chained), tree_fields(parts), tree_fields(public)
+    for key in TREE_FIELDS:
+        assert torch.equal(c[key], p[key]) and torch.equal(q[key], p[key]), key
+    assert public.max_depth == min(D, budget - 1)
+
+
 @backends("triton", "sim", "cuda")
 @pytest.mark.parametrize("layout", ["block_rows", "padded"])
 def test_draft_tree_from_hidden_engine_layouts(backend, layout):

@@ -41,6 +41,7 @@ def test_opcheck(dev):
     opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
     tt, tl = cu().log_softmax_topk(logits, 4)
     opcheck(torch.ops.jetspec.build_tree.default, (tt, tl, root, 20, "topn"))
+    opcheck(torch.ops.jetspec.draft_tree.default, (logits, 4, root, 20, "accum_logp"))
     tree = cu().build_tree(tt, tl, root, 20, "topn")
     tlog = torch.randn(2, 20, 300, generator=gen).to(dev)
     opcheck(torch.ops.jetspec.verify_tree.default,
@@ -85,9 +86,10 @@ def test_ops_on_a_device_that_is_not_current():
         ht, hl = checked_topk(hid, lm_head, root, budget=20, topk=4, algorithm="topn",
                               backend="cuda")   # cuBLAS, then the cuda top-K
         tree = cu().build_tree(tt, tl, root, 20, "topn")
+        chained = cu().draft_tree(logits, 4, root, 20, "topn")
         acc = cu().verify_tree(tree[0], tree[1], tree[4], 3, tlog, None, 0.0, None, None)
         mask = cu().pack_mask(tree[1], tree[4])
-        return [o, tt, tl, ht, hl, *tree, *acc, mask]
+        return [o, tt, tl, ht, hl, *tree, *chained, *acc, mask]
 
     with torch.cuda.device(1):
         want = round_outputs()
@@ -173,9 +175,10 @@ def test_graph_replay(dev):
         t = cu().build_tree(*cu().log_softmax_topk(logits, 4), root, 20, "topn")
         th = cu().build_tree(*checked_topk(hid, w_head, root, budget=20, topk=4,
                                            algorithm="topn", backend="cuda"), root, 20, "topn")
-        return t, th, cu().verify_tree(t[0], t[1], t[4], 3, tlog1, None, 0.0, None, None)
+        chained = cu().draft_tree(logits, 4, root, 20, "topn")   # the same two kernels, one op
+        return t, th, chained, cu().verify_tree(t[0], t[1], t[4], 3, tlog1, None, 0.0, None, None)
 
-    g, (t_graph, th_graph, verdict) = _capture(round_)
+    g, (t_graph, th_graph, chained, verdict) = _capture(round_)
     q.copy_(torch.randn(q.shape, generator=gen).half())
     logits.copy_(torch.randn(logits.shape, generator=gen))
     hid.copy_(torch.randn(hid.shape, generator=gen).half())
@@ -194,6 +197,8 @@ def test_graph_replay(dev):
     want = ref.draft_tree(logits.cpu(), root.cpu(), 20, 4, "topn")
     assert torch.equal(t_graph[0].cpu(), want["tokens"].cpu())
     assert torch.equal(t_graph[1].cpu(), want["parents"].cpu())
+    for i, (c, t) in enumerate(zip(chained, t_graph)):
+        assert torch.equal(c, t), i
 
 
 @pytest.mark.gpu
