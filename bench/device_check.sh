@@ -179,11 +179,12 @@ step sanitizers 45 85 "for be in cuda triton; do for tool in memcheck racecheck 
   ! grep -L 'ERROR SUMMARY: 0 errors' '$RES'/sanitize_*.log | grep -q . &&
   ! grep -h 'sanitize_ops:' '$RES'/sanitize_*.log | grep -vq ': 0 failed'"
 
-# 6. Host time per eager call (issue 27: <= 25 us; cuda first, triton next, each op's row printed
-#    as it completes), then the small ops replayed from CUDA graphs (kernel time) and eagerly
-#    (plus the host's per-call work), draft_tree then verify (tree build, verify_tree, commit_kv,
-#    rope append).
+# 6. Host time per eager call (issue 27: <= 25 us; cuda first, triton next, then auto: what a
+#    caller gets, the backend choice included; each op's row printed as it completes), then the
+#    small ops replayed from CUDA graphs (kernel time) and eagerly (plus the host's per-call
+#    work), draft_tree then verify (tree build, verify_tree, commit_kv, rope append).
 step small_ops 60 25 "rc=0; set -o pipefail; timeout 20 '$PY' bench/host_overhead.py --gpu --seconds 12 \
+    --backends cuda,triton,auto \
     | tee '$RES/host_overhead.txt' || rc=1
   for run in 'draft_tree --graphs --groups logits,from_topk' 'verify --graphs' \
              'draft_tree --groups logits,from_topk' 'verify'; do

@@ -320,7 +320,7 @@ def _baseline_tree(rev: str) -> Path:
     dest = Path(tempfile.gettempdir()) / f"jetspec_host_base_{sha}"
     if not dest.exists():
         dest.mkdir(parents=True)
-        archive = subprocess.run(["git", "archive", rev], cwd=root, check=True,
+        archive = subprocess.run(["git", "archive", sha], cwd=root, check=True,
                                  capture_output=True).stdout
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(dest)
@@ -330,7 +330,7 @@ def _baseline_tree(rev: str) -> Path:
     for so in (root / "jetspec_kernels").glob("_C*.so"):
         if not (pkg / so.name).exists():
             (pkg / so.name).symlink_to(so)
-    own = subprocess.run(["git", "show", f"{rev}:bench/host_overhead.py"], cwd=root,
+    own = subprocess.run(["git", "show", f"{sha}:bench/host_overhead.py"], cwd=root,
                          capture_output=True, text=True).stdout
     if '"--json"' not in own:   # a tree from before this script (94d9d96's is pytest-benchmark
         # cases only): a copy of this one, run from that tree

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import operator
 import os
 import sys
 from functools import lru_cache
@@ -57,8 +58,9 @@ INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "bui
                        "rms_norm", "silu_mul")
 # Interface functions that chain others in one backend call (the same kernels, fewer host steps
 # for the cuda backend: issue 27): a backend is verified for one where it is verified for every
-# function of its chain, so auto runs a chain where it would run each of its parts. A chain has no
-# rows of its own in the hardware record and no entry in HARDWARE_VERIFIED.
+# function of its chain, so auto sends a chain where every function of it may go (one backend
+# runs all of them). A chain has no rows of its own in the hardware record and no entry in
+# HARDWARE_VERIFIED.
 CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_tree")}
 # Interface functions a backend may lack, and the backends that lack them (tests/test_backend.py
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
@@ -154,15 +156,29 @@ def hardware_verified(name: str, fn: str | None) -> bool:
     :func:`resolve` then does not describe). The cuda backend is gated, and both GPU backends for
     the functions in ``REFERENCE_UNTIL_VERIFIED``; elsewhere triton is auto's choice where no
     backend has passed on hardware."""
-    if name == "reference" or (name == "triton" and fn not in REFERENCE_UNTIL_VERIFIED):
+    held = any(f in REFERENCE_UNTIL_VERIFIED for f in CHAINS.get(fn, (fn,)))  # a chain: any part
+    if name == "reference" or (name == "triton" and not held):
         return True
     return name in verified_backends(fn)
 
 
+# fn -> (the tables it was worked out from, auto's candidates on CUDA): select runs on every op
+# call. The tables are constants, replaced whole when changed (tests: monkeypatch.setattr), so
+# the entry is valid while they are the same objects (held here, so no other object takes their
+# ids).
+_CUDA_CANDIDATES: dict = {}
+
+
 def _auto_candidates(device: torch.device, fn: str | None = None) -> tuple[str, ...]:
     if device.type == "cuda":
+        tables = (HARDWARE_VERIFIED, REFERENCE_UNTIL_VERIFIED, CHAINS)
+        hit = _CUDA_CANDIDATES.get(fn)
+        if hit is not None and all(map(operator.is_, hit[0], tables)):
+            return hit[1]
         order = verified_backends(fn) + ("triton", "reference")
-        return tuple(dict.fromkeys(c for c in order if hardware_verified(c, fn)))
+        found = tuple(dict.fromkeys(c for c in order if hardware_verified(c, fn)))
+        _CUDA_CANDIDATES[fn] = (tables, found)
+        return found
     if triton_interpret():
         return ("triton", "reference")
     return ("reference",)

@@ -275,6 +275,43 @@ def test_a_chain_goes_where_each_of_its_functions_may_go(fake_gpu_backends, monk
         assert bk.select(dev, "draft_tree", "cuda")() == "cuda"
 
 
+def test_a_chain_of_functions_held_on_the_reference_stays_there(fake_gpu_backends, monkeypatch):
+    """A chain with a part in REFERENCE_UNTIL_VERIFIED is held on the reference as that part is
+    (a made-up chain of the two fused layer ops), until every part has a verified GPU backend."""
+    dev = fake_gpu_backends
+    monkeypatch.setattr(bk, "CHAINS", {**bk.CHAINS, "norm_then_act": ("rms_norm", "silu_mul")})
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"rms_norm": ("triton",)})
+    assert bk._auto_candidates(dev, "rms_norm") == ("triton", "reference")
+    assert bk._auto_candidates(dev, "norm_then_act") == ("reference",)
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"rms_norm": ("triton",), "silu_mul": ("cuda", "triton")})
+    assert bk._auto_candidates(dev, "norm_then_act") == ("triton", "reference")
+
+
+def test_auto_s_choice_on_cuda_is_worked_out_once(fake_gpu_backends, monkeypatch):
+    """select runs on every op call: on a CUDA device auto's candidates come from a cache (a few
+    Python calls a select, the chain's included), which a new table replaces."""
+    import sys
+    dev = fake_gpu_backends
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"log_softmax_topk": ("cuda",), "build_tree": ("cuda",)})
+
+    def calls(fn):
+        bk.select(dev, fn, "auto")
+        n = [0]
+
+        def count(frame, event, arg):
+            n[0] += event == "call"
+        sys.setprofile(count)
+        try:
+            got = bk.select(dev, fn, "auto")()
+        finally:
+            sys.setprofile(None)
+        return n[0], got
+    assert calls("draft_tree") == (calls("log_softmax_topk")[0], "cuda")
+    assert calls("draft_tree")[0] <= 10
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"log_softmax_topk": ("cuda",)})
+    assert calls("draft_tree")[1] == "triton"
+
+
 def test_hardware_verified_ops_are_recorded_in_notes():
     """An op x backend joins HARDWARE_VERIFIED only with its passing GPU run recorded in
     bench/NOTES.md (the hardware record: rows `| <op> | <backend> | <dtype> | <device> | passed |
