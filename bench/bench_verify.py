@@ -2,9 +2,11 @@
 (tree K/V into the cache) and commit_kv (accepted K/V compaction), per backend vs baselines.
 
 Row groups per (B, N) shape, Qwen3-8B sizes (V 151936, Hq 32, Hkv 8, Dh 128, one layer):
-  ``.../greedy``, ``.../sample``  verify_tree from target logits [B, N, V], against ``host`` (argmax
-      or multinomial on the device, ``.tolist()``, a Python walk, the result copied back; what
-      JetSpec and SGLang do) and ``torch_vec`` (the same walk as D vectorised steps, no host sync).
+  ``.../greedy``, ``.../sample``, ``.../sample_topk_topp``  verify_tree from target logits
+      [B, N, V] (the last with top-k 50 and top-p 0.9), against ``host`` (argmax or multinomial
+      on the device, after torch.topk and a cumulative sum for the filters, ``.tolist()``, a
+      Python walk, the result copied back; what JetSpec and SGLang do) and ``torch_vec`` (the
+      same walk as D vectorised steps, no host sync).
       Floor bytes = B*N*V*elt (one read of the logits); FLOPs nominal 1 (greedy) or 25 (sampling:
       hash + two logs) per logit, counted against the matmul peak, so never the bound here.
   ``.../rope_append``  against ``torch_eager`` (RMSNorm, RoPE and index_put in eager PyTorch).
@@ -26,6 +28,9 @@ import torch
 from bench import common as bc
 
 BASELINES = ["host", "torch_vec", "torch_eager"]
+# The filtered sampling rows (issue 27: sampled verify with top-k / top-p at most 1.5x its floor,
+# the one read of the logits): transformers' common generation settings.
+TOP_K, TOP_P = 50, 0.9
 
 
 def shapes(opts: bc.Options):
@@ -41,19 +46,32 @@ def shapes(opts: bc.Options):
 # Baselines
 # ----------------------------------------------------------------------------------------------
 
-def _target_tokens(logits, temperature, gen=None):
+def _target_tokens(logits, temperature, top_k=None, top_p=None, gen=None):
+    """One target token per node: argmax, or a multinomial draw at ``temperature``; with
+    ``top_k`` / ``top_p`` (Python numbers), over the k largest logits, then the smallest prefix
+    of their renormalised distribution reaching top_p (what serving engines run: torch.topk,
+    then a cumulative sum over the k)."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, -1)
-    return torch.multinomial(probs.flatten(0, 1), 1, generator=gen).view(logits.shape[:2])
+    x = logits.float() / temperature
+    if top_k is None:
+        probs = torch.softmax(x, -1)
+        return torch.multinomial(probs.flatten(0, 1), 1, generator=gen).view(logits.shape[:2])
+    vals, idx = x.topk(top_k, dim=-1)                  # sorted, descending
+    probs = torch.softmax(vals, -1)
+    if top_p is not None:
+        before = probs.cumsum(-1) - probs
+        probs = torch.where(before < top_p, probs, torch.zeros_like(probs))
+    pick = torch.multinomial(probs.flatten(0, 1), 1, generator=gen).view(*logits.shape[:2], 1)
+    return idx.gather(-1, pick)[..., 0]
 
 
-def host_verify(tree, logits, temperature):
+def host_verify(tree, logits, temperature, top_k=None, top_p=None):
     """Target tokens on the device, then ``.tolist()`` and a Python walk from the root.
 
     Returns emitted tokens int64 [B, max_depth + 1] (-1 padded) on the logits' device.
     """
-    tgt = _target_tokens(logits, temperature).tolist()
+    tgt = _target_tokens(logits, temperature, top_k, top_p).tolist()
     tok, par, num = tree.tokens.tolist(), tree.parents.tolist(), tree.num_nodes.tolist()
     rows = []
     for b in range(len(tok)):
@@ -73,12 +91,12 @@ def host_verify(tree, logits, temperature):
     return torch.tensor(rows, device=logits.device)
 
 
-def vec_verify(tree, logits, temperature):
+def vec_verify(tree, logits, temperature, top_k=None, top_p=None):
     """The acceptance walk as ``max_depth`` vectorised steps on the device (no host sync).
 
     Returns (accept_len int64 [B], emitted int64 [B, max_depth + 1]).
     """
-    tgt = _target_tokens(logits, temperature)
+    tgt = _target_tokens(logits, temperature, top_k, top_p)
     b_sz, n = tree.tokens.shape
     idx = torch.arange(n, device=tgt.device)
     valid = idx[None, :] < tree.num_nodes[:, None]
@@ -185,13 +203,21 @@ def main(argv=None) -> int:
         logits = target_logits(tree, v, dtype, gen)
         seed = torch.full((b,), 1234, dtype=torch.int64, device=dev)
         offset = torch.arange(b, dtype=torch.int64, device=dev)
-        for mode, temp, per_elt in (("greedy", 0.0, 1.0), ("sample", 1.0, 25.0)):
+        for mode, temp, per_elt, k, top_p in (("greedy", 0.0, 1.0, None, None),
+                                              ("sample", 1.0, 25.0, None, None),
+                                              ("sample_topk_topp", 1.0, 25.0, TOP_K, TOP_P)):
+            if k is not None and opts.cuda and opts.quick and b < 16:
+                continue  # the quick GPU run (device_check's small_ops step): B 16 only
             shape = f"{b}x{n}/{mode}"
             flops, nbytes = per_elt * b * n * v, float(b * n * v * e)
-            table.run(shape, "host", lambda: host_verify(tree, logits, temp), flops=flops, nbytes=nbytes)
-            table.run(shape, "torch_vec", lambda: vec_verify(tree, logits, temp), flops=flops,
+            table.run(shape, "host", lambda: host_verify(tree, logits, temp, k, top_p), flops=flops,
                       nbytes=nbytes)
+            table.run(shape, "torch_vec", lambda: vec_verify(tree, logits, temp, k, top_p),
+                      flops=flops, nbytes=nbytes)
             kw = dict(temperature=temp, seed=seed, offset=offset) if temp > 0 else {}
+            if k is not None:
+                kw.update(top_k=torch.full((b,), k, dtype=torch.int32, device=dev),
+                          top_p=torch.full((b,), top_p, dtype=torch.float32, device=dev))
             _ours(table, status, shape,
                   lambda name: jk.verify_tree(tree, logits, backend=name, **kw), flops, nbytes, si)
         del logits

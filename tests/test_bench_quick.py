@@ -220,6 +220,28 @@ def test_verify_stage_baselines_match_reference():
     assert float((kc2 - kc).norm() / kc.norm()) < 1e-5 and torch.equal(vc2, vc)
 
 
+def test_filtered_sampling_baseline_draws_what_the_filters_keep():
+    """bench_verify's top-k / top-p baseline (torch.topk, then a cumulative sum) draws from the
+    set python_ref.filter_keep keeps, every member of it, in about its renormalised
+    proportions; top-k 1 is the argmax."""
+    from bench.bench_verify import _target_tokens
+    from jetspec_kernels.python_ref.sampling import filter_keep
+
+    gen = torch.Generator().manual_seed(8)
+    row = torch.randn(40, generator=gen) * 2
+    logits = row.expand(1, 4000, 40).contiguous()     # 4000 draws from one row
+    for k, p in ((5, None), (8, 0.7), (40, 0.5), (1, 0.9)):
+        draws = _target_tokens(logits, 1.0, k, p, gen=gen)[0]
+        keep = filter_keep(row[None, None], torch.tensor([k]),
+                           None if p is None else torch.tensor([p]))[0, 0]
+        probs = torch.where(keep, torch.softmax(row, -1), torch.zeros(()))
+        probs /= probs.sum()
+        freq = torch.bincount(draws, minlength=40).float() / draws.numel()
+        assert set(draws.tolist()) == set(keep.nonzero()[:, 0].tolist()), (k, p)
+        assert float((freq - probs).abs().max()) < 0.03, (k, p)
+    assert torch.equal(_target_tokens(logits, 1.0, 1, None, gen=gen), logits.argmax(-1))
+
+
 def test_profile_kernels_smoke_and_ncu_summary(tmp_path, capsys):
     """The ncu driver runs every op (small, reference backend on the CPU), and its summariser
     reads ncu's CSV layout; summarize.py appends the ncu lines and skips ncu's CSV as a bench."""
