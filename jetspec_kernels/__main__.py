@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for name, reason in jk.available_backends(dev).items():
             print(f"  {dev:5s} {name:10s} {'ok' if reason is None else reason}")
-    first = {fn: (_backend.verified_backends(fn)
-                  + ("reference" if fn in _backend.REFERENCE_UNTIL_VERIFIED else "triton",))[0]
+    first = {fn: next(c for c in _backend.verified_backends(fn) + ("triton", "reference")
+                      if _backend.hardware_verified(c, fn))
              for fn in _backend.INTERFACE_FUNCTIONS}
     picks = {b: [fn for fn, f in first.items() if f == b] for b in dict.fromkeys(first.values())}
     print("  auto on CUDA tensors (hardware-verified backends first, else triton; else reference "

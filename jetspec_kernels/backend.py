@@ -141,13 +141,10 @@ def verified_backends(fn: str | None) -> tuple[str, ...]:
     (``HARDWARE_VERIFIED``; for a chain, ``CHAINS``, those of every function of the chain, in the
     order of the first); ``fn`` None: those listed for every interface function, in the order of
     the first."""
-    if fn in CHAINS:
-        first, *rest = (verified_backends(f) for f in CHAINS[fn])
-        return tuple(b for b in first if all(b in other for other in rest))
-    if fn is not None:
+    if fn is not None and fn not in CHAINS:
         return tuple(HARDWARE_VERIFIED.get(fn, ()))
-    lists = [verified_backends(f) for f in INTERFACE_FUNCTIONS]
-    return tuple(b for b in lists[0] if all(b in other for other in lists[1:]))
+    first, *rest = map(verified_backends, CHAINS[fn] if fn is not None else INTERFACE_FUNCTIONS)
+    return tuple(b for b in first if all(b in other for other in rest))
 
 
 def hardware_verified(name: str, fn: str | None) -> bool:

@@ -69,5 +69,5 @@ def silu_mul(x):
         return out
     block = min(BLOCK, max(128, next_power_of_2(inner)))
     _silu_mul[(r, cdiv(inner, block))](x, x.stride(0), out, inner, BLOCK=block,
-                                              num_warps=4 if block >= 512 else 1)
+                                       num_warps=4 if block >= 512 else 1)
     return out
