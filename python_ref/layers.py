@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import compute_dtype
-from .rope import add_rms_norm, apply_rope, rms_norm
+from .rope import apply_rope, rms_norm
 
 __all__ = ["layer_weights", "silu_mul", "swiglu", "qk_norm_rope", "decoder_layer"]
 
@@ -83,19 +83,16 @@ def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):
     return q, k
 
 
-def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, reduce=None,
-                  norm=None, residual=None, defer_add=False):
+def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None):
     """One pre-norm Qwen3 decoder layer: ``h += o_proj(attend(q, k, v))``, then
     ``h += mlp(post_attention_layernorm(h))``.
 
     Parameters
     ----------
-    h : ``[B, N, H]`` the residual stream (with ``residual``: its last addend)
+    h : ``[B, N, H]`` the residual stream
     w : one layer's tensors, keys as in Hugging Face checkpoints after ``layers.{i}.``
         (``input_layernorm.weight``, ``self_attn.{q,k,v,o}_proj.weight``,
-        ``self_attn.{q,k}_norm.weight [Dh]``, ``post_attention_layernorm.weight``, the MLP's);
-        with ``self_attn.qkv_proj.weight`` (q, k and v stacked in that order) one GEMM computes
-        q, k and v when ``context`` is None (the models' fused projections)
+        ``self_attn.{q,k}_norm.weight [Dh]``, ``post_attention_layernorm.weight``, the MLP's)
     attend : callable ``(q [B, N, Hq, Dh], k [B, M, Hkv, Dh], v [B, M, Hkv, Dh], w) ->
         [B, N, Hq, Dh]`` on the raw projections: it applies the q/k norms and RoPE
         (:func:`qk_norm_rope`, or a fused kernel that also fills a KV cache) and attends
@@ -106,42 +103,17 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, context=None, dtype=None, re
         None: ``M = N``.
     dtype : the norms' form (:func:`rms_norm`): None for the reference, the model dtype for the
         Hugging Face form
-    reduce : callable ``[B, N, H] -> [B, N, H]`` applied to the attention's output projection and
-        to the MLP's output before each is added to ``h``, or None. Tensor parallelism: the
-        weights hold this rank's heads / features, those outputs are partial sums and ``reduce``
-        all-reduces them
-    norm : callable ``(x [B, N, H], weight [H], residual) -> (normed, total)``: the residual add
-        ``total = x + residual`` (``residual`` None: ``total = x``) and the RMSNorm of ``total``
-        (the models pass a fused kernel), or None: :func:`~.rope.add_rms_norm` with ``eps`` and
-        ``dtype``
-    residual : ``[B, N, H]`` or None. The stream is ``h + residual``, added by the input norm's
-        fused add (a previous layer's ``defer_add`` output): one launch fewer a layer
-    defer_add : bool. Return the MLP's output and the stream before it, unsummed, so the next
-        layer's input norm (or the final norm) adds them; False: their sum
 
     Returns
     -------
-    ``[B, N, H]``, or with ``defer_add`` ``(mlp_out, h)`` of that shape, whose sum is the
-    layer's output
+    ``[B, N, H]``. The models run the same layer with production knobs (stacked projections,
+    tensor parallelism, fused norms, deferred adds): ``jetspec_kernels/models/layer.py``.
     """
-    if norm is None:
-        def norm(x, weight, residual):
-            return add_rms_norm(x, residual, weight, eps, dtype)
-    a, h = norm(h, w["input_layernorm.weight"], residual)
     dh = w["self_attn.q_norm.weight"].shape[-1]
-    if context is None and "self_attn.qkv_proj.weight" in w:     # one GEMM, views of its output
-        nq, nkv = w["self_attn.q_proj.weight"].shape[0], w["self_attn.k_proj.weight"].shape[0]
-        q, k, v = (t.unflatten(-1, (-1, dh)) for t in
-                   F.linear(a, w["self_attn.qkv_proj.weight"]).split([nq, nkv, nkv], dim=-1))
-    else:
-        kv_in = a if context is None else torch.cat([context, a], dim=-2)
-        q = F.linear(a, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, dh))
-        k = F.linear(kv_in, w["self_attn.k_proj.weight"]).unflatten(-1, (-1, dh))
-        v = F.linear(kv_in, w["self_attn.v_proj.weight"]).unflatten(-1, (-1, dh))
-    if reduce is None:
-        def reduce(x):
-            return x
-    attn = reduce(F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
-    a, h = norm(attn, w["post_attention_layernorm.weight"], h)   # h + attn, then its norm
-    out = reduce(mlp(a, w))
-    return (out, h) if defer_add else h + out
+    a = rms_norm(h, w["input_layernorm.weight"], eps, dtype)
+    kv_in = a if context is None else torch.cat([context, a], dim=-2)
+    q = F.linear(a, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, dh))
+    k = F.linear(kv_in, w["self_attn.k_proj.weight"]).unflatten(-1, (-1, dh))
+    v = F.linear(kv_in, w["self_attn.v_proj.weight"]).unflatten(-1, (-1, dh))
+    h = h + F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"])
+    return h + mlp(rms_norm(h, w["post_attention_layernorm.weight"], eps, dtype), w)

@@ -78,7 +78,7 @@ def rel_l2(out, want) -> float:
 
 
 def undeferred(decoder_layer):
-    """``python_ref.layers.decoder_layer`` as it ran before the models deferred the MLP's residual
+    """The models' ``decoder_layer`` (``models/layer.py``) as it ran before the models deferred the MLP's residual
     add to the next norm: the add of a ``residual`` passed in runs as its own op, and a
     ``defer_add`` call returns ``(zeros, output)`` (adding zeros is exact), so a model patched
     with it computes every sum where it did before."""

@@ -10,6 +10,7 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import launch_plan
 from jetspec_kernels.models import CheckpointError, Qwen3, Qwen3Config, save_qwen3
+from jetspec_kernels.models.layer import decoder_layer as model_layer
 from jetspec_kernels.models.tiny import random_qwen3_weights, tiny_qwen3_config
 from helpers import rel_l2 as rel, undeferred
 
@@ -216,8 +217,8 @@ def test_projections_are_one_gemm_each_and_the_checkpoint_keys_views():
     model.layers[0]["self_attn.k_proj.weight"][0, 0] = 123.0
     assert model._run_layers[0][QKV_KEY][cfg.num_attention_heads * cfg.head_dim, 0] == 123.0
 
-    # The fused forward against the separate projections (python_ref's layer on the checkpoint
-    # keys alone), one layer, causal.
+    # The fused forward (the models' layer on the stacked projections) against python_ref's
+    # layer on the checkpoint keys alone, one layer, causal.
     x = torch.randn(2, 5, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
     def attend(q, k, v, lw):
         q, k = ref.qk_norm_rope(q, k, lw, cfg.rms_norm_eps, torch.arange(5), torch.arange(5),
@@ -227,7 +228,7 @@ def test_projections_are_one_gemm_each_and_the_checkpoint_keys_views():
         k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
         s = torch.einsum("bnhd,bmhd->bhnm", q, k) / cfg.head_dim ** 0.5
         return torch.einsum("bhnm,bmhd->bnhd", s.masked_fill(~mask, float("-inf")).softmax(-1), v)
-    fused = ref.decoder_layer(x, model._run_layers[1], attend, cfg.rms_norm_eps)
+    fused = model_layer(x, model._run_layers[1], attend, cfg.rms_norm_eps)
     separate = ref.decoder_layer(x, model.layers[1], attend, cfg.rms_norm_eps)
     assert rel(fused, separate) < 1e-6
 

@@ -21,7 +21,8 @@ from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.rms_norm import rms_norm
 from ..ops.silu_mul import silu_mul
 from ..ops.tree_attention import tree_attention
-from ..python_ref.layers import decoder_layer, swiglu
+from ..python_ref.layers import swiglu
+from .layer import decoder_layer
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import DraftConfig, read_config
 from .init import LAYER_KEYS, layer_shapes

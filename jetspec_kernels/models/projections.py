@@ -12,7 +12,7 @@ GATE_UP_KEY, GATE_UP = "mlp.gate_up_proj.weight", ("mlp.gate_proj.weight", "mlp.
 
 def fuse_projections(layer: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """``(layer, run)``: the layer's tensors with q/k/v and gate/up as views of their
-    concatenations, and the dict ``python_ref.layers.decoder_layer`` runs (the same plus
+    concatenations, and the dict ``models/layer.py``'s ``decoder_layer`` runs (the same plus
     ``self_attn.qkv_proj.weight`` [(Nq + 2 Nkv), H] and ``mlp.gate_up_proj.weight`` [2 I, H],
     where the layer has those parts). Code that sums over ``layer.values()`` sees each weight
     once."""

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.silu_mul import silu_mul
 from ..ops.tree_attention import tree_attention
-from ..python_ref.layers import decoder_layer, swiglu
+from ..python_ref.layers import swiglu
+from .layer import decoder_layer
 from .. import launch_plan, tp
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
