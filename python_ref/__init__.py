@@ -22,6 +22,8 @@ from .sampling import token_masses, filter_keep
 from .commit import commit_kv
 from .layers import layer_weights, silu_mul, swiglu, qk_norm_rope, decoder_layer
 from .draft_head import draft_head_forward, target_layer_ids
+from .gated_delta_tree import gated_delta_tree, gated_delta_tree_chunked, gated_delta_step, l2norm, ancestor_mask
+from .gated_delta_commit import gated_delta_commit
 
 __all__ = [
     "log_softmax_topk",
@@ -54,4 +56,10 @@ __all__ = [
     "decoder_layer",
     "draft_head_forward",
     "target_layer_ids",
+    "gated_delta_tree",
+    "gated_delta_tree_chunked",
+    "gated_delta_step",
+    "l2norm",
+    "ancestor_mask",
+    "gated_delta_commit",
 ]
