@@ -156,7 +156,8 @@ def value_range(name: str, t: torch.Tensor, lo: int | None = None, hi: int | Non
         return
     mn, mx = int(t.min()), int(t.max())
     if (lo is not None and mn < lo) or (hi is not None and mx > hi):
-        raise ValueError(f"{name} values must be in [{lo}, {hi}], got min {mn}, max {mx}")
+        want = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} values must be {want}, got min {mn}, max {mx}")
 
 
 def cache_and_table(k_cache, v_cache, block_table, *, batch: int, hkv: int | None, head_dim: int | None,
@@ -198,8 +199,9 @@ def fits_in_cache(prefix_lens: torch.Tensor, n: int, capacity: int, what: str = 
     if mn < 0:
         raise ValueError(f"{what} must be >= 0, got min {mn}")
     if mx + n > capacity:
-        raise ValueError(f"{what} + {n} tree rows exceeds the cache length {capacity} "
-                         f"(max {what} is {mx}); the block table is too short or the cache too small")
+        raise ValueError(f"{what} must be <= {capacity - n} so that its {n} rows fit the cache length "
+                         f"{capacity}, got max {mx}; or the block table is too short or the cache "
+                         f"too small")
 
 
 def misaligned_rows(t: torch.Tensor, align: int) -> bool:
