@@ -3,6 +3,7 @@
 Public API (see DESIGN.md section 4 and each function's docstring):
     draft_tree, draft_tree_from_topk, draft_tree_from_hidden, pack_mask,
     tree_attention, qk_norm_rope_append, rms_norm, silu_mul, verify_tree, commit_kv,
+    gated_delta_tree, gated_delta_commit (hybrid targets' Gated DeltaNet layers),
     Tree, Verdict, Commit,
     AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
     expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive/),
@@ -14,6 +15,8 @@ from .backend import BackendUnavailableError, available_backends, get_backend, s
 from .checks import set_value_checks
 from .ops.commit_kv import commit_kv
 from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk
+from .ops.gated_delta_commit import gated_delta_commit
+from .ops.gated_delta_tree import gated_delta_tree
 from .ops.pack_mask import pack_mask
 from .ops.qk_norm_rope_append import qk_norm_rope_append
 from .ops.rms_norm import rms_norm
@@ -27,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AcceptanceCalibrator", "BackendUnavailableError", "Commit", "CostModel", "Tree", "Verdict",
     "available_backends", "choose_budget", "choose_budget_from_topk", "commit_kv", "draft_tree", "draft_tree_from_hidden",
-    "draft_tree_from_topk", "expected_accept_curve", "expected_accept_curve_from_topk", "get_backend",
+    "draft_tree_from_topk", "expected_accept_curve", "gated_delta_commit", "gated_delta_tree", "expected_accept_curve_from_topk", "get_backend",
     "pack_mask", "qk_norm_rope_append", "rms_norm", "set_backend", "silu_mul", "set_value_checks", "tree_attention",
     "verify_tree",
 ]

@@ -55,7 +55,7 @@ GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "draft_tree", "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask",
-                       "rms_norm", "silu_mul")
+                       "rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit")
 # Interface functions that chain others in one backend call (the same kernels, fewer host steps
 # for the cuda backend: issue 27): a backend is verified for one where it is verified for every
 # function of its chain, so auto sends a chain where every function of it may go (one backend
@@ -66,12 +66,16 @@ CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
 # mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
-OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",)}
+OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",),
+                                                  "gated_delta_tree": ("cuda", "triton"),
+                                                  "gated_delta_commit": ("cuda", "triton")}
 
 # Interface functions whose work the models ran as torch ops before the function existed: on CUDA
 # tensors ``auto`` keeps them on those ops (the reference backend) until a GPU backend is listed in
-# HARDWARE_VERIFIED, rather than trading hardware-proven torch ops for an unverified kernel.
-REFERENCE_UNTIL_VERIFIED = ("rms_norm", "silu_mul")
+# HARDWARE_VERIFIED, rather than trading hardware-proven torch ops for an unverified kernel. The
+# Gated DeltaNet tree ops too: their reference is torch ops without host reads (the chunked form:
+# a CUDA graph holds it) and no GPU kernel of theirs has run on a GPU.
+REFERENCE_UNTIL_VERIFIED = ("rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit")
 
 
 class BackendUnavailableError(RuntimeError):

@@ -334,7 +334,8 @@ def test_interface_functions_match_the_backends():
     model forward that needs it."""
     import importlib
     assert set(bk.OPTIONAL_FUNCTIONS) <= set(bk.INTERFACE_FUNCTIONS)
-    assert bk.OPTIONAL_FUNCTIONS == {"hidden_topk": ("cuda",)}
+    assert bk.OPTIONAL_FUNCTIONS == {"hidden_topk": ("cuda",), "gated_delta_tree": ("cuda", "triton"),
+                                     "gated_delta_commit": ("cuda", "triton")}
     for name in ("reference", "triton", "cuda"):
         module = importlib.import_module(bk._BACKEND_MODULES[name])
         for fn in bk.INTERFACE_FUNCTIONS:

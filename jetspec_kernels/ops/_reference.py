@@ -79,3 +79,18 @@ def commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidd
     new_lens, rows = ref.commit_kv(k_cache, v_cache, prefix_lens, path, accept_len,
                                    block_table=block_table, hidden=hidden)
     return new_lens.to(_I32), (None if rows is None else rows.to(hidden.dtype))
+
+
+def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, scale,
+                     use_qk_l2norm):
+    # The chunked (WY) form: batched matmuls and a triangular solve, no host reads (a CUDA graph
+    # holds it), where python_ref.gated_delta_tree walks each path on the host.
+    o = ref.gated_delta_tree_chunked(q, k, v, g, beta, parents, state, state_slots=state_slots,
+                                     num_nodes=num_nodes, scale=scale,
+                                     use_qk_l2norm=use_qk_l2norm)
+    return o.to(v.dtype)
+
+
+def gated_delta_commit(k, v, g, beta, path, accept_len, state, state_slots, use_qk_l2norm):
+    ref.gated_delta_commit(k, v, g, beta, path, accept_len, state, state_slots=state_slots,
+                           use_qk_l2norm=use_qk_l2norm)
