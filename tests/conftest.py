@@ -1,5 +1,6 @@
 """Test configuration: Triton runs under the interpreter when there is no GPU; `gpu` tests skip."""
 import os
+import re
 
 import torch
 
@@ -20,38 +21,75 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
     torch.set_num_threads(1)
 
 
+# The GPU steps of bench/device_check.sh, in the order it runs them.
+GPU_STEPS = ("triton", "cuda", "tma")
+# Files whose triton tests compile for sm_90a offline, a GPU or not (bench/triton_resources.py).
+OFFLINE_FILES = {"test_triton_sm90_resources.py"}
+TMA_WORDS = {"tma", "hopper"}
+
+
 def pytest_addoption(parser):
     parser.addoption("--gpu-only", action="store_true",
                      help="run only the tests marked gpu (also through a fixture parameter, which "
                           "-m gpu does not see)")
     parser.addoption("--on-gpu", action="store_true",
-                     help="run only the tests whose tensors are on the GPU when one is there: the "
-                          "gpu-marked ones and every triton case (a backend or engine parameter "
-                          "'triton', or a tests/test_triton_*.py file); device_check.sh runs these")
+                     help="run only the tests that need the GPU when one is there: the gpu-marked "
+                          "ones and every triton case (a backend or engine parameter 'triton'), "
+                          "less those that need none (offline sm_90a compiles, simulator cases)")
+    parser.addoption("--gpu-step", choices=GPU_STEPS, default=None,
+                     help="run only one of the GPU steps device_check.sh runs, which split the "
+                          "--on-gpu tests between them: triton (the triton cases), cuda (the "
+                          "other gpu-marked tests) or tma (the TMA attention kernels' tests)")
     parser.addoption("--tma", choices=("all", "only", "skip"), default="all",
-                     help="tests of the TMA kernels (whose name, parameter ids included, says "
-                          "tma or hopper): all, only, or skip (device_check.sh runs them in a "
+                     help="tests of the TMA kernels (whose name, parameter ids included, has the "
+                          "word tma or hopper): all, only, or skip (device_check.sh runs them in a "
                           "process of their own)")
 
 
-def on_gpu(item) -> bool:
-    """Whether a test's tensors are on the GPU when one is there: gpu-marked, or a triton case
-    (Triton tests use CUDA tensors whenever CUDA is available)."""
+def names_tma_kernel(name: str) -> bool:
+    """Whether a test name (parameter ids included) names the TMA attention kernels: the word
+    "tma" or "hopper" between non-alphanumerics ("test_opcheck_tma[64]", "test_x[tma-128]"), not
+    inside another word ("log_softmax")."""
+    return not TMA_WORDS.isdisjoint(re.split(r"[^0-9a-z]+", name.lower()))
+
+
+def _engine(item) -> set[str]:
+    """The backend names a test is parametrised over (the fuzz tests' Engine objects are not
+    names: their random shapes would recompile Triton for every case, so no GPU step runs them)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    triton = any(params.get(k) == "triton" for k in ("backend", "engine"))
-    return "gpu" in item.keywords or triton or item.path.name.startswith("test_triton")
+    return {params[k] for k in ("backend", "engine") if isinstance(params.get(k), str)}
+
+
+def on_gpu(item) -> bool:
+    """Whether a test needs the GPU when one is there: gpu-marked, or a triton case (Triton tests
+    use CUDA tensors whenever CUDA is available); not the offline sm_90a compiles nor a case of
+    the CUDA simulator (a CPU build, even where the test is gpu-marked for its size)."""
+    engine = _engine(item)
+    if item.path.name in OFFLINE_FILES or "sim" in engine:
+        return False
+    return "gpu" in item.keywords or "triton" in engine
+
+
+def gpu_step(item) -> str | None:
+    """The GPU step of device_check.sh that runs ``item`` (one of GPU_STEPS), or None when the
+    test needs no GPU. Every on_gpu test gets exactly one step."""
+    if not on_gpu(item):
+        return None
+    if "triton" in _engine(item):       # whatever its other parameters say, no TMA kernel runs
+        return "triton"
+    return "tma" if names_tma_kernel(item.name) else "cuda"
 
 
 def pytest_collection_modifyitems(config, items):
     gpu_only, tma = config.getoption("--gpu-only"), config.getoption("--tma")
-    gpu_side = config.getoption("--on-gpu")
-    if gpu_only or gpu_side or tma != "all":
+    gpu_side, step = config.getoption("--on-gpu"), config.getoption("--gpu-step")
+    if gpu_only or gpu_side or step or tma != "all":
         keep, drop = [], []
         for item in items:
             ok = (not gpu_only or "gpu" in item.keywords) and (not gpu_side or on_gpu(item))
+            ok = ok and (step is None or gpu_step(item) == step)
             if tma != "all":
-                tma_kernel = "tma" in item.name or "hopper" in item.name
-                ok = ok and (tma_kernel == (tma == "only"))
+                ok = ok and (names_tma_kernel(item.name) == (tma == "only"))
             (keep if ok else drop).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)

@@ -1,0 +1,92 @@
+"""The GPU steps of bench/device_check.sh (triton, cuda, tma: tests/conftest.py's --gpu-step)
+split the tests that need a GPU between them: every triton case of every op lands in one, each
+test in exactly one, and only the TMA kernels' tests in the TMA step's process."""
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from conftest import GPU_STEPS, names_tma_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where the op tests run triton cases (the fuzz tests' random shapes are left out on purpose).
+OP_TESTS = ("tests/ops", "tests/test_engine_layouts.py")
+
+
+@lru_cache(maxsize=None)
+def collect(*options: str) -> frozenset[str]:
+    """Node ids pytest collects from OP_TESTS with ``options`` (a subprocess: this session's own
+    options must not leak in)."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *options, *OP_TESTS],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode in (0, 5), res.stdout[-2000:] + res.stderr[-2000:]
+    return frozenset(line for line in res.stdout.splitlines() if "::" in line)
+
+
+def param_words(nodeid: str) -> set[str]:
+    ids = nodeid.partition("[")[2].rstrip("]")
+    return set(ids.split("-")) if ids else set()
+
+
+@pytest.mark.parametrize("name, tma", [
+    ("test_log_softmax_topk[triton-2-8]", False),            # soft-MA-x: the bug this guards
+    ("test_log_softmax_topk_many_chunks[cuda]", False),
+    ("test_opcheck_tma[16-cuda]", True),
+    ("test_tree_attention_tma_page_size[cuda]", True),
+    ("test_tree_attention[dtype0-128-2-37-8-2-mask-False-1-tma-cuda]", True),
+    ("test_tree_attention[dtype0-128-2-37-8-2-mask-False-1-hopper-cuda]", True),
+    ("test_hopper_one_hot_probe[small-cuda]", True),
+    ("test_tree_attention[dtype0-128-2-37-8-2-mask-False-1-wgmma-cuda]", False),
+    ("test_TMA_upper[x]", True),
+    ("test_tmax_and_hoppers[cuda]", False),
+    ("test_grasshopper_stomach[mma]", False),
+])
+def test_names_tma_kernel_matches_the_word(name, tma):
+    assert names_tma_kernel(name) is tma
+
+
+def test_every_gpu_test_is_in_exactly_one_step():
+    steps = {s: collect("--gpu-step", s) for s in GPU_STEPS}
+    on_gpu = collect("--on-gpu")
+    assert on_gpu and all(steps.values())
+    assert set().union(*steps.values()) == on_gpu
+    assert sum(map(len, steps.values())) == len(on_gpu)          # disjoint
+
+
+def test_every_triton_case_runs_in_the_triton_step():
+    """Each op test with a triton parameter (its own id) is in the triton step, none anywhere
+    else; the log_softmax_topk cases (whose name holds "tma") among them."""
+    every = collect()
+    triton = {n for n in every if "triton" in param_words(n)}
+    assert {n for n in triton if "log_softmax_topk" in n}, "no triton log_softmax_topk case?"
+    assert triton == collect("--gpu-step", "triton")
+    assert not triton & (collect("--gpu-step", "cuda") | collect("--gpu-step", "tma"))
+    # the older selection device_check used: --on-gpu --tma skip keeps them too
+    kept = collect("--on-gpu", "--tma", "skip")
+    assert {n for n in triton if "log_softmax" in n} <= kept
+
+
+def test_tma_step_holds_only_tma_kernel_tests_and_all_of_them():
+    tma = collect("--gpu-step", "tma")
+    assert tma and all(re.search(r"(^|[^a-z])(tma|hopper)([^a-z]|$)", n.split("::")[-1]) for n in tma)
+    cuda_tma = {n for n in collect("--gpu-only")
+                if {"tma", "hopper"} & set(re.split(r"[^a-z0-9]+", n.split("::")[-1]))
+                and "sim" not in param_words(n) and "triton" not in param_words(n)}
+    assert cuda_tma == tma
+
+
+def test_no_gpu_step_runs_what_needs_no_gpu():
+    """The CUDA simulator's cases (a CPU build, gpu-marked for their size) and the offline
+    sm_90a compiles are in no step."""
+    on_gpu = collect("--on-gpu")
+    assert not [n for n in on_gpu if "sim" in param_words(n)]
+    gpu_sim = [n for n in collect("--gpu-only") if "sim" in param_words(n)]
+    assert gpu_sim, "no gpu-marked simulator case left to check"
+    offline = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                              "no:cacheprovider", "--on-gpu", "tests/test_triton_sm90_resources.py"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "::" not in offline.stdout and "4 deselected" in offline.stdout, offline.stdout[-1000:]
