@@ -55,7 +55,8 @@ GPU_BACKENDS = ("cuda", "triton")
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "draft_tree", "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask",
-                       "rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit")
+                       "rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit",
+                       "causal_conv1d_tree", "causal_conv1d_commit")
 # Interface functions that chain others in one backend call (the same kernels, fewer host steps
 # for the cuda backend: issue 27): a backend is verified for one where it is verified for every
 # function of its chain, so auto sends a chain where every function of it may go (one backend
@@ -66,9 +67,12 @@ CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
 # mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
+# The Gated DeltaNet conv ops have no GPU kernel yet: the reference (torch ops, capturable) runs them.
 OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",),
                                                   "gated_delta_tree": ("cuda", "triton"),
-                                                  "gated_delta_commit": ("cuda", "triton")}
+                                                  "gated_delta_commit": ("cuda", "triton"),
+                                                  "causal_conv1d_tree": ("cuda", "triton"),
+                                                  "causal_conv1d_commit": ("cuda", "triton")}
 
 # Interface functions whose work the models ran as torch ops before the function existed: on CUDA
 # tensors ``auto`` keeps them on those ops (the reference backend) until a GPU backend is listed in

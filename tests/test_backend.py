@@ -335,7 +335,9 @@ def test_interface_functions_match_the_backends():
     import importlib
     assert set(bk.OPTIONAL_FUNCTIONS) <= set(bk.INTERFACE_FUNCTIONS)
     assert bk.OPTIONAL_FUNCTIONS == {"hidden_topk": ("cuda",), "gated_delta_tree": ("cuda", "triton"),
-                                     "gated_delta_commit": ("cuda", "triton")}
+                                     "gated_delta_commit": ("cuda", "triton"),
+                                     "causal_conv1d_tree": ("cuda", "triton"),
+                                     "causal_conv1d_commit": ("cuda", "triton")}
     for name in ("reference", "triton", "cuda"):
         module = importlib.import_module(bk._BACKEND_MODULES[name])
         for fn in bk.INTERFACE_FUNCTIONS:

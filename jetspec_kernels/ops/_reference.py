@@ -94,3 +94,17 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
 def gated_delta_commit(k, v, g, beta, path, accept_len, state, state_slots, use_qk_l2norm):
     ref.gated_delta_commit(k, v, g, beta, path, accept_len, state, state_slots=state_slots,
                            use_qk_l2norm=use_qk_l2norm)
+
+
+# The Gated DeltaNet conv ops: python_ref's gather form has no host reads (capturable as it is).
+from ..python_ref.causal_conv1d_commit import causal_conv1d_commit as _conv_commit  # noqa: E402
+from ..python_ref.causal_conv1d_tree import causal_conv1d_tree as _conv_tree  # noqa: E402
+
+
+def causal_conv1d_tree(x, parents, conv_state, weight, bias, state_slots, num_nodes, activation):
+    return _conv_tree(x, parents, conv_state, weight, bias, state_slots=state_slots,
+                      num_nodes=num_nodes, activation=activation).to(x.dtype)
+
+
+def causal_conv1d_commit(x, path, accept_len, conv_state, state_slots):
+    _conv_commit(x, path, accept_len, conv_state, state_slots=state_slots)
