@@ -6,7 +6,9 @@ decodes a few Python-source prompts with speculative decoding and autoregressive
 the outputs are identical (exit status 1 if not), prints tokens/s of both, the speed-up and the
 accepted length of every round, then measures the mean accepted length against the tree budget
 for the causal head, the bidirectional (DFlash) head and a chain (top-1 path, budget = depth + 1),
-prints the table and writes it as a PNG (and CSV).
+prints the table and writes it as a PNG (and CSV). By default the table has the budgets 4, 16 and
+64 (about a minute on 2 CPU cores); ``--full`` measures 1 to 256 (several minutes), and
+``--budgets`` any list. A line is printed as each stage starts and as each budget is done.
 
 ``demo --random-round`` runs one round end to end on random data at realistic shapes instead
 (jetspec_kernels/demo_random.py).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -33,6 +36,8 @@ PROMPTS = (
     "        if not isinstance(name, str):\n            raise TypeError(",
 )
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+QUICK_BUDGETS = (4, 16, 64)
+FULL_BUDGETS = (1, 4, 16, 64, 256)
 
 
 def _tiny_parser() -> argparse.ArgumentParser:
@@ -51,9 +56,12 @@ def _tiny_parser() -> argparse.ArgumentParser:
                    help="tree budget of the timed speculative run (default: 16 on cpu, where the "
                         "verify forward's cost grows with the tree size; 64 on a GPU)")
     p.add_argument("--topk", type=int_at_least(1, MAX_TOPK), default=8)
-    p.add_argument("--budgets", type=int_at_least(1, MAX_BUDGET), nargs="*",
-                   default=[1, 4, 16, 64, 256],
-                   help="budgets of the acceptance table (none: skip the table)")
+    p.add_argument("--budgets", type=int_at_least(1, MAX_BUDGET), nargs="*", default=None,
+                   help=f"budgets of the acceptance table (default {' '.join(map(str, QUICK_BUDGETS))}; "
+                        "none: skip the table)")
+    p.add_argument("--full", action="store_true",
+                   help=f"the full acceptance table: budgets {' '.join(map(str, FULL_BUDGETS))} "
+                        "(several minutes on a CPU)")
     p.add_argument("--table-tokens", type=int_at_least(1), default=32,
                    help="new tokens per prompt for the table")
     p.add_argument("--out", default=os.path.join("bench", "results", "demo"),
@@ -109,6 +117,8 @@ def _write_table(table: dict, budgets, out_dir: str) -> list[str]:
 def tiny_demo(argv=None) -> int:
     """The real-model demo (see the module docstring); returns the exit status (1 if lossy)."""
     args = _tiny_parser().parse_args(argv)
+    if args.budgets is None:
+        args.budgets = list(FULL_BUDGETS if args.full else QUICK_BUDGETS)
     device = parse_device(args.device)
     previous = jk.get_backend()
     if args.backend is not None:
@@ -121,7 +131,6 @@ def tiny_demo(argv=None) -> int:
 
 def _run_tiny(args, device) -> int:
     from .decode import generate, generate_ar
-    from .decode.acceptance import acceptance_table
     from .models.assets import TINY_DIR, load_tiny
     from .models.byte_tokenizer import EOS_ID, decode, encode
 
@@ -139,6 +148,8 @@ def _run_tiny(args, device) -> int:
           f"{head.target_layer_ids}); backend {backend!r} on {device} ({args.dtype})")
     prompts = [encode(p) for p in PROMPTS[:args.prompts]]
     kw = dict(max_new_tokens=args.max_new_tokens, eos_token_id=EOS_ID)
+    print(f"decoding {len(prompts)} prompts x {args.max_new_tokens} tokens, speculatively then "
+          "autoregressively ...", flush=True)
     spec, spec_s = _decode_each(generate, target, prompts, head=head, budget=args.budget,
                                 topk=args.topk, **kw)
     ar, ar_s = _decode_each(generate_ar, target, prompts, **kw)
@@ -164,9 +175,7 @@ def _run_tiny(args, device) -> int:
 
     if args.budgets:
         budgets = sorted(set(args.budgets))
-        table = acceptance_table(target, heads, prompts, budgets=budgets, topk=args.topk,
-                                 max_new_tokens=args.table_tokens, eos_token_id=EOS_ID,
-                                 chain_head="head_causal")
+        table = _acceptance_with_progress(target, heads, prompts, budgets, args)
         print(f"\nmean accepted length per round vs budget (topk {args.topk}; chain: topk 1, "
               f"depth = budget - 1 up to {head.block_size - 1}), {len(prompts)} prompts x "
               f"{args.table_tokens} tokens")
@@ -176,6 +185,27 @@ def _run_tiny(args, device) -> int:
         for path in _write_table(table, budgets, args.out):
             print(f"wrote {path}")
     return 0 if same else 1
+
+
+def _acceptance_with_progress(target, heads, prompts, budgets, args) -> dict:
+    """The acceptance table one budget at a time, printing a line as each is done."""
+    from .decode.acceptance import acceptance_table
+    from .models.byte_tokenizer import EOS_ID
+
+    print(f"\nmeasuring the acceptance table: budgets {budgets}, {len(heads) + 1} drafters, "
+          f"{len(prompts)} prompts x {args.table_tokens} tokens"
+          + ("" if args.full else " (--full: budgets 1 to 256, several minutes on a CPU)"),
+          flush=True)
+    table, start = {}, time.perf_counter()
+    for i, b in enumerate(budgets):
+        column = acceptance_table(target, heads, prompts, budgets=[b], topk=args.topk,
+                                  max_new_tokens=args.table_tokens, eos_token_id=EOS_ID,
+                                  chain_head="head_causal")
+        for name, row in column.items():
+            table.setdefault(name, {}).update(row)
+        print(f"  budget {b} done ({i + 1}/{len(budgets)}), {time.perf_counter() - start:.0f} s so far",
+              flush=True)
+    return table
 
 
 def main(argv=None) -> int:

@@ -4,6 +4,7 @@ import os
 import pytest
 
 import jetspec_kernels.decode as decode_mod
+import jetspec_kernels.demo as demo_mod
 from jetspec_kernels.demo import main
 
 SMALL = ["--backend", "reference", "--device", "cpu", "--prompts", "1", "--max-new-tokens", "24",
@@ -22,6 +23,27 @@ def test_demo_lossless_and_report(tmp_path, capsys):
     assert [r.split(",")[0] for r in rows[1:]] == ["head_causal", "head_dflash", "chain"]
     assert all(float(r.split(",")[1]) == 0.0 for r in rows[1:])   # budget 1: the root only
     assert os.path.getsize(tmp_path / "demo_acceptance.png") > 1000
+    # a line as each stage starts and as each budget of the table is done
+    assert "decoding 1 prompts x 24 tokens" in text
+    assert "budget 1 done (1/2)" in text and "budget 16 done (2/2)" in text
+
+
+@pytest.mark.parametrize("argv,budgets", [
+    ([], [4, 16, 64]),                                   # make demo: about a minute on 2 cores
+    (["--full"], [1, 4, 16, 64, 256]),
+    (["--full", "--budgets", "8"], [8]),
+    (["--budgets"], []),
+])
+def test_demo_table_budgets(monkeypatch, argv, budgets):
+    seen = {}
+
+    def run(args, device):
+        seen["b"] = args.budgets
+        return 0
+
+    monkeypatch.setattr(demo_mod, "_run_tiny", run)
+    assert main(argv) == 0
+    assert seen["b"] == budgets
 
 
 def test_demo_fails_when_outputs_differ(tmp_path, capsys, monkeypatch):
