@@ -71,6 +71,10 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, tail="causa
     out : ``[B, N, Hq, Dh]`` and lse : ``[B, Hq, N]`` (natural log), both in the compute dtype
     (float64 if q or the caches are float64, else float32). GQA: query head h reads kv head
     ``h // (Hq // Hkv)``. A query with no visible key gets out = 0, lse = -inf.
+
+    Non-finite inputs (DESIGN.md, ``tree_attention``): a -inf score weighs 0 (its V row still
+    enters the product: 0 * NaN is NaN); a row whose visible scores are all -inf is a row with
+    no visible key; a NaN or +inf among a row's visible scores makes its out and lse all NaN.
     """
     B, N, Hq, Dh = q.shape
     Hkv = k_cache.shape[2]
@@ -90,8 +94,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, tail="causa
         s = torch.einsum("nhd,lhd->hnl", q[b].to(cd), keys) * scale             # [Hq, N, L]
         s = s.masked_fill(~vis, -math.inf)
         row_lse = torch.logsumexp(s, dim=-1)                                    # [Hq, N]
-        has_key = torch.isfinite(row_lse)
-        p = torch.where(has_key[..., None], torch.exp(s - row_lse[..., None]), torch.zeros_like(s))
-        out[b] = torch.einsum("hnl,lhd->nhd", p, vals)
-        lse[b] = row_lse
+        no_key = row_lse == -math.inf          # no visible key, or every visible score is -inf
+        poisoned = (s.isnan() | (s == math.inf)).any(dim=-1)                    # IEEE: NaN
+        p = torch.exp(s - row_lse.masked_fill(no_key | poisoned, 0.0)[..., None])
+        o = torch.einsum("hnl,lhd->nhd", p, vals)
+        o = o.masked_fill(no_key.T[..., None], 0.0)        # 0 whatever the V rows hold
+        out[b] = o.masked_fill(poisoned.T[..., None], math.nan)
+        lse[b] = row_lse.masked_fill(poisoned, math.nan)
     return out, lse

@@ -25,8 +25,10 @@ Design
   last row; tree masks are honoured for any bit pattern.
 * **Numerics.** fp32 online softmax in base 2 (``log2(e)`` folded into the scale), ``tl.dot`` with
   fp32 accumulation (IEEE fp32 for fp32 inputs, never tf32), P cast to the input dtype for the PV
-  product as in FlashAttention. A row with no visible key gets ``out = 0`` and ``lse = -inf``
-  (guarded, never NaN), like python_ref.
+  product as in FlashAttention. A row with no visible key (or only -inf scores: its sum
+  ``l`` is 0) gets ``out = 0`` and ``lse = -inf`` (guarded, never NaN), like python_ref; a NaN or
+  +inf score leaves ``l`` NaN (``exp2(NaN)``, ``exp2(inf - inf)``), so out and lse are NaN on
+  every path, whatever ``tl.maximum`` does with NaN (NaN-ignoring on a GPU).
 """
 from __future__ import annotations
 
@@ -166,9 +168,10 @@ def _tree_attention_fwd(
             acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
                                           visible, offs_d, qk_scale_log2, INPUT_PRECISION)
 
-    has_key = l_i > 0.0
-    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
-    lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    # l_i == 0: no visible key (or only -inf scores); a NaN or +inf score left l_i NaN.
+    no_key = l_i == 0.0
+    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, l_i)[:, None])
+    lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
     if SPLIT:
         # Workspace rows ordered (split, b, i, head): [S, B, N, HQ] (+ HEAD_DIM for the output).
         part_row = ((split * B + b).to(tl.int64) * N + row_i) * HQ + head
@@ -212,8 +215,8 @@ def _merge_splits(
         acc = acc * alpha[:, None] + w[:, None] * o_s
         w_sum = w_sum * alpha + w
         m = m_new
-    has_key = w_sum > 0.0
-    o = acc / tl.where(has_key, w_sum, 1.0)[:, None]
+    no_key = w_sum == 0.0       # NaN (a split's NaN lse) stays NaN
+    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, w_sum)[:, None])
     head = r % HQ
     row_i = (r // HQ) % N
     b = r // (HQ * N)
@@ -222,7 +225,7 @@ def _merge_splits(
     tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=r_ok[:, None])
     if STORE_LSE:
-        lse2 = tl.where(has_key, m + tl.log2(tl.where(has_key, w_sum, 1.0)), float("-inf"))
+        lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
         l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
             + row_i.to(tl.int64) * lse_row_stride
         tl.store(lse_ptr + l_off, lse2 * _LN2, mask=r_ok)

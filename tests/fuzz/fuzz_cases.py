@@ -14,6 +14,8 @@ alone (``tests/fuzz/run.py --op OP --seed SEED``). Every draw mixes the awkward 
 * controls: temperature, top-k and top-p as numbers or per-sequence tensors, at and around
   each limit (top-k 1, V - 1, V, V + 1; top-p 1e-30, 1 - 2**-24, 1); a rope_theta that is no
   float32;
+* non-finite inputs: about one draw in five puts NaN and +-inf into the float inputs of every op
+  that takes them (``non_finite``), where the contract says how they propagate (DESIGN.md);
 * refusals: a few draws break one rule (one past a limit, NaN where it has no meaning), and every
   engine must refuse them with the same exception naming the same argument.
 
@@ -135,6 +137,21 @@ def logit_fill(r, g, shape, dtype, mag):
         row = rows[r.randrange(rows.shape[0])]
         row[torch.randperm(shape[-1], generator=g)[:r.randint(1, shape[-1] - 1)]] = -INF
     return x.to(dtype)
+
+
+def non_finite(r, g, x, allowed=None, values=(NAN, INF, -INF), most=3):
+    """Sets 1..``most`` random elements of ``x`` (in place) to values drawn from ``values``;
+    ``allowed`` (bool, x's shape) limits where. Returns the ``[index, value]`` pairs placed."""
+    flat = torch.arange(x.numel()).view(x.shape)
+    where = flat.flatten() if allowed is None else flat[allowed]
+    if where.numel() == 0:
+        return []
+    placed = []
+    for i in where[torch.randint(0, where.numel(), (r.randint(1, most),), generator=g)].tolist():
+        value = r.choice(values)
+        x.view(-1)[i] = value
+        placed.append([i, value])
+    return placed
 
 
 # ------------------------------------------------------------------ trees
@@ -367,6 +384,12 @@ def make_tree_attention(r, g):
     q = (torch.randn(B, N, hq, dh, generator=g) * mq).to(dtype)
     k = (torch.randn(B, L, hkv, dh, generator=g) * mk).to(dtype)
     v = (torch.randn(B, L, hkv, dh, generator=g) * mv).to(dtype)
+    specials = {}
+    if r.random() < 0.2:     # NaN / +-inf in q and K anywhere, NaN in V where every row looks
+        specials["q"] = non_finite(r, g, q)
+        specials["k"] = non_finite(r, g, k)
+        prefix_rows = torch.arange(L)[None, :, None, None] < prefix[:, None, None, None]
+        specials["v"] = non_finite(r, g, v, prefix_rows.expand_as(v), values=(NAN,))
     for b in range(B):                                    # past each sequence's end: never read
         k[b, int(prefix[b]) + N:] = NAN
         v[b, int(prefix[b]) + N:] = NAN
@@ -397,7 +420,7 @@ def make_tree_attention(r, g):
         call["lse"] = widened(torch.full((B, hq, N), NAN), 3)
     elif r.random() < 0.5:
         call["return_lse"] = True
-    meta = dict(mags=(mq, mk, mv), page=page)
+    meta = dict(mags=(mq, mk, mv), page=page, specials=specials)
     if r.random() < 0.06:
         bad = r.choice(("prefix", "scale"))
         if bad == "prefix":
@@ -428,6 +451,9 @@ def make_qk_norm_rope_append(r, g):
     v = (torch.randn(B, N, hkv, dh, generator=g) * r.choice(MAGNITUDES)).to(dtype)
     if r.random() < 0.2:
         k[..., :] = k[..., :1]                            # a head of identical values
+    specials = {}
+    if r.random() < 0.2:                                  # NaN / +-inf: per head through the norm
+        specials = {name: non_finite(r, g, x) for name, x in (("q", q), ("k", k), ("v", v))}
     wdt = r.choice((dtype, F32))
     qw = (torch.rand(dh, generator=g) + 0.5).to(wdt)
     kw = (torch.rand(dh, generator=g) + 0.5).to(wdt)
@@ -456,7 +482,7 @@ def make_qk_norm_rope_append(r, g):
                 positions=int_layout(r, positions), k_cache=k_cache, v_cache=v_cache,
                 rope_theta=r.choice((1e4, 5e5, 1e6)), eps=r.choice((1e-6, 1e-5, 1e-2)),
                 block_table=table, cache_start=start)
-    meta = dict(mag=mag, with_q=with_q)
+    meta = dict(mag=mag, with_q=with_q, specials=specials)
     if r.random() < 0.06:
         bad = r.choice(("eps", "theta", "positions"))
         if bad == "eps":
@@ -622,15 +648,21 @@ def make_commit_kv(r, g):
     if page is not None:
         (k, v), table = paged_cache(r, g, [k, v], page)
         k, v = k.nan_to_num(7.0), v.nan_to_num(-7.0)      # spare pages: values the op must keep
+    specials = {}
+    if r.random() < 0.2:                                  # moved bit for bit, NaN included
+        specials = {"k": non_finite(r, g, k), "v": non_finite(r, g, v)}
     k, v = cache_pair(r, k, v)
     hidden = None
     if r.random() < 0.7:
         hh = r.choice((1, 7, 24))
-        hidden = outer_layout(r, torch.randn(B, N, hh, generator=g).to(r.choice((F32, F16, BF16))))
+        hidden = torch.randn(B, N, hh, generator=g)
+        if specials:
+            specials["hidden"] = non_finite(r, g, hidden)
+        hidden = outer_layout(r, hidden.to(r.choice((F32, F16, BF16))))
     verdict = Verdict(acc, int_layout(r, path), torch.zeros(B, dtype=I32), path.clone())
     call = dict(k_cache=k, v_cache=v, prefix_lens=prefix, verdict=verdict, block_table=table,
                 hidden=hidden)
-    meta = dict(page=page)
+    meta = dict(page=page, specials=specials)
     if r.random() < 0.06:
         bad = r.choice(("accept", "path"))
         if bad == "accept":

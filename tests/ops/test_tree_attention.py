@@ -558,3 +558,79 @@ def test_cuda_out_with_odd_strides_is_not_written_in_place(monkeypatch):
                                  None, 0.125)
     assert rel_l2(out, want) < TOL[torch.float16]
 
+
+
+def assert_same_non_finite(got, want, tol, what):
+    """NaN where python_ref has NaN, the same infinities, the finite rest within ``tol``."""
+    got = got.detach().cpu().double()
+    want = want.detach().cpu().double()
+    for name, kind in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        diff = (kind(got) != kind(want)).nonzero()[:6].tolist()
+        assert not diff, f"{what}: {name} at other places than python_ref's, first {diff}"
+    finite = torch.isfinite(want)
+    err = rel_l2(got[finite], want[finite])
+    assert err < tol, f"{what}: relative L2 error {err:.3g} >= {tol} on the finite entries"
+
+
+def non_finite_case(dtype):
+    """Causal tail, prefixes 40 and 9; NaN / +-inf placed so that every rule of DESIGN.md's
+    non-finite paragraph for tree_attention is hit once."""
+    gen = torch.Generator().manual_seed(42)
+    B, N, Hq, Hkv, Dh, L = 2, 6, 4, 2, 64, 56
+    prefix = torch.tensor([40, 9], dtype=torch.int32)
+    q = torch.randn(B, N, Hq, Dh, generator=gen)
+    k = torch.randn(B, L, Hkv, Dh, generator=gen)
+    v = torch.randn(B, L, Hkv, Dh, generator=gen)
+    q[0, 1, 0, 3] = float("nan")              # one query NaN: its row only
+    k[0, 2, 1, 0] = float("nan")              # a prefix key: every row of heads 2, 3
+    k[0, 40 + 4, 0, :] = float("nan")         # tail key 4: only rows 4, 5 of heads 0, 1 see it
+    q[1, 2, 1] = 0.0                          # every score -inf: a row with no visible key
+    q[1, 2, 1, 0] = -float("inf")
+    k[1, :, 0, 0] = k[1, :, 0, 0].abs() + 0.5
+    q[1, 3, 2, 5] = float("inf")              # +inf and -inf scores: a NaN row
+    v[1, 3, 0, 10] = float("nan")             # a prefix V: dim 10 of heads 0, 1 (not the empty row)
+    for b in range(B):
+        k[b, int(prefix[b]) + N:] = float("nan")
+        v[b, int(prefix[b]) + N:] = float("nan")
+    return q.to(dtype), k.to(dtype), v.to(dtype), prefix
+
+
+def test_ref_tree_attention_non_finite():
+    """python_ref's rules: a NaN or +inf score makes the row NaN (out and lse), only -inf scores
+    give the empty row (out 0, lse -inf) whatever V holds, a NaN V reaches its dim."""
+    q, k, v, prefix = non_finite_case(torch.float64)
+    out, lse = ref.tree_attention(q, k, v, prefix, None, "causal", None, 0.125)
+    assert out[0, 1, 0].isnan().all() and lse[0, 0, 1].isnan()
+    assert out[0, :, 2:].isnan().all() and lse[0, 2:].isnan().all()
+    assert out[0, 4:, :2].isnan().all() and not out[0, :4, :2].isnan()[[0, 2, 3]].any()
+    assert torch.equal(out[1, 2, 1], torch.zeros(64, dtype=torch.float64))
+    assert lse[1, 1, 2] == -math.inf
+    assert out[1, 3, 2].isnan().all() and lse[1, 2, 3].isnan()
+    assert out[1, :, :2, 10].isnan().sum() == 2 * 6 - 1
+    assert torch.isfinite(out[1, :, 3]).all() and torch.isfinite(lse[1, 3]).all()
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("kernel", ["mma", "hopper"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_tree_attention_non_finite(backend, kernel, splits):
+    """NaN and +-inf in q, K and V give python_ref's NaN, infinities and zeros, with one split
+    and with the split partials merged."""
+    if backend.name == "triton" and kernel != "mma":
+        pytest.skip("one Triton kernel")
+    dtype = torch.float32 if backend.name == "triton" else torch.float16
+    dev = backend.device
+    q, k, v, prefix = non_finite_case(dtype)
+    want_out, want_lse = ref.tree_attention(q.double(), k.double(), v.double(), prefix, None,
+                                            "causal", None, 0.125)
+    args = [x.to(dev) for x in (q, k, v, prefix)]
+    out = torch.full_like(args[0], float("nan"))
+    lse = torch.full(tuple(want_lse.shape), float("nan"), device=dev)
+    if backend.name == "triton":
+        TA.launch_tree_attention(*args, None, "causal", None, 0.125, out, lse, num_splits=splits)
+    else:
+        cu().tree_attention(*args, None, "causal", None, 0.125, out, lse, num_splits=splits,
+                            kernel=kernel)
+    sync(dev)
+    assert_same_non_finite(out, want_out, TOL[dtype], "out")
+    assert_same_non_finite(lse, want_lse, TOL[dtype], "lse")

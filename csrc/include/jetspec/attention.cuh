@@ -167,8 +167,11 @@ __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)
     const int pr = row0 + warp * 16 + g + 8 * h2;
     if (pr >= rows_total) continue;
     const int i = pr / p.group, h = kvh * p.group + pr % p.group;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? (m_run[h2] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    // l == 0: no visible key (or only -inf scores): out 0 whatever V holds, lse -inf. A NaN or
+    // +inf score left l NaN (exp2 of NaN or of inf - inf; fmaxf skips NaN): out and lse NaN.
+    const bool no_key = l == 0.f;
+    const float inv = no_key ? 0.f : 1.f / l;
+    const float lse = no_key ? -INFINITY : (m_run[h2] + log2f(l)) * 0.69314718055994531f;
     const int64_t ridx = (static_cast<int64_t>(b) * p.hq + h) * p.n + i;
     if (p.splits == 1) {
       T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + i * p.out_strides.row +
@@ -177,7 +180,7 @@ __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)
       for (int dt = 0; dt < HD / 8; ++dt) {
         const int d = dt * 8 + 2 * tq;
         *reinterpret_cast<uint32_t*>(dst + d) =
-            pack2<T>(o[dt][2 * h2] * inv, o[dt][2 * h2 + 1] * inv);
+            pack2<T>(no_key ? 0.f : o[dt][2 * h2] * inv, no_key ? 0.f : o[dt][2 * h2 + 1] * inv);
       }
       if (p.lse != nullptr && tq == 0) p.lse[ridx] = lse;
     } else {
@@ -187,7 +190,7 @@ __device__ __forceinline__ void attn_store(const AttnParams& p, const float (&o)
       for (int dt = 0; dt < HD / 8; ++dt) {
         const int d = dt * 8 + 2 * tq;
         *reinterpret_cast<float2*>(dst + d) =
-            make_float2(o[dt][2 * h2] * inv, o[dt][2 * h2 + 1] * inv);
+            make_float2(no_key ? 0.f : o[dt][2 * h2] * inv, no_key ? 0.f : o[dt][2 * h2 + 1] * inv);
       }
       if (tq == 0) p.partial_lse[prow] = lse;
     }
@@ -318,7 +321,8 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams
 }
 
 // Merges split partials: one warp per (b, h, i) row; out = sum_s w_s O_s / sum_s w_s with
-// w_s = exp(lse_s - max lse); lse = max + log(sum w). Empty splits have lse -inf (w = 0).
+// w_s = exp(lse_s - max lse); lse = max + log(sum w). Empty splits have lse -inf (w = 0, O = 0);
+// a split's NaN lse (fmaxf skips it) makes its w, the sum, out and lse NaN.
 template <typename T>
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, int hd) {
   pdl_begin();
@@ -332,24 +336,25 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, in
   float m = -INFINITY;
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.partial_lse[s * rows + row]);
   m = warp_max(m);
+  const float m_use = m == -INFINITY ? 0.f : m;  // no split saw a key: every w is exp(-inf) = 0
   float sum = 0.f;
-  if (m != -INFINITY)
-    for (int s = lane; s < p.splits; s += 32) sum += expf(p.partial_lse[s * rows + row] - m);
+  for (int s = lane; s < p.splits; s += 32) sum += expf(p.partial_lse[s * rows + row] - m_use);
   sum = warp_sum(sum);
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const bool no_key = sum == 0.f;
+  const float inv = no_key ? 0.f : 1.f / sum;
   T* dst = static_cast<T*>(p.out) + b * p.out_strides.batch + i * p.out_strides.row +
            h * p.out_strides.head;
   for (int d = lane; d < hd; d += 32) {
     float acc = 0.f;
-    if (m != -INFINITY) {
+    if (!no_key) {
       for (int s = 0; s < p.splits; ++s) {
         const float ls = p.partial_lse[s * rows + row];
-        if (ls != -INFINITY) acc += expf(ls - m) * p.partial_o[(s * rows + row) * hd + d];
+        if (ls != -INFINITY) acc += expf(ls - m_use) * p.partial_o[(s * rows + row) * hd + d];
       }
     }
     dst[d] = from_float<T>(acc * inv);
   }
-  if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
+  if (p.lse != nullptr && lane == 0) p.lse[row] = no_key ? -INFINITY : m + logf(sum);
 }
 
 // Launches `kernel(p, extra...)` (one of the attention kernels, with `threads` threads and `smem`
