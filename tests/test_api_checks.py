@@ -414,3 +414,33 @@ def test_one_value_controls_apply_to_every_sequence():
         got = jk.verify_tree(tree, logits, backend="reference", **{k: form(v) for k, v in full.items()})
         for g, w in zip(got, want):
             assert torch.equal(g, w)
+
+
+# A message starts with the argument that is wrong and says what was expected (the fragment).
+BLAME_CASES = [
+    (jk.commit_kv, commit_args, _with("prefix_lens", torch.zeros(B + 1, dtype=I32)), "prefix_lens",
+     f"shape [{B}] (verdict.accept_len's)"),
+    (jk.commit_kv, commit_args, _with("hidden", lambda a: a["hidden"][:, :0]), "hidden",
+     "at least"),
+    (jk.tree_attention, tree_attention_args,
+     lambda a: {**a, "k_cache": torch.randn(B, 128, L, DH), "v_cache": torch.randn(B, 128, L, DH)},
+     "k_cache", "[B, L, Hkv, Dh]"),
+    (jk.qk_norm_rope_append, rope_args, _with("k", torch.randn(B, N, 3, DH)), "k", "dividing q's"),
+    (jk.verify_tree, verify_args, lambda a: {**a, "target_logits": None,
+                                             "target_tokens": torch.full((B, N), -5, dtype=I32)},
+     "target_tokens", "values must be >= 0, got min -5"),
+    (jk.tree_attention, tree_attention_args, _with("prefix_lens", torch.tensor([0, 3, L - N + 1], dtype=I32)),
+     "prefix_lens", f"must be <= {L - N} so that its {N} rows fit the cache length {L}, got max {L - N + 1}"),
+]
+
+
+@pytest.mark.parametrize("op,make,change,name,expected", BLAME_CASES,
+                         ids=[f"{c[0].__name__}-{c[3]}" for c in BLAME_CASES])
+def test_message_blames_the_wrong_argument(op, make, change, name, expected):
+    args = make()
+    call(op, args)
+    with pytest.raises(ValueError) as info:
+        call(op, change(args))
+    msg = str(info.value)
+    assert msg.startswith(f"{name} ") and expected in msg, msg
+    assert "None" not in msg, msg

@@ -11,11 +11,18 @@ from ..tree import Commit, Verdict
 def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden):
     if not isinstance(verdict, Verdict):
         raise TypeError(f"verdict must be a jetspec_kernels.Verdict, got {type(verdict).__name__}")
-    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, ndim=1)
-    b = prefix_lens.shape[0]
-    dev = prefix_lens.device
-    checks.tensor("verdict.accept_len", verdict.accept_len, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
-    checks.tensor("verdict.path", verdict.path, dtypes=checks.INDEX_DTYPES, shape=[b, None], device=dev)
+    # The verdict fixes the batch (it comes from verify_tree of the round's tree).
+    checks.tensor("verdict.accept_len", verdict.accept_len, dtypes=checks.INDEX_DTYPES, ndim=1)
+    b = verdict.accept_len.shape[0]
+    dev = verdict.accept_len.device
+    checks.tensor("verdict.path", verdict.path, dtypes=checks.INDEX_DTYPES, ndim=2, device=dev)
+    if verdict.path.shape[0] != b:
+        raise ValueError(f"verdict.accept_len must have one entry per row of verdict.path: shape "
+                         f"[{verdict.path.shape[0]}], got {[b]}")
+    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, ndim=1, device=dev)
+    if prefix_lens.shape[0] != b:
+        raise ValueError(f"prefix_lens must have one entry per sequence of the verdict: shape [{b}] "
+                         f"(verdict.accept_len's), got {list(prefix_lens.shape)}")
     m = verdict.path.shape[1]
     if m < 1:
         raise ValueError("verdict.path must have at least one column (the root)")
@@ -28,7 +35,12 @@ def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
         checks.tensor("hidden", hidden, dtypes=checks.FLOAT_DTYPES, ndim=3, device=dev)
         if hidden.shape[0] != b:
             raise ValueError(f"hidden must have batch {b} in dim 0, got shape {list(hidden.shape)}")
-        checks.value_range("verdict.path", verdict.path, -1, hidden.shape[1] - 1)
+        if checks.values_checked(verdict.path) and verdict.path.numel():
+            reach = int(verdict.path.max())
+            if reach >= hidden.shape[1]:
+                raise ValueError(f"hidden must hold a row per tree node, at least {reach + 1} in "
+                                 f"dim 1 (verdict.path reaches node {reach}), got shape "
+                                 f"{list(hidden.shape)}")
     if checks.values_checked(verdict.path) and b:
         checks.fits_in_cache(prefix_lens, int(verdict.path.max()) + 1, cap)
         # Overlap safety of the in-place move relies on a root-first, strictly increasing path.

@@ -39,7 +39,8 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
                                  f"{list(k.shape)}")
             hkv = k.shape[2]
             if hkv == 0 or hq % hkv != 0:
-                raise ValueError(f"q heads ({hq}) must be a multiple of k heads ({hkv}) for GQA")
+                raise ValueError(f"k must have a head count dividing q's {hq} heads (GQA) in dim 2, "
+                                 f"got shape {list(k.shape)}")
         checks.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
         if q is None:
             checks.optional("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)

@@ -31,7 +31,10 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
                                         head_dim=dh, dtypes=(q.dtype,), device=dev)
         hkv = k_cache.shape[2]
         if hkv == 0 or hq % hkv != 0:
-            raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hkv}) for GQA")
+            raise ValueError(f"k_cache must be [B, L, Hkv, Dh] (paged: [P, page_size, Hkv, Dh]) with "
+                             f"Hkv dividing q's {hq} heads (GQA), got shape {list(k_cache.shape)} "
+                             f"(Hkv = {hkv}); a heads-major [B, Hkv, L, Dh] cache is passed as its "
+                             f".transpose(1, 2) view")
         checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
         checks.optional("tree_mask", tree_mask, dtypes=checks.INDEX_DTYPES,
                         shape=[b, n, mask_words(n)], device=dev)
