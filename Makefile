@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PYTEST_TIMEOUT ?= 900
 # make test runs the suite in this many pytest-xdist processes (0: one process, no xdist).
 PYTEST_WORKERS ?= 2
-# make fuzz: e.g. FUZZ_ARGS="--seconds 3600 --seed 42 --ops verify_tree,tree_attention"
+# make fuzz (600 s unless FUZZ_ARGS says --seconds): e.g. FUZZ_ARGS="--seconds 3600 --seed 42 --ops verify_tree,tree_attention"
 FUZZ_ARGS ?=
 STAMP := $(VENV)/.jetspec-installed
 # make test's second stamp: the install rebuilt with _C where nvcc is found (driver or not).
@@ -23,7 +23,7 @@ TEST_BUILD_CUDA ?= $(if $(wildcard $(NVCC)),1,auto)
 DEMO_ARGS ?=
 BUILD_INPUTS := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: install test test-slow fuzz demo bench-quick device-bundle clean
+.PHONY: install test test-slow fuzz demo bench-quick ext device-bundle clean
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -53,7 +53,7 @@ test-slow: $(TEST_STAMP)
 	$(PY) -m pytest -q --benchmark-disable -m slow --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS) tests
 
 fuzz: $(STAMP)
-	$(PY) tests/fuzz/run.py --seconds 600 $(FUZZ_ARGS)
+	$(PY) tests/fuzz/run.py $(FUZZ_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m jetspec_kernels demo $(DEMO_ARGS)
@@ -71,6 +71,18 @@ PYBIND11_PY ?= $(PY)
 CMAKE ?= $(firstword $(abspath $(wildcard $(VENV)/bin/cmake)) cmake)
 NINJA ?= $(firstword $(abspath $(wildcard $(VENV)/bin/ninja)) $(shell command -v ninja 2>/dev/null) ninja)
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) /usr/local/cuda/bin/nvcc)
+
+# _C alone, for EXT_ARCHS only, with CMake and ninja straight into EXT_OUT (no pip, no
+# attention sweep): device_check.sh's build fallback on the GPU machine (make ext EXT_PYTHON=python3).
+EXT_PYTHON ?= $(PY)
+EXT_ARCHS ?= 90a
+EXT_OUT ?= jetspec_kernels
+ext:
+	$(CMAKE) -S . -B build/ext-$(EXT_ARCHS) -GNinja -DCMAKE_MAKE_PROGRAM=$(NINJA) \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(NVCC) -DPython_EXECUTABLE=$(EXT_PYTHON) \
+	  -Dpybind11_DIR=$$($(EXT_PYTHON) -m pybind11 --cmakedir) -DJETSPEC_CUDA_ARCHS=$(EXT_ARCHS) \
+	  -DJETSPEC_OUTPUT_DIR=$(abspath $(EXT_OUT))
+	$(CMAKE) --build build/ext-$(EXT_ARCHS) --target _C --parallel
 
 device-bundle:
 	@test -n "$(DEVICE_PYTHON)" || { echo "device-bundle: no python3.12 found (set DEVICE_PYTHON)"; exit 1; }
