@@ -67,10 +67,11 @@ CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
 # mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
+# The Gated DeltaNet tree ops have no cuda kernel (bench/NOTES.md, "Gated DeltaNet tree verify").
 # The Gated DeltaNet conv ops have no GPU kernel yet: the reference (torch ops, capturable) runs them.
 OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",),
-                                                  "gated_delta_tree": ("cuda", "triton"),
-                                                  "gated_delta_commit": ("cuda", "triton"),
+                                                  "gated_delta_tree": ("cuda",),
+                                                  "gated_delta_commit": ("cuda",),
                                                   "causal_conv1d_tree": ("cuda", "triton"),
                                                   "causal_conv1d_commit": ("cuda", "triton")}
 
