@@ -10,6 +10,9 @@ only once triton is known to be importable.
 from .build_tree import build_tree  # noqa: F401
 from .commit_kv import commit_kv  # noqa: F401
 from .draft_tree import draft_tree  # noqa: F401
+from .gated_delta_commit import gated_delta_commit  # noqa: F401
+from .gated_delta_tree import MAX_HEAD_DIM as GATED_DELTA_MAX_DK
+from .gated_delta_tree import gated_delta_tree  # noqa: F401
 from .hidden_topk import hidden_topk  # noqa: F401
 from .log_softmax_topk import log_softmax_topk  # noqa: F401
 from .pack_mask import pack_mask  # noqa: F401
@@ -29,4 +32,8 @@ def supports(op: str, **call) -> str | None:
     if op == "tree_attention" and q is not None and q.shape[-1] not in ATTENTION_HEAD_DIMS:
         return (f"tree_attention does not support q head dim {q.shape[-1]} "
                 f"(supported: {ATTENTION_HEAD_DIMS})")
+    k = call.get("k")
+    if op in ("gated_delta_tree", "gated_delta_commit") and k is not None and \
+            k.shape[-1] > GATED_DELTA_MAX_DK:
+        return f"{op} supports head dims Dk <= {GATED_DELTA_MAX_DK}, got {k.shape[-1]}"
     return None
