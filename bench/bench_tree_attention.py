@@ -11,7 +11,15 @@ Floor per layer: bytes = 2*B*(L+N)*Hkv*Dh*elt (K and V once per kv head) + 2*B*N
 is counted as if dense).
 
     python bench/bench_tree_attention.py --quick            # CPU: seconds; CUDA: 4 headline shapes
+    python bench/bench_tree_attention.py --headline         # CUDA: the three headline shapes, every
+        # variant side by side (device_check's attention step); with --quick on the CPU, a smoke
+        # run of the same path at small shapes
     python bench/bench_tree_attention.py                    # full DESIGN.md section 7 sweep (GPU)
+
+``--headline`` times, at 1x32K N256, 4x16K N128 and 16x4K N16 (Qwen3-8B heads, bf16): ``auto``
+(the backend the public op picks), ``cuda`` (the kernel auto picks there), each cuda kernel by
+name, ``triton``, SDPA with a dense mask and flex_attention with a block mask (compiled for every
+shape), and prints them side by side in TFLOP/s and time / floor.
 """
 from __future__ import annotations
 
@@ -31,8 +39,19 @@ from bench import common as bc
 BASELINES = ["sdpa", "flex", "flash_causal", "flashinfer"]
 
 
+# The headline shapes (bench/NOTES.md, "Headline shapes"): (B, L, N) at Qwen3-8B's heads; the first
+# two compute-bound, the last memory-bound. On the CPU (--headline --quick) a smoke run at HEADLINE_CPU.
+HEADLINE = [(1, 32768, 256), (4, 16384, 128), (16, 4096, 16)]
+HEADLINE_CPU = [(1, 96, 32), (2, 64, 16), (4, 32, 8)]
+# The cuda kernels by name: auto picks wgmma on sm_90a (Dh 64/128) and mma elsewhere; tma and
+# hopper are the candidates to become auto's pick.
+CUDA_KERNELS = ("mma", "wgmma", "tma", "hopper")
+
+
 def shapes(opts: bc.Options):
     """(B, L, N) triples and (Hq, Hkv, Dh)."""
+    if opts.args.headline:
+        return (HEADLINE, (32, 8, 128)) if opts.cuda else (HEADLINE_CPU, (4, 2, 64))
     if not opts.cuda:
         return [(1, 64, 8), (2, 128, 16)], (4, 2, 64)
     if opts.quick:
@@ -76,16 +95,25 @@ def main(argv=None) -> int:
     p = bc.parser(__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=sorted(bc.DTYPES), default=None,
                    help="default bf16 on CUDA, fp32 on the CPU")
-    p.add_argument("--baselines", default=",".join(BASELINES),
-                   help=f"comma list out of {','.join(BASELINES)}")
+    p.add_argument("--baselines", default=None,
+                   help=f"comma list out of {','.join(BASELINES)} (default: all; sdpa,flex with "
+                        "--headline)")
     p.add_argument("--flex-shapes", type=int, default=None,
                    help="compile FlexAttention for the first N shapes only (each shape is a "
                         "recompile; default: all, 2 with --quick)")
+    p.add_argument("--headline", action="store_true",
+                   help="the three headline shapes, every variant (auto, each cuda kernel, "
+                        "triton, SDPA, flex), printed side by side; with --quick on the CPU, small "
+                        "shapes")
     opts = bc.options(p, argv)
+    headline = opts.args.headline
+    if headline and not opts.cuda and not opts.quick:
+        p.error("--headline times Qwen3-8B shapes on CUDA; on the CPU add --quick (small shapes)")
     flex_shapes = opts.args.flex_shapes if opts.args.flex_shapes is not None else \
-        (2 if opts.quick else len(shapes(opts)[0]))
+        (2 if opts.quick and not headline else len(shapes(opts)[0]))
     dtype = bc.DTYPES[opts.args.dtype or ("bf16" if opts.cuda else "fp32")]
-    wanted = set(opts.args.baselines.split(","))
+    wanted = set((opts.args.baselines or ("sdpa,flex" if headline else ",".join(BASELINES))).split(","))
+    deferred = []
     dev = opts.device
     import jetspec_kernels as jk
 
@@ -139,8 +167,11 @@ def main(argv=None) -> int:
                                  nbytes=nbytes)
             if row["status"] == "ok" and ref_out is not None:
                 row["rel_err"] = rel_err(out, ref_out)
+        if headline:
+            _run_auto(table, shape, q, k_cache, v_cache, prefix, tree, flops, nbytes, ref_out)
         # The cuda backend's other kernels next to `cuda` (auto: wgmma on sm_90a).
-        kernels = ("mma", "tma", "hopper") if bc.tma_kernel_enabled() else ("mma",)
+        kernels = tuple(k for k in (CUDA_KERNELS if headline else ("mma", "tma", "hopper"))
+                        if k not in ("tma", "hopper") or bc.tma_kernel_enabled())
         for kernel in kernels if "cuda" in status else ():
             out_k = torch.full_like(q, float("nan"))
 
@@ -161,6 +192,9 @@ def main(argv=None) -> int:
             elif si >= flex_shapes:
                 table.skip(shape, "flex", f"compiled for the first {flex_shapes} shapes only "
                            "(--flex-shapes)", flops=flops, nbytes=nbytes)
+            elif headline:   # after every other row: a cut run keeps those, flex compiles last
+                deferred.append((_run_flex, (table, shape, q_t, k_t, v_t, dense, b, l, n, flops,
+                                             nbytes, ref_out)))
             else:
                 _run_flex(table, shape, q_t, k_t, v_t, dense, b, l, n, flops, nbytes, ref_out)
         if "flash_causal" in wanted:
@@ -181,7 +215,45 @@ def main(argv=None) -> int:
         del q, k_cache, v_cache, q_t, k_t, v_t, full_mask, ref_out
         if opts.cuda:
             torch.cuda.empty_cache()
-    return table.finish()
+    for run, args in deferred:
+        run(*args)
+    rc = table.finish()
+    if headline:
+        print("\n".join(side_by_side(table.rows)), flush=True)
+    return rc
+
+
+def _run_auto(table, shape, q, k_cache, v_cache, prefix, tree, flops, nbytes, ref_out):
+    """The row of what a caller gets: the public op with backend="auto" (the note names the
+    backend auto picked)."""
+    import jetspec_kernels as jk
+    from jetspec_kernels import backend as jb
+
+    out = torch.full_like(q, float("nan"))
+    picked = jb.resolve(q.device, "auto", "tree_attention")
+
+    def auto():
+        return jk.tree_attention(q, k_cache, v_cache, prefix, tree.mask, out=out, backend="auto")
+    row = table.run(shape, "auto", auto, flops=flops, nbytes=nbytes, note=f"auto runs {picked}")
+    if row["status"] == "ok" and ref_out is not None:
+        row["rel_err"] = rel_err(out, ref_out)
+
+
+def side_by_side(rows: list[dict]) -> list[str]:
+    """One line per shape and variant, variants in row order: TFLOP/s, time / floor, and the
+    speed-up against SDPA and flex (rows that did not run say why in one word)."""
+    lines = ["== tree_attention side by side: TFLOP/s, time / floor (1 = at the roofline), "
+             "x_sdpa, x_flex (> 1: faster than it) =="]
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        lines.append(f"-- {shape}")
+        for r in (r for r in rows if r["shape"] == shape):
+            if r["status"] != "ok":
+                lines.append(f"   {r['backend']:12s} [{r['status']}] {r['note'][:90]}")
+                continue
+            xs = "  ".join(f"x_{b} {bc._fmt(r.get(f'x_{b}', math.nan))}" for b in ("sdpa", "flex"))
+            lines.append(f"   {r['backend']:12s} {bc._fmt(r['tflops']):>8s} TFLOP/s  "
+                         f"{bc._fmt(r['time_over_floor']):>6s} x floor  {xs}")
+    return lines
 
 
 def _run_flex(table, shape, q_t, k_t, v_t, dense, b, l, n, flops, nbytes, ref_out):

@@ -314,10 +314,11 @@ class Table:
     ceilings : Ceilings
     baselines : list of str     backend labels whose times the other rows are compared to
     extra_columns : list of str bench-specific columns (e.g. ``rel_err``)
+    stream : bool               append each row to the CSV as it is added (default)
     """
 
     def __init__(self, bench: str, opts: Options, ceilings: Ceilings, baselines: list[str],
-                 extra_columns: list[str] | None = None, stream: bool = False):
+                 extra_columns: list[str] | None = None, stream: bool = True):
         self.bench = bench + ("_graphs" if opts.graphs else "")
         self.opts = opts
         self.ceilings = ceilings
@@ -325,7 +326,9 @@ class Table:
         self.extra_columns = list(extra_columns or [])
         self.rows: list[dict] = []
         self.header_lines: list[str] = []
-        self.stream = stream       # append each row to the CSV as it is added (a killed run keeps them)
+        # Each row reaches the CSV as it is added (a killed run keeps them; finish rewrites the
+        # file with the speed-ups); stream=False writes it at the end only.
+        self.stream = stream
         if stream:
             self._write_csv()
 

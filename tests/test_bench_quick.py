@@ -443,3 +443,46 @@ def test_adaptive_oracle_replay_is_exact_and_its_optimum_optimal(tmp_path, capsy
         *((b, p) for b in ("1", "2") for p in ("4", "16", "auto", "marginal", "clairvoyant")),
         ("1", "optimal"), ("2", "bound")}
     assert all(float(r["tokens_per_s"]) > 0 for r in rows)
+
+
+def test_attention_headline_side_by_side(tmp_path, capsys):
+    """device_check's attention step (bench_tree_attention --headline) on the CPU at small shapes:
+    at each of three shapes, SDPA, our backends and `auto` (the note names its pick) in rows that
+    stream to the CSV, flex a row saying why not here, and the side-by-side lines with TFLOP/s and
+    time over the floor."""
+    from bench import bench_tree_attention as bta
+
+    assert bta.main(["--quick", "--headline", "--no-plot", "--device", "cpu",
+                     "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    with open(tmp_path / "tree_attention.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    shapes = [f"{b}x{l}x{n}" for b, l, n in bta.HEADLINE_CPU]
+    assert list(dict.fromkeys(r["shape"] for r in rows)) == shapes
+    for shape in shapes:
+        got = {r["backend"]: r for r in rows if r["shape"] == shape}
+        assert set(got) == {"sdpa", "reference", "triton", "auto", "flex"}, set(got)
+        for name in ("sdpa", "reference", "auto"):
+            assert got[name]["status"] == "ok" and float(got[name]["tflops"]) > 0
+            assert float(got[name]["time_over_floor"]) > 0
+        assert got["auto"]["note"].startswith("auto runs ")
+        assert float(got["reference"]["rel_err"]) < 1e-5 and float(got["auto"]["rel_err"]) < 1e-5
+        assert got["flex"]["status"] == "skip" and got["flex"]["note"]
+    side = out[out.index("== tree_attention side by side"):]
+    for shape in shapes:
+        block = side[side.index(f"-- {shape}"):].split("\n-- ")[0]
+        assert all(f"   {name}" in block for name in ("sdpa", "reference", "auto", "flex"))
+        assert "TFLOP/s" in block and "x floor" in block and "x_sdpa" in block
+    # the headline shapes proper, on CUDA: the three of bench/NOTES.md at Qwen3-8B's heads
+    assert bta.HEADLINE == [(1, 32768, 256), (4, 16384, 128), (16, 4096, 16)]
+
+
+def test_every_bench_table_streams_its_rows(tmp_path):
+    """A bench killed mid-run keeps the rows it measured: each row reaches the CSV as it is
+    added (device_check copies the CSVs after every step)."""
+    opts = bc.Options(quick=True, device=torch.device("cpu"), out=tmp_path, backends=["reference"],
+                      plot=False, args=None)
+    table = bc.Table("verify", opts, bc.Ceilings(1e12, 1e12, "fp32", None, None), ["torch"])
+    table.add("1x8", "reference", 1e-3, flops=1e6, nbytes=1e6)
+    with open(tmp_path / "verify.csv", newline="") as f:
+        assert [r["backend"] for r in csv.DictReader(f)] == ["reference"]
