@@ -13,7 +13,8 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
     Parameters
     ----------
     parents : int32 [B, N], N >= 1   parent index (< own index), -1 for the root and padding
-    num_nodes : int32 [B]      valid nodes; rows >= num_nodes get only their own bit
+    num_nodes : int32 [B]      valid nodes, >= 1 (the root; verify_tree needs it too); rows
+        >= num_nodes get only their own bit
 
     Returns
     -------
@@ -24,7 +25,7 @@ def pack_mask(parents, num_nodes, *, backend: str | None = None) -> torch.Tensor
     if n < 1:
         raise ValueError(f"parents must have at least one column (the root), got shape {list(parents.shape)}")
     checks.tensor("num_nodes", num_nodes, dtypes=checks.INDEX_DTYPES, shape=[b], device=parents.device)
-    checks.value_range("num_nodes", num_nodes, 0, n)
+    checks.value_range("num_nodes", num_nodes, 1, n)   # as verify_tree: every tree has its root
     if checks.values_checked(parents) and parents.numel():
         idx = torch.arange(n, device=parents.device)
         valid = idx[None, :] < num_nodes[:, None]

@@ -39,6 +39,9 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
         checks.optional("tree_mask", tree_mask, dtypes=checks.INDEX_DTYPES,
                         shape=[b, n, mask_words(n)], device=dev)
         checks.choice("tail", tail, TAILS)
+        if tree_mask is not None and tail != "causal":
+            raise ValueError(f"tail must be 'causal' (the default) when tree_mask is given: the "
+                             f"mask alone decides which tail keys a row sees, got {tail!r}")
         if scale is not None:
             checks.number("scale", scale, positive=True)
         checks.optional("out", out, dtypes=(q.dtype,), shape=list(q.shape), device=dev)
@@ -47,6 +50,15 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
         checks.remember(_STATIC, key, cap)
     checks.table_values(block_table, k_cache)
     checks.fits_in_cache(prefix_lens, q.shape[1], cap)
+    if tree_mask is not None and tree_mask.numel() and checks.values_checked(tree_mask):
+        # Every row i has its own bit (i, i): a node sees itself.
+        i = torch.arange(tree_mask.shape[1], device=tree_mask.device)
+        missing = ((tree_mask[:, i, i // 32] >> (i % 32)) & 1) == 0          # [B, N]
+        if bool(missing.any()):
+            b, row = (int(x) for x in missing.nonzero()[0])
+            raise ValueError(f"tree_mask row {row} of sequence {b} must have its own bit set (bit "
+                             f"{row % 32} of word {row // 32}: a node sees itself), got "
+                             f"{missing.sum().item()} rows without it")
     return key
 
 
@@ -66,8 +78,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
         The tail's K/V must already be in positions prefix_lens .. prefix_lens + N - 1.
     prefix_lens : int32 [B]
     tree_mask : int32 [B, N, ceil(N/32)], optional
-        Packed ancestor-or-self bits (``Tree.mask``).
-    tail : "causal" | "full"
+        Packed ancestor-or-self bits (``Tree.mask``); every row has its own bit.
+    tail : "causal" | "full"; with a tree_mask it must stay "causal" (the mask decides).
     block_table : int32 [B, max_pages], optional; present iff the cache is paged.
     scale : float, optional; default 1/sqrt(Dh).
     return_lse : bool; also return float32 [B, Hq, N] natural-log log-sum-exp.

@@ -183,12 +183,12 @@ def make_pack_mask(r, g):
     B, N = r.randint(1, 4), r.choice((1, 2, 5, 31, 32, 33, 37, 64, 65, 70))
     parents, num_nodes, kind = tree_shape(r, g, B, N)
     if r.random() < 0.3:
-        num_nodes[r.randrange(B)] = 0                     # a tree of padding only
+        num_nodes[r.randrange(B)] = 1                     # the root alone
     meta = dict(kind=kind)
     if r.random() < 0.08:                                 # refusals
         bad = r.choice(("num_nodes", "parents", "root"))
         if bad == "num_nodes":
-            num_nodes[0] = N + 1
+            num_nodes[0] = r.choice((N + 1, 0))           # 0: no root, refused as by verify_tree
         elif bad == "parents" and N > 1:
             num_nodes[0] = N
             parents[0, N - 1] = N - 1                     # not below its own index
@@ -403,7 +403,7 @@ def make_tree_attention(r, g):
     if tail == "mask":
         parents, num_nodes, _ = tree_shape(r, g, B, N)
         mask = int_layout(r, ref.pack_mask(parents, num_nodes).to(I32))
-        tail = r.choice(("causal", "full"))               # ignored with a mask
+        tail = "causal"                                   # the mask decides
     qkind = r.choice(("contiguous", "transposed", "sliced"))
     if qkind == "transposed":
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
@@ -422,8 +422,11 @@ def make_tree_attention(r, g):
         call["return_lse"] = True
     meta = dict(mags=(mq, mk, mv), page=page, specials=specials)
     if r.random() < 0.06:
-        bad = r.choice(("prefix", "scale"))
-        if bad == "prefix":
+        bad = r.choice(("prefix", "scale", "tail"))
+        if bad == "tail" and mask is not None:
+            call["tail"] = "full"                         # would be ignored: refused
+            meta["refuse"] = (ValueError, "tail")
+        elif bad == "prefix":
             p2 = prefix.clone()
             p2[-1] = L - N + 1 if table is None else p2[-1] + 10 ** 6
             call["prefix_lens"] = p2

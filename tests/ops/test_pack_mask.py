@@ -8,13 +8,18 @@ from jetspec_kernels import python_ref as ref
 from helpers import backends, cu, on, poisoned_empty, random_tree, sync
 
 
+def triton_backend():
+    import jetspec_kernels.triton as t
+    return t
+
+
 def pack_mask_on(backend, parents, num_nodes):
     """``backend``'s pack_mask of int32 parents [B, N] and num_nodes [B] -> mask on the CPU
     (triton through the public op; the cuda kernels through their wrapper)."""
     p, n = on(parents, backend.device), num_nodes.to(backend.device)   # on(): strides kept
     with poisoned_empty():
-        if backend.name == "triton":
-            got = jk.pack_mask(p, n, backend="triton")
+        if backend.name == "triton":    # the backend function: num_nodes 0 is the ops' refusal
+            got = triton_backend().pack_mask(p, n)
         else:
             got = cu().pack_mask(p, n)
     sync(backend.device)
@@ -68,3 +73,14 @@ def test_padding_rows_that_look_like_real_nodes(backend, b, n):
     wide = torch.full((b, n + 5), 3, dtype=torch.int32)
     wide[:, :n] = parents
     assert torch.equal(pack_mask_on(backend, wide[:, :n], num_nodes), want)
+
+
+@backends("reference", "triton", "sim", "cuda")
+def test_pack_mask_refuses_a_tree_without_its_root(backend):
+    """num_nodes 0 is refused naming num_nodes, as verify_tree refuses it: one rule for trees."""
+    parents = torch.tensor([[-1, 0, 1], [-1, 0, 0]], dtype=torch.int32).to(backend.device)
+    name = "cuda" if backend.name == "sim" else backend.name
+    jk.pack_mask(parents, torch.tensor([3, 1], dtype=torch.int32).to(backend.device), backend=name)
+    with pytest.raises(ValueError, match=r"^num_nodes values must be in \[1, 3\]"):
+        jk.pack_mask(parents, torch.tensor([3, 0], dtype=torch.int32).to(backend.device),
+                     backend=name)

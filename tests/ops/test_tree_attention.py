@@ -5,19 +5,30 @@ the triton checks launch the Triton kernel (under the interpreter on a CPU, fp32
 shapes; bf16 and the Qwen3-8B shapes are gpu-marked). Outputs are NaN-poisoned before every
 launch, and cache slots no query may read are NaN too, so a stray read or a missed write fails.
 """
+import contextlib
 import math
 
 import pytest
 import torch
 
 import jetspec_kernels as jk
-from jetspec_kernels import launch_plan
+from jetspec_kernels import checks, launch_plan
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.ops.tree_attention import check_tree_attention
 from helpers import (TOL, api_backend, backend_module, backends, cache_layout, cu, fused_qkv, paged,
                      random_tree, rel_l2, shuffled_table, sync, use_sim, widened)
 
 TA = backend_module("triton", "tree_attention")
+
+
+@contextlib.contextmanager
+def checks_of_values(mode):
+    """Value checks set to ``mode`` ("always", "never") inside the block, "cpu" after."""
+    checks.set_value_checks(mode)
+    try:
+        yield
+    finally:
+        checks.set_value_checks("cpu")
 
 
 ATTN_CASES = [
@@ -264,13 +275,16 @@ def reference(case, scale):
                               case["tail"], case["block_table"], scale)
 
 
-def run_backend(case, scale=None, num_splits=None, with_lse=True, out_layout="contiguous"):
-    """Validate like the ops layer, then launch into NaN-poisoned out / lse."""
+def run_backend(case, scale=None, num_splits=None, with_lse=True, out_layout="contiguous",
+                value_checks=True):
+    """Validate like the ops layer (its value checks too unless ``value_checks`` is False: what
+    a GPU call does by default), then launch into NaN-poisoned out / lse."""
     q = case["q"]
     B, N, Hq, Dh = q.shape
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
-    check_tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
-                         case["tree_mask"], case["tail"], case["block_table"], scale, None)
+    with checks_of_values("always" if value_checks else "never"):
+        check_tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
+                             case["tree_mask"], case["tail"], case["block_table"], scale, None)
     if out_layout == "transposed":
         out = torch.full((B, Hq, N, Dh), float("nan"), dtype=q.dtype, device=q.device).transpose(1, 2)
     else:
@@ -414,10 +428,11 @@ def test_without_lse_and_custom_scale(num_splits):
 @backends("triton")
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_row_without_visible_key_is_zero_not_nan(num_splits):
-    # Row 0 of sequence 0 has an empty mask and no prefix: out = 0, lse = -inf (as python_ref).
+    # Row 0 of sequence 0 has an empty mask and no prefix: out = 0, lse = -inf (as python_ref;
+    # the public op refuses such a mask where value checks run).
     case = make_case(2, 4, 2, 1, 16, [0, 6], torch.float32, mode="tree", seed=10)
     case["tree_mask"][0, 0, 0] = 0
-    out, lse, scale = run_backend(case, num_splits=num_splits)
+    out, lse, scale = run_backend(case, num_splits=num_splits, value_checks=False)
     assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0]))
     assert torch.isneginf(lse[0, :, 0]).all()
     ref_out, ref_lse = reference(case, scale)
@@ -634,3 +649,51 @@ def test_tree_attention_non_finite(backend, kernel, splits):
     sync(dev)
     assert_same_non_finite(out, want_out, TOL[dtype], "out")
     assert_same_non_finite(lse, want_lse, TOL[dtype], "lse")
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("bad", ["full_tail_with_mask", "row_without_own_bit"])
+def test_tree_attention_refuses_what_it_would_ignore(backend, bad):
+    """tail="full" next to a tree mask (the mask decides; "full" would be ignored) and a mask
+    row without its own bit: the same ValueError naming the argument on every backend."""
+    dtype = torch.float32 if backend.name in ("reference", "triton") else torch.float16
+    dev = backend.device
+    gen = torch.Generator().manual_seed(3)
+    B, N, Hq, Hkv, Dh, L = 2, 5, 4, 2, 64, 16
+    q = torch.randn(B, N, Hq, Dh, generator=gen).to(dtype).to(dev)
+    k = torch.randn(B, L, Hkv, Dh, generator=gen).to(dtype).to(dev)
+    v = torch.randn(B, L, Hkv, Dh, generator=gen).to(dtype).to(dev)
+    parents, num_nodes = random_tree(B, N, gen)
+    mask = ref.pack_mask(parents, num_nodes).to(torch.int32)
+    prefix = torch.tensor([3, 7], dtype=torch.int32).to(dev)
+    tail, name = "causal", "tail"
+    if bad == "full_tail_with_mask":
+        tail = "full"
+    else:
+        mask[1, 3] = 0
+        name = "tree_mask row 3 of sequence 1"
+    jk.tree_attention(q, k, v, prefix, ref.pack_mask(parents, num_nodes).to(torch.int32).to(dev),
+                      backend=api_backend(backend))
+    with pytest.raises(ValueError, match=f"^{name} "):
+        jk.tree_attention(q, k, v, prefix, mask.to(dev), tail=tail, backend=api_backend(backend))
+
+
+@backends("reference", "triton", "sim", "cuda")
+def test_tree_attention_head_dim_48(backend):
+    """Dh 48, which no kernel takes: the reference backend computes it (python_ref's answer), a
+    kernel backend named explicitly refuses naming the head dim, and auto runs it somewhere."""
+    dev = backend.device
+    dtype = torch.float16 if backend.name == "sim" else torch.float32
+    gen = torch.Generator().manual_seed(48)
+    q = torch.randn(2, 3, 2, 48, generator=gen).to(dtype)
+    k = torch.randn(2, 8, 1, 48, generator=gen).to(dtype)
+    v = torch.randn(2, 8, 1, 48, generator=gen).to(dtype)
+    prefix = torch.tensor([2, 5], dtype=torch.int32)
+    args = [x.to(dev) for x in (q, k, v, prefix)]
+    want, _ = ref.tree_attention(q.double(), k.double(), v.double(), prefix)
+    if backend.name == "reference":
+        assert rel_l2(jk.tree_attention(*args, backend="reference"), want) < TOL[dtype]
+    else:
+        with pytest.raises(jk.BackendUnavailableError, match="head dim 48"):
+            jk.tree_attention(*args, backend=api_backend(backend))
+    assert rel_l2(jk.tree_attention(*args, backend="auto"), want) < TOL[dtype]
