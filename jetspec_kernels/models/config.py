@@ -1,7 +1,8 @@
 """Model configurations parsed from Hugging Face style ``config.json`` files.
 
 :class:`Qwen3Config` covers the target (a Qwen3 decoder), :class:`Qwen3MoeConfig` a Qwen3-MoE target
-(``model_type`` ``qwen3_moe``); :class:`DraftConfig` adds the JetSpec / DFlash draft-head fields
+(``model_type`` ``qwen3_moe``), :class:`Qwen3_5Config` a Qwen3.5 / Qwen3.6 hybrid (``qwen3_5``,
+``qwen3_5_moe``: Gated DeltaNet and gated attention layers); :class:`DraftConfig` adds the JetSpec / DFlash draft-head fields
 (DESIGN.md section 3). Fields the models do not implement (another
 model_type, RoPE scaling, sliding windows, biases, quantisation, another activation) and fields of
 the wrong type raise :class:`CheckpointError` (a ``ValueError``) naming the field, instead of
@@ -16,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 from .checkpoint import CheckpointError
 
-__all__ = ["Qwen3Config", "Qwen3MoeConfig", "DraftConfig", "default_target_layer_ids",
-           "read_config"]
+__all__ = ["Qwen3Config", "Qwen3MoeConfig", "Qwen3_5Config", "DraftConfig",
+           "default_target_layer_ids", "is_hybrid_config", "read_config", "text_config"]
 
 TARGET_MODEL_TYPES = ("qwen3", "qwen3_moe")
 # Draft-head configs are Qwen3 configs; some tools label DFlash heads with their own type.
@@ -307,3 +308,181 @@ def read_config(path: str) -> dict:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{file} must hold a JSON object, got {type(cfg).__name__}")
     return cfg
+
+
+HYBRID_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+_HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def text_config(cfg: dict, what: str) -> dict:
+    """The text model's fields of a Hugging Face config dict: ``text_config`` of a multimodal
+    checkpoint (``model_type`` ``qwen3_5`` / ``qwen3_5_moe`` with a ``text_config``; the top level's
+    ``tie_word_embeddings`` wins, as transformers ties the multimodal model's lm_head by it), or
+    the dict itself."""
+    text = cfg.get("text_config")
+    if text is None:
+        return cfg
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{what}: field 'text_config' must be an object, got {text!r}")
+    if cfg.get("tie_word_embeddings") is not None:
+        text = {**text, "tie_word_embeddings": cfg["tie_word_embeddings"]}
+    return text
+
+
+def is_hybrid_config(cfg: dict) -> bool:
+    """Whether a config dict describes a Qwen3.5 hybrid (Gated DeltaNet + attention) target."""
+    return isinstance(cfg, dict) and cfg.get("model_type") in HYBRID_MODEL_TYPES
+
+
+@dataclass
+class Qwen3_5Config(Qwen3Config):
+    """A Qwen3.5 / Qwen3.6 hybrid decoder (transformers' ``Qwen3_5TextConfig`` and, with
+    ``num_experts > 0``, ``Qwen3_5MoeTextConfig``).
+
+    ``layer_types[l]`` is ``"linear_attention"`` (a Gated DeltaNet layer) or ``"full_attention"``
+    (gated attention: ``q_proj`` gives q and an output gate, RoPE on the first
+    ``rotary_dim = int(head_dim * partial_rotary_factor)`` features). The linear layers have
+    ``linear_num_key_heads`` q/k heads of ``linear_key_head_dim`` and ``linear_num_value_heads``
+    v heads of ``linear_value_head_dim`` and a depthwise causal conv of width
+    ``linear_conv_kernel_dim`` over their ``conv_dim`` q/k/v channels. MoE (every layer sparse):
+    ``num_experts`` routed experts of ``moe_intermediate_size``, top ``num_experts_per_tok``
+    renormalised, plus a shared expert of ``shared_expert_intermediate_size`` scaled by
+    ``sigmoid(shared_expert_gate(x))``. Every RMSNorm but the linear layers' gated one stores
+    ``weight - 1`` (transformers' zero-centred ``Qwen3_5RMSNorm``)."""
+
+    layer_types: list = field(default_factory=list)
+    partial_rotary_factor: float = 0.25
+    linear_num_key_heads: int = 1
+    linear_num_value_heads: int = 1
+    linear_key_head_dim: int = 1
+    linear_value_head_dim: int = 1
+    linear_conv_kernel_dim: int = 4
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @classmethod
+    def from_dict(cls, cfg: dict, what: str = "target config", **unused) -> "Qwen3_5Config":
+        """Parse a ``qwen3_5`` / ``qwen3_5_moe`` config dict (the top level of a multimodal
+        checkpoint, whose ``text_config`` is read, or the text config itself); raises
+        :class:`CheckpointError` naming a missing or malformed field or an unsupported feature."""
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{what}: must be a JSON object, got {type(cfg).__name__}")
+        top_type = cfg.get("model_type")
+        cfg = text_config(cfg, what)
+        mtype = cfg.get("model_type", top_type)
+        if mtype not in HYBRID_MODEL_TYPES:
+            raise CheckpointError(f"{what}: model_type {mtype!r} is not a Qwen3.5 hybrid (one of "
+                                  f"{' / '.join(repr(t) for t in HYBRID_MODEL_TYPES)})")
+        moe = "moe" in mtype or "moe" in str(top_type)
+        for key in ("attention_bias", "mlp_bias"):
+            if _bool(cfg, key, what, False):
+                raise CheckpointError(f"{what}: field {key!r}=true is not supported")
+        if not _bool(cfg, "attn_output_gate", what, True):
+            raise CheckpointError(f"{what}: field 'attn_output_gate'=false is not supported")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise CheckpointError(f"{what}: field 'hidden_act' {act!r} is not supported (only 'silu')")
+        if cfg.get("quantization_config") is not None:
+            raise CheckpointError(f"{what}: field 'quantization_config': quantised weights are not "
+                                  "supported")
+        heads = _int(cfg, "num_attention_heads", what)
+        kv_heads = _int(cfg, "num_key_value_heads", what, default=heads)
+        if heads % kv_heads:
+            raise CheckpointError(f"{what}: num_attention_heads ({heads}) must be a multiple of "
+                                  f"num_key_value_heads ({kv_heads})")
+        layers = _int(cfg, "num_hidden_layers", what)
+        types = cfg.get("layer_types")
+        if types is None:
+            interval = _int(cfg, "full_attention_interval", what, default=4)
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                     for i in range(layers)]
+        if not isinstance(types, list) or len(types) != layers or \
+                any(t not in _HYBRID_LAYER_TYPES for t in types):
+            raise CheckpointError(f"{what}: field 'layer_types' must list {layers} entries, each "
+                                  f"'linear_attention' or 'full_attention', got {types!r}")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise CheckpointError(f"{what}: field 'rope_parameters' must be an object, got {rope!r}")
+        if rope.get("rope_type", rope.get("type", "default")) not in (None, "default"):
+            raise CheckpointError(f"{what}: field 'rope_parameters': RoPE type "
+                                  f"{rope.get('rope_type', rope.get('type'))!r} is not supported "
+                                  "(only 'default')")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+        factor = _positive_number(factor, "partial_rotary_factor", what)
+        head_dim = _int(cfg, "head_dim", what, default=256)
+        rotary = int(head_dim * factor)
+        if factor > 1 or rotary < 2 or rotary % 2:
+            raise CheckpointError(f"{what}: field 'partial_rotary_factor' {factor!r} gives a rotary "
+                                  f"dim of {rotary} of head_dim {head_dim} (must be even, >= 2 and "
+                                  "<= head_dim)")
+        lk, lv = _int(cfg, "linear_num_key_heads", what), _int(cfg, "linear_num_value_heads", what)
+        if lv % lk:
+            raise CheckpointError(f"{what}: linear_num_value_heads ({lv}) must be a multiple of "
+                                  f"linear_num_key_heads ({lk})")
+        fields = dict(
+            vocab_size=_int(cfg, "vocab_size", what),
+            hidden_size=_int(cfg, "hidden_size", what),
+            intermediate_size=_int(cfg, "intermediate_size", what, lo=0, default=0 if moe else None),
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=_positive_number(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", what),
+            rope_theta=_positive_number(theta, "rope_theta", what),
+            tie_word_embeddings=_bool(cfg, "tie_word_embeddings", what, False),
+            eos_token_id=cfg.get("eos_token_id"),
+            layer_types=list(types), partial_rotary_factor=factor,
+            linear_num_key_heads=lk, linear_num_value_heads=lv,
+            linear_key_head_dim=_int(cfg, "linear_key_head_dim", what),
+            linear_value_head_dim=_int(cfg, "linear_value_head_dim", what),
+            linear_conv_kernel_dim=_int(cfg, "linear_conv_kernel_dim", what, lo=2, default=4))
+        if moe:
+            fields.update(num_experts=_int(cfg, "num_experts", what),
+                          num_experts_per_tok=_int(cfg, "num_experts_per_tok", what),
+                          moe_intermediate_size=_int(cfg, "moe_intermediate_size", what),
+                          shared_expert_intermediate_size=_int(
+                              cfg, "shared_expert_intermediate_size", what, lo=0, default=0))
+            if fields["num_experts_per_tok"] > fields["num_experts"]:
+                raise CheckpointError(f"{what}: field 'num_experts_per_tok' "
+                                      f"({fields['num_experts_per_tok']}) exceeds 'num_experts' "
+                                      f"({fields['num_experts']})")
+        elif fields["intermediate_size"] < 1:
+            raise CheckpointError(f"{what}: field 'intermediate_size' must be an int >= 1, got "
+                                  f"{fields['intermediate_size']!r}")
+        return cls(**fields)
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features of each attention head that RoPE rotates (the first ones)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of a linear layer's causal conv: q, k (key dim each) and v (value dim)."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
+            self.linear_num_value_heads * self.linear_value_head_dim
+
+    def is_linear(self, layer: int) -> bool:
+        return self.layer_types[layer] == "linear_attention"
+
+    def to_dict(self) -> dict:
+        """The text config as transformers' ``save_pretrained`` of ``Qwen3_5ForCausalLM`` (or
+        the MoE one) writes it."""
+        d = asdict(self)
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta"),
+                                "partial_rotary_factor": d.pop("partial_rotary_factor")}
+        d["hidden_act"] = "silu"
+        if self.moe:
+            d.pop("intermediate_size")
+            d["model_type"] = "qwen3_5_moe_text"
+        else:
+            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size"):
+                d.pop(key)
+            d["model_type"] = "qwen3_5_text"
+        return d

@@ -1,0 +1,346 @@
+"""Qwen3.5 / Qwen3.6 hybrid targets: Gated DeltaNet (linear attention) and gated full-attention
+layers, dense or MoE (``model_type`` ``qwen3_5`` / ``qwen3_5_moe``, text part only).
+
+The same interface as :class:`~jetspec_kernels.models.Qwen3`, so the decoding loops run either:
+``new_cache``, ``prefill``, ``decode``, ``verify``, ``logits``, ``argmax``, plus
+:meth:`Qwen3_5.commit_states`, which the loop calls after ``commit_kv`` to advance the linear
+layers' states along the accepted path. Per sequence the target keeps a :class:`HybridCache`:
+the attention layers' KV cache and, per linear layer, a conv state and a recurrent state in pools
+indexed by state slots.
+
+Full-attention layer (transformers' ``Qwen3_5Attention``): ``q_proj`` gives q and an output gate
+per head (``[..., H, 2 Dh]`` split in halves), zero-centred RMSNorm on q and k per head, RoPE on
+the first ``rotary_dim`` features (partial RoPE, applied here in torch: the package's
+``qk_norm_rope_append`` rotates whole heads and normalises in Qwen3's form), attention over the
+cache (:func:`~jetspec_kernels.tree_attention`, tree mask when verifying), ``o * sigmoid(gate)``,
+``o_proj``. Linear layers: :mod:`.gated_delta`. The MLP is SwiGLU, or routed experts
+(:mod:`.moe`) plus a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .. import tp
+from ..ops.tree_attention import tree_attention
+from ..python_ref._common import cache_indices
+from ..python_ref.layers import swiglu
+from ..tree import Tree, Verdict
+from .checkpoint import check_layer_keys, load_safetensors, take
+from .config import Qwen3_5Config, read_config
+from .gated_delta import linear_commit, linear_layer_shapes, linear_prefill, linear_tree
+from .kv_cache import KVCache
+from .moe import fuse_expert_weights, grouped_experts, moe_shapes, route
+from .qwen3 import Qwen3
+
+__all__ = ["Qwen3_5", "HybridCache", "hybrid_layer_shapes"]
+
+_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+_SHARED = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+           "mlp.shared_expert.down_proj.weight")
+
+
+def hybrid_layer_shapes(cfg: Qwen3_5Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """Checkpoint shapes of layer ``layer``'s tensors (keys after ``layers.{i}.``; MoE experts in
+    the fused layout)."""
+    h = cfg.hidden_size
+    shapes = {key: (h,) for key in _NORMS}
+    if cfg.is_linear(layer):
+        shapes.update(linear_layer_shapes(cfg))
+    else:
+        dh, q, kv = cfg.head_dim, cfg.num_attention_heads * cfg.head_dim, \
+            cfg.num_key_value_heads * cfg.head_dim
+        shapes.update({"self_attn.q_proj.weight": (2 * q, h), "self_attn.k_proj.weight": (kv, h),
+                       "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+                       "self_attn.q_norm.weight": (dh,), "self_attn.k_norm.weight": (dh,)})
+    if cfg.moe:
+        shapes.update(moe_shapes(cfg.num_experts, h, cfg.moe_intermediate_size))
+        si = cfg.shared_expert_intermediate_size
+        if si:
+            shapes.update({_SHARED[0]: (si, h), _SHARED[1]: (si, h), _SHARED[2]: (h, si),
+                           "mlp.shared_expert_gate.weight": (1, h)})
+    else:
+        i = cfg.intermediate_size
+        shapes.update({"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
+                       "mlp.down_proj.weight": (h, i)})
+    return shapes
+
+
+@dataclass
+class HybridCache:
+    """A hybrid target's per-sequence state.
+
+    Attributes
+    ----------
+    kv : KVCache of the full-attention layers (``kv.layer(j)``: the j-th attention layer)
+    conv : per linear layer, [S, C, W - 1] in the model dtype (the last W - 1 conv inputs)
+    recurrent : per linear layer, float32 [S, Hv, Dk, Dv]
+    slots : int32 [B], each sequence's slot in the pools
+    pending : per linear layer, the last verified tree's inputs (:class:`.gated_delta.TreeInputs`),
+        which :meth:`Qwen3_5.commit_states` reads
+    """
+
+    kv: KVCache
+    conv: list
+    recurrent: list
+    slots: torch.Tensor
+    pending: list = field(default_factory=list)
+
+    # commit_kv and the loops read the KV cache through these.
+    @property
+    def k(self) -> torch.Tensor:
+        return self.kv.k
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.kv.v
+
+    @property
+    def block_table(self):
+        return self.kv.block_table
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+
+def _zc_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' zero-centred ``Qwen3_5RMSNorm``: ``normed(x in float32) * (1 + weight)``,
+    cast back to x's dtype."""
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
+    return out.to(x.dtype)
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Qwen3_5:
+    """A Qwen3.5 / Qwen3.6 hybrid decoder with its caches, prefill, decode and tree verification.
+
+    Attributes
+    ----------
+    config : Qwen3_5Config
+    embed_weight, lm_head_weight : [V, H] (the same tensor when embeddings are tied)
+    layers : list of dicts key -> tensor (:func:`hybrid_layer_shapes`)
+    norm_weight : [H] (zero-centred: the norm multiplies by ``1 + norm_weight``)
+    shard : tp.ALONE (tensor parallelism is not implemented for hybrids)
+    experts_grouped_mm : as :attr:`Qwen3.experts_grouped_mm`
+    """
+
+    experts_grouped_mm: bool | None = None
+    fused_ops_backend: str | None = None      # read by the loops; the hybrid's norms are torch
+
+    def __init__(self, config: Qwen3_5Config, weights: dict[str, torch.Tensor], *,
+                 where: str = "Qwen3_5", group=None):
+        """Take the tensors of a checkpoint: keys under ``model.language_model.`` (multimodal
+        checkpoints; their vision tower and MTP tensors are ignored), ``model.`` or none. MoE
+        experts per expert or fused, as for :class:`Qwen3`."""
+        self.config = cfg = config
+        self.shard = tp.shard_of(group)
+        if self.shard.parallel:
+            raise ValueError(f"{where}: tensor parallelism is not implemented for hybrid (Qwen3.5) "
+                             f"targets (group has {self.shard.size} ranks)")
+        prefix = next((p for p in ("model.language_model.", "model.", "")
+                       if p + "embed_tokens.weight" in weights), "model.")
+        weights = dict(weights)
+        if cfg.moe:
+            for i in range(cfg.num_hidden_layers):
+                fuse_expert_weights(weights, f"{prefix}layers.{i}.", cfg.num_experts,
+                                    cfg.hidden_size, cfg.moe_intermediate_size, where)
+        v, h = cfg.vocab_size, cfg.hidden_size
+        self.embed_weight = take(weights, prefix + "embed_tokens.weight", (v, h), where)
+        self.norm_weight = take(weights, prefix + "norm.weight", (h,), where)
+        self.lm_head_weight = self.embed_weight if cfg.tie_word_embeddings else \
+            take(weights, "lm_head.weight", (v, h), where)
+        shapes = [hybrid_layer_shapes(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.layers = [{key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
+                        for key, shape in shapes[i].items()} for i in range(cfg.num_hidden_layers)]
+        check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, lambda i: shapes[i], where)
+        self.linear_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_linear(i)]
+        self.attention_layers = [i for i in range(cfg.num_hidden_layers) if not cfg.is_linear(i)]
+        rd = cfg.rotary_dim
+        self._inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", group=None) -> "Qwen3_5":
+        """Load a Hugging Face ``qwen3_5`` / ``qwen3_5_moe`` checkpoint directory (the text model
+        of a multimodal one)."""
+        cfg = Qwen3_5Config.from_dict(read_config(path), f"target config {os.path.join(path, 'config.json')}")
+        weights = load_safetensors(path, dtype=dtype, device=device)
+        return cls(cfg, weights, where=f"target checkpoint {path}", group=group)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    check_taps = Qwen3.check_taps
+    logits = Qwen3.logits
+    argmax = Qwen3.argmax
+
+    def new_cache(self, batch: int, capacity: int, *, page_size: int | None = None,
+                  pool_size: int | None = None, slots: torch.Tensor | None = None) -> HybridCache:
+        """Empty caches for ``batch`` sequences of up to ``capacity`` positions: the attention
+        layers' KV cache (paged when ``page_size`` is given) and state pools of ``pool_size``
+        slots (default ``batch``), sequence b in slot ``slots[b]`` (default b)."""
+        c = self.config
+        pool = batch if pool_size is None else pool_size
+        if slots is None:
+            if pool < batch:
+                raise ValueError(f"pool_size ({pool}) must be >= batch ({batch}) when slots is None")
+            slots = torch.arange(batch, dtype=torch.int32, device=self.device)
+        elif not (torch.is_tensor(slots) and slots.dtype == torch.int32 and slots.shape == (batch,)):
+            raise TypeError(f"slots must be an int32 tensor of shape [{batch}], got {slots!r}")
+        kv = KVCache.allocate(max(1, len(self.attention_layers)), batch, capacity,
+                              c.num_key_value_heads, c.head_dim, dtype=self.dtype,
+                              device=self.device, page_size=page_size)
+        width = c.linear_conv_kernel_dim - 1
+        conv = [torch.zeros(pool, c.conv_dim, width, dtype=self.dtype, device=self.device)
+                for _ in self.linear_layers]
+        rec = [torch.zeros(pool, c.linear_num_value_heads, c.linear_key_head_dim,
+                           c.linear_value_head_dim, dtype=torch.float32, device=self.device)
+               for _ in self.linear_layers]
+        return HybridCache(kv, conv, rec, slots.to(self.device), [None] * len(self.linear_layers))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: HybridCache,
+                attn_prefix: torch.Tensor, *, write_start: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, parents: torch.Tensor | None = None,
+                num_nodes: torch.Tensor | None = None, prompt_lens: torch.Tensor | None = None,
+                taps=()):
+        """Run N new tokens per sequence.
+
+        Two modes. Prompt (``prompt_lens`` given): right-padded prompts from empty states, K/V at
+        slots 0..N-1, each linear layer's states written after ``prompt_lens[b]`` tokens. Tree
+        (``parents`` given, a chain or a draft tree): the nodes from the committed states, K/V at
+        ``write_start + n`` (or ``positions``), attention under ``tree_mask`` (None: causal); the
+        linear layers' states are left as they are and the nodes' inputs kept in
+        ``cache.pending`` for :meth:`commit_states`.
+
+        Returns ``(hidden [B, N, H] final-normed, tapped [B, N, len(taps) * H] or None)``.
+        """
+        if (prompt_lens is None) == (parents is None):
+            raise ValueError("forward: give exactly one of prompt_lens (a prompt) and parents (a tree)")
+        cfg = self.config
+        eps = cfg.rms_norm_eps
+        taps = list(taps)
+        kept: dict[int, torch.Tensor] = {}
+        x = F.embedding(tokens.long(), self.embed_weight)
+        lin = {layer: j for j, layer in enumerate(self.linear_layers)}
+        att = {layer: j for j, layer in enumerate(self.attention_layers)}
+        for li, w in enumerate(self.layers):
+            a = _zc_norm(x, w["input_layernorm.weight"], eps)
+            if li in lin:
+                j = lin[li]
+                if prompt_lens is not None:
+                    out = linear_prefill(a, w, cfg, prompt_lens, cache.conv[j], cache.recurrent[j],
+                                         cache.slots, eps)
+                else:
+                    out, cache.pending[j] = linear_tree(a, w, cfg, parents, num_nodes, cache.conv[j],
+                                                        cache.recurrent[j], cache.slots, eps)
+            else:
+                out = self._attention(a, w, positions, cache, att[li], attn_prefix, write_start,
+                                      tree_mask)
+            x = x + out
+            x = x + self._mlp(_zc_norm(x, w["post_attention_layernorm.weight"], eps), w)
+            if li in taps:
+                kept[li] = x
+        tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
+        return _zc_norm(x, self.norm_weight, eps), tapped
+
+    def _attention(self, a, w, positions, cache, j, attn_prefix, write_start, tree_mask):
+        cfg = self.config
+        b, n, _ = a.shape
+        dh, rd, eps = cfg.head_dim, cfg.rotary_dim, cfg.rms_norm_eps
+        q, gate = F.linear(a, w["self_attn.q_proj.weight"]).view(b, n, -1, 2 * dh).chunk(2, dim=-1)
+        q = _zc_norm(q, w["self_attn.q_norm.weight"], eps)
+        k = _zc_norm(F.linear(a, w["self_attn.k_proj.weight"]).view(b, n, -1, dh),
+                     w["self_attn.k_norm.weight"], eps)
+        v = F.linear(a, w["self_attn.v_proj.weight"]).view(b, n, -1, dh)
+        freqs = positions.float()[..., None] * self._inv_freq.to(a.device)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+        cos, sin = emb.cos().to(a.dtype), emb.sin().to(a.dtype)
+        q = torch.cat((q[..., :rd] * cos + _rotate_half(q[..., :rd]) * sin, q[..., rd:]), dim=-1)
+        k = torch.cat((k[..., :rd] * cos + _rotate_half(k[..., :rd]) * sin, k[..., rd:]), dim=-1)
+        kc, vc = cache.kv.layer(j)
+        slot = positions.long() if write_start is None else \
+            write_start.long()[:, None] + torch.arange(n, device=a.device)
+        page = None if cache.block_table is None else kc.shape[1]
+        i0, i1 = cache_indices(slot, cache.block_table, page)
+        kc[i0, i1] = k
+        vc[i0, i1] = v
+        o = tree_attention(q.contiguous(), kc, vc, attn_prefix, tree_mask, tail="causal",
+                           block_table=cache.block_table)
+        o = o.reshape(b, n, -1) * torch.sigmoid(gate.reshape(b, n, -1))
+        return F.linear(o, w["self_attn.o_proj.weight"])
+
+    def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
+        """SwiGLU, or routed experts plus the gated shared expert (transformers'
+        ``Qwen3_5MoeSparseMoeBlock``)."""
+        if "mlp.gate.weight" not in w:
+            return swiglu(a, w)
+        cfg = self.config
+        flat = a.reshape(-1, a.shape[-1])
+        weights, experts = route(flat, w["mlp.gate.weight"], cfg.num_experts_per_tok, True)
+        out = grouped_experts(flat, weights, experts, w["mlp.experts.gate_up_proj"],
+                              w["mlp.experts.down_proj"], grouped_mm=self.experts_grouped_mm)
+        if _SHARED[0] in w:
+            shared = swiglu(flat, {"mlp." + key.split(".", 2)[2]: w[key] for key in _SHARED})
+            out = out + torch.sigmoid(F.linear(flat, w["mlp.shared_expert_gate.weight"])) * shared
+        return out.view_as(a)
+
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, cache: HybridCache, *, taps=()):
+        """Right-padded prompts ``tokens [B, T]`` of lengths ``lens`` (int32 [B], >= 1) from
+        empty states (as :meth:`Qwen3.prefill`). Returns ``(logits [B, V] at lens - 1, tapped)``."""
+        b, t = tokens.shape
+        dev = tokens.device
+        positions = torch.arange(t, device=dev, dtype=torch.int32).expand(b, t).contiguous()
+        zero = torch.zeros(b, device=dev, dtype=torch.int32)
+        hidden, tapped = self.forward(tokens, positions, cache, zero, prompt_lens=lens, taps=taps)
+        return self.logits(hidden[torch.arange(b, device=dev), lens.long() - 1]), tapped
+
+    def decode(self, tokens: torch.Tensor, prefix_lens: torch.Tensor, cache: HybridCache) -> torch.Tensor:
+        """One token per sequence at position ``prefix_lens``: a one-node tree, committed.
+        Returns logits [B, V]."""
+        b, dev = tokens.shape[0], tokens.device
+        pos = prefix_lens.to(torch.int32)[:, None].contiguous()
+        root = torch.full((b, 1), -1, dtype=torch.int32, device=dev)
+        hidden, _ = self.forward(tokens[:, None], pos, cache, prefix_lens, parents=root)
+        zeros = torch.zeros(b, dtype=torch.int32, device=dev)
+        self._commit(cache, zeros[:, None].contiguous(), zeros)
+        return self.logits(hidden[:, 0])
+
+    def verify(self, tree: Tree, prefix_lens: torch.Tensor, cache: HybridCache, *, taps=(),
+               fused_argmax: bool = False):
+        """Forward every tree node (as :meth:`Qwen3.verify`); the linear layers keep the tree's
+        inputs for :meth:`commit_states`. Returns ``(logits [B, N, V] or greedy int32 [B, N],
+        tapped)``."""
+        hidden, tapped = self.forward(tree.tokens, tree.positions(prefix_lens), cache, prefix_lens,
+                                      write_start=prefix_lens, tree_mask=tree.mask,
+                                      parents=tree.parents, num_nodes=tree.num_nodes, taps=taps)
+        return (self.argmax(hidden) if fused_argmax else self.logits(hidden)), tapped
+
+    def commit_states(self, cache: HybridCache, verdict: Verdict) -> None:
+        """After :meth:`verify` (and ``commit_kv`` for the attention layers): advance every linear
+        layer's conv and recurrent states along ``verdict.path[b, :accept_len[b] + 1]`` (in
+        place, no recompute, no host sync)."""
+        if not isinstance(verdict, Verdict):
+            raise TypeError(f"verdict must be a jetspec_kernels.Verdict, got {type(verdict).__name__}")
+        self._commit(cache, verdict.path, verdict.accept_len)
+
+    def _commit(self, cache: HybridCache, path: torch.Tensor, accept_len: torch.Tensor) -> None:
+        if any(p is None for p in cache.pending):
+            raise ValueError("commit_states: no verified tree to commit (call verify first)")
+        for j in range(len(self.linear_layers)):
+            linear_commit(cache.pending[j], path, accept_len, cache.conv[j], cache.recurrent[j],
+                          cache.slots)
+            cache.pending[j] = None
