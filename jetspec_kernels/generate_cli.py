@@ -26,15 +26,22 @@ and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import math
 import os
+import platform
 import re
 import sys
+import time
 from datetime import timedelta
 
 import torch
+
+from .adaptive.cost_cache import (cache_dir, checkpoint_identity, config_identity, cost_file,
+                                  load_costs, store_costs)
+from .limits import MAX_BUDGET
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROG = "jetspec"
@@ -72,21 +79,23 @@ def int_at_least(lo: int, hi: int | None = None):
     return parse
 
 
+BUDGET_FORMAT = (f"an int in [1, {MAX_BUDGET}], 'auto', or comma-separated sizes in [1, {MAX_BUDGET}] "
+                 "like 8,16,32")
+
+
 def _budget(text: str):
-    """``--budget``: an int >= 1, ``auto``, or comma-separated candidate sizes (``8,16,32``)."""
+    """``--budget``: a tree size, ``auto``, or comma-separated candidate sizes (``8,16,32``); every
+    bad value gets the one message naming all three forms."""
     if text.strip() == "auto":
         return "auto"
-    parts = [part for part in text.split(",") if part.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, 'auto' or sizes like 8,16,32, got {text!r}")
+    parts = text.split(",")
     try:
         sizes = [int(part) for part in parts]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an int >= 1, 'auto' or sizes like 8,16,32, got {text!r}") from None
-    if min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"sizes must be ints >= 1, got {text!r}")
-    return sizes[0] if len(parts) == 1 and "," not in text else sizes
+        sizes = []
+    if not sizes or not all(1 <= n <= MAX_BUDGET for n in sizes):
+        raise argparse.ArgumentTypeError(f"must be {BUDGET_FORMAT}, got {text!r}")
+    return sizes[0] if len(parts) == 1 else sizes
 
 
 def _temperature(text: str) -> float:
@@ -124,7 +133,12 @@ def _parser() -> Parser:
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=64)
     p.add_argument("--budget", type=_budget, default=64,
                    help="tree nodes per round (root included); 'auto' or sizes like 8,16,32: each "
-                        "round picks its size from the draft's confidence and the measured round costs")
+                        "round picks its size from the draft's confidence and the measured round "
+                        "costs, kept on disk (see --no-cache)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="with an adaptive --budget: measure the round costs again instead of "
+                        "reading them from $XDG_CACHE_HOME/jetspec_kernels (else "
+                        "~/.cache/jetspec_kernels), and store the new ones")
     p.add_argument("--topk", type=int_at_least(1), default=8, help="children per tree node")
     p.add_argument("--algorithm", choices=("topn", "accum_logp"), default="topn")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy")
@@ -220,7 +234,8 @@ def _load(cls, option: str, path: str, dtype, device, shard):
 
 
 def _load_models(args, dtype, device, shard):
-    """(target, head, codec: (encode, decode) or None, directory for the default EOS or None)."""
+    """(target, head, codec: (encode, decode) or None, directory for the default EOS or None,
+    what identifies the weights: a dict for the round-cost cache)."""
     from .models import DraftHead, Qwen3, tiny_models
 
     if args.head is not None and args.target is None:
@@ -230,7 +245,7 @@ def _load_models(args, dtype, device, shard):
             target, head = tiny_models(dtype=dtype, device=device, group=shard)
         except ValueError as e:
             raise UsageError(f"--tp {shard.size}: {e}") from None
-        return target, head, None, None
+        return target, head, None, None, {"random_tiny": "tiny_models(seed=0)"}
     if args.tiny:
         from .models.assets import TINY_DIR
         from .models.byte_tokenizer import decode, encode
@@ -243,7 +258,8 @@ def _load_models(args, dtype, device, shard):
         codec = _load_tokenizer(target_dir)
     target = _load(Qwen3, "--target", target_dir, dtype, device, shard)
     head = _load(DraftHead, "--head", head_dir, dtype, device, shard)
-    return target, head, codec, target_dir
+    identity = {"target": checkpoint_identity(target_dir), "head": checkpoint_identity(head_dir)}
+    return target, head, codec, target_dir, identity
 
 
 # generate's argument names -> the options they come from (for its ValueErrors).
@@ -342,6 +358,66 @@ def _run(args) -> int:
             dist.destroy_process_group()
 
 
+def _device_name(device: torch.device) -> str:
+    """The device's model, which the round costs depend on (CPU: its model name and threads)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    return f"cpu {model}, {torch.get_num_threads()} threads"
+
+
+def _cost_key(args, target, head, prompts, device, shard, identity, sizes) -> dict:
+    """Everything that changes the time of a round of this decode (the disk cache's key)."""
+    import jetspec_kernels as jk
+    from . import backend as _backend
+
+    backends = [_backend.resolve(device),
+                *(_backend.resolve(device, fn=fn) for fn in _backend.REFERENCE_UNTIL_VERIFIED),
+                target.fused_ops_backend, head.fused_ops_backend]
+    return {"package": jk.__version__, "torch": torch.__version__, "weights": identity,
+            "target_config": config_identity(target.config),
+            "head_config": config_identity(head.config), "device": _device_name(device),
+            "dtype": args.dtype, "batch": len(prompts), "sizes": list(sizes), "topk": args.topk,
+            "greedy": args.temperature == 0.0, "page_size": args.page_size, "tp": shard.size,
+            "tp_rank": shard.rank, "backends": backends}
+
+
+def _round_costs(args, target, head, prompts, device, shard, identity, spec, kw):
+    """The cost model of an adaptive ``--budget``: read from the disk cache, else (and with
+    ``--no-cache``) measured and stored; prints the sizes and their costs."""
+    from .adaptive.budget import parse_budget
+    from .decode import measure_round_costs
+
+    sizes, _ = parse_budget(args.budget, topk=args.topk, depth=head.block_size - 1)
+    key = _cost_key(args, target, head, prompts, device, shard, identity, sizes)
+    directory = cache_dir()
+    path = cost_file(key, directory)
+    model = None if args.no_cache else load_costs(key, directory)
+    if model is not None:
+        source = f"read from {path} (--no-cache measures them again)"
+    else:
+        print(f"[budget] measuring the round costs of tree sizes {', '.join(map(str, sizes))} "
+              "(once for these models, device, dtype and batch) ...", flush=True)
+        start = time.perf_counter()
+        model = measure_round_costs(target, head, prompts, sizes, topk=args.topk,
+                                    temperature=kw["temperature"], top_k=kw["top_k"],
+                                    top_p=kw["top_p"], seed=kw["seed"],
+                                    page_size=kw["page_size"], group=shard)
+        try:
+            store_costs(key, model, directory)
+            kept = f"kept in {path}"
+        except OSError as e:
+            kept = f"not kept: {e}"
+        source = f"measured in {time.perf_counter() - start:.1f} s, {kept}"
+    print(f"[budget] round costs {source}: "
+          + ", ".join(f"{n}: {model(n) * 1e3:.3g} ms" for n in sizes))
+    return model
+
+
 def _decode(args, shard, device) -> int:
     import jetspec_kernels as jk
     from .decode import check_generate_args, generate, generate_ar
@@ -351,7 +427,7 @@ def _decode(args, shard, device) -> int:
         reason = None if args.backend == "auto" else jk.available_backends(device)[args.backend]
         if reason is not None:
             raise UsageError(f"--backend {args.backend}: not available on {device}: {reason}")
-    target, head, codec, target_dir = _load_models(args, DTYPES[args.dtype], device, shard)
+    target, head, codec, target_dir, identity = _load_models(args, DTYPES[args.dtype], device, shard)
     if args.token_ids:
         codec = None
     if codec is not None:
@@ -368,6 +444,9 @@ def _decode(args, shard, device) -> int:
         check_generate_args(target, head, prompts, **spec, **kw)
     except (TypeError, ValueError) as e:
         raise _as_option_error(e, bool(args.eos)) from None
+    if not isinstance(args.budget, int):
+        spec["cost_model"] = _round_costs(args, target, head, prompts, device, shard, identity,
+                                          spec, kw)
     try:
         out = generate(target, head, prompts, **spec, **kw)
         base = generate_ar(target, prompts, **kw) if args.ar else None
@@ -377,6 +456,9 @@ def _decode(args, shard, device) -> int:
         text = codec[1](toks) if codec is not None else " ".join(map(str, toks))
         print(f"--- prompt {i}: {args.prompt[i]!r}\n{text}")
     print(_format_stats("jetspec", out.stats))
+    if out.stats.budget_sizes and not isinstance(args.budget, int):
+        chosen = collections.Counter(out.stats.budget_sizes)
+        print("  tree sizes chosen: " + ", ".join(f"{n} in {chosen[n]} rounds" for n in sorted(chosen)))
     if base is not None:
         print(_format_stats("autoregressive", base.stats))
         if args.temperature == 0.0:

@@ -7,7 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import shlex
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,12 @@ from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weig
                                          tiny_qwen3_config)
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
+
+
+@pytest.fixture(autouse=True)
+def _private_cost_cache(tmp_path, monkeypatch):
+    """Adaptive budgets keep their round costs under XDG_CACHE_HOME: a fresh one per test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg_cache"))
 
 
 @pytest.mark.parametrize("budget", ["auto", "4,8"])
@@ -195,6 +203,27 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, option):
     captured = capsys.readouterr()
     assert rc == 2 and captured.out == ""
     _one_error_line(captured.err, option)
+
+
+@pytest.mark.parametrize("budget", ["0", "5000", "many", "8,x", "8,0", ",", "4,5000", "8,,16", "",
+                                    "-1", "auto,8"])
+def test_budget_errors_share_one_message(capsys, budget):
+    """Every bad --budget gets the message naming the three forms and the range, with the text."""
+    rc = package_main(["generate", "--tiny", "--prompt", "x", "--budget", budget])
+    assert rc == 2
+    assert capsys.readouterr().err == (
+        "jetspec: error: argument --budget: must be an int in [1, 4096], 'auto', or "
+        f"comma-separated sizes in [1, 4096] like 8,16,32, got {budget!r}\n")
+
+
+def test_readme_cli_error_example_is_the_real_message(capsys):
+    """The README's example of a bad command line prints what it says it prints."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"Bad input prints one line and exits with status 2: `jetspec ([^`]+)` gives\s+"
+                      r"`([^`]+)`", readme)
+    assert match, "the README's CLI error example moved"
+    assert package_main(shlex.split(match.group(1))) == 2
+    assert capsys.readouterr().err.strip() == match.group(2)
 
 
 @pytest.mark.parametrize("argv,option", [
