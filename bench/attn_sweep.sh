@@ -44,7 +44,7 @@ libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "
 print(sorted(libs)[0] if libs else "")' 2>/dev/null)
 SHAPES=1x32Kx256,4x16Kx128,16x4Kx16,1x32Kx16,1x8Kx256,4x8Kx32,4x16Kx128_p16,16x4Kx16_p16,4x16Kx128_p64,16x4Kx16_p64,1x8Kx256_d64,16x4Kx16_d64
 "$BIN" --dry-run --shapes "$SHAPES" | tail -n 1
-timeout -k 2 "$(($(left) - 3))" "$BIN" --shapes "$SHAPES" --csv "$RES/attn_sweep.csv" \
+timeout --foreground -k 2 "$(($(left) - 3))" "$BIN" --shapes "$SHAPES" --csv "$RES/attn_sweep.csv" \
   ${CUBLAS:+--cublas "$CUBLAS"}
 rc=$?
 ((rc == 124 || rc == 137)) && echo "attn_sweep: stopped by the ${LIMIT}s limit; the CSV holds the rows it finished"
@@ -65,7 +65,7 @@ if ((NCU_TOO)) && command -v ncu >/dev/null 2>&1; then
     for k in ${best:-wide} wgmma; do
       (($(left) < 30)) && { echo "attn_sweep: no time left for ncu"; break 2; }
       out=$RES/attn_ncu_${k}_$shape
-      timeout "$(($(left) - 5))" $NCU -f -o "$out" "$BIN" --profile "$k" --shape "$shape" &&
+      timeout --foreground -k 2 "$(($(left) - 5))" $NCU -f -o "$out" "$BIN" --profile "$k" --shape "$shape" &&
         ncu --import "$out.ncu-rep" --csv --page details >"$out.csv" &&
         ncu --import "$out.ncu-rep" --csv --page raw | grep -i -E 'pipe_tensor|Metric Name' >"${out}_tensor.csv"
       rm -f "$out.ncu-rep"

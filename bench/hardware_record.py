@@ -117,11 +117,29 @@ def verified_lines(rows) -> list[str]:
             if fn in ok] or ["passed on this run: no interface function on any GPU backend"]
 
 
-def read(paths: list[Path]) -> list[dict]:
+def read(paths: list[Path], skipped: list[str] | None = None) -> list[dict]:
+    """The test outcomes in the JSON-line files ``paths`` (missing files are empty). A line that
+    is not a whole entry (a run killed mid-write) is skipped with a warning: appended to
+    ``skipped`` when given, else printed to stderr."""
     entries = []
     for p in paths:
-        if p.exists():
-            entries += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        if not p.exists():
+            continue
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or not {"nodeid", "file", "test", "outcome"} <= entry.keys():
+                    raise ValueError("not a test entry")
+            except ValueError as e:
+                why = f"hardware_record: skipped line {i} of {p} ({type(e).__name__}: {e}): {line[:80]!r}"
+                if skipped is None:
+                    print(why, file=sys.stderr)
+                else:
+                    skipped.append(why)
+                continue
+            entries.append(entry)
     return entries
 
 

@@ -1,6 +1,7 @@
 """Print the short summary of a device-check run: step status, then one compact line per measured
-jetspec row of every bench CSV (time, time/floor, speed-up against each baseline), then the
-Nsight Compute lines (ncu_summary.txt) when the run has them.
+jetspec row of every bench CSV (time, time/floor, speed-up against each baseline; the attention
+sweep's rows by shape, fastest first), the host time per eager call (host_overhead.txt), the
+hardware record, then the Nsight Compute lines (ncu_summary.txt) when the run has them.
 
     python bench/summarize.py --steps steps.tsv --results DIR
 
@@ -19,7 +20,8 @@ try:  # imported as bench.summarize (tests) or run as a script (bench/ on sys.pa
 except ImportError:
     import hardware_record
 
-BENCH_ORDER = ["tree_attention", "draft_tree", "verify", "draft_head", "decode"]
+BENCH_ORDER = ["tree_attention", "attn_sweep", "draft_tree", "verify", "draft_head", "decode"]
+HOST_LINES = 60     # of host_overhead.txt in the summary (the file is in the tarball)
 
 
 def _num(v: str) -> float:
@@ -47,6 +49,52 @@ def steps_table(path: Path) -> list[str]:
     return lines
 
 
+def attn_sweep_lines(csv_path: Path) -> list[str]:
+    """The attention sweep's rows (bench/attn_sweep.sh: kernel, shape, status, eager / graph µs,
+    TFLOP/s, x_floor, ...) by shape, the checked kernels fastest first, then those that failed."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    lines = [f"-- attn_sweep ({csv_path.name}, {len(rows)} rows): per shape, kernel, best of eager "
+             "and graph us, TFLOP/s, time/floor, rel_l2"]
+
+    def best_us(r):
+        times = [t for t in (_num(r.get("eager_us")), _num(r.get("graph_us"))) if not math.isnan(t)]
+        return min(times) if times else math.inf
+    for shape in dict.fromkeys(r.get("shape", "?") for r in rows):
+        mine = [r for r in rows if r.get("shape", "?") == shape]
+        good = sorted((r for r in mine if r.get("status") == "pass"), key=best_us)
+        for r in good:
+            lines.append(f"{shape:16s} {r.get('kernel', '?'):16s} {_f(best_us(r)):>8s} "
+                         f"{_f(_num(r.get('tflops'))):>6s} {_f(_num(r.get('x_floor'))):>6s}  "
+                         f"{_f(_num(r.get('rel_l2')))}")
+        for r in (r for r in mine if r.get("status") != "pass"):
+            lines.append(f"{shape:16s} {r.get('kernel', '?'):16s} [{r.get('status', '?')}] "
+                         f"{(r.get('note') or '')[:90]}")
+    return lines
+
+
+def other_csv_lines(csv_path: Path) -> list[str]:
+    """A CSV of no layout known here: its size and columns, so it is not lost from sight."""
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        n = sum(1 for _ in reader)
+        cols = reader.fieldnames or []
+    return [f"-- {csv_path.parent.name}/{csv_path.name}: {n} rows; columns {', '.join(cols)[:150]}"]
+
+
+def csv_lines(csv_path: Path) -> list[str]:
+    """The summary lines of one CSV, by its layout."""
+    if csv_path.stem == "decode":
+        return decode_lines(csv_path)
+    if csv_path.stem == "attn_sweep":
+        return attn_sweep_lines(csv_path)
+    with open(csv_path, newline="") as f:
+        cols = csv.DictReader(f).fieldnames or []
+    if {"backend", "status", "shape", "median_us"} <= set(cols):
+        return bench_lines(csv_path)
+    return other_csv_lines(csv_path)
+
+
 def bench_lines(csv_path: Path) -> list[str]:
     """Compact lines for the non-baseline rows of one bench CSV."""
     with open(csv_path, newline="") as f:
@@ -55,7 +103,7 @@ def bench_lines(csv_path: Path) -> list[str]:
         cols = reader.fieldnames or []
     xcols = [c for c in cols if c.startswith("x_")]
     baselines = {c[2:] for c in xcols}
-    lines = [f"-- {csv_path.stem} ({rows[0]['device'] if rows else '?'}): time [us], time/floor, "
+    lines = [f"-- {csv_path.stem} ({rows[0].get('device') or '?' if rows else '?'}): time [us], time/floor, "
              + ", ".join(xcols) + " (> 1: faster than that baseline)"]
     skipped = {}
     for r in rows:
@@ -110,13 +158,21 @@ def main(argv=None) -> int:
         lines.append(f"(no bench CSV under {a.results})")
     for c in csvs:
         try:
-            lines += decode_lines(c) if c.stem == "decode" else bench_lines(c)
+            lines += csv_lines(c)
         except Exception as e:  # one broken CSV must not hide the others
             lines.append(f"-- {c.name}: unreadable ({type(e).__name__}: {e})")
+    host = a.results / "host_overhead.txt"
+    if host.exists():
+        text = host.read_text().splitlines()
+        lines += ["", "== host time per eager call (host_overhead.txt) ==", *text[:HOST_LINES]]
+        if len(text) > HOST_LINES:
+            lines.append(f"({len(text) - HOST_LINES} more lines in host_overhead.txt)")
     record = a.results / "hw_record.jsonl"
     if record.exists():
         lines += ["", "== hardware record (paste into bench/NOTES.md; bench/hardware_record.py) =="]
-        rows = hardware_record.aggregate(hardware_record.read([record]))
+        skipped: list[str] = []
+        rows = hardware_record.aggregate(hardware_record.read([record], skipped))
+        lines += skipped
         lines += hardware_record.table(rows, "this GPU", "this run", "-", "-")
         lines += hardware_record.verified_lines(rows)
     ncu = a.results / "ncu_summary.txt"

@@ -486,3 +486,40 @@ def test_every_bench_table_streams_its_rows(tmp_path):
     table.add("1x8", "reference", 1e-3, flops=1e6, nbytes=1e6)
     with open(tmp_path / "verify.csv", newline="") as f:
         assert [r["backend"] for r in csv.DictReader(f)] == ["reference"]
+
+
+def test_summary_of_a_cut_run_reads_every_result(tmp_path):
+    """summarize.py on what a device call returns: the attention sweep's CSV (its own columns:
+    no device, backend or median_us) by shape, fastest checked kernel first; host_overhead.txt;
+    a CSV of an unknown layout named with its size; a hardware record whose last line a killed
+    run cut short (skipped with a warning, the rest counted); exit 0."""
+    import json
+
+    res = tmp_path / "results"
+    (res / "attention").mkdir(parents=True)
+    (res / "attn_sweep.csv").write_text(
+        "kernel,shape,status,splits,ctas_per_sm,eager_us,graph_us,tflops,gbps,x_floor,max_rel,"
+        "rel_l2,copy_gbps,peak_tflops,note\n"
+        'wgmma,1x32Kx256,pass,4,1,400.00,380.00,366.0,367,2.171,0.004,0.002,4300,790,""\n'
+        'wide,1x32Kx256,pass,2,1,300.00,nan,463.0,465,1.714,0.004,0.002,4300,790,""\n'
+        'tma2,1x32Kx256,FAIL,2,1,0.00,nan,0.0,0,0.000,1,1,4300,790,"max_rel 1 over 0.02"\n')
+    (res / "host_overhead.txt").write_text("op backend host_us\ntree_attention cuda 21.5\n")
+    (res / "attention" / "extra.csv").write_text("a,b\n1,2\n3,4\n")
+    entry = {"nodeid": "tests/ops/test_silu_mul.py::test_silu_mul[triton]",
+             "file": "tests/ops/test_silu_mul.py", "test": "test_silu_mul",
+             "params": {"backend": "triton"}, "outcome": "passed"}
+    (res / "hw_record.jsonl").write_text(json.dumps(entry) + "\n" + json.dumps(entry)[:40])
+    (tmp_path / "steps.tsv").write_text("attn_sweep\tPASS\t15\twrote attn_sweep.csv (3 rows)\n")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "summarize.py"), "--steps",
+                          str(tmp_path / "steps.tsv"), "--results", str(res)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "unreadable" not in text, text
+    sweep = [line for line in text.splitlines() if line.startswith("1x32Kx256")]
+    assert [line.split()[1] for line in sweep] == ["wide", "wgmma", "tma2"], sweep
+    assert sweep[0].split()[2] == "300" and sweep[1].split()[2] == "380" and "[FAIL]" in sweep[2]
+    assert "== host time per eager call (host_overhead.txt) ==" in text
+    assert "tree_attention cuda 21.5" in text
+    assert "attention/extra.csv: 2 rows; columns a, b" in text
+    assert "skipped line 2 of" in text and "passed on this run, every dtype: silu_mul: triton" in text

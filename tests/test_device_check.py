@@ -90,6 +90,9 @@ def test_no_eager_rerun_and_inner_limits_stay_in_the_step():
     plain = [line for line in script.splitlines() if re.search(r"\btimeout -k 5 \"\$limit\"", line)]
     assert len(plain) == 1 and "&" in plain[0]          # the step's own limit, waited on by pid
     assert 'kill -KILL -- "-$pid"' in script
+    for line in (ROOT / "bench" / "attn_sweep.sh").read_text().splitlines():   # the steps' helpers
+        m = re.search(r"(?<![-\w])timeout (\S+)", line.split(" #")[0])
+        assert m is None or m[1] == "--foreground", line
 
 
 def test_rerun_picks_steps_and_results_fit_the_device_tool(tmp_path):
