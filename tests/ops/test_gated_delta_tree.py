@@ -185,7 +185,7 @@ def test_accepted_nodes_equal_their_chain(backend, dev):
         assert rel_l2(oc[b, :len(path[b])], o[b, path[b]]) < 1e-6
 
     # commit all but the last node of each path, then decode the last node from that state
-    pool = case["state"].to(dev)
+    pool = case["state"].to(dev).clone()
     jk.gated_delta_commit(ch["k"].to(dev), ch["v"].to(dev), ch["g"].to(dev), ch["beta"].to(dev),
                           torch.arange(P, dtype=torch.int32).expand(B, P).contiguous().to(dev),
                           (ch["num_nodes"] - 2).to(dev), pool,
