@@ -1,6 +1,7 @@
 """Test configuration: Triton runs under the interpreter when there is no GPU; `gpu` tests skip."""
 import os
 import re
+from pathlib import Path
 
 import torch
 
@@ -112,12 +113,44 @@ def pytest_runtest_makereport(item, call):
         return
     if report.when == "teardown" and report.outcome == "skipped":
         return
-    import json
     params = getattr(getattr(item, "callspec", None), "params", {})
-    entry = {"nodeid": item.nodeid, "file": str(item.path), "test": item.originalname,
-             "params": {k: str(v) for k, v in params.items()}, "outcome": report.outcome}
+    _record(path, {"nodeid": item.nodeid, "file": str(item.path), "test": item.originalname,
+                   "params": {k: str(v) for k, v in params.items()}, "outcome": report.outcome})
+
+
+def _record(path: str, entry: dict) -> None:
+    import json
     with open(path, "a") as f:
         f.write(json.dumps(entry) + "\n")
+
+
+# Parameter ids that name a backend or a cuda attention kernel, for a test known by its id alone.
+BACKEND_IDS = ("reference", "triton", "sim", "cuda")
+KERNEL_IDS = ("mma", "wgmma", "tma", "hopper")
+
+
+def crash_entry(nodeid: str, rootdir) -> dict:
+    """The hardware-record entry of a test whose xdist worker died under it (a crash, or
+    pytest-timeout's thread method ending it): failed, with the backend and kernel its parameter
+    ids name (its dtype is unknown there)."""
+    path, _, name = nodeid.partition("::")
+    words = set(name.partition("[")[2].rstrip("]").split("-"))
+    params = {}
+    for key, known in (("backend", BACKEND_IDS), ("kernel", KERNEL_IDS)):
+        hits = [w for w in known if w in words]
+        if len(hits) == 1:
+            params[key] = hits[0]
+    return {"nodeid": nodeid, "file": str(Path(rootdir) / path),
+            "test": name.split("::")[-1].partition("[")[0], "params": params,
+            "outcome": "failed", "crashed": True}
+
+
+def pytest_runtest_logreport(report):
+    """With JETSPEC_HW_RECORD set, record a test whose worker crashed as failed: xdist reports it
+    on the controller (when "???"), and the worker that would have recorded it is gone."""
+    path = os.environ.get("JETSPEC_HW_RECORD")
+    if path and report.when == "???" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _record(path, crash_entry(report.nodeid, Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture

@@ -90,3 +90,43 @@ def test_no_gpu_step_runs_what_needs_no_gpu():
                               "no:cacheprovider", "--on-gpu", "tests/test_triton_sm90_resources.py"],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "::" not in offline.stdout and "4 deselected" in offline.stdout, offline.stdout[-1000:]
+
+
+def test_crash_entry_names_backend_and_kernel():
+    from conftest import crash_entry
+
+    e = crash_entry("tests/ops/test_tree_attention.py::test_tree_attention[dtype0-128-1-tma-cuda]",
+                    ROOT)
+    assert e["params"] == {"backend": "cuda", "kernel": "tma"} and e["outcome"] == "failed"
+    assert e["test"] == "test_tree_attention"
+    assert e["file"] == str(ROOT / "tests/ops/test_tree_attention.py")
+    from bench import hardware_record as hr
+    assert hr.classify(e) == ("tree_attention", "cuda kernel=tma", ["-"])
+    assert crash_entry("tests/test_x.py::test_y", ROOT)["params"] == {}
+
+
+def test_a_crashed_worker_is_recorded_failed_and_the_rest_still_run(tmp_path):
+    """Under xdist, a test that kills its worker (as pytest-timeout's thread method does) is a
+    failed line of the hardware record, and the tests after it run on a new worker."""
+    import json
+    import os
+
+    pytest.importorskip("xdist")
+    case = tmp_path / "test_crashing.py"
+    case.write_text("import os\nimport pytest\n\n"
+                    "@pytest.mark.parametrize('backend', ['triton'])\n"
+                    "def test_dies(backend):\n    os._exit(3)\n\n"
+                    "@pytest.mark.parametrize('n', range(3))\n"
+                    "def test_after(n):\n    pass\n")
+    record = tmp_path / "record.jsonl"
+    env = {**os.environ, "JETSPEC_HW_RECORD": str(record),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                          "conftest", "-n", "1", "--max-worker-restart", "4", str(case)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "1 failed, 3 passed" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    crashed = [e for e in lines if e.get("crashed")]
+    assert len(crashed) == 1 and crashed[0]["params"] == {"backend": "triton"}
+    assert crashed[0]["test"] == "test_dies" and crashed[0]["outcome"] == "failed"
+    assert sum(e["outcome"] == "passed" for e in lines) == 3
