@@ -16,15 +16,44 @@ ROOT = Path(__file__).resolve().parents[1]
 OP_TESTS = ("tests/ops", "tests/test_engine_layouts.py")
 
 
+# Prints "nodeid<TAB>step<TAB>gpu-marked" for every test collected (tests/conftest.py's gpu_step).
+REPORT = """
+import sys, pytest
+class Report:
+    def pytest_collection_finish(self, session):
+        mod = next(p for p in session.config.pluginmanager.get_plugins() if hasattr(p, "gpu_step"))
+        for item in session.items:
+            print("STEP", item.nodeid, mod.gpu_step(item), "gpu" in item.keywords, sep="\\t")
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[1:]],
+                     plugins=[Report()]))
+"""
+
+
+def _run(*args: str) -> str:
+    res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode in (0, 5), res.stdout[-2000:] + res.stderr[-2000:]
+    return res.stdout
+
+
+@lru_cache(maxsize=None)
+def steps() -> dict[str, tuple[str, bool]]:
+    """Every test of OP_TESTS -> (the GPU step gpu_step gives it, or "None"; gpu-marked), from one
+    collection in a subprocess (this session's own options must not leak in)."""
+    out = _run("-c", REPORT, *OP_TESTS)
+    rows = [line.split("\t")[1:] for line in out.splitlines() if line.startswith("STEP\t")]
+    return {nodeid: (step, gpu == "True") for nodeid, step, gpu in rows}
+
+
 @lru_cache(maxsize=None)
 def collect(*options: str) -> frozenset[str]:
-    """Node ids pytest collects from OP_TESTS with ``options`` (a subprocess: this session's own
-    options must not leak in)."""
-    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          "-p", "no:cacheprovider", *options, *OP_TESTS],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode in (0, 5), res.stdout[-2000:] + res.stderr[-2000:]
-    return frozenset(line for line in res.stdout.splitlines() if "::" in line)
+    """Node ids pytest collects from OP_TESTS with ``options``."""
+    out = _run("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *options, *OP_TESTS)
+    return frozenset(line for line in out.splitlines() if "::" in line)
+
+
+def in_step(step: str) -> set[str]:
+    return {n for n, (s, _) in steps().items() if s == step}
 
 
 def param_words(nodeid: str) -> set[str]:
@@ -49,47 +78,44 @@ def test_names_tma_kernel_matches_the_word(name, tma):
     assert names_tma_kernel(name) is tma
 
 
-def test_every_gpu_test_is_in_exactly_one_step():
-    steps = {s: collect("--gpu-step", s) for s in GPU_STEPS}
-    on_gpu = collect("--on-gpu")
-    assert on_gpu and all(steps.values())
-    assert set().union(*steps.values()) == on_gpu
-    assert sum(map(len, steps.values())) == len(on_gpu)          # disjoint
+def test_the_option_selects_the_step():
+    """--gpu-step selects exactly the tests gpu_step gives that step (and --on-gpu their union)."""
+    assert collect("--gpu-step", "triton") == in_step("triton")
+    assert collect("--on-gpu") == set().union(*map(in_step, GPU_STEPS))
 
 
 def test_every_triton_case_runs_in_the_triton_step():
-    """Each op test with a triton parameter (its own id) is in the triton step, none anywhere
-    else; the log_softmax_topk cases (whose name holds "tma") among them."""
-    every = collect()
-    triton = {n for n in every if "triton" in param_words(n)}
+    """Each op test with a triton parameter (its own id) is in the triton step, and the triton
+    step holds nothing else; the log_softmax_topk cases (whose name holds "tma") among them."""
+    triton = {n for n in steps() if "triton" in param_words(n)}
     assert {n for n in triton if "log_softmax_topk" in n}, "no triton log_softmax_topk case?"
-    assert triton == collect("--gpu-step", "triton")
-    assert not triton & (collect("--gpu-step", "cuda") | collect("--gpu-step", "tma"))
-    # the older selection device_check used: --on-gpu --tma skip keeps them too
-    kept = collect("--on-gpu", "--tma", "skip")
-    assert {n for n in triton if "log_softmax" in n} <= kept
+    assert triton == in_step("triton")
 
 
 def test_tma_step_holds_only_tma_kernel_tests_and_all_of_them():
-    tma = collect("--gpu-step", "tma")
+    tma = in_step("tma")
     assert tma and all(re.search(r"(^|[^a-z])(tma|hopper)([^a-z]|$)", n.split("::")[-1]) for n in tma)
-    cuda_tma = {n for n in collect("--gpu-only")
-                if {"tma", "hopper"} & set(re.split(r"[^a-z0-9]+", n.split("::")[-1]))
+    cuda_tma = {n for n, (_, gpu) in steps().items() if gpu
+                and {"tma", "hopper"} & set(re.split(r"[^a-z0-9]+", n.split("::")[-1]))
                 and "sim" not in param_words(n) and "triton" not in param_words(n)}
     assert cuda_tma == tma
 
 
-def test_no_gpu_step_runs_what_needs_no_gpu():
-    """The CUDA simulator's cases (a CPU build, gpu-marked for their size) and the offline
-    sm_90a compiles are in no step."""
-    on_gpu = collect("--on-gpu")
-    assert not [n for n in on_gpu if "sim" in param_words(n)]
-    gpu_sim = [n for n in collect("--gpu-only") if "sim" in param_words(n)]
-    assert gpu_sim, "no gpu-marked simulator case left to check"
-    offline = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                              "no:cacheprovider", "--on-gpu", "tests/test_triton_sm90_resources.py"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert "::" not in offline.stdout and "4 deselected" in offline.stdout, offline.stdout[-1000:]
+def test_every_gpu_marked_test_but_the_simulators_is_in_a_step():
+    """A gpu-marked test is in some step, unless it runs the CUDA simulator (a CPU build,
+    gpu-marked for its size); the cuda step holds the rest of the gpu-marked tests."""
+    marked = {n for n, (_, gpu) in steps().items() if gpu}
+    sim = {n for n in marked if "sim" in param_words(n)}
+    assert sim, "no gpu-marked simulator case left to check"
+    assert all(steps()[n][0] == "None" for n in sim)
+    assert all(steps()[n][0] in GPU_STEPS for n in marked - sim)
+    assert in_step("cuda") and all(steps()[n][1] for n in in_step("cuda"))
+
+
+def test_offline_sm90_compiles_are_in_no_step():
+    out = _run("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--on-gpu",
+               "tests/test_triton_sm90_resources.py")
+    assert "::" not in out and "4 deselected" in out, out[-1000:]
 
 
 def test_crash_entry_names_backend_and_kernel():
