@@ -4,7 +4,8 @@
                  adaptive: the per-depth top-K and the choice of size
     verify step  target.verify (tree K/V appended at slots prefix..prefix+N-1, tree attention,
                  taps) -> verify_tree -> commit_kv (all layers at once, taps gathered along the
-                 path) -> head.append_context (accepted rows only) -> emit tokens, advance
+                 path; a hybrid target's commit_states then advances its linear layers' states
+                 along the path) -> head.append_context (accepted rows only) -> emit tokens, advance
 
 The anchor (node 0) is the last emitted token; its K/V are not yet in the target cache and
 ``prefix`` counts the tokens before it. The draft context has exactly ``prefix`` rows.
@@ -55,6 +56,7 @@ class SpeculativeDecode:
         self.seed = torch.full((b,), int(seed), dtype=torch.int64, device=dev)
         self.offset = torch.ones(b, dtype=torch.int64, device=dev)   # 0 was the prefill's sample
         self.taps = head.target_layer_ids
+        self.commit_states = getattr(target, "commit_states", None)
         self.tree: Tree | None = None
         self.accept: torch.Tensor | None = None
         if self.adaptive:
@@ -121,6 +123,8 @@ class SpeculativeDecode:
         with st("commit"):
             commit = commit_kv(cache.k, cache.v, self.prefix, verdict, block_table=cache.block_table,
                                hidden=tapped)
+            if self.commit_states is not None:     # a hybrid target's linear-layer states
+                self.commit_states(cache, verdict)
         with st("append"):
             counts = num * active                       # tokens each sequence takes this round
             self.head.append_context(self.dstate, commit.hidden, counts)

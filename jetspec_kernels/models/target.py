@@ -7,7 +7,7 @@ from .config import is_hybrid_config, read_config
 from .qwen3 import Qwen3
 from .qwen3_5 import Qwen3_5
 
-__all__ = ["load_target"]
+__all__ = ["Target", "load_target"]
 
 
 def load_target(path: str, *, dtype: torch.dtype = torch.float32, device="cpu", group=None):
@@ -16,3 +16,10 @@ def load_target(path: str, *, dtype: torch.dtype = torch.float32, device="cpu", 
     ``from_pretrained``. Other model types raise :class:`CheckpointError` naming the type."""
     cls = Qwen3_5 if is_hybrid_config(read_config(path)) else Qwen3
     return cls.from_pretrained(path, dtype=dtype, device=device, group=group)
+
+
+class Target:
+    """Either target class, chosen by the checkpoint's ``model_type``: ``Target.from_pretrained``
+    is :func:`load_target` (for code that loads through a class, as the CLI does)."""
+
+    from_pretrained = staticmethod(load_target)
