@@ -122,7 +122,8 @@ def _parser() -> Parser:
     p = Parser(prog=f"{PROG} generate", description="JetSpec speculative decoding with a Qwen3 "
                "target and a draft head.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--target", help="Hugging Face Qwen3 checkpoint directory (with --head)")
+    src.add_argument("--target", help="Hugging Face Qwen3, Qwen3-MoE or Qwen3.5 / Qwen3.6 (hybrid) "
+                     "checkpoint directory (with --head)")
     src.add_argument("--tiny", action="store_true",
                      help="the shipped trained tiny byte-level target and causal head (text prompts)")
     src.add_argument("--random-tiny", action="store_true",
@@ -236,7 +237,8 @@ def _load(cls, option: str, path: str, dtype, device, shard):
 def _load_models(args, dtype, device, shard):
     """(target, head, codec: (encode, decode) or None, directory for the default EOS or None,
     what identifies the weights: a dict for the round-cost cache)."""
-    from .models import DraftHead, Qwen3, tiny_models
+    from .models import DraftHead, tiny_models
+    from .models.target import Target
 
     if args.head is not None and args.target is None:
         raise UsageError("--head is only used with --target")
@@ -256,7 +258,7 @@ def _load_models(args, dtype, device, shard):
             raise UsageError("--head is required with --target")
         target_dir, head_dir = args.target, args.head
         codec = _load_tokenizer(target_dir)
-    target = _load(Qwen3, "--target", target_dir, dtype, device, shard)
+    target = _load(Target, "--target", target_dir, dtype, device, shard)
     head = _load(DraftHead, "--head", head_dir, dtype, device, shard)
     identity = {"target": checkpoint_identity(target_dir), "head": checkpoint_identity(head_dir)}
     return target, head, codec, target_dir, identity
