@@ -10,23 +10,51 @@ Public API (see DESIGN.md section 4 and each function's docstring):
     expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive/),
     set_backend, get_backend, available_backends, set_value_checks.
 """
-from .adaptive import (AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
-                       expected_accept_curve, expected_accept_curve_from_topk)
-from .backend import BackendUnavailableError, available_backends, get_backend, set_backend
-from .checks import set_value_checks
-from .ops.causal_conv1d_commit import causal_conv1d_commit
-from .ops.causal_conv1d_tree import causal_conv1d_tree
-from .ops.commit_kv import commit_kv
-from .ops.draft_tree import draft_tree, draft_tree_from_hidden, draft_tree_from_topk
-from .ops.gated_delta_commit import gated_delta_commit
-from .ops.gated_delta_tree import gated_delta_tree
-from .ops.pack_mask import pack_mask
-from .ops.qk_norm_rope_append import qk_norm_rope_append
-from .ops.rms_norm import rms_norm
-from .ops.silu_mul import silu_mul
-from .ops.tree_attention import tree_attention
-from .ops.verify_tree import verify_tree
-from .tree import Commit, Tree, Verdict
+import importlib
+
+# Where each public name lives. The package imports them (and torch) at the first attribute
+# access, all at once, so `jetspec --help` and other torch-free entry points stay fast.
+_PUBLIC = {
+    ".adaptive": ("AcceptanceCalibrator", "CostModel", "choose_budget", "choose_budget_from_topk",
+                  "expected_accept_curve", "expected_accept_curve_from_topk"),
+    ".backend": ("BackendUnavailableError", "available_backends", "get_backend", "set_backend"),
+    ".checks": ("set_value_checks",),
+    ".ops.causal_conv1d_commit": ("causal_conv1d_commit",),
+    ".ops.causal_conv1d_tree": ("causal_conv1d_tree",),
+    ".ops.commit_kv": ("commit_kv",),
+    ".ops.draft_tree": ("draft_tree", "draft_tree_from_hidden", "draft_tree_from_topk"),
+    ".ops.gated_delta_commit": ("gated_delta_commit",),
+    ".ops.gated_delta_tree": ("gated_delta_tree",),
+    ".ops.pack_mask": ("pack_mask",),
+    ".ops.qk_norm_rope_append": ("qk_norm_rope_append",),
+    ".ops.rms_norm": ("rms_norm",),
+    ".ops.silu_mul": ("silu_mul",),
+    ".ops.tree_attention": ("tree_attention",),
+    ".ops.verify_tree": ("verify_tree",),
+    ".tree": ("Commit", "Tree", "Verdict"),
+}
+
+
+def _load_public() -> None:
+    for module, names in _PUBLIC.items():
+        loaded = importlib.import_module(module, __name__)
+        for name in names:
+            globals()[name] = getattr(loaded, name)
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    _load_public()
+    if name in globals():
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    _load_public()
+    return sorted(globals())
+
 
 __version__ = "0.1.0"
 
