@@ -1,10 +1,11 @@
 """``jetspec {demo,generate,info}`` (the console script; also ``python -m jetspec_kernels``).
 
 Bad command lines print one line ``jetspec: error: ...`` to stderr and exit with status 2.
+``jetspec --help`` imports neither torch nor the ops (the package loads them on first use).
 """
 import sys
 
-from .generate_cli import PROG, Parser, UsageError, report
+from .cli_common import PROG, Parser, UsageError, report
 
 
 def main(argv=None) -> int:

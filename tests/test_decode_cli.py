@@ -249,6 +249,19 @@ def test_bad_input_in_a_process(tmp_path, argv, option):
     _one_error_line(proc.stderr, option)
 
 
+def test_help_imports_no_torch():
+    """``jetspec --help`` answers at once: neither torch nor the ops are imported for it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "jetspec_kernels", "--help"],
+                          capture_output=True, text=True, cwd=root, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: jetspec")
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "jetspec_kernels.cli_common" in imported
+    assert not [m for m in imported if m == "torch" or m.startswith(("torch.", "jetspec_kernels.ops"))]
+
+
 def test_console_script_entry_point(capsys):
     """pyproject.toml's ``jetspec`` script resolves to the package's main, which runs subcommands
     (the installed script may predate it, so the entry point is built from pyproject.toml)."""
