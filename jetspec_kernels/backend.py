@@ -109,7 +109,22 @@ def get_backend() -> str:
 
 def _module(name: str):
     """Module ``name``, imported on first use (a dict lookup after that: ops ask on every call)."""
-    return sys.modules.get(name) or importlib.import_module(name)
+    return sys.modules.get(name) or _import(name)
+
+
+def _import(name: str):
+    # While torch.compile traces, _imported runs as it is (a constant to the compiler) and the
+    # module is read as an attribute of its package: the compiler's copy of sys.modules predates
+    # the import.
+    _imported(name)
+    package, _, child = name.rpartition(".")
+    return getattr(sys.modules[package], child)
+
+
+@torch.compiler.assume_constant_result
+def _imported(name: str) -> bool:
+    importlib.import_module(name)
+    return True
 
 
 def triton_interpret() -> bool:
