@@ -19,6 +19,10 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32,)
+# Lengths, positions, cache slots and tokens an engine passes in (vLLM and SGLang keep both int32
+# and int64 ones): int64 is taken too, its values checked to fit int32 where value checks run,
+# and narrowed to int32 by the op before any backend sees it.
+LENGTH_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1  # int64 token / position inputs are narrowed to int32 by the backends
 
 _VALUE_CHECK_MODES = ("cpu", "always", "never")
@@ -55,7 +59,10 @@ CACHE_SIZE = 1024
 def signature(*args) -> tuple | None:
     """Hashable key of everything static checks can read: per tensor its dtype, shape, strides,
     storage offset and device; per scalar (None, bool, int, float, str) its type and value. None
-    when some argument is neither (such a call is checked in full)."""
+    when some argument is neither, and while torch.compile traces (the checks then run in full
+    once per compilation and become its guards; a cache keyed on symbolic shapes cannot hold)."""
+    if torch.compiler.is_compiling():
+        return None
     key = []
     for a in args:
         kind = type(a)
