@@ -35,7 +35,7 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
                              f"Hkv dividing q's {hq} heads (GQA), got shape {list(k_cache.shape)} "
                              f"(Hkv = {hkv}); a heads-major [B, Hkv, L, Dh] cache is passed as its "
                              f".transpose(1, 2) view")
-        checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, shape=[b], device=dev)
+        checks.tensor("prefix_lens", prefix_lens, dtypes=checks.LENGTH_DTYPES, shape=[b], device=dev)
         checks.optional("tree_mask", tree_mask, dtypes=checks.INDEX_DTYPES,
                         shape=[b, n, mask_words(n)], device=dev)
         checks.choice("tail", tail, TAILS)
@@ -76,7 +76,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     q : float16/bfloat16/float32 [B, N, Hq, Dh]
     k_cache, v_cache : q.dtype, contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
         The tail's K/V must already be in positions prefix_lens .. prefix_lens + N - 1.
-    prefix_lens : int32 [B]
+    prefix_lens : int32/int64 [B]
     tree_mask : int32 [B, N, ceil(N/32)], optional
         Packed ancestor-or-self bits (``Tree.mask``); every row has its own bit.
     tail : "causal" | "full"; with a tree_mask it must stay "causal" (the mask decides).
@@ -92,6 +92,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     """
     key = check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
                                scale, out, lse, return_lse)
+    if prefix_lens.dtype != torch.int32:  # int64 (checks.LENGTH_DTYPES): the backends take int32
+        prefix_lens = prefix_lens.to(torch.int32)
     impl = _backend.select(q.device, "tree_attention", backend,
                            dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                                 signature=key))
