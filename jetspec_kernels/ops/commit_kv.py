@@ -19,7 +19,7 @@ def check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
     if verdict.path.shape[0] != b:
         raise ValueError(f"verdict.accept_len must have one entry per row of verdict.path: shape "
                          f"[{verdict.path.shape[0]}], got {[b]}")
-    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.INDEX_DTYPES, ndim=1, device=dev)
+    checks.tensor("prefix_lens", prefix_lens, dtypes=checks.LENGTH_DTYPES, ndim=1, device=dev)
     if prefix_lens.shape[0] != b:
         raise ValueError(f"prefix_lens must have one entry per sequence of the verdict: shape [{b}] "
                          f"(verdict.accept_len's), got {list(prefix_lens.shape)}")
@@ -62,7 +62,7 @@ def commit_kv(k_cache, v_cache, prefix_lens, verdict: Verdict, *, block_table=No
     Parameters
     ----------
     k_cache, v_cache : contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
-    prefix_lens : int32 [B]       committed length before the tree (root at prefix_lens)
+    prefix_lens : int32/int64 [B] committed length before the tree (root at prefix_lens)
     verdict : Verdict             from :func:`verify_tree`
     block_table : int32 [B, max_pages], optional
     hidden : float [B, N, Hh], optional   per-node hidden rows (e.g. the target's taps)
@@ -73,6 +73,8 @@ def commit_kv(k_cache, v_cache, prefix_lens, verdict: Verdict, *, block_table=No
            hidden [B, M, Hh] (rows along the path, zero after) or None)
     """
     check_commit_kv(k_cache, v_cache, prefix_lens, verdict, block_table, hidden)
+    if prefix_lens.dtype != torch.int32:  # int64 (checks.LENGTH_DTYPES): the backends take int32
+        prefix_lens = prefix_lens.to(torch.int32)
     new_lens, rows = _backend.select(prefix_lens.device, "commit_kv", backend)(
         k_cache, v_cache, prefix_lens, verdict.path, verdict.accept_len, block_table, hidden)
     return Commit(new_lens, rows)
