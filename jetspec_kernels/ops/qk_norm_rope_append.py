@@ -53,7 +53,7 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
         cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv,
                                         head_dim=dh, dtypes=checks.FLOAT_DTYPES, device=dev)
         if cache_start is not None:
-            checks.tensor("cache_start", cache_start, dtypes=checks.INDEX_DTYPES, shape=[b],
+            checks.tensor("cache_start", cache_start, dtypes=checks.LENGTH_DTYPES, shape=[b],
                           device=dev)
         checks.remember(_STATIC, key, cap)
     checks.table_values(block_table, k_cache)
@@ -87,7 +87,7 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     k_cache, v_cache : contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
     rope_theta : float; eps : float (RMSNorm epsilon)
     block_table : int32 [B, max_pages], optional (paged cache)
-    cache_start : int32 [B], optional
+    cache_start : int32/int64 [B], optional
         Row n goes to cache slot ``cache_start[b] + n``; when None, to slot ``positions[b, n]``.
 
     Returns
@@ -97,6 +97,8 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     """
     check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                               rope_theta, eps, block_table, cache_start)
+    if cache_start is not None and cache_start.dtype != torch.int32:  # checks.LENGTH_DTYPES
+        cache_start = cache_start.to(torch.int32)
     return _backend.select(k.device, "qk_norm_rope_append", backend, dict(k=k))(
         q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, float(rope_theta), float(eps),
         block_table, cache_start)
