@@ -222,7 +222,7 @@ def test_a_new_signature_is_checked_in_full(x, checked):
     q, kc, vc, prefix, tree = x["q"], x["k_cache"], x["v_cache"], x["prefix"], x["tree"]
     jk.tree_attention(q, kc, vc, prefix, tree.mask, backend="cuda")
     _raises(TypeError, "prefix_lens", lambda: jk.tree_attention(
-        q, kc, vc, prefix.long(), tree.mask, backend="cuda"))
+        q, kc, vc, prefix.to(torch.int16), tree.mask, backend="cuda"))
     _raises(ValueError, "tree_mask", lambda: jk.tree_attention(
         q, kc, vc, prefix, tree.mask[:, :-1], backend="cuda"))
     _raises(ValueError, "v_cache", lambda: jk.tree_attention(
