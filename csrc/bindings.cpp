@@ -68,7 +68,10 @@ void define_launchers(py::module_& m, py::dict& t) {
       "partial_value / partial_token [B * N, splits].");
   define_launcher<VerifyWalkParams>(
       m, t, "verify_walk", {JETSPEC_VERIFY_WALK_FIELDS(JETSPEC_BIND_FIELD)}, launch_verify_walk,
-      "Acceptance walk: accept_len, path, bonus, emitted.");
+      "Acceptance walk: accept_len, path, bonus, emitted. temperature: float32 [B] or 0 "
+      "(absent: every row greedy); rows with T > 0 take the first agreeing sibling, the others "
+      "the longest agreeing chain.",
+      {"temperature"});
   define_launcher<CommitParams>(
       m, t, "commit_kv", {JETSPEC_COMMIT_FIELDS(JETSPEC_BIND_FIELD)}, launch_commit_kv,
       "Move the accepted path's K/V to contiguous slots in place; gather hidden rows.");

@@ -118,11 +118,22 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, targe
         bonus ``[B]`` (the target token at the last accepted node),
         emitted ``[B, max_depth + 1]`` (accepted draft tokens then bonus, -1 padded).
 
-    Walk: at node ``cur`` (starting at the root 0) with target token ``t = target[b, cur]``,
-    the accepted child is the lowest-index node ``c < num_nodes`` with ``parents[c] == cur`` and
-    ``tokens[c] == t``; stop when there is none (or the path already has max_depth + 1 nodes).
-    The root is always verified: with ``num_nodes[b] == 0`` the row is a one-node tree
-    (accept_len 0, bonus = ``target[b, 0]``).
+    A node ``c < num_nodes`` (not the root) *agrees* when ``tokens[c]`` is the target's token
+    at its parent, ``target[b, parents[c]]``; an accepted path is a chain of agreeing nodes from
+    the root, at most ``max_depth`` of them. Where siblings share a token, more than one chain
+    may agree:
+
+    * greedy rows (temperature 0 for the sequence, and rows verified from ``target_tokens``
+      with temperature 0): the longest chain; among the longest, the one ending at the lowest
+      node index. Same-token siblings share their whole context, so the target's greedy
+      continuation is every one of their subtrees: any agreeing chain is lossless.
+    * sampled rows: at node ``cur`` the accepted child is the lowest-index agreeing child of
+      ``cur`` (the first such sibling); stop when there is none. Each node's sample is keyed by
+      its node index (:func:`gumbel_uniform`), so choosing among same-token siblings by what
+      their own samples say next would bias the accepted tokens.
+
+    Without shared tokens both rules give the same path. The root is always verified: with
+    ``num_nodes[b] == 0`` the row is a one-node tree (accept_len 0, bonus = ``target[b, 0]``).
     """
     if target_tokens is None:
         if target_logits is None:
@@ -135,25 +146,22 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, targe
     nn_ = num_nodes.detach().cpu().tolist()
     tgt = target_tokens.detach().cpu().tolist()
 
+    if torch.is_tensor(temperature):
+        sampled = (temperature.detach().cpu().reshape(-1).expand(B) > 0).tolist()
+    else:
+        sampled = [float(temperature) > 0] * B
+
     C = max_depth + 1
     accept_len = torch.zeros(B, dtype=torch.int32)
     path = torch.full((B, C), -1, dtype=torch.int32)
     bonus = torch.zeros(B, dtype=torch.int32)
     emitted = torch.full((B, C), -1, dtype=torch.int32)
     for b in range(B):
-        cur = 0
-        nodes = [0]
-        while len(nodes) < C:
-            t = tgt[b][cur]
-            nxt = None
-            for c in range(nn_[b]):
-                if par[b][c] == cur and tok[b][c] == t:
-                    nxt = c
-                    break
-            if nxt is None:
-                break
-            nodes.append(nxt)
-            cur = nxt
+        if sampled[b]:
+            nodes = _first_sibling_walk(tok[b], par[b], nn_[b], tgt[b], C)
+        else:
+            nodes = _longest_agreeing_chain(tok[b], par[b], nn_[b], tgt[b], C)
+        cur = nodes[-1]
         a = len(nodes) - 1
         accept_len[b] = a
         path[b, :a + 1] = torch.tensor(nodes, dtype=torch.int32)
@@ -163,3 +171,31 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits=None, targe
         emitted[b, a] = tgt[b][cur]
     return dict(accept_len=accept_len.to(dev), path=path.to(dev), bonus=bonus.to(dev),
                 emitted=emitted.to(dev))
+
+
+def _first_sibling_walk(tok, par, num_nodes, tgt, cols):
+    """Nodes of the sampled rows' path: from the root, the lowest-index agreeing child."""
+    cur, nodes = 0, [0]
+    while len(nodes) < cols:
+        nxt = next((c for c in range(num_nodes) if par[c] == cur and tok[c] == tgt[cur]), None)
+        if nxt is None:
+            break
+        nodes.append(nxt)
+        cur = nxt
+    return nodes
+
+
+def _longest_agreeing_chain(tok, par, num_nodes, tgt, cols):
+    """Nodes of the greedy rows' path: the longest chain of agreeing nodes (at most ``cols``
+    nodes with the root), ending at the lowest node index among the longest."""
+    level = {0: 0}                                        # node -> its depth on an agreeing chain
+    for c in range(1, num_nodes):                         # parents precede children
+        p = par[c]
+        if 0 <= p < c and p in level and level[p] < cols - 1 and tok[c] == tgt[p]:
+            level[c] = level[p] + 1
+    deepest = max(level.values())
+    end = min(c for c, d in level.items() if d == deepest)
+    nodes = [end]
+    while nodes[-1] != 0:
+        nodes.append(par[nodes[-1]])
+    return nodes[::-1]

@@ -121,10 +121,13 @@ def test_gumbel_sampler_distribution(T):
 
 
 # ----------------------------------------------------------------------------- verify_tree
-def verify(tokens, parents, num_nodes, max_depth, target):
+def verify(tokens, parents, num_nodes, max_depth, target, temperature=0.0):
+    """python_ref.verify_tree on given target tokens (temperature > 0: the tokens are samples,
+    the sampled rows' first-sibling rule)."""
     return R.verify_tree(torch.tensor(tokens, dtype=torch.int32), torch.tensor(parents, dtype=torch.int32),
                          torch.tensor(num_nodes, dtype=torch.int32), max_depth,
-                         target_tokens=torch.tensor(target, dtype=torch.int32))
+                         target_tokens=torch.tensor(target, dtype=torch.int32),
+                         temperature=temperature)
 
 
 def test_verify_hand_built():
@@ -198,14 +201,16 @@ def test_verify_greedy_from_logits():
     assert v["emitted"].tolist() == [[1, 4, -1]]
 
 
-def independent_accept(tokens, parents, n, target):
-    """The accepted leaf is the deepest node whose every path edge is 'good': the child's token
-    equals the target token of its parent and no lower-index sibling has that token."""
+def independent_accept(tokens, parents, n, target, first_sibling=True):
+    """The accepted leaf is the deepest node whose every path edge is 'good' (ties to the lower
+    index): the child's token equals the target token of its parent and (the sampled rows'
+    first-sibling rule) no lower-index sibling has that token."""
     def good(c):
         p = parents[c]
         if tokens[c] != target[p]:
             return False
-        return not any(parents[s] == p and tokens[s] == tokens[c] for s in range(c))
+        return not first_sibling or not any(parents[s] == p and tokens[s] == tokens[c]
+                                            for s in range(c))
 
     best = [0]
     for c in range(1, n):
@@ -218,7 +223,10 @@ def independent_accept(tokens, parents, n, target):
     return best
 
 
-def test_verify_random_trees_vs_independent():
+@pytest.mark.parametrize("rule", ["greedy", "sampled"])
+def test_verify_random_trees_vs_independent(rule):
+    """Trees over 3 tokens (same-token siblings everywhere): greedy rows accept the longest
+    agreeing path, sampled rows follow the first agreeing sibling, each against brute force."""
     gen = torch.Generator().manual_seed(3)
     B, N = 40, 12
     for trial in range(3):
@@ -232,9 +240,11 @@ def test_verify_random_trees_vs_independent():
             nums.append(n)
             targets.append(torch.randint(0, 3, (N,), generator=gen).tolist())
         max_depth = N - 1
-        v = verify(tree_rows, parent_rows, nums, max_depth, targets)
+        temperature = torch.full((B,), 0.0 if rule == "greedy" else 0.7)
+        v = verify(tree_rows, parent_rows, nums, max_depth, targets, temperature)
         for b in range(B):
-            path = independent_accept(tree_rows[b], parent_rows[b], nums[b], targets[b])
+            path = independent_accept(tree_rows[b], parent_rows[b], nums[b], targets[b],
+                                      first_sibling=rule == "sampled")
             a = len(path) - 1
             assert int(v["accept_len"][b]) == a
             assert v["path"][b].tolist() == path + [-1] * (max_depth - a)
@@ -252,6 +262,26 @@ def test_verify_sampling_uses_sample_tokens():
     v1 = R.verify_tree(t["tokens"], t["parents"], t["num_nodes"], 3, target_logits=logits,
                        temperature=0.9, seed=seed, offset=off)
     sampled = R.sample_tokens(logits, 0.9, seed, off)
-    v2 = R.verify_tree(t["tokens"], t["parents"], t["num_nodes"], 3, target_tokens=sampled)
+    v2 = R.verify_tree(t["tokens"], t["parents"], t["num_nodes"], 3, target_tokens=sampled,
+                       temperature=0.9)
     for k in v1:
         assert torch.equal(v1[k], v2[k])
+
+
+def test_verify_greedy_takes_the_longest_of_same_token_siblings():
+    """Node 1 and node 2 both carry token 5 (merged drafts): greedy follows node 2, whose
+    subtree agrees two levels deeper; the sampled rule keeps the first sibling (node 1)."""
+    #        0
+    #   1(5)      2(5)
+    #   3(6)      4(6)
+    #             5(7)
+    tokens = [[1, 5, 5, 6, 6, 7]]
+    parents = [[-1, 0, 0, 1, 2, 4]]
+    target = [[5, 6, 6, 0, 7, 8]]
+    v = verify(tokens, parents, [6], 4, target)
+    assert v["path"].tolist() == [[0, 2, 4, 5, -1]] and v["accept_len"].tolist() == [3]
+    assert v["emitted"].tolist() == [[5, 6, 7, 8, -1]] and v["bonus"].tolist() == [8]
+    v = verify(tokens, parents, [6], 4, target, temperature=1.0)
+    assert v["path"].tolist() == [[0, 1, 3, -1, -1]] and v["bonus"].tolist() == [0]
+    v = verify(tokens, parents, [6], 1, target)      # max_depth 1: equal lengths, lower index
+    assert v["path"].tolist() == [[0, 1]]

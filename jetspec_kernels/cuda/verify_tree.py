@@ -72,6 +72,8 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
                 stream=ext.stream())
         else:
             target = target_tokens.contiguous()
+        # The walk's rule per row: first agreeing sibling where T > 0, else the longest chain.
+        walk_temp = None if temperature is None else temperature.contiguous()
         accept_len = torch.empty(b, device=dev, dtype=torch.int32)
         path = torch.empty(b, cols, device=dev, dtype=torch.int32)
         bonus = torch.empty(b, device=dev, dtype=torch.int32)
@@ -83,7 +85,8 @@ def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.T
                        partial_value=partial_value, partial_token=partial_token, splits=splits,
                        accept_len=accept_len.data_ptr(), path=path.data_ptr(),
                        bonus=bonus.data_ptr(),
-                       emitted=emitted.data_ptr(), batch=b, n=n, cols=cols, stream=ext.stream())
+                       emitted=emitted.data_ptr(), batch=b, n=n, cols=cols, stream=ext.stream(),
+                       temperature=0 if walk_temp is None else walk_temp.data_ptr())
         return accept_len, path, bonus, emitted
 
 

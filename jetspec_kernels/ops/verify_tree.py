@@ -184,8 +184,9 @@ def verify_tree(tree: Tree, target_logits=None, *, target_tokens=None, temperatu
     one Gumbel-max sample per node from softmax(logits / temperature) restricted to the tokens
     top-k then top-p keep (renormalised; python_ref.filter_keep), keyed by (seed, offset,
     sequence, node), then the same token matching; the output is distributed exactly as the
-    target's own filtered samples. Each control may differ per sequence. Siblings with the same token: the lowest index wins. The root (node 0)
-    is always verified: a row with ``num_nodes`` 0 (rejected where value checks run) is a
+    target's own filtered samples. Each control may differ per sequence. Siblings with the
+    same token: a greedy row accepts the longest agreeing chain (ties to the lower end index), a
+    sampled row the lowest-index sibling (DESIGN.md). The root (node 0) is always verified: a row with ``num_nodes`` 0 (rejected where value checks run) is a
     one-node tree: accept_len 0, path [0, -1, ...], bonus = the target's token at node 0.
 
     Parameters

@@ -9,8 +9,11 @@ Gumbel-max score ``logit / T + g`` over the kept tokens; T per sequence, 0 = gre
 small batches enough programs for V = 151936.
 Step 2 (``_walk_kernel``, grid ``[B]``): one program per sequence folds the S partials into the
 node's target token (ties to the lower index), then walks the tree from the root, vectorised over
-the N nodes, for at most ``max_depth`` steps, and writes every output element. Nothing syncs with
-the host. Given ``target_tokens``, step 1 is skipped and the walk reads them directly.
+the N nodes, for at most ``max_depth`` steps, and writes every output element: sampled rows take
+the first agreeing sibling at each step; greedy rows give every node its depth on an agreeing
+chain (``max_depth`` rounds of a gather of the parents' depths), take the deepest (lowest index
+among equals) and climb back to the root. Nothing syncs with the host. Given ``target_tokens``,
+step 1 is skipped and the walk reads them directly.
 
 The Gumbel noise is the counter hash of CONTRIBUTING.md on uint32 lanes, bit-exact with
 ``python_ref.gumbel_uniform`` (see :func:`gumbel_uniform` here, used by the tests to check it).
@@ -254,13 +257,44 @@ def _target_partial_kernel(
 
 
 @triton.jit
+def _longest_chain(tok, par, valid, tgt, nidx, cidx, max_depth, NP: tl.constexpr,
+                   CP: tl.constexpr):
+    """Greedy rows: the longest chain of agreeing nodes from the root (a node agrees when its
+    token is the target's at its parent), ending at the lowest index among the longest.
+    Returns ``(path, emitted without the bonus, accept_len, last node)``."""
+    par_ok = valid & (nidx > 0) & (par >= 0) & (par < nidx)
+    pidx = tl.where(par_ok, par, 0)
+    agree = par_ok & (tok == tl.gather(tgt, pidx, 0))
+    level = tl.where(nidx == 0, 0, -1)            # depth on an agreeing chain, -1: none
+    for step in range(0, max_depth):
+        reached = tl.gather(level, pidx, 0) == step
+        level = tl.where(agree & (level < 0) & reached, step + 1, level)
+    alen = tl.max(level, axis=0)
+    end = tl.min(tl.where(level == alen, nidx, NP), axis=0)
+    path = tl.where(cidx == 0, 0, -1)
+    emitted = tl.full([CP], -1, tl.int32)
+    cur = end
+    for up in range(0, max_depth):                # climb from the end to the root
+        d = alen - up
+        on = d >= 1
+        path = tl.where((cidx == d) & on, cur, path)
+        emitted = tl.where((cidx == d - 1) & on, tl.sum(tl.where(nidx == cur, tok, 0), axis=0),
+                           emitted)
+        cur = tl.where(on, tl.sum(tl.where(nidx == cur, par, 0), axis=0), cur)
+    return path, emitted, alen, end
+
+
+@triton.jit
 def _walk_kernel(
-    tok_ptr, par_ptr, nn_ptr, tgt_ptr, part_v_ptr,
+    tok_ptr, par_ptr, nn_ptr, tgt_ptr, part_v_ptr, temp_ptr,
     acc_ptr, path_ptr, bonus_ptr, emit_ptr,
     N, S, C, max_depth, tokens_batch_stride, parents_batch_stride, target_batch_stride,
     target_row_stride, path_batch_stride, emitted_batch_stride,
     NP: tl.constexpr, SP: tl.constexpr, CP: tl.constexpr, FROM_PARTIALS: tl.constexpr,
+    RULE: tl.constexpr,
 ):
+    """RULE: 0 every row greedy (longest agreeing chain), 1 every row sampled (first agreeing
+    sibling), 2 per row: sampled where ``temp_ptr[b] > 0``."""
     b = tl.program_id(0)
     nidx = tl.arange(0, NP)
     nmask = nidx < N
@@ -287,17 +321,29 @@ def _walk_kernel(
     emitted = tl.full([CP], -1, tl.int32)
     alen = tl.full([], 0, tl.int32)
     cur = tl.full([], 0, tl.int32)
-    alive = tl.full([], 1, tl.int1)
-    for step in range(0, max_depth):
-        t_cur = tl.sum(tl.where(nidx == cur, tgt, 0), axis=0)
-        cand = valid & (par == cur) & (tok == t_cur)
-        nxt = tl.min(tl.where(cand, nidx, NP), axis=0)
-        alive = alive & (nxt < NP)
-        tok_nxt = tl.sum(tl.where(nidx == nxt, tok, 0), axis=0)
-        path = tl.where((cidx == step + 1) & alive, nxt, path)
-        emitted = tl.where((cidx == step) & alive, tok_nxt, emitted)
-        alen = alen + alive.to(tl.int32)
-        cur = tl.where(alive, nxt, cur)
+    if RULE != 0:                                 # the first agreeing sibling, step by step
+        alive = tl.full([], 1, tl.int1)
+        for step in range(0, max_depth):
+            t_cur = tl.sum(tl.where(nidx == cur, tgt, 0), axis=0)
+            cand = valid & (par == cur) & (tok == t_cur)
+            nxt = tl.min(tl.where(cand, nidx, NP), axis=0)
+            alive = alive & (nxt < NP)
+            tok_nxt = tl.sum(tl.where(nidx == nxt, tok, 0), axis=0)
+            path = tl.where((cidx == step + 1) & alive, nxt, path)
+            emitted = tl.where((cidx == step) & alive, tok_nxt, emitted)
+            alen = alen + alive.to(tl.int32)
+            cur = tl.where(alive, nxt, cur)
+    if RULE != 1:
+        g_path, g_emitted, g_alen, g_end = _longest_chain(tok, par, valid, tgt, nidx, cidx,
+                                                          max_depth, NP, CP)
+        if RULE == 0:
+            path, emitted, alen, cur = g_path, g_emitted, g_alen, g_end
+        else:
+            greedy = tl.load(temp_ptr + b) <= 0.0
+            path = tl.where(greedy, g_path, path)
+            emitted = tl.where(greedy, g_emitted, emitted)
+            alen = tl.where(greedy, g_alen, alen)
+            cur = tl.where(greedy, g_end, cur)
     bonus = tl.sum(tl.where(nidx == cur, tgt, 0), axis=0)
     emitted = tl.where(cidx == alen, bonus, emitted)
     cm = cidx < C
@@ -379,10 +425,10 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
     B, N = tokens.shape
     if B == 0:
         return
+    temps = _temperatures(temperature, B, tokens.device)
     if target_tokens is not None:
         tgt, partial_value, S, from_partials = target_tokens, None, 1, False
     else:
-        temps = _temperatures(temperature, B, tokens.device)
         thresholds = None
         if temps is not None and (top_k is not None or top_p is not None):
             thresholds = _launch_filter(target_logits, num_nodes, temps, top_k, top_p)
@@ -390,13 +436,17 @@ def launch(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, 
                                         block_v or _block_v(target_logits.shape[2]), thresholds)
         from_partials = True
     C = max_depth + 1
+    if temps is None:
+        rule = 0
+    else:
+        rule = 1 if not torch.is_tensor(temperature) else 2
     _walk_kernel[(B,)](
         tokens, parents, num_nodes, tgt, partial_value if from_partials else tgt,
-        accept_len, path, bonus, emitted,
+        temps if temps is not None else num_nodes, accept_len, path, bonus, emitted,
         N, S, C, max_depth, tokens.stride(0), parents.stride(0),
         tgt.stride(0), tgt.stride(1), path.stride(0), emitted.stride(0),
         NP=next_power_of_2(max(N, 1)), SP=next_power_of_2(S),
-        CP=next_power_of_2(C), FROM_PARTIALS=from_partials,
+        CP=next_power_of_2(C), FROM_PARTIALS=from_partials, RULE=rule,
     )
 
 

@@ -645,3 +645,30 @@ def test_greedy_defaults_shortcut_returns_what_the_checks_return():
         check_sampling(-1.0, 0, 1.0, 2, cpu)
     t, k, p = check_sampling(0.5, 5, 0.5, 2, cpu)
     assert t == 0.5 and k.tolist() == [5, 5] and p.tolist() == [0.5, 0.5]
+
+
+# ------------------------------------------------------------- same-token siblings
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("target", ["tokens", "greedy", "mixed"])
+def test_same_token_siblings_greedy_longest_sampled_first(backend, target):
+    """Nodes 1 and 2 share token 5 (a merged draft): a greedy row follows node 2, whose subtree
+    agrees two levels deeper (path 0, 2, 4, 5); a sampled row keeps the first agreeing sibling
+    (0, 1, 3). ``mixed``: one sequence of each in one call (temperature [0, 1]; logits so
+    peaked that the samples are the targets)."""
+    #        0
+    #   1(5)      2(5)
+    #   3(6)      4(6)
+    #             5(7)
+    tokens = torch.tensor([[1, 5, 5, 6, 6, 7]] * 2, dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 4]] * 2, dtype=torch.int32)
+    num_nodes = torch.tensor([6, 6], dtype=torch.int32)
+    per_node = torch.tensor([[5, 6, 6, 0, 7, 8]] * 2, dtype=torch.int32)
+    logits = torch.nn.functional.one_hot(per_node.long(), 10).float() * 100.0
+    kw = dict(target=per_node) if target == "tokens" else dict(logits=logits)
+    if target == "mixed":
+        kw.update(temperature=torch.tensor([0.0, 1.0]), seed=torch.tensor([3, 4]),
+                  offset=torch.tensor([0, 0]))
+    want = check(backend, tokens, parents, num_nodes, 4, **kw)
+    assert want["path"][0].tolist() == [0, 2, 4, 5, -1]
+    assert want["path"][1].tolist() == ([0, 1, 3, -1, -1] if target == "mixed"
+                                        else [0, 2, 4, 5, -1])

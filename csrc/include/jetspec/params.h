@@ -118,7 +118,9 @@ struct TargetTokenParams {
 };
 
 // verify_tree, phase 2: the acceptance walk (verify.cuh). The node's target is target[b, i], or
-// when target is null the best of its phase-1 splits.
+// when target is null the best of its phase-1 splits. temperature is optional: a row with
+// temperature[b] > 0 follows the first agreeing sibling, the others (every row when it is null)
+// the longest agreeing chain.
 #define JETSPEC_VERIFY_WALK_FIELDS(X)                                                       \
   X(const int32_t*, tokens)       /* [B, N] contiguous */                                   \
   X(const int32_t*, parents)      /* [B, N] contiguous */                                   \
@@ -134,7 +136,8 @@ struct TargetTokenParams {
   X(int32_t*, emitted)            /* [B, C] */                                              \
   X(int, batch)                                                                             \
   X(int, n)                                                                                 \
-  X(int, cols)                    /* C = max_depth + 1 */
+  X(int, cols)                    /* C = max_depth + 1 */                                   \
+  X(const float*, temperature)    /* [B] or null (every row greedy); optional */
 struct VerifyWalkParams {
   JETSPEC_VERIFY_WALK_FIELDS(JETSPEC_MEMBER)
 };

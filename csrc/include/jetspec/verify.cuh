@@ -221,10 +221,63 @@ __global__ void __launch_bounds__(kTargetThreads) target_partial_kernel(TargetTo
 
 constexpr int kWalkThreads = 256;
 
+// Greedy rows: the longest chain of agreeing nodes (a node agrees when its token is the target's
+// token at its parent), ending at the lowest index among the longest. s_tok becomes each node's
+// depth on an agreeing chain (-1: none; its token is no longer needed: an agreeing node's token
+// is its parent's target), filled one depth a round by the whole CTA; warp 0 then finds the
+// deepest node and climbs back to the root. Returns that node; writes path and emitted (not the
+// bonus) and leaves the chain's length in *len.
+__device__ __forceinline__ int verify_longest_chain(const VerifyWalkParams& p, int32_t* s_tok,
+                                                    const int32_t* s_par, const int32_t* s_tgt,
+                                                    int nn, int32_t* path, int32_t* emitted,
+                                                    int* len) {
+  int32_t* s_lvl = s_tok;
+  for (int c = threadIdx.x; c < max(nn, 1); c += kWalkThreads) {
+    const int par = s_par[c];
+    const bool agree = c > 0 && par >= 0 && par < c && s_tok[c] == s_tgt[par];
+    s_lvl[c] = c == 0 ? 0 : (agree ? -2 : -1);  // -2: agrees, depth not known yet
+  }
+  __syncthreads();
+  // Round d gives depth d + 1 to the agreeing children of depth-d nodes; a node written in this
+  // round had -2 before, never d, so reading it mid-round changes nothing.
+  for (int d = 0; d < p.cols - 1; ++d) {
+    for (int c = threadIdx.x; c < nn; c += kWalkThreads)
+      if (s_lvl[c] == -2 && s_lvl[s_par[c]] == d) s_lvl[c] = d + 1;
+    __syncthreads();
+  }
+  if (threadIdx.x >= 32) return 0;
+  const int lane = threadIdx.x;
+  float best = 0.f;  // the root: depth 0
+  int end = 0;
+  for (int c = lane; c < nn; c += 32) {
+    const float v = static_cast<float>(s_lvl[c]);
+    if (v > best || (v == best && c < end)) {
+      best = v;
+      end = c;
+    }
+  }
+  warp_best(best, end, [](float av, int ai, float bv, int bi) {
+    return av > bv || (av == bv && ai < bi);
+  });
+  const int a = static_cast<int>(best);
+  if (lane == 0) {
+    path[0] = 0;
+    int cur = end;
+    for (int d = a; d >= 1; --d) {
+      path[d] = cur;
+      emitted[d - 1] = s_tgt[s_par[cur]];  // the agreeing node's token
+      cur = s_par[cur];
+    }
+  }
+  *len = a + 1;
+  return end;
+}
+
 // One CTA per sequence. All threads stage the valid nodes' tokens, parents and targets (the best
-// of each node's splits, or the given target tokens) in shared memory; then warp 0 walks: at node
-// cur, the accepted child is the lowest-index valid node whose parent is cur and whose token is
-// the target's token at cur (a ballot over 32 nodes at a time).
+// of each node's splits, or the given target tokens) in shared memory; then greedy rows take the
+// longest agreeing chain (verify_longest_chain) and sampled rows (temperature[b] > 0) walk with
+// warp 0: at node cur, the accepted child is the lowest-index valid node whose parent is cur and
+// whose token is the target's token at cur (a ballot over 32 nodes at a time).
 __global__ void __launch_bounds__(kWalkThreads) verify_walk_kernel(VerifyWalkParams p) {
   pdl_begin();
   JETSPEC_DYNAMIC_SMEM(smem_raw);
@@ -255,14 +308,15 @@ __global__ void __launch_bounds__(kWalkThreads) verify_walk_kernel(VerifyWalkPar
     }
   }
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
   int32_t* path = p.path + static_cast<int64_t>(b) * p.cols;
   int32_t* emitted = p.emitted + static_cast<int64_t>(b) * p.cols;
-
+  const bool sampled = p.temperature != nullptr && p.temperature[b] > 0.f;  // same for the CTA
   int cur = 0, count = 1;
-  if (lane == 0) path[0] = 0;
-  while (count < p.cols) {
+  if (!sampled) cur = verify_longest_chain(p, s_tok, s_par, s_tgt, nn, path, emitted, &count);
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  if (lane == 0 && sampled) path[0] = 0;
+  while (sampled && count < p.cols) {
     const int t = s_tgt[cur];
     int next = -1;
     // Children come after their parent (parents[c] < c).
