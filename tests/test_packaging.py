@@ -31,6 +31,14 @@ def test_wheel_adds_one_top_level_name(wheel_names):
     assert top == {"jetspec_kernels"}
 
 
+def test_wheel_carries_the_license(wheel_names):
+    """pyproject's license = "Apache-2.0" ships with its text (LICENSE at the top of the checkout)."""
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in wheel_names), wheel_names
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
 def test_wheel_holds_the_references_inside_the_package(wheel_names):
     refs = {Path(n).name for n in wheel_names if n.startswith("jetspec_kernels/python_ref/")}
     on_disk = {p.name for p in (ROOT / "python_ref").glob("*.py")}
