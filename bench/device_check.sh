@@ -118,7 +118,9 @@ RES=$WORK/results
 STEPS=$WORK/steps.tsv
 LINK=$ROOT/jetspec_kernels/python_ref
 MADE_LINK=0
+STEP_PID=""                                    # the running step's process group, if any
 cleanup() {
+  [[ -n "$STEP_PID" ]] && kill -KILL -- "-$STEP_PID" 2>/dev/null
   ((MADE_LINK)) && rm -f "$LINK"
   rm -rf "$WORK"
 }
@@ -191,9 +193,11 @@ step() {
   t0=$(date +%s)
   LIMIT=$limit timeout -k 5 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1 &
   pid=$!
+  STEP_PID=$pid
   wait "$pid"
   rc=$?
   kill -KILL -- "-$pid" 2>/dev/null        # timeout leads its own process group: end stragglers
+  STEP_PID=""
   case $rc in
     0) status=PASS ;;
     124 | 137) status=TIMEOUT ;;

@@ -167,7 +167,7 @@ FAKE_PYTHON = """#!/bin/bash
 # leaves a process running in the background, then sleeps (a step the call cuts short).
 case "$*" in
   *"-m pytest"*"--gpu-step triton"*) sleep 300 & echo $! >"$FAKE_DIR/straggler.pid"; echo "1 passed"; exit 0 ;;
-  *"-m pytest"*) echo "1 passed"; sleep 60 ;;
+  *"-m pytest"*) echo $$ >"$FAKE_DIR/running.pid"; echo "1 passed"; sleep 60 ;;
 esac
 exit 0
 """
@@ -205,10 +205,17 @@ def test_each_step_publishes_and_leaves_no_process_behind(tmp_path):
         time.sleep(0.5)
         assert not Path(f"/proc/{straggler}").exists() or \
             Path(f"/proc/{straggler}/stat").read_text().split()[2] == "Z", "a step's process outlived it"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (tmp_path / "running.pid").exists():
+            time.sleep(0.2)
         assert proc.poll() is None               # the cuda step is still running: cut it short
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+    running = int((tmp_path / "running.pid").read_text())        # the step the call cut short
+    time.sleep(0.5)
+    assert not Path(f"/proc/{running}").exists() or \
+        Path(f"/proc/{running}/stat").read_text().split()[2] == "Z", "the cut step outlived the run"
     assert {p.name for p in out.iterdir()} <= {"steps.tsv", "nvidia-smi.txt", "device_check.tar.gz"}
     assert not any((tmp_path / "tmp").iterdir())     # the work directory went with the run
 
