@@ -22,9 +22,9 @@
 #   gpu_tests_triton  the triton parity tests on the GPU (pytest --gpu-step triton), first
 #                  and in a call of their own: 14 workers, a per-test timeout           95
 #   gpu_tests      the other GPU tests but the TMA kernels' (--gpu-step cuda: the cuda
-#                  backend, graph capture of every op, the engine-layout matrix)        55
+#                  backend, graph capture of every op, the engine-layout matrix)        50
 #   gpu_tests_tma  the TMA attention kernels' tests (--gpu-step tma), in processes of
-#                  their own: a fault there breaks the CUDA context                     20
+#                  their own: a fault there breaks the CUDA context                     25
 #                  (the three share tests/conftest.py's split; the offline sm_90a
 #                  compiles and the simulator cases, which need no GPU, are in none)
 #   attention      tree_attention at the three headline shapes: every kernel auto may
@@ -239,9 +239,9 @@ export JETSPEC_HW_RECORD=$RES/hw_record.jsonl
 PYTEST="'$PY' -m pytest -q -p no:cacheprovider -rs --timeout-method thread --max-worker-restart 32"
 step gpu_tests_triton 95 340 "$PYTEST --gpu-step triton -n 14 --dist load --timeout 60 tests \
   --junitxml='$RES/gpu_tests_triton.xml'"
-step gpu_tests 55 285 "$PYTEST --gpu-step cuda -n 8 --dist load --timeout 45 tests \
+step gpu_tests 50 290 "$PYTEST --gpu-step cuda -n 8 --dist load --timeout 45 tests \
   --junitxml='$RES/gpu_tests.xml'"
-step gpu_tests_tma 20 265 "$PYTEST --gpu-step tma -n 2 --dist load --timeout 15 tests \
+step gpu_tests_tma 25 265 "$PYTEST --gpu-step tma -n 2 --dist load --timeout 15 tests \
   --junitxml='$RES/gpu_tests_tma.xml'"
 ((DRY)) || passed gpu_tests_tma || export JETSPEC_SKIP_TMA=1
 unset JETSPEC_HW_RECORD
