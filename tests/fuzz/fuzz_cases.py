@@ -771,3 +771,132 @@ MAKERS = {
     "rms_norm": make_rms_norm,
     "silu_mul": make_silu_mul,
 }
+
+
+# ------------------------------------------------------------------ gated_delta_tree / _commit
+
+
+def gated_delta_dims(r):
+    """(H, Hv, Dk, Dv, dtype): Hv = H or 2H; head dims off the powers of two and past one tile."""
+    H = r.randint(1, 2)
+    return (H, H * r.choice((1, 2)), r.choice((1, 4, 16, 24, 64)), r.choice((1, 8, 16, 80)),
+            dtype_choice(r))
+
+
+def gated_delta_nodes(r, g, B, N, H, Hv, Dk, Dv, dtype, l2norm):
+    """Per-node inputs q, k [B, N, H, Dk], v [B, N, Hv, Dv] and float32 g, beta [B, N, Hv] (beta
+    in float32 or the dtype) and v's magnitude: magnitudes 1e-4 .. 1e3, gates from ~0 to -30 a
+    node, betas from ~0 to 1. float16 keeps outputs in its normal range (a result below 6e-5 is
+    subnormal there, past 65504 inf: no relative tolerance holds): q/k 0.1 .. 1, v 1 .. 30, gates
+    to -2, betas not near 0. Without the op's l2norm, k rows of norm <= 1 (the delta rule's
+    state grows without bound once beta |k|^2 > 2) and q rows as long."""
+    half = dtype == F16
+    qk_mag = r.choice((0.1, 1.0) if half else MAGNITUDES)
+    v_mag = r.choice((1.0, 30.0) if half else MAGNITUDES)
+    q = torch.randn(B, N, H, Dk, generator=g) * qk_mag
+    k = torch.randn(B, N, H, Dk, generator=g) * qk_mag
+    v = torch.randn(B, N, Hv, Dv, generator=g) * v_mag
+    if not l2norm:
+        q, k = (ref.l2norm(x) * r.choice((0.3, 1.0)) for x in (q, k))
+    gate_scales = (1e-6, 0.1, 2.0) + (() if half else (30.0,))
+    gate = -torch.rand(B, N, Hv, generator=g) * r.choice(gate_scales)
+    beta = torch.rand(B, N, Hv, generator=g)
+    edge = r.choice(("none", "near 1") + (() if half else ("near 0",)))
+    if edge == "near 0":
+        beta = beta * 1e-5
+    elif edge == "near 1":
+        beta = 1 - beta * 1e-6
+    beta = beta.to(r.choice((F32, dtype)))
+    return q.to(dtype), k.to(dtype), v.to(dtype), gate, beta, v_mag
+
+
+def state_pool(r, g, B, Hv, Dk, Dv, v_mag):
+    """A float32 pool [S, Hv, Dk, Dv] with S > B when slots are given (the slots a permutation,
+    the other slots NaN), in an outer-strided layout now and then; slots None: S = B. The state's
+    magnitude is v's times 1e-2 .. 30: with beta near 1 a step keeps (1 - beta k.k) of the old
+    state, a cancellation that a state 1e7 times v's would turn into float32's rounding."""
+    mag = v_mag * r.choice((1e-2, 1.0, 30.0))
+    slots = None
+    S = B
+    if r.random() < 0.7:
+        S = B + r.randint(0, 3)
+        slots = torch.randperm(S, generator=g)[:B].to(I32)
+    pool = torch.full((S * 2, Hv, Dk, Dv), NAN)[::2] if r.random() < 0.3 else torch.full(
+        (S, Hv, Dk, Dv), NAN)
+    live = slots.long() if slots is not None else torch.arange(B)
+    pool[live] = torch.randn(B, Hv, Dk, Dv, generator=g) * mag
+    return pool, slots
+
+
+def make_gated_delta_tree(r, g):
+    B = r.randint(1, 4)
+    N = r.choice((1, 2, 5, 9, 17, 33, 40))
+    H, Hv, Dk, Dv, dtype = gated_delta_dims(r)
+    parents, num_nodes, _ = tree_shape(r, g, B, N)
+    l2norm = r.random() < 0.9
+    q, k, v, gate, beta, v_mag = gated_delta_nodes(r, g, B, N, H, Hv, Dk, Dv, dtype, l2norm)
+    pad = torch.arange(N)[None, :] >= num_nodes[:, None]
+    for x in (q, k, v, gate, beta):                      # padding nodes' inputs: poison
+        x[pad] = r.choice((NAN, INF, 1e30))
+    if r.random() < 0.2 and bool((num_nodes == N).all()):
+        num_nodes = None
+    state, slots = state_pool(r, g, B, Hv, Dk, Dv, v_mag)
+    call = dict(q=outer_layout(r, q), k=outer_layout(r, k), v=outer_layout(r, v),
+                g=outer_layout(r, gate), beta=beta, parents=int_layout(r, parents), state=state,
+                state_slots=slots, num_nodes=num_nodes,
+                scale=r.choice((None, None, 0.3, 1.0)), use_qk_l2norm=l2norm)
+    meta = {}
+    if r.random() < 0.06:
+        bad = r.choice(("parents", "g", "state_slots"))
+        if bad == "parents" and N > 1 and (num_nodes is None or int(num_nodes[0]) > 1):
+            p2 = parents.clone()
+            p2[0, 1] = 1                                  # its own parent
+            call["parents"] = p2
+            meta["refuse"] = (ValueError, "parents")
+        elif bad == "g":
+            call["g"] = gate.to(BF16)
+            meta["refuse"] = (TypeError, "g")
+        elif slots is not None:
+            call["state_slots"] = slots.clone().fill_(state.shape[0])
+            meta["refuse"] = (ValueError, "state_slots")
+    return call, meta
+
+
+def make_gated_delta_commit(r, g):
+    B = r.randint(1, 4)
+    N = r.choice((1, 2, 5, 9, 17))
+    P = r.randint(1, N)
+    H, Hv, Dk, Dv, dtype = gated_delta_dims(r)
+    l2norm = r.random() < 0.9
+    _, k, v, gate, beta, v_mag = gated_delta_nodes(r, g, B, N, H, Hv, Dk, Dv, dtype, l2norm)
+    path = torch.full((B, P), -1, dtype=I32)
+    accept = torch.zeros(B, dtype=I32)
+    for b in range(B):
+        a = r.randint(0, P - 1)
+        path[b, :a + 1] = torch.tensor(r.sample(range(N), a + 1), dtype=I32)
+        if a + 1 < P and r.random() < 0.5:                # junk past accept_len, never read
+            path[b, a + 1:] = torch.randint(-5, N + 5, (P - a - 1,), generator=g, dtype=I32)
+        accept[b] = a
+    state, slots = state_pool(r, g, B, Hv, Dk, Dv, v_mag)
+    call = dict(k=outer_layout(r, k), v=outer_layout(r, v), g=gate, beta=outer_layout(r, beta),
+                path=int_layout(r, path), accept_len=accept, state=state, state_slots=slots,
+                use_qk_l2norm=l2norm)
+    meta = {}
+    if r.random() < 0.06:
+        bad = r.choice(("accept_len", "path", "state_slots"))
+        if bad == "accept_len":
+            call["accept_len"] = accept.clone().fill_(P)
+            meta["refuse"] = (ValueError, "accept_len")
+        elif bad == "path":
+            p2 = path.clone()
+            p2[0, 0] = N
+            call["path"] = p2
+            meta["refuse"] = (ValueError, "path")
+        elif slots is not None and B > 1:
+            call["state_slots"] = slots.clone().fill_(int(slots[0]))
+            meta["refuse"] = (ValueError, "state_slots")
+    return call, meta
+
+
+OPS = OPS + ("gated_delta_tree", "gated_delta_commit")
+MAKERS.update(gated_delta_tree=make_gated_delta_tree, gated_delta_commit=make_gated_delta_commit)

@@ -276,6 +276,38 @@ def compare_silu_mul(case, call, got):
     assert_silu_mul(got.reshape(-1, got.shape[-1]), x.reshape(-1, x.shape[-1]))
 
 
+def _float64(call, keys):
+    return [call[key].double() if call[key] is not None and call[key].is_floating_point()
+            else call[key] for key in keys]
+
+
+def compare_gated_delta_tree(case, call, got):
+    c = case.call
+    want = ref.gated_delta_tree(*_float64(c, ("q", "k", "v", "g", "beta", "parents", "state")),
+                                state_slots=c["state_slots"], num_nodes=c["num_nodes"],
+                                scale=c["scale"], use_qk_l2norm=c["use_qk_l2norm"])
+    got = got.detach().cpu()
+    assert got.dtype == c["v"].dtype and got.shape == want.shape and got.is_contiguous()
+    n = want.shape[1]
+    num = torch.full((want.shape[0],), n) if c["num_nodes"] is None else c["num_nodes"]
+    pad = torch.arange(n)[None, :] >= num[:, None]
+    assert (got[pad] == 0).all(), "gated_delta_tree: a padding row is not 0"
+    close(got, want, TOL[c["v"].dtype], "o")
+
+
+def compare_gated_delta_commit(case, call, got):
+    c = case.call
+    want = c["state"].double().clone()
+    ref.gated_delta_commit(*_float64(c, ("k", "v", "g", "beta", "path", "accept_len")), want,
+                           state_slots=c["state_slots"], use_qk_l2norm=c["use_qk_l2norm"])
+    state = call["state"].detach().cpu()
+    used = torch.zeros(want.shape[0], dtype=torch.bool)
+    used[c["state_slots"].long() if c["state_slots"] is not None else torch.arange(
+        c["k"].shape[0])] = True
+    same(state[~used], c["state"][~used], "state (slots not committed)")
+    close(state[used], want[used], TOL[c["k"].dtype], "state")
+
+
 COMPARE = {
     "pack_mask": compare_pack_mask,
     "draft_tree_from_topk": compare_draft_tree_from_topk,
@@ -287,5 +319,7 @@ COMPARE = {
     "commit_kv": compare_commit_kv,
     "rms_norm": compare_rms_norm,
     "silu_mul": compare_silu_mul,
+    "gated_delta_tree": compare_gated_delta_tree,
+    "gated_delta_commit": compare_gated_delta_commit,
 }
 assert set(COMPARE) == set(OPS)
