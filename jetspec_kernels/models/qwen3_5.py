@@ -19,7 +19,7 @@ cache (:func:`~jetspec_kernels.tree_attention`, tree mask when verifying), ``o *
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +67,58 @@ def hybrid_layer_shapes(cfg: Qwen3_5Config, layer: int) -> dict[str, tuple[int, 
         shapes.update({"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
                        "mlp.down_proj.weight": (h, i)})
     return shapes
+
+
+def _check_tp(cfg: Qwen3_5Config, n: int, where: str) -> None:
+    """tp ``n`` must divide every head count and every MLP size (each rank holds whole heads)."""
+    fields = ["num_attention_heads", "num_key_value_heads", "linear_num_key_heads",
+              "linear_num_value_heads"]
+    fields += (["moe_intermediate_size", "shared_expert_intermediate_size"] if cfg.moe
+               else ["intermediate_size"])
+    for name in fields:
+        if getattr(cfg, name) % n:
+            raise ValueError(f"{where}: tp={n} must divide {name} ({getattr(cfg, name)}): each rank "
+                             "holds whole heads and an equal part of each MLP")
+
+
+def _rows(t: torch.Tensor, shard: tp.Shard, blocks: list[int]) -> torch.Tensor:
+    """This rank's part of each of the consecutive blocks (sizes ``blocks``) of dim 0 (the sizes
+    are multiples of tp: :func:`_check_tp`)."""
+    parts = []
+    for part in t.split(blocks, dim=0):
+        step = part.shape[0] // shard.size
+        parts.append(part[shard.rank * step:(shard.rank + 1) * step])
+    return torch.cat(parts).contiguous()
+
+
+_COLWISE = {"self_attn.q_proj.weight": 1, "self_attn.k_proj.weight": 1, "self_attn.v_proj.weight": 1,
+            "linear_attn.in_proj_z.weight": 1, "linear_attn.in_proj_b.weight": 1,
+            "linear_attn.in_proj_a.weight": 1, "mlp.gate_proj.weight": 1, "mlp.up_proj.weight": 1,
+            "mlp.experts.gate_up_proj": 2, _SHARED[0]: 1, _SHARED[1]: 1}
+_ROWWISE = ("self_attn.o_proj.weight", "linear_attn.out_proj.weight", "mlp.down_proj.weight",
+            "mlp.experts.down_proj", _SHARED[2])
+
+
+def _shard_layer(w: dict, cfg: Qwen3_5Config, shard: tp.Shard) -> dict:
+    """One layer's tensors with this rank's part of each split one (the dict itself alone). A q
+    head's rows in q_proj are its q then its gate, so whole heads keep their gates."""
+    if not shard.parallel:
+        return w
+    kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    qkv = [kd, kd, cfg.linear_num_value_heads * cfg.linear_value_head_dim]
+    out = {}
+    for key, t in w.items():
+        if key in _COLWISE:
+            out[key] = tp.colwise(t, shard, blocks=_COLWISE[key], what=key)
+        elif key in _ROWWISE:
+            out[key] = tp.rowwise(t, shard, what=key)
+        elif key in ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight"):
+            out[key] = _rows(t, shard, qkv)
+        elif key in ("linear_attn.A_log", "linear_attn.dt_bias"):
+            out[key] = _rows(t, shard, [t.shape[0]])
+        else:
+            out[key] = t
+    return out
 
 
 @dataclass
@@ -129,7 +181,13 @@ class Qwen3_5:
     embed_weight, lm_head_weight : [V, H] (the same tensor when embeddings are tied)
     layers : list of dicts key -> tensor (:func:`hybrid_layer_shapes`)
     norm_weight : [H] (zero-centred: the norm multiplies by ``1 + norm_weight``)
-    shard : tp.ALONE (tensor parallelism is not implemented for hybrids)
+    shard : tp.Shard, the tensor-parallel group the layers are split over (``tp.ALONE``: not
+        split). Split, each rank holds whole heads: the attention layers' q (with its gate), k, v
+        heads and o_proj's columns, as :class:`Qwen3`; the linear layers' q/k heads and v heads
+        (in_proj_qkv and the conv's channels in their three blocks, z, b, a, A_log, dt_bias) and
+        out_proj's columns; the MLP as :class:`Qwen3`'s (experts split inside each expert, the
+        shared expert too, router and shared-expert gate replicated). One all-reduce after each
+        mixer and one after each MLP; the state pools hold the rank's heads
     experts_grouped_mm : as :attr:`Qwen3.experts_grouped_mm`
     """
 
@@ -140,12 +198,13 @@ class Qwen3_5:
                  where: str = "Qwen3_5", group=None):
         """Take the tensors of a checkpoint: keys under ``model.language_model.`` (multimodal
         checkpoints; their vision tower and MTP tensors are ignored), ``model.`` or none. MoE
-        experts per expert or fused, as for :class:`Qwen3`."""
+        experts per expert or fused, as for :class:`Qwen3`. ``group``: the tensor-parallel process
+        group, as for :class:`Qwen3` (a tp that does not divide every head count and MLP size is a
+        ``ValueError`` naming the field)."""
         self.config = cfg = config
-        self.shard = tp.shard_of(group)
-        if self.shard.parallel:
-            raise ValueError(f"{where}: tensor parallelism is not implemented for hybrid (Qwen3.5) "
-                             f"targets (group has {self.shard.size} ranks)")
+        self.shard = shard = tp.shard_of(group)
+        if shard.parallel:
+            _check_tp(cfg, shard.size, where)
         prefix = next((p for p in ("model.language_model.", "model.", "")
                        if p + "embed_tokens.weight" in weights), "model.")
         weights = dict(weights)
@@ -159,9 +218,15 @@ class Qwen3_5:
         self.lm_head_weight = self.embed_weight if cfg.tie_word_embeddings else \
             take(weights, "lm_head.weight", (v, h), where)
         shapes = [hybrid_layer_shapes(cfg, i) for i in range(cfg.num_hidden_layers)]
-        self.layers = [{key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
-                        for key, shape in shapes[i].items()} for i in range(cfg.num_hidden_layers)]
+        self.layers = [_shard_layer({key: take(weights, f"{prefix}layers.{i}.{key}", shape, where)
+                                     for key, shape in shapes[i].items()}, cfg, shard)
+                       for i in range(cfg.num_hidden_layers)]
         check_layer_keys(weights, prefix + "layers.", cfg.num_hidden_layers, lambda i: shapes[i], where)
+        n = shard.size       # the layers' shapes on this rank
+        self._local = replace(cfg, num_attention_heads=cfg.num_attention_heads // n,
+                              num_key_value_heads=cfg.num_key_value_heads // n,
+                              linear_num_key_heads=cfg.linear_num_key_heads // n,
+                              linear_num_value_heads=cfg.linear_num_value_heads // n)
         self.linear_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_linear(i)]
         self.attention_layers = [i for i in range(cfg.num_hidden_layers) if not cfg.is_linear(i)]
         rd = cfg.rotary_dim
@@ -173,8 +238,17 @@ class Qwen3_5:
         """Load a Hugging Face ``qwen3_5`` / ``qwen3_5_moe`` checkpoint directory (the text model
         of a multimodal one)."""
         cfg = Qwen3_5Config.from_dict(read_config(path), f"target config {os.path.join(path, 'config.json')}")
-        weights = load_safetensors(path, dtype=dtype, device=device)
-        return cls(cfg, weights, where=f"target checkpoint {path}", group=group)
+        shard = tp.shard_of(group)
+        weights = load_safetensors(path, dtype=dtype, device="cpu" if shard.parallel else device)
+        model = cls(cfg, weights, where=f"target checkpoint {path}", group=shard)
+        del weights
+        if shard.parallel:     # every rank read the whole checkpoint on the host; keeps its part
+            tied = model.lm_head_weight is model.embed_weight
+            model.embed_weight = model.embed_weight.to(device)
+            model.norm_weight = model.norm_weight.to(device)
+            model.lm_head_weight = model.embed_weight if tied else model.lm_head_weight.to(device)
+            model.layers = [{k: t.to(device) for k, t in layer.items()} for layer in model.layers]
+        return model
 
     @property
     def dtype(self) -> torch.dtype:
@@ -192,8 +266,9 @@ class Qwen3_5:
                   pool_size: int | None = None, slots: torch.Tensor | None = None) -> HybridCache:
         """Empty caches for ``batch`` sequences of up to ``capacity`` positions: the attention
         layers' KV cache (paged when ``page_size`` is given) and state pools of ``pool_size``
-        slots (default ``batch``), sequence b in slot ``slots[b]`` (default b)."""
-        c = self.config
+        slots (default ``batch``), sequence b in slot ``slots[b]`` (default b); split, the rank's
+        heads."""
+        c = self._local
         pool = batch if pool_size is None else pool_size
         if slots is None:
             if pool < batch:
@@ -230,8 +305,9 @@ class Qwen3_5:
         """
         if (prompt_lens is None) == (parents is None):
             raise ValueError("forward: give exactly one of prompt_lens (a prompt) and parents (a tree)")
-        cfg = self.config
+        cfg = self._local
         eps = cfg.rms_norm_eps
+        reduce = self._reduce
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x = F.embedding(tokens.long(), self.embed_weight)
@@ -250,8 +326,8 @@ class Qwen3_5:
             else:
                 out = self._attention(a, w, positions, cache, att[li], attn_prefix, write_start,
                                       tree_mask)
-            x = x + out
-            x = x + self._mlp(_zc_norm(x, w["post_attention_layernorm.weight"], eps), w)
+            x = x + reduce(out)
+            x = x + reduce(self._mlp(_zc_norm(x, w["post_attention_layernorm.weight"], eps), w))
             if li in taps:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
@@ -282,6 +358,10 @@ class Qwen3_5:
                            block_table=cache.block_table)
         o = o.reshape(b, n, -1) * torch.sigmoid(gate.reshape(b, n, -1))
         return F.linear(o, w["self_attn.o_proj.weight"])
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum this rank's partial output over the tensor-parallel group (alone: ``x``)."""
+        return tp.all_reduce(x, self.shard)
 
     def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
         """SwiGLU, or routed experts plus the gated shared expert (transformers'
