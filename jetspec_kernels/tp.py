@@ -56,9 +56,10 @@ def default_group():
 
 def shard_of(group=None) -> Shard:
     """The :class:`Shard` of ``group``: None = :func:`default_group` (alone without one); a
-    ProcessGroup; or a Shard (returned as it is, e.g. :data:`ALONE`)."""
+    ProcessGroup; or a Shard (returned as it is, e.g. :data:`ALONE`, once its rank and size are
+    this process's in its group: two processes claiming one rank would hold the same slices)."""
     if isinstance(group, Shard):
-        return group
+        return _checked(group)
     if group is None:
         group = default_group()
         if group is None:
@@ -66,6 +67,22 @@ def shard_of(group=None) -> Shard:
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("group: a process group was given but torch.distributed is not initialised")
     return Shard(group, dist.get_rank(group), dist.get_world_size(group))
+
+
+def _checked(shard: Shard) -> Shard:
+    """``shard`` itself if its rank and size are this process's (rank 0 of 1 without a group)."""
+    if shard.group is None:
+        real = (0, 1)
+    elif not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("group: a Shard of a process group was given but torch.distributed is not "
+                         "initialised")
+    else:
+        real = (dist.get_rank(shard.group), dist.get_world_size(shard.group))
+    if (shard.rank, shard.size) != real:
+        where = "without a process group" if shard.group is None else "in its process group"
+        raise ValueError(f"group: the Shard says rank {shard.rank} of {shard.size}, but this process "
+                         f"is rank {real[0]} of {real[1]} {where}")
+    return shard
 
 
 def _part(n: int, shard: Shard, what: str) -> tuple[int, int]:

@@ -11,7 +11,7 @@ and a rank that dies makes the others fail instead of hang.
 import os
 import socket
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import timedelta
 
 import pytest
@@ -129,7 +129,31 @@ def scenario_two(rank, world):
     out["check_can_fail"] = _errors(lambda: tp.check_same(torch.tensor([rank]), split[0].shard, "x"))
     out["odd_heads"] = _errors(lambda: _pair(tiny_qwen3_config(num_attention_heads=3,
                                                                num_key_value_heads=1), 0, None))
+    out["group_fields"] = _group_field_errors(rank)
     return out
+
+
+def _group_field_errors(rank):
+    """The group checks, each field alone: a Shard claiming another rank, size or no group
+    (tp.shard_of), and a model split over a shard differing from the run's in only its rank,
+    size or process group (check_group). Local checks only: a rank that fails one must not leave
+    its peer waiting in a collective."""
+    from types import SimpleNamespace
+    from jetspec_kernels.decode.arguments import check_group
+    world = tp.shard_of(None)
+    other = dist.new_group([0, 1])                 # the same ranks, another process group
+    model = lambda **f: SimpleNamespace(shard=replace(world, **f))
+    return {
+        "shard_rank_zero": _errors(lambda: tp.shard_of(tp.Shard(world.group, 0, 2))),
+        "shard_size": _errors(lambda: tp.shard_of(tp.Shard(world.group, rank, 4))),
+        "shard_no_group": _errors(lambda: tp.shard_of(tp.Shard(None, 0, 2))),
+        "models_on_rank_zero": _errors(lambda: _pair(tiny_qwen3_config(), 0,
+                                                     tp.Shard(world.group, 0, 2))),
+        "model_same": _errors(lambda: check_group(None, target=model())),
+        "model_rank": _errors(lambda: check_group(None, target=model(rank=1 - rank))),
+        "model_size": _errors(lambda: check_group(None, target=model(size=4))),
+        "model_group": _errors(lambda: check_group(None, head=model(group=other))),
+    }
 
 
 def scenario_four(rank, world):
@@ -292,6 +316,30 @@ def test_bad_tp_and_disagreeing_ranks_are_one_clear_error(two, four):
             assert err.startswith("jetspec: error: --tp 4: target checkpoint ") and err.endswith(
                 "tp=4 must divide num_attention_heads (4) and num_key_value_heads (2): each rank "
                 "holds whole heads\n") and err.count("\n") == 1, err
+
+
+def test_the_group_check_catches_each_field_alone(two):
+    """Two ranks both claiming rank 0 of the group (models loaded with that Shard would hold the
+    same slices and sum them twice) fail on the rank that is not 0; a Shard's size, a parallel
+    Shard without a group, and a model's shard differing from the run's in only its rank, size or
+    process group: each one clear error naming group."""
+    for rank, res in enumerate(two):
+        g = res["group_fields"]
+        claim = (f"ValueError: group: the Shard says rank 0 of 2, but this process is rank {rank} "
+                 f"of 2 in its process group")
+        assert g["shard_rank_zero"] == (claim if rank else None)
+        assert g["models_on_rank_zero"] == (claim if rank else None)
+        assert g["shard_size"] == (f"ValueError: group: the Shard says rank {rank} of 4, but this "
+                                   f"process is rank {rank} of 2 in its process group")
+        assert g["shard_no_group"] == ("ValueError: group: the Shard says rank 0 of 2, but this "
+                                       "process is rank 0 of 1 without a process group")
+        assert g["model_same"] is None
+        assert g["model_rank"].startswith(f"ValueError: group: the target is split over tp=2 ranks "
+                                          f"(this rank {1 - rank}), the process group has 2 (this "
+                                          f"rank {rank})")
+        assert g["model_size"].startswith("ValueError: group: the target is split over tp=4 ranks")
+        assert g["model_group"].startswith("ValueError: group: the head is split over another "
+                                           "process group of 2 ranks")
 
 
 def test_generate_ar_refuses_ranks_that_disagree(two):

@@ -80,7 +80,8 @@ def _check_eos(eos_token_id, vocab: int) -> None:
 def check_group(group, **models) -> tp.Shard:
     """The :class:`~jetspec_kernels.tp.Shard` of ``group`` (None: the default process group when
     torch.distributed is initialised with several ranks), which every model (name -> model) must
-    be split over: same size and rank (a model without a ``shard`` runs alone)."""
+    be split over: the same process group, size and rank (a model without a ``shard`` runs
+    alone)."""
     shard = tp.shard_of(group)
     for name, model in models.items():
         mine = getattr(model, "shard", tp.ALONE)
