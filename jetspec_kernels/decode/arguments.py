@@ -89,6 +89,10 @@ def check_group(group, **models) -> tp.Shard:
             raise ValueError(f"group: the {name} is split over tp={mine.size} ranks (this rank "
                              f"{mine.rank}), the process group has {shard.size} (this rank "
                              f"{shard.rank}); load the models with the group generate runs on")
+        if mine.group is not shard.group:
+            raise ValueError(f"group: the {name} is split over another process group of "
+                             f"{mine.size} ranks than the one generate runs on; load the models "
+                             f"with the group generate runs on")
     return shard
 
 
