@@ -8,6 +8,7 @@ filtered distribution computed from the target, which the same samples must reje
 Backend parity (triton, cuda) is in tests/ops/test_verify_tree.py.
 """
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -294,3 +295,145 @@ def test_generate_follows_the_filtered_target(top_k, top_p, one_thread):
     assert p_fit > 1e-3, f"the samples do not follow the filtered target (p = {p_fit:.2e})"
     p_unfiltered = _chi2_pvalue(counts.flatten(), unfiltered.flatten())
     assert p_unfiltered < 1e-6, f"the test cannot tell the unfiltered law (p = {p_unfiltered:.2e})"
+
+
+# ----------------------------------------------------------------------------- exact boundaries
+# The filters are bit-exact, so their boundaries can be hit on purpose: masses of tokens tied at a
+# row's maximum are exactly 2**32, -60 below it exactly 0, and a tail token far below (masses of a
+# few hundred at most) has a floor its float32 exp cannot move when e * 2**32 is kept 0.2 from an
+# integer. Each case is one sequence of one row of V tokens: (logits, temperature, top_k, top_p,
+# the kept ids).
+BOUNDARY_V = 64
+F32_BELOW = lambda p: float(np.nextafter(np.float32(p), np.float32(0)))
+F32_ABOVE = lambda p: float(np.nextafter(np.float32(p), np.float32(1)))
+
+
+def _row(ties, tail=(), V=BOUNDARY_V):
+    """Logits [V]: -60 everywhere, 0.0 at ids ``ties``, ``tail`` values from id 40 on."""
+    x = torch.full((V,), -60.0)
+    x[list(ties)] = 0.0
+    x[40:40 + len(tail)] = torch.tensor(tail, dtype=torch.float32)
+    return x
+
+
+def _robust_tail(gen, n):
+    """n distinct values in (-22, -15) whose masses e * 2**32 are 0.2 or more from an integer."""
+    while True:
+        t = (-15 - 7 * torch.rand(n, generator=gen)).float()
+        m = torch.exp(t.double()) * 2 ** 32
+        frac = m - m.floor()
+        if ((frac > 0.2) & (frac < 0.8)).all() and t.unique().numel() == n:
+            return t.tolist()
+
+
+def _just_over_a_distinct_token():
+    """Three ties (ids 3, 9, 20) over a robust tail, and a float32 top_p whose budget
+    float64(top_p) * Z exceeds B = 3 * 2**32, the mass before the tail's first token, by less than
+    one: that token is kept (its preceding mass is below the budget), though the budget's floor
+    equals B. Returns (logits, top_p)."""
+    gen = torch.Generator().manual_seed(11)
+    B = 3 * 2 ** 32
+    for _ in range(20000):
+        x = _row((3, 9, 20), _robust_tail(gen, 6))
+        Z = int(ref.token_masses(x).sum())
+        p0 = np.float32(B / Z)
+        for p in (p0, np.nextafter(p0, np.float32(1))):
+            budget = Fraction(float(p)) * Z
+            if B < budget < B + 1:
+                return x, float(p)
+    raise AssertionError("no row found")
+
+
+def _boundary_cases():
+    ties4 = _row((5, 6, 30, 63))                             # Z = 2**34
+    one = _row((5, 6, 30, 63), (-21.8,))                     # Z = 2**34 + 1 (exp(-21.8) 2**32 = 1.46)
+    over, p_over = _just_over_a_distinct_token()
+    first_tail = 40 + int(torch.argmax(over[40:]))
+    ranked = _row((), (4.0, 3.0, 3.0, 3.0, 2.0, 1.0))         # ids 40 > 41 = 42 = 43 > 44 > 45
+    ranked[[7, 50]] = 3.0                                     # ties at ids 7 and 50 too
+    cases = {
+        # top-p at exactly the mass before a token (it is out), an ulp of top_p below and above
+        "p_equal_budget": (ties4, 1.0, 0, 0.75, {5, 6, 30}),
+        "p_ulp_below": (ties4, 1.0, 0, F32_BELOW(0.75), {5, 6, 30}),
+        "p_ulp_above": (ties4, 1.0, 0, F32_ABOVE(0.75), {5, 6, 30, 63}),
+        "p_half": (ties4, 1.0, 0, 0.5, {5, 6}),
+        "p_quarter": (ties4, 1.0, 0, 0.25, {5}),
+        # a budget 0.75 past a tie's preceding mass (integer masses: its ceiling, not its floor)
+        "p_fraction_over_tie": (one, 1.0, 0, 0.75, {5, 6, 30, 63}),
+        "p_fraction_ulp_below": (one, 1.0, 0, F32_BELOW(0.75), {5, 6, 30}),
+        # the same past a token of its own value (the last key, not a tie)
+        "p_fraction_over_token": (over, 1.0, 0, p_over, {3, 9, 20, first_tail}),
+        "p_fraction_token_ulp_below": (over, 1.0, 0, F32_BELOW(p_over), {3, 9, 20}),
+        # top-k at, one below and one above a run of ties (the lowest ids first), and at V - 1, V,
+        # V + 1 (V and more: off)
+        "k_1": (ranked, 1.0, 1, 1.0, {40}),
+        "k_ties_first": (ranked, 1.0, 2, 1.0, {40, 7}),
+        "k_ties_all_but_one": (ranked, 1.0, 5, 1.0, {40, 7, 41, 42, 43}),
+        "k_ties_all": (ranked, 1.0, 6, 1.0, {40, 7, 41, 42, 43, 50}),
+        "k_ties_one_more": (ranked, 1.0, 7, 1.0, {40, 7, 41, 42, 43, 50, 44}),
+        "k_V_minus_1": (ranked, 1.0, BOUNDARY_V - 1, 1.0, set(range(BOUNDARY_V)) - {63}),
+        "k_V": (ranked, 1.0, BOUNDARY_V, 1.0, set(range(BOUNDARY_V))),
+        "k_V_plus_1": (ranked, 1.0, BOUNDARY_V + 1, 1.0, set(range(BOUNDARY_V))),
+        # top-k then top-p of the top-k set's mass (4 ties): k 2, p 0.5 is exactly the first
+        # token's mass (one kept); k 3, top_p the float32 just below and just above 2/3 (two, three)
+        "k_then_p_equal": (ties4, 1.0, 2, 0.5, {5}),
+        "k_then_p_below": (ties4, 1.0, 3, F32_BELOW(2 / 3), {5, 6}),
+        "k_then_p_above": (ties4, 1.0, 3, float(np.float32(2 / 3)), {5, 6, 30}),
+        # temperature: logits / T in float32 (exactly the rows above for T 2 and 0.5; T 1.5 rounds)
+        "T_2": (ties4 * 2, 2.0, 0, 0.75, {5, 6, 30}),
+        "T_half_fraction": (one * 0.5, 0.5, 0, 0.75, {5, 6, 30, 63}),
+        "T_1.5_fraction": (one * 1.5, 1.5, 0, 0.75, {5, 6, 30, 63}),
+    }
+    return cases
+
+
+BOUNDARY_CASES = _boundary_cases()
+
+
+def _stacked(names):
+    """(logits [B, 1, V], temperature [B], top_k int32 [B], top_p float32 [B]) of the named cases."""
+    cs = [BOUNDARY_CASES[n] for n in names]
+    return (torch.stack([c[0] for c in cs])[:, None], torch.tensor([c[1] for c in cs]),
+            torch.tensor([c[2] for c in cs], dtype=torch.int32),
+            torch.tensor([c[3] for c in cs], dtype=torch.float32))
+
+
+@pytest.mark.parametrize("name", list(BOUNDARY_CASES))
+def test_filter_keep_at_exact_boundaries(name):
+    """The spec on each constructed boundary: the kept set as built, and as the walk down the
+    sorted row finds it."""
+    x, T, k, p, want = BOUNDARY_CASES[name]
+    xs = (x / T).tolist()
+    assert keep_row(xs, k, p) == want
+    assert walk_keep(xs, ref.token_masses(x / T).tolist(), k, p) == want
+
+
+def test_boundary_rows_are_what_they_claim():
+    """The constructions: the budget equals the preceding mass exactly, exceeds it by a fraction,
+    or falls short by at least an ulp's worth."""
+    q = ref.token_masses(BOUNDARY_CASES["p_fraction_over_tie"][0]).sum()
+    assert int(q) == 2 ** 34 + 1
+    budget = Fraction(0.75) * int(q)
+    assert budget - 3 * 2 ** 32 == Fraction(3, 4)
+    assert Fraction(0.75) * 2 ** 34 == 3 * 2 ** 32
+    assert Fraction(F32_BELOW(2 / 3)) * 3 < 2 < Fraction(float(np.float32(2 / 3))) * 3
+
+
+@pytest.mark.parametrize("kernel", ["triton", "sim"])
+def test_filter_kernels_at_exact_boundaries(kernel, monkeypatch):
+    """Every backend's filter step (Triton under the interpreter, the cuda kernel in the
+    simulator) on all the constructed boundaries at once, one sequence each: exactly
+    python_ref.filter_keep's kept set."""
+    from helpers import backend_module, kept_by_thresholds, use_sim
+    if kernel == "sim":
+        use_sim(monkeypatch)
+    fn = backend_module("triton" if kernel == "triton" else "cuda", "verify_tree").filter_thresholds
+    names = list(BOUNDARY_CASES)
+    logits, temp, top_k, top_p = _stacked(names)
+    x = logits / temp[:, None, None]
+    want = ref.filter_keep(x, top_k, top_p)
+    for b, n in enumerate(names):
+        assert set(torch.nonzero(want[b, 0]).flatten().tolist()) == BOUNDARY_CASES[n][4], n
+    got = kept_by_thresholds(logits, temp, *fn(logits, temp, top_k, top_p))
+    bad = [n for b, n in enumerate(names) if not torch.equal(got[b], want[b])]
+    assert not bad, bad
