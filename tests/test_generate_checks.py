@@ -127,3 +127,13 @@ def test_head_on_another_device(models):
     _, head = tiny_models(seed=0, device="meta")
     with pytest.raises(ValueError, match="^head: .*meta"):
         generate(target, head, [[1, 2, 3]], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("given, expected", [(None, False), (False, False)])
+def test_checked_arguments_resolve_cuda_graphs(models, given, expected):
+    """generate's one argument check also settles cuda_graphs: the default (None) is off on a CPU
+    target, whatever the backend."""
+    from jetspec_kernels.decode.arguments import checked_generate_args
+    target, head = models
+    args = checked_generate_args(target, head, [[1, 2, 3]], max_new_tokens=2, cuda_graphs=given)
+    assert args.cuda_graphs is expected

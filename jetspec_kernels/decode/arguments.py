@@ -14,7 +14,7 @@ from ..ops.draft_tree import ALGORITHMS
 from ..ops.verify_tree import check_sampling
 
 __all__ = ["Sampling", "GenerateArgs", "check_generate_args", "checked_generate_args",
-           "check_shared_args", "check_group", "graphs_default"]
+           "check_shared_args", "check_group"]
 
 
 class Sampling(NamedTuple):
@@ -44,6 +44,7 @@ class GenerateArgs(NamedTuple):
     taps: list[int]               # the target layers the head taps
     sizes: tuple[int, ...]        # candidate tree sizes, ascending (one for a fixed budget)
     adaptive: bool                # budget "auto" or a list: one size chosen per round
+    cuda_graphs: bool             # cuda_graphs as given, else the default (_graphs_default)
 
 
 def _check_prompts(prompt_ids, vocab: int) -> None:
@@ -80,8 +81,7 @@ def _check_eos(eos_token_id, vocab: int) -> None:
 def check_group(group, **models) -> tp.Shard:
     """The :class:`~jetspec_kernels.tp.Shard` of ``group`` (None: the default process group when
     torch.distributed is initialised with several ranks), which every model (name -> model) must
-    be split over: the same process group, size and rank (a model without a ``shard`` runs
-    alone)."""
+    be split over: same size and rank (a model without a ``shard`` runs alone)."""
     shard = tp.shard_of(group)
     for name, model in models.items():
         mine = getattr(model, "shard", tp.ALONE)
@@ -89,10 +89,6 @@ def check_group(group, **models) -> tp.Shard:
             raise ValueError(f"group: the {name} is split over tp={mine.size} ranks (this rank "
                              f"{mine.rank}), the process group has {shard.size} (this rank "
                              f"{shard.rank}); load the models with the group generate runs on")
-        if mine.group is not shard.group:
-            raise ValueError(f"group: the {name} is split over another process group of "
-                             f"{mine.size} ranks than the one generate runs on; load the models "
-                             f"with the group generate runs on")
     return shard
 
 
@@ -167,7 +163,8 @@ def checked_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64
                             f"{type(calibrator).__name__}")
         if calibrator.device != target.device:
             raise ValueError(f"calibrator lives on {calibrator.device}, the models on {target.device}")
-    return GenerateArgs(shard, sampling, taps, sizes, adaptive)
+    return GenerateArgs(shard, sampling, taps, sizes, adaptive,
+                        _graphs_default(target.device, cuda_graphs))
 
 
 def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, topk=8,
@@ -188,7 +185,7 @@ def check_generate_args(target, head, prompt_ids, *, max_new_tokens, budget=64, 
     return args.sampling, args.taps
 
 
-def graphs_default(device: torch.device, cuda_graphs: bool | None) -> bool:
+def _graphs_default(device: torch.device, cuda_graphs: bool | None) -> bool:
     """``cuda_graphs`` as given, or the default: on CUDA unless the backend is ``reference``."""
     if cuda_graphs is not None:
         return cuda_graphs

@@ -23,7 +23,7 @@ from .. import backend as _backend
 from .. import tp
 from ..adaptive import AcceptanceCalibrator, CostModel
 from ..adaptive.kept import kept_for
-from .arguments import check_group, check_shared_args, checked_generate_args, graphs_default
+from .arguments import check_group, check_shared_args, checked_generate_args
 from .graphs import StepRunner
 from .measure import measure_round_costs
 from .output import DecodeStats, GenerateOutput, TokenBuffer, finish
@@ -109,7 +109,7 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     _check_ranks_share(shard, dev, "generate", prompt_ids, max_new_tokens, budget, topk, algorithm,
                        temperature, eos_token_id, seed, page_size, fused_draft, cuda_graphs,
                        sync_every, top_k, top_p)
-    cuda_graphs = graphs_default(dev, cuda_graphs)
+    cuda_graphs = args.cuda_graphs
     costs = None
     if args.adaptive:
         calibrator, cost_model = _adaptive_defaults(

@@ -7,7 +7,7 @@ import torch
 from ..adaptive import AcceptanceCalibrator, CostModel
 from ..adaptive.round_costs import time_rounds
 from .. import checks
-from .arguments import checked_generate_args, graphs_default
+from .arguments import checked_generate_args
 from .graphs import StepRunner
 from .speculative import start_speculative, verdict_cols
 from .stages import NoStages
@@ -49,7 +49,7 @@ def measure_round_costs(target, head, prompt_ids, sizes="auto", *, rounds: int =
         cuda_graphs=cuda_graphs, group=group)
     checks.integer("rounds", rounds, lo=1)
     dev = target.device
-    cuda_graphs = graphs_default(dev, cuda_graphs)
+    cuda_graphs = args.cuda_graphs
     sizes = args.sizes
     decode = start_speculative(
         target, head, prompt_ids, args.taps,
