@@ -92,6 +92,7 @@ def check(case, o, dtype, **kw):
     (3, 9, 1, 1, 8, 8),          # ragged, one head
     (2, 12, 2, 4, 16, 12),       # Hv = 2H, Dv not a power of two
     (2, 40, 1, 2, 12, 80),       # two row blocks (triton), two Dv tiles, Dk not a power of two
+    (1, 20, 1, 2, 72, 16),       # Dk in three chunks (triton), the last one partial
 ])
 def test_matches_python_ref(backend, dev, dtype, B, N, H, Hv, Dk, Dv):
     gen = torch.Generator().manual_seed(B * 1000 + N)
