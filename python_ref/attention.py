@@ -7,7 +7,7 @@ import torch
 from ._common import compute_dtype
 from .tree import unpack_mask
 
-__all__ = ["tree_attention", "gather_cache", "visibility"]
+__all__ = ["tree_attention", "tree_attention_logical", "gather_cache", "visibility", "visible_slots"]
 
 
 def gather_cache(cache, b, length, block_table=None):
@@ -101,4 +101,54 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, tail="causa
         o = o.masked_fill(no_key.T[..., None], 0.0)        # 0 whatever the V rows hold
         out[b] = o.masked_fill(poisoned.T[..., None], math.nan)
         lse[b] = row_lse.masked_fill(poisoned, math.nan)
+    return out, lse
+
+
+def visible_slots(prefix_len, N, tree_mask_b=None, tail="causal"):
+    """The key positions each of the N tail queries sees, in logical order.
+
+    Returns a list of N int64 tensors: query i's visible positions ascending, that is the prefix
+    ``0..prefix_len-1`` and then its visible tail slots by index. For a tree (parents precede
+    children) that is the prefix, then the node's ancestors by depth, then the node itself: the
+    order in which autoregressive decoding would have written the same keys.
+    """
+    vis = visibility(prefix_len, N, tree_mask_b, tail)
+    return [row.nonzero()[:, 0] for row in vis]
+
+
+def tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask=None, tail="causal",
+                           block_table=None, scale=None):
+    """Tree attention computed row by row in logical key order (the exact mode's attention).
+
+    Same inputs and result as :func:`tree_attention`, computed so that a row's bits depend only on
+    its query and the keys and values it sees, in logical order: for each query its visible
+    keys are gathered into a contiguous cache of exactly that many positions, and that one-row
+    call is :func:`tree_attention` with ``N = 1`` and ``prefix = L - 1``, the form of a one-token
+    decode step. A tree node's row therefore equals the decode step's row at the same logical
+    position once its ancestors are committed, whatever N, B, the page size or the other rows.
+
+    Returns
+    -------
+    out : ``[B, N, Hq, Dh]`` and lse : ``[B, Hq, N]`` in the compute dtype, as :func:`tree_attention`.
+    """
+    B, N, Hq, Dh = q.shape
+    Hkv = k_cache.shape[2]
+    cd = compute_dtype(q, k_cache, v_cache)
+    out = torch.zeros(B, N, Hq, Dh, dtype=cd, device=q.device)
+    lse = torch.full((B, Hq, N), -math.inf, dtype=cd, device=q.device)
+    one = torch.zeros(1, dtype=torch.int64, device=q.device)
+    for b in range(B):
+        P = int(prefix_lens[b])
+        keys = gather_cache(k_cache, b, P + N, block_table)
+        vals = gather_cache(v_cache, b, P + N, block_table)
+        rows = visible_slots(P, N, None if tree_mask is None else tree_mask[b], tail)
+        for i, slots in enumerate(rows):
+            slots = slots.to(q.device)
+            length = slots.numel()
+            kc = keys[slots].reshape(1, length, Hkv, Dh).contiguous()
+            vc = vals[slots].reshape(1, length, Hkv, Dh).contiguous()
+            o, l = tree_attention(q[b:b + 1, i:i + 1].clone(), kc, vc, one + (length - 1),
+                                  None, "causal", None, scale)
+            out[b, i] = o[0, 0]
+            lse[b, :, i] = l[0, :, 0]
     return out, lse

@@ -7,7 +7,9 @@ import torch
 
 from .. import backend as _backend
 from .. import checks
+from ..python_ref import attention as ref_attention
 from ..tree import mask_words
+from .exact import exact_backend
 
 TAILS = ("causal", "full")
 
@@ -64,7 +66,7 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: str = "causal",
                    block_table=None, scale: float | None = None, return_lse: bool = False,
-                   out=None, lse=None, backend: str | None = None):
+                   out=None, lse=None, backend: str | None = None, exact: bool = False):
     """Attention of N tree (or draft-block) queries over a cached prefix plus the N tail keys.
 
     Query i of sequence b sees every key at positions ``< prefix_lens[b]`` and the tail key at
@@ -85,6 +87,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     return_lse : bool; also return float32 [B, Hq, N] natural-log log-sum-exp.
     out : [B, N, Hq, Dh] q.dtype, optional; written in place and returned.
     lse : float32 [B, Hq, N], optional; written in place (implies return_lse).
+    exact : bool; compute every row as the one-token decode step at its logical position would
+        (``python_ref.attention.tree_attention_logical``: its visible keys gathered in logical
+        order, one N = 1 call each), so a tree node's row is the same bits as the autoregressive
+        step's once its ancestors are committed. The reference backend only (``auto`` resolves to
+        it); another backend or a non-CPU device raises ``ExactModeError``.
 
     Returns
     -------
@@ -92,6 +99,10 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     """
     key = check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
                                scale, out, lse, return_lse)
+    if exact is not False:          # no call on the normal path (the host-call budget)
+        checks.flag("exact", exact)
+        return _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
+                      return_lse, out, lse, backend)
     if prefix_lens.dtype != torch.int32:  # int64 (checks.LENGTH_DTYPES): the backends take int32
         prefix_lens = prefix_lens.to(torch.int32)
     impl = _backend.select(q.device, "tree_attention", backend,
@@ -106,3 +117,17 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     impl(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse)
     return (out, lse) if return_lse else out
+
+
+def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, return_lse, out,
+           lse, backend):
+    """tree_attention(exact=True): the logical-order row form on the reference backend."""
+    exact_backend("tree_attention", q.device, backend)
+    o, l = ref_attention.tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
+                                                block_table, scale)
+    out = o.to(q.dtype) if out is None else out.copy_(o)
+    return_lse = return_lse or lse is not None
+    if not return_lse:
+        return out
+    lse = l.to(torch.float32) if lse is None else lse.copy_(l)
+    return out, lse

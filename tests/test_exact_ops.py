@@ -1,0 +1,123 @@
+"""The exact mode's ops (jetspec_kernels.ops.exact, tree_attention(exact=True)): every row is the
+same bits as the one-row call (and as the decode step at the same logical position, for
+attention), whatever the launch's other rows hold. The normal forms are shown to break it on
+this machine where they do (the tests' power): float32 GEMMs and tree attention."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import jetspec_kernels as jk  # noqa: E402
+from bench.exact_invariance import (op_cases, row_mismatches, same_bits,  # noqa: E402
+                                    tree_vs_decode_mismatches)
+from jetspec_kernels.ops import exact as ex  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_exact_op_is_row_invariant(dtype):
+    for op, shape, _, exact, inputs in op_cases(dtype, quick=True):
+        bad = row_mismatches(exact, inputs, torch.Generator().manual_seed(3))
+        assert bad == 0, f"exact {op} {shape} {dtype}: {bad} of {inputs[0].shape[0]} rows differ"
+
+
+def test_exact_linear_at_random_row_counts():
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(96, 80, generator=gen)
+    for m in (1, 2, 7, 33):
+        x = torch.randn(3, m, 80, generator=gen)
+        out = ex.linear(x, w)
+        assert out.shape == (3, m, 96)
+        for b in range(3):
+            for i in range(m):
+                assert same_bits(out[b, i], F.linear(x[b, i][None].clone(), w)[0])
+
+
+def test_normal_float32_linear_is_not_row_invariant():
+    """The power of the row checks: on this machine torch's float32 GEMM gives a row other bits
+    inside an M-row launch than alone (an M = 1 GEMV)."""
+    for op, shape, normal, _, inputs in op_cases(torch.float32, quick=True):
+        if op.startswith("linear"):
+            assert row_mismatches(normal, inputs, torch.Generator().manual_seed(3)) > 0, op
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("prefix,n,page_size,pad", [
+    (0, 1, None, 0), (5, 16, None, 0), (31, 16, 16, 0), (13, 24, 4, 5), (62, 40, 1, 0),
+    (100, 33, None, 3), (16, 16, 16, 0)])
+def test_exact_tree_row_equals_decode_row(dtype, prefix, n, page_size, pad):
+    gen = torch.Generator().manual_seed(prefix * 100 + n)
+    bad = tree_vs_decode_mismatches(prefix, n, dtype, gen, exact=True, page_size=page_size, pad=pad)
+    assert bad == 0
+
+
+@pytest.mark.parametrize("shape", ["chain", "wide"])
+def test_exact_tree_row_equals_decode_row_deep_and_wide(shape):
+    n = 48
+    if shape == "chain":
+        parents = torch.arange(-1, n - 1, dtype=torch.int32)[None]
+    else:
+        parents = torch.zeros(1, n, dtype=torch.int32)
+        parents[0, 0] = -1
+    gen = torch.Generator().manual_seed(9)
+    assert tree_vs_decode_mismatches(29, n, torch.bfloat16, gen, exact=True, page_size=8,
+                                     parents=parents) == 0
+
+
+def test_normal_tree_attention_is_not_decode_invariant():
+    """The power: tree rows of the normal form differ from decode rows (float32 here; bf16 too,
+    less often: bench/NOTES.md, "Exact mode")."""
+    gen = torch.Generator().manual_seed(5)
+    assert tree_vs_decode_mismatches(37, 16, torch.float32, gen, exact=False) > 0
+
+
+def test_exact_tree_attention_returns_lse_and_writes_out():
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 3, 4, 16, generator=gen)
+    k, v = torch.randn(2, 12, 2, 16, generator=gen), torch.randn(2, 12, 2, 16, generator=gen)
+    pl = torch.tensor([4, 9], dtype=torch.int32)
+    want, want_lse = jk.tree_attention(q, k, v, pl, return_lse=True, backend="reference")
+    out, lse = torch.full_like(q, float("nan")), torch.full((2, 4, 3), float("nan"))
+    got, got_lse = jk.tree_attention(q, k, v, pl, out=out, lse=lse, exact=True)
+    assert got is out and got_lse is lse
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_lse, want_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_exact_refuses_what_is_not_invariant():
+    q = torch.randn(1, 2, 4, 16)
+    k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    pl = torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(ex.ExactModeError, match="tree_attention on the 'triton' backend"):
+        jk.tree_attention(q, k, v, pl, exact=True, backend="triton")
+    with pytest.raises(ex.ExactModeError, match="rms_norm on the 'cuda' backend"):
+        ex.rms_norm(torch.randn(2, 8), torch.ones(8), backend="cuda")
+    with pytest.raises(TypeError, match="exact must be a bool"):
+        jk.tree_attention(q, k, v, pl, exact=1)
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with ex.exact_mode("yes"):
+            pass
+
+
+def test_exact_mode_is_scoped_and_nests():
+    assert not ex.exact_enabled()
+    with ex.exact_mode():
+        assert ex.exact_enabled()
+        with ex.exact_mode(False):
+            assert not ex.exact_enabled()
+        assert ex.exact_enabled()
+    assert not ex.exact_enabled()
+
+
+def test_per_row_keeps_shapes_of_empty_and_tuple_outputs():
+    x = torch.randn(0, 3, 8)
+    assert ex.per_row(lambda r: r * 2, x).shape == (0, 3, 8)
+    a, b = ex.per_row(lambda r, s: (r + s, r - s), torch.randn(2, 5, 4), torch.randn(2, 5, 4))
+    assert a.shape == b.shape == (2, 5, 4)
