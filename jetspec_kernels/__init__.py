@@ -11,6 +11,7 @@ Public API (see DESIGN.md section 4 and each function's docstring):
     set_backend, get_backend, available_backends, set_value_checks.
 """
 import importlib
+import sys
 
 # Where each public name lives. The package imports them (and torch) at the first attribute
 # access, all at once, so `jetspec --help` and other torch-free entry points stay fast.
@@ -42,9 +43,32 @@ def _load_public() -> None:
             globals()[name] = getattr(loaded, name)
 
 
+_NAMES = frozenset(name for names in _PUBLIC.values() for name in names)
+
+
+def _initializing() -> bool:
+    """Whether a module of the package is being imported right now (its code running: the flag
+    the import system sets, which its "partially initialized module" error reads)."""
+    prefix = __name__ + "."
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for key, module in list(sys.modules.items()) if key.startswith(prefix))
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
+    if name not in _NAMES:      # a submodule (``from jetspec_kernels import backend``)
+        try:
+            module = importlib.import_module("." + name, __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        # A submodule's own ``from .. import backend`` asks here too: loading every public
+        # module then would re-enter the half-imported one (a sibling importing from it fails).
+        if not _initializing():
+            _load_public()
+        return module
     _load_public()
     if name in globals():
         return globals()[name]
