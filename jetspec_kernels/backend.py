@@ -68,19 +68,22 @@ CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
 # mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
 # The Gated DeltaNet tree ops have no cuda kernel (bench/NOTES.md, "Gated DeltaNet tree verify").
-# The Gated DeltaNet conv ops have no GPU kernel yet: the reference (torch ops, capturable) runs them.
+# The Gated DeltaNet conv ops have no cuda kernel either (a Triton program a node and channel
+# block reads W inputs a channel: nothing for a hand-written kernel to win).
 OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",),
                                                   "gated_delta_tree": ("cuda",),
                                                   "gated_delta_commit": ("cuda",),
-                                                  "causal_conv1d_tree": ("cuda", "triton"),
-                                                  "causal_conv1d_commit": ("cuda", "triton")}
+                                                  "causal_conv1d_tree": ("cuda",),
+                                                  "causal_conv1d_commit": ("cuda",)}
 
 # Interface functions whose work the models ran as torch ops before the function existed: on CUDA
 # tensors ``auto`` keeps them on those ops (the reference backend) until a GPU backend is listed in
 # HARDWARE_VERIFIED, rather than trading hardware-proven torch ops for an unverified kernel. The
-# Gated DeltaNet tree ops too: their reference is torch ops without host reads (the chunked form:
-# a CUDA graph holds it) and no GPU kernel of theirs has run on a GPU.
-REFERENCE_UNTIL_VERIFIED = ("rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit")
+# Gated DeltaNet tree and conv ops too: their references are torch ops without host reads (the
+# chunked form, the conv's gathers: a CUDA graph holds them) and no GPU kernel of theirs has run
+# on a GPU.
+REFERENCE_UNTIL_VERIFIED = ("rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit",
+                            "causal_conv1d_tree", "causal_conv1d_commit")
 
 
 class BackendUnavailableError(RuntimeError):

@@ -336,8 +336,7 @@ def test_interface_functions_match_the_backends():
     assert set(bk.OPTIONAL_FUNCTIONS) <= set(bk.INTERFACE_FUNCTIONS)
     assert bk.OPTIONAL_FUNCTIONS == {"hidden_topk": ("cuda",), "gated_delta_tree": ("cuda",),
                                      "gated_delta_commit": ("cuda",),
-                                     "causal_conv1d_tree": ("cuda", "triton"),
-                                     "causal_conv1d_commit": ("cuda", "triton")}
+                                     "causal_conv1d_tree": ("cuda",), "causal_conv1d_commit": ("cuda",)}
     for name in ("reference", "triton", "cuda"):
         module = importlib.import_module(bk._BACKEND_MODULES[name])
         for fn in bk.INTERFACE_FUNCTIONS:

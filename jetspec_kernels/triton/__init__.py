@@ -8,6 +8,8 @@ per interface function, named after it; the package re-exports each function und
 only once triton is known to be importable.
 """
 from .build_tree import build_tree  # noqa: F401
+from .causal_conv1d_commit import causal_conv1d_commit  # noqa: F401
+from .causal_conv1d_tree import causal_conv1d_tree  # noqa: F401
 from .commit_kv import commit_kv  # noqa: F401
 from .draft_tree import draft_tree  # noqa: F401
 from .gated_delta_commit import gated_delta_commit  # noqa: F401

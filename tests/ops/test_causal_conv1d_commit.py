@@ -26,9 +26,13 @@ def _path_to(parents, node):
     return path[::-1]
 
 
+BACKENDS = ["reference", "triton"]     # triton under TRITON_INTERPRET=1 on the CPU (conftest)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("width", [2, 4, 6])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_commit_equals_decoding_the_accepted_tokens(width, dtype):
+def test_commit_equals_decoding_the_accepted_tokens(width, dtype, backend):
     gen = torch.Generator().manual_seed(width)
     b, n, c, s = 3, 9, 5, 6
     x, par, state, weight = _tree(gen, b, n, c, width, s)
@@ -42,7 +46,7 @@ def test_commit_equals_decoding_the_accepted_tokens(width, dtype):
         path[bi, :len(p)] = torch.tensor(p, dtype=torch.int32)
     accept = torch.tensor([len(p) - 1 for p in paths], dtype=torch.int32)
     before = state.clone()
-    jk.causal_conv1d_commit(x, path, accept, state, state_slots=slots, backend="reference")
+    jk.causal_conv1d_commit(x, path, accept, state, state_slots=slots, backend=backend)
     for bi, p in enumerate(paths):
         want = before[int(slots[bi])][None].clone()
         for node in p:
@@ -53,7 +57,7 @@ def test_commit_equals_decoding_the_accepted_tokens(width, dtype):
     # Decoding on: a one-node tree from the committed state is transformers' next update step.
     nxt = torch.randn(b, 1, c, generator=gen).to(dtype)
     root = torch.full((b, 1), -1, dtype=torch.int32)
-    y = jk.causal_conv1d_tree(nxt, root, state, weight, state_slots=slots, backend="reference")
+    y = jk.causal_conv1d_tree(nxt, root, state, weight, state_slots=slots, backend=backend)
     for bi in range(b):
         step = hf.causal_conv1d_update(nxt[bi, 0][None, :, None].float(),
                                        state[int(slots[bi])][None].float().clone(),
@@ -62,15 +66,16 @@ def test_commit_equals_decoding_the_accepted_tokens(width, dtype):
         assert torch.allclose(y[bi, 0].float(), step[0, :, 0], atol=tol, rtol=tol)
 
 
-def test_accept_nothing_but_the_root_and_everything():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_accept_nothing_but_the_root_and_everything(backend):
     gen = torch.Generator().manual_seed(0)
     x, _, state, _ = _tree(gen, 1, 4, 3, 4, 1)
     chain = torch.arange(4, dtype=torch.int32)[None]
     s0 = state.clone()
-    jk.causal_conv1d_commit(x, chain, torch.tensor([0], dtype=torch.int32), s0)
+    jk.causal_conv1d_commit(x, chain, torch.tensor([0], dtype=torch.int32), s0, backend=backend)
     assert torch.equal(s0[0], torch.cat([state[0, :, 1:], x[0, 0, :, None]], dim=1))
     s3 = state.clone()
-    jk.causal_conv1d_commit(x, chain, torch.tensor([3], dtype=torch.int32), s3)
+    jk.causal_conv1d_commit(x, chain, torch.tensor([3], dtype=torch.int32), s3, backend=backend)
     assert torch.equal(s3[0], x[0, 1:].t())
 
 

@@ -42,9 +42,13 @@ def walk(x, parents, conv_state, weight, slots, num_nodes, activation="silu"):
     return y
 
 
+BACKENDS = ["reference", "triton"]     # triton under TRITON_INTERPRET=1 on the CPU (conftest)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("width", [2, 4, MAX_CONV_WIDTH])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_branching_trees_match_the_walk(width, dtype):
+def test_branching_trees_match_the_walk(width, dtype, backend):
     gen = torch.Generator().manual_seed(width)
     b, n, c, s = 3, 11, 5, 5
     num_nodes = torch.tensor([11, 4, 1], dtype=torch.int32)
@@ -55,7 +59,7 @@ def test_branching_trees_match_the_walk(width, dtype):
     weight = torch.randn(c, width, generator=gen).to(dtype)
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
     y = jk.causal_conv1d_tree(x, parents, state, weight, state_slots=slots, num_nodes=num_nodes,
-                              backend="reference")
+                              backend=backend)
     assert y.dtype == dtype and y.shape == (b, n, c)
     want = walk(x, parents, state, weight, slots, num_nodes)
     tol = 1e-6 if dtype == torch.float32 else 1e-2
@@ -63,7 +67,8 @@ def test_branching_trees_match_the_walk(width, dtype):
     assert bool((y[1, 4:] == 0).all()) and bool(torch.isfinite(y).all())
 
 
-def test_chain_matches_transformers_update_step_by_step():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chain_matches_transformers_update_step_by_step(backend):
     """A chain tree from a slot's state gives what transformers' causal_conv1d_update gives
     decoding the chain one token at a time (fp32 and float64 spec)."""
     gen = torch.Generator().manual_seed(1)
@@ -73,7 +78,7 @@ def test_chain_matches_transformers_update_step_by_step():
     weight = torch.randn(c, w, generator=gen)
     bias = torch.randn(c, generator=gen)
     chain = (torch.arange(n, dtype=torch.int32) - 1).expand(b, n).contiguous()
-    y = jk.causal_conv1d_tree(x, chain, state, weight, bias, backend="reference")
+    y = jk.causal_conv1d_tree(x, chain, state, weight, bias, backend=backend)
     hf_state = state.clone()
     for i in range(n):
         step = hf.causal_conv1d_update(x[:, i, :, None], hf_state, weight, bias, activation="silu")
@@ -83,13 +88,14 @@ def test_chain_matches_transformers_update_step_by_step():
     assert y64.dtype == torch.float64 and torch.allclose(y64, y.double(), atol=1e-6)
 
 
-def test_no_activation_and_auto_backend():
+@pytest.mark.parametrize("backend", BACKENDS + [None])
+def test_no_activation_and_every_backend(backend):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(1, 3, 4, generator=gen)
     state = torch.randn(1, 4, 3, generator=gen)
     weight = torch.randn(4, 4, generator=gen)
     par = torch.tensor([[-1, 0, 0]], dtype=torch.int32)
-    y = jk.causal_conv1d_tree(x, par, state, weight, activation=None)
+    y = jk.causal_conv1d_tree(x, par, state, weight, activation=None, backend=backend)
     want = walk(x, par, state, weight, [0], [3], activation=None)
     assert torch.allclose(y.double(), want, atol=1e-6)
 
@@ -131,10 +137,11 @@ def test_named_errors(over, err, match):
         jk.causal_conv1d_tree(**_args(**over), backend="reference")
 
 
-def test_limits_at_and_past():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_limits_at_and_past(backend):
     par = torch.full((1, MAX_BUDGET), -1, dtype=torch.int32)
     y = jk.causal_conv1d_tree(torch.ones(1, MAX_BUDGET, 1), par, torch.zeros(1, 1, 3),
-                              torch.ones(1, 4), activation=None, backend="reference")
+                              torch.ones(1, 4), activation=None, backend=backend)
     assert bool((y == 1).all())
     with pytest.raises(ValueError, match="1 to 4096 tree nodes"):
         jk.causal_conv1d_tree(torch.ones(1, MAX_BUDGET + 1, 1),
@@ -143,11 +150,23 @@ def test_limits_at_and_past():
     w = MAX_CONV_WIDTH
     y = jk.causal_conv1d_tree(torch.ones(1, 1, 2), torch.full((1, 1), -1, dtype=torch.int32),
                               torch.ones(1, 2, w - 1), torch.ones(2, w), activation=None,
-                              backend="reference")
+                              backend=backend)
     assert bool((y == w).all())
 
 
-def test_backends_without_a_kernel_say_so():
-    """No GPU kernel yet (backend.OPTIONAL_FUNCTIONS): triton, asked by name, says so."""
+def test_cuda_has_no_kernel_and_says_so():
+    """No cuda kernel (backend.OPTIONAL_FUNCTIONS): asking for it names the function."""
+    from jetspec_kernels import backend as bk
     with pytest.raises(jk.BackendUnavailableError, match="has no causal_conv1d_tree"):
-        jk.causal_conv1d_tree(**_args(), backend="triton")
+        bk.kernel("cuda", "causal_conv1d_tree")
+
+
+@pytest.mark.parametrize("module", ["causal_conv1d_tree", "causal_conv1d_commit"])
+def test_the_op_module_imports_first(module):
+    """A fresh interpreter imports the op's module before the package's public names (a module
+    importing its sibling must not make the package load them all halfway through)."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", f"import jetspec_kernels.ops.{module}"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
