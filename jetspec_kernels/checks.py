@@ -213,7 +213,10 @@ def fits_in_cache(prefix_lens: torch.Tensor, n: int, capacity: int, what: str = 
 
 def misaligned_rows(t: torch.Tensor, align: int) -> bool:
     """Whether some row of ``t``'s last dim may start off an ``align``-byte boundary, judged from
-    strides and storage offset (storages start aligned; no data_ptr(), so it also traces under
-    torch.compile). A backend that needs aligned rows re-checks the real pointers."""
+    strides and storage offset (storages start aligned; no data_ptr()). While torch.compile
+    traces, from strides alone (dynamo cannot read a storage offset): a backend that needs
+    aligned rows re-checks the real pointers when it runs."""
     per = max(align // t.element_size(), 1)
-    return t.storage_offset() % per != 0 or any(s % per for s in t.stride()[:-1])
+    if any(s % per for s in t.stride()[:-1]):
+        return True
+    return not torch.compiler.is_compiling() and t.storage_offset() % per != 0

@@ -100,7 +100,9 @@ def supports(op: str, signature=None, **call) -> str | None:
     if signature is None:
         signature = checks.signature(*call, *call.values())
     module = ext.module()
-    key = None if signature is None else (op, kernel, id(module), signature)
+    if signature is None:  # (while torch.compile traces: a read of the cache would be guarded on)
+        return check(**call)
+    key = (op, kernel, id(module), signature)
     answer = _ANSWERS.get(key)
     if answer is None:  # the entry keeps its _C alive, so no other module can reuse its id
         answer = checks.remember(_ANSWERS, key, (check(**call), module))

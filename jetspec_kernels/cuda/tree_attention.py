@@ -58,19 +58,26 @@ def attention_plan(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, block_ta
     (ValueError), then the split rule of the kernel that runs. Reads names, shapes, dtypes and
     devices only, so :func:`tree_attention` keeps one plan per signature
     (:func:`launch_plan.planned`)."""
-    kernels = ext.enum("AttnKernel")
-    if kernel not in kernels:
-        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
-    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
-    if reason:
-        raise ValueError(reason)
+    code = kernel_code(kernel, q, k_cache, block_table)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
     if kernel == "hopper" and q.shape[-1] in ext.limit("wgmma_head_dims"):
         splits = hopper_splits(q, k_cache.shape[2], capacity)
     else:
         splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
                                q.device, kernel)
-    return kernels[kernel], splits
+    return code, splits
+
+
+def kernel_code(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, block_table) -> int:
+    """_C's code of the attention kernel named ``kernel``, checked to take these shapes
+    (ValueError)."""
+    kernels = ext.enum("AttnKernel")
+    if kernel not in kernels:
+        raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
+    reason = attention_kernel_reason(kernel, q, k_cache, block_table)
+    if reason:
+        raise ValueError(reason)
+    return kernels[kernel]
 
 
 @custom_op("jetspec::tree_attention", mutates_args=("out", "lse"))
@@ -79,6 +86,9 @@ def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
                     lse: Optional[torch.Tensor], num_splits: int, kernel: int) -> None:
     _C = ext.module()
+    if num_splits == 0:  # a compiled call: planned here, from the shapes the call has
+        name = next(n for n, c in ext.enum("AttnKernel").items() if c == kernel)
+        num_splits = attention_plan(name, q, k_cache, block_table)[1]
     with ext.on_device(q.device):
         # Layout decisions read data_ptr(), so they live inside the op (opaque to torch.compile).
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -149,10 +159,15 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     before choosing this backend, and _C refuses bad input to a direct call (ValueError).
     """
     kernel = attention_kernel(kernel)
-    table = None if block_table is None else block_table.shape
-    key = (kernel, q.shape, q.dtype, q.device, k_cache.shape, table)
-    code, splits = launch_plan.planned(key, attention_plan, kernel, q, k_cache, block_table,
-                                       pin=ext.module())
+    if torch.compiler.is_compiling():
+        # The split count depends on the batch, which the graph may keep symbolic, and a plan
+        # cached while tracing would change what the graph guards on: the op plans when it runs.
+        code, splits = kernel_code(kernel, q, k_cache, block_table), 0
+    else:
+        table = None if block_table is None else block_table.shape
+        key = (kernel, q.shape, q.dtype, q.device, k_cache.shape, table)
+        code, splits = launch_plan.planned(key, attention_plan, kernel, q, k_cache, block_table,
+                                           pin=ext.module())
     if num_splits is None:
         num_splits = splits
     _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),

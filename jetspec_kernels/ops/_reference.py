@@ -2,21 +2,45 @@
 
 python_ref computes in float32 (float64 for float64 inputs); this adapter casts results to the
 dtypes the public API promises and writes in-place outputs.
+
+python_ref's tree building, attention, verification walk, mask packing and KV commit read tensor
+values on the host (loops over ``.tolist()``), which torch.compile cannot trace: here they are
+``torch.library.custom_op``s (namespace ``jetspec_ref``) with fake implementations, opaque to
+the compiler as the cuda backend's ops are. The rest (top-K, the norms, RoPE and the append,
+sampling) is plain torch and compiles (and fuses) as it is.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch.library import custom_op
 
 from .. import python_ref as ref
+from ..tree import mask_words
 
 _I32 = torch.int32
 
 
-def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse):
+@custom_op("jetspec_ref::tree_attention", mutates_args=("out", "lse"))
+def _tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    prefix_lens: torch.Tensor, tree_mask: Optional[torch.Tensor], tail: str,
+                    block_table: Optional[torch.Tensor], scale: float, out: torch.Tensor,
+                    lse: Optional[torch.Tensor]) -> None:
     o, l = ref.tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale)
     out.copy_(o)
     if lse is not None:
         lse.copy_(l)
+
+
+@_tree_attention.register_fake
+def _(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse):
+    return None
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, out, lse):
+    _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, float(scale),
+                    out, lse)
 
 
 def log_softmax_topk(logits, k):
@@ -29,18 +53,44 @@ def hidden_topk(hidden, lm_head_weight, k):
     return log_softmax_topk(logits, k)
 
 
-def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+@custom_op("jetspec_ref::build_tree", mutates_args=())
+def _build_tree(topk_tokens: torch.Tensor, topk_logprobs: torch.Tensor, root_tokens: torch.Tensor,
+                budget: int, algorithm: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      torch.Tensor, torch.Tensor, torch.Tensor]:
     t = ref.build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm)
     return (t["tokens"].to(_I32), t["parents"].to(_I32), t["depths"].to(_I32),
             t["scores"].to(torch.float32), t["num_nodes"].to(_I32), t["mask"].to(_I32))
+
+
+@_build_tree.register_fake
+def _(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    b = topk_tokens.shape[0]
+    rows = [topk_tokens.new_empty(b, budget, dtype=t) for t in (_I32, _I32, _I32, torch.float32)]
+    return (*rows, topk_tokens.new_empty(b, dtype=_I32),
+            topk_tokens.new_empty(b, budget, mask_words(budget), dtype=_I32))
+
+
+def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm):
+    return _build_tree(topk_tokens, topk_logprobs, root_tokens, int(budget), algorithm)
 
 
 def draft_tree(logits, k, root_tokens, budget, algorithm):
     return build_tree(*log_softmax_topk(logits, k), root_tokens, budget, algorithm)
 
 
-def pack_mask(parents, num_nodes):
+@custom_op("jetspec_ref::pack_mask", mutates_args=())
+def _pack_mask(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
     return ref.pack_mask(parents, num_nodes).to(_I32)
+
+
+@_pack_mask.register_fake
+def _(parents, num_nodes):
+    b, n = parents.shape
+    return parents.new_empty(b, n, mask_words(n), dtype=_I32)
+
+
+def pack_mask(parents, num_nodes):
+    return _pack_mask(parents, num_nodes)
 
 
 def rms_norm(x, residual, weight, eps):
@@ -67,18 +117,51 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
     return None if q_out is None else q_out.to(q.dtype)
 
 
-def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
-                seed, offset, top_k=None, top_p=None):
-    r = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=target_logits,
-                        target_tokens=target_tokens, temperature=temperature, seed=seed,
-                        offset=offset, top_k=top_k, top_p=top_p)
+@custom_op("jetspec_ref::verify_walk", mutates_args=())
+def _verify_walk(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
+                 max_depth: int, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                     torch.Tensor, torch.Tensor]:
+    r = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_tokens=target_tokens)
     return tuple(r[key].to(_I32) for key in ("accept_len", "path", "bonus", "emitted"))
 
 
-def commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
+@_verify_walk.register_fake
+def _(tokens, parents, num_nodes, max_depth, target_tokens):
+    b = tokens.shape[0]
+    per_seq, rows = tokens.new_empty(b, dtype=_I32), tokens.new_empty(b, max_depth + 1, dtype=_I32)
+    return per_seq, rows, per_seq.clone(), rows.clone()
+
+
+def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
+                seed, offset, top_k=None, top_p=None):
+    # python_ref.verify_tree in its two steps: the target's tokens (torch ops), then the walk.
+    if target_tokens is None:
+        target_tokens = ref.sample_tokens(target_logits, temperature, seed, offset, top_k, top_p)
+    return _verify_walk(tokens, parents, num_nodes, int(max_depth), target_tokens)
+
+
+@custom_op("jetspec_ref::commit_kv", mutates_args=("k_cache", "v_cache"))
+def _commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor,
+               path: torch.Tensor, accept_len: torch.Tensor, block_table: Optional[torch.Tensor],
+               hidden: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     new_lens, rows = ref.commit_kv(k_cache, v_cache, prefix_lens, path, accept_len,
                                    block_table=block_table, hidden=hidden)
-    return new_lens.to(_I32), (None if rows is None else rows.to(hidden.dtype))
+    if rows is None:  # (a custom op returns tensors: an empty one stands for None)
+        rows = path.new_empty(0)
+    return new_lens.to(_I32), rows.to(hidden.dtype) if hidden is not None else rows
+
+
+@_commit_kv.register_fake
+def _(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
+    rows = path.new_empty(0) if hidden is None else hidden.new_empty(
+        hidden.shape[0], path.shape[1], hidden.shape[2])
+    return prefix_lens.new_empty(prefix_lens.shape[0], dtype=_I32), rows
+
+
+def commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
+    new_lens, rows = _commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden)
+    return new_lens, None if hidden is None else rows
+
 
 
 def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, scale,
