@@ -22,7 +22,7 @@ def check_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     """Raise for a call :func:`tree_attention` cannot take; return its ``checks.signature``."""
     key = checks.signature(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
                            out, lse, return_lse)
-    cap = _STATIC.get(key)
+    cap = None if key is None else _STATIC.get(key)  # (None: compiling; no read to guard on)
     if cap is None:  # dtypes, shapes, devices, layouts: once per signature
         checks.tensor("q", q, dtypes=checks.FLOAT_DTYPES, ndim=4)
         b, n, hq, dh = q.shape
