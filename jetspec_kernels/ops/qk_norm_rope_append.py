@@ -16,7 +16,7 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
                               rope_theta, eps, block_table, cache_start):
     key = checks.signature(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta,
                            eps, block_table, cache_start)
-    cap = _STATIC.get(key)
+    cap = None if key is None else _STATIC.get(key)  # (None: compiling; no read to guard on)
     if cap is None:  # dtypes, shapes, devices, layouts: once per signature
         if q is None:
             # K/V only: sizes and device come from k, and q_norm_w is optional.
