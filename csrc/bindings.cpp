@@ -54,7 +54,9 @@ void define_launchers(py::module_& m, py::dict& t) {
       m, t, "qk_norm_rope_append", {JETSPEC_ROPE_FIELDS(JETSPEC_BIND_FIELD)},
       launch_qk_norm_rope_append,
       "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache. "
-      "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only.");
+      "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only; q_norm_w = k_norm_w = 0: no norm. "
+      "rotary_dim: 0 (absent) rotates whole heads, else the first rotary_dim dims.",
+      {"rotary_dim"});
   define_launcher<SampleFilterParams>(
       m, t, "verify_sample_filter", {JETSPEC_SAMPLE_FILTER_FIELDS(JETSPEC_BIND_FIELD)},
       launch_sample_filter,

@@ -250,7 +250,7 @@ CASES = [
     (jk.qk_norm_rope_append, rope_kv_args, lambda a: {**a, "k": torch.randn(B, N, 0, DH), "v": torch.randn(B, N, 0, DH)}, ValueError, "k"),
     (jk.qk_norm_rope_append, rope_kv_args, _with("v", lambda a: a["v"].half()), TypeError, "v"),
     (jk.qk_norm_rope_append, rope_kv_args, _with("v", torch.randn(B, N + 1, HKV, DH)), ValueError, "v"),
-    (jk.qk_norm_rope_append, rope_kv_args, _with("k_norm_w", None), TypeError, "k_norm_w"),
+    (jk.qk_norm_rope_append, rope_args, _with("k_norm_w", None), ValueError, "k_norm_w"),
     (jk.qk_norm_rope_append, rope_kv_args, _with("k_norm_w", torch.ones(DH - 2)), ValueError, "k_norm_w"),
     (jk.qk_norm_rope_append, rope_kv_args, _with("positions", torch.arange(N, dtype=I32)), ValueError, "positions"),
     (jk.qk_norm_rope_append, rope_kv_args, _with("positions", torch.full((B, N), L, dtype=I32)), ValueError, "positions"),

@@ -13,9 +13,9 @@ _STATIC: dict = {}  # signature -> cache capacity per sequence (checks.signature
 
 
 def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
-                              rope_theta, eps, block_table, cache_start):
+                              rope_theta, eps, block_table, cache_start, rotary_dim=None):
     key = checks.signature(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta,
-                           eps, block_table, cache_start)
+                           eps, block_table, cache_start, rotary_dim)
     cap = None if key is None else _STATIC.get(key)  # (None: compiling; no read to guard on)
     if cap is None:  # dtypes, shapes, devices, layouts: once per signature
         if q is None:
@@ -42,14 +42,25 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
                 raise ValueError(f"k must have a head count dividing q's {hq} heads (GQA) in dim 2, "
                                  f"got shape {list(k.shape)}")
         checks.tensor("v", v, dtypes=(k.dtype,), shape=list(k.shape), device=dev)
-        if q is None:
+        if k_norm_w is None:             # no QK-norm (Llama, Mistral, Qwen2): q's is off too
+            if q_norm_w is not None:
+                raise ValueError("q_norm_w must be None when k_norm_w is None (the norm is on "
+                                 "for both or for neither)")
+        elif q is None:
             checks.optional("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
         else:
+            if q_norm_w is None:
+                raise ValueError("q_norm_w must be a tensor [Dh] when k_norm_w is given (the "
+                                 "norm is on for both or for neither)")
             checks.tensor("q_norm_w", q_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
-        checks.tensor("k_norm_w", k_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
+        checks.optional("k_norm_w", k_norm_w, dtypes=checks.FLOAT_DTYPES, shape=[dh], device=dev)
         checks.tensor("positions", positions, dtypes=POSITION_DTYPES, shape=[b, n], device=dev)
         checks.number("rope_theta", rope_theta, positive=True)
-        checks.number("eps", eps, positive=True)
+        checks.number("eps", eps, lo=0.0)
+        if rotary_dim is not None:
+            checks.integer("rotary_dim", rotary_dim, lo=2, hi=dh)
+            if rotary_dim % 2:
+                raise ValueError(f"rotary_dim must be even (RoPE rotates halves), got {rotary_dim}")
         cap, _ = checks.cache_and_table(k_cache, v_cache, block_table, batch=b, hkv=hkv,
                                         head_dim=dh, dtypes=checks.FLOAT_DTYPES, device=dev)
         if cache_start is not None:
@@ -72,7 +83,7 @@ def check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, *,
                         rope_theta: float, eps: float = 1e-6, block_table=None, cache_start=None,
-                        backend: str | None = None):
+                        rotary_dim: int | None = None, backend: str | None = None):
     """Per-head RMSNorm on q and k, RoPE at ``positions``, and k, v written into the cache.
 
     Parameters
@@ -82,13 +93,18 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
         no q is read, normalised, rotated or written.
     k, v : q.dtype [B, N, Hkv, Dh]         (float16/bfloat16/float32 when q is None)
     q_norm_w : float [Dh]                  q's RMSNorm weight; may be None when q is None
-    k_norm_w : float [Dh]                  k's RMSNorm weight
+    k_norm_w : float [Dh]                  k's RMSNorm weight; None (with q_norm_w None): no norm,
+                                           RoPE and the append alone (Llama, Mistral, Qwen2)
     positions : int32/int64 [B, N]        RoPE positions
     k_cache, v_cache : contiguous [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh]
-    rope_theta : float; eps : float (RMSNorm epsilon)
+    rope_theta : float; eps : float >= 0 (RMSNorm epsilon)
     block_table : int32 [B, max_pages], optional (paged cache)
     cache_start : int32/int64 [B], optional
         Row n goes to cache slot ``cache_start[b] + n``; when None, to slot ``positions[b, n]``.
+    rotary_dim : even int in [2, Dh], optional (None: Dh)
+        Partial rotary (Hugging Face's ``partial_rotary_factor``: ``int(Dh * factor)``): RoPE
+        rotates the first rotary_dim dims, rotate-half within them with angles
+        ``theta ** (-2i / rotary_dim)``; the other dims pass through (normed).
 
     Returns
     -------
@@ -96,9 +112,11 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
         k_cache and v_cache are updated in place.
     """
     check_qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
-                              rope_theta, eps, block_table, cache_start)
+                              rope_theta, eps, block_table, cache_start, rotary_dim)
     if cache_start is not None and cache_start.dtype != torch.int32:  # checks.LENGTH_DTYPES
         cache_start = cache_start.to(torch.int32)
+    if rotary_dim == k.shape[-1]:
+        rotary_dim = None                # the whole head: the usual form
     return _backend.select(k.device, "qk_norm_rope_append", backend, dict(k=k))(
         q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, float(rope_theta), float(eps),
-        block_table, cache_start)
+        block_table, cache_start, rotary_dim)

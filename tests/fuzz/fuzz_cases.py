@@ -481,15 +481,19 @@ def make_qk_norm_rope_append(r, g):
     fused = r.random() < 0.4
     if fused:                                             # slices of one fused qkv projection
         q, k, v = fused_qkv(q, k, v)
-    call = dict(q=q if with_q else None, k=k, v=v, q_norm_w=qw if with_q else None, k_norm_w=kw,
+    norm = r.random() < 0.75                              # else no QK-norm (Llama, Qwen2)
+    call = dict(q=q if with_q else None, k=k, v=v, q_norm_w=qw if with_q and norm else None,
+                k_norm_w=kw if norm else None,
                 positions=int_layout(r, positions), k_cache=k_cache, v_cache=v_cache,
-                rope_theta=r.choice((1e4, 5e5, 1e6)), eps=r.choice((1e-6, 1e-5, 1e-2)),
+                rope_theta=r.choice((1e4, 5e5, 1e6)), eps=r.choice((1e-6, 1e-5, 1e-2, 0.0)),
                 block_table=table, cache_start=start)
+    if r.random() < 0.3:                                  # partial rotary (or all of it)
+        call["rotary_dim"] = r.choice([d for d in range(2, dh + 1, 2)])
     meta = dict(mag=mag, with_q=with_q, specials=specials)
     if r.random() < 0.06:
         bad = r.choice(("eps", "theta", "positions"))
         if bad == "eps":
-            call["eps"] = r.choice((0.0, -1e-6))
+            call["eps"] = r.choice((-1e-6, NAN))
         elif bad == "theta":
             call["rope_theta"] = r.choice((0.0, INF))
             bad = "rope_theta"

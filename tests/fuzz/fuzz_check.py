@@ -215,8 +215,9 @@ def compare_qk_norm_rope_append(case, call, got):
     dbl = lambda t: None if t is None else t.double()
     kr, vr = c["k_cache"].double(), c["v_cache"].double()
     want = ref.qk_norm_rope_append(dbl(c["q"]), c["k"].double(), c["v"].double(), dbl(c["q_norm_w"]),
-                                   c["k_norm_w"].double(), c["positions"], kr, vr, c["rope_theta"],
-                                   c["eps"], c["block_table"], c["cache_start"])
+                                   dbl(c["k_norm_w"]), c["positions"], kr, vr, c["rope_theta"],
+                                   c["eps"], c["block_table"], c["cache_start"],
+                                   c.get("rotary_dim"))
     dtype, cache_dtype = c["k"].dtype, c["k_cache"].dtype
     if c["q"] is None:
         assert got is None, "the K/V-only form returns None"

@@ -373,3 +373,119 @@ def test_activation_scales(backend, scale, dtype):
     written = ~kr.isnan()
     assert rel_l2(got, want) < TOL[dtype]
     assert rel_l2(kd.cpu()[written], kr[written]) < TOL[dtype]
+
+
+# ------------------------------------------------ no QK-norm, partial rotary (Llama, Qwen3-Next)
+NORM_ROTARY = [(True, None), (False, None), (False, 16), (True, 16), (False, 32), (True, 2)]
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "kv_only"])
+@pytest.mark.parametrize("norm,rotary_dim", NORM_ROTARY,
+                         ids=[f"{'norm' if n else 'no_norm'}-rot{r or 'all'}" for n, r in NORM_ROTARY])
+def test_norm_off_and_partial_rotary(backend, norm, rotary_dim, with_q):
+    """q_norm_w = k_norm_w = None (RoPE and the append alone) and rotary_dim < Dh (the first
+    rotary_dim dims rotate, the rest pass, normed or not): python_ref's q and caches, unwritten
+    slots still NaN, eps 0 taken."""
+    dev = backend.device
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(len(NORM_ROTARY) * norm + (rotary_dim or 0))
+    B, N, hq, hkv, dh = 2, 3, 4, 2, 64
+    q, k, v = (torch.randn(B, N, h, dh, generator=gen).to(dtype) for h in (hq, hkv, hkv))
+    qw, kw = ((torch.rand(dh, generator=gen) + 0.5) if norm else None for _ in range(2))
+    positions = (torch.arange(N)[None, :] + torch.tensor([[5], [900]])).to(torch.int32)
+    cache = torch.full((B, 905, hkv, dh), float("nan"), dtype=dtype)
+    kr, vr = cache.double(), cache.double()
+    dbl = lambda t: None if t is None else t.double()
+    qq = q if with_q else None
+    want = ref.qk_norm_rope_append(dbl(qq), k.double(), v.double(), dbl(qw if with_q else None),
+                                   dbl(kw), positions, kr, vr, 1e4, eps=1e-5 if norm else 0.0,
+                                   rotary_dim=rotary_dim)
+    kc, vc = cache.to(dev), cache.clone().to(dev)
+    to = lambda t: None if t is None else t.to(dev)
+    got = jk.qk_norm_rope_append(to(qq), k.to(dev), v.to(dev), to(qw if with_q else None), to(kw),
+                                 positions.to(dev), kc, vc, rope_theta=1e4,
+                                 eps=1e-5 if norm else 0.0, rotary_dim=rotary_dim,
+                                 backend=api_backend(backend))
+    sync(dev)
+    if with_q:
+        assert rel_l2(got, want) < TOL[dtype]
+        if not norm and rotary_dim is not None:     # the dims past rotary_dim pass as they are
+            assert torch.equal(got.cpu()[..., rotary_dim:], q[..., rotary_dim:])
+    else:
+        assert got is None
+    written = ~kr.isnan()
+    assert torch.equal(~kc.cpu().isnan(), written) and torch.equal(~vc.cpu().isnan(), written)
+    assert rel_l2(kc.cpu()[written], kr[written]) < TOL[dtype]
+    assert torch.equal(vc.cpu()[written], vr[written].to(dtype))
+
+
+def _transformers_rope(model, factor, theta, dh, x, positions):
+    """(cos, sin) [B, N, rotary dims] of transformers' rotary embedding for ``model``."""
+    if model == "llama":
+        from transformers.models.llama import modeling_llama as m
+        from transformers.models.llama.configuration_llama import LlamaConfig as Config
+        rotary = m.LlamaRotaryEmbedding
+    else:
+        from transformers.models.qwen3_next import modeling_qwen3_next as m
+        from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig as Config
+        rotary = m.Qwen3NextRotaryEmbedding
+    extra = {} if factor == 1.0 else {"partial_rotary_factor": factor}
+    cfg = Config(hidden_size=4 * dh, num_attention_heads=4, num_key_value_heads=2, head_dim=dh,
+                 rope_theta=theta, **extra)
+    return m, rotary(cfg)(x, positions)
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("model,factor", [("llama", 1.0), ("qwen3_next", 0.25)])
+def test_rope_without_norm_matches_transformers(backend, model, factor):
+    """No QK-norm (Llama) and Qwen3-Next's partial_rotary_factor 0.25: q and the cached k are
+    transformers' apply_rotary_pos_emb of q and k (float32, rotary_dim = int(Dh * factor))."""
+    pytest.importorskip("transformers")
+    dev = backend.device
+    gen = torch.Generator().manual_seed(7)
+    B, N, hq, hkv, dh, theta = 2, 5, 4, 2, 64, 1e4
+    q = torch.randn(B, N, hq, dh, generator=gen)
+    k = torch.randn(B, N, hkv, dh, generator=gen)
+    v = torch.randn(B, N, hkv, dh, generator=gen)
+    positions = torch.arange(N)[None, :] + torch.tensor([[0], [37]])
+    m, (cos, sin) = _transformers_rope(model, factor, theta, dh, q, positions)
+    q_hf, k_hf = m.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    rotary_dim = int(dh * factor) if factor != 1.0 else None
+    kc = torch.zeros(B, 64, hkv, dh, device=dev)
+    vc = torch.zeros_like(kc)
+    dtype = torch.float16 if backend.name == "sim" else torch.float32
+    got = jk.qk_norm_rope_append(q.to(dtype).to(dev), k.to(dtype).to(dev), v.to(dtype).to(dev),
+                                 None, None, positions.to(torch.int32).to(dev), kc, vc,
+                                 rope_theta=theta, rotary_dim=rotary_dim,
+                                 backend=api_backend(backend))
+    sync(dev)
+    tol = TOL[dtype]
+    if dtype == torch.float16:      # transformers' rotation of the inputs as rounded to fp16
+        q_hf, k_hf = m.apply_rotary_pos_emb(q.half().float().transpose(1, 2),
+                                            k.half().float().transpose(1, 2), cos, sin)
+    assert rel_l2(got.float().cpu(), q_hf.transpose(1, 2)) < tol
+    slots = positions[:, :, None, None].expand(B, N, hkv, dh)
+    assert rel_l2(kc.cpu().gather(1, slots), k_hf.transpose(1, 2)) < tol
+
+
+@pytest.mark.parametrize("change,err,needle", [
+    (dict(q_norm_w=None), ValueError, "q_norm_w must be a tensor"),
+    (dict(k_norm_w=None), ValueError, "q_norm_w must be None when k_norm_w is None"),
+    (dict(rotary_dim=7), ValueError, "rotary_dim must be even"),
+    (dict(rotary_dim=66), ValueError, r"rotary_dim must be in \[2, 64\]"),
+    (dict(rotary_dim=0), ValueError, r"rotary_dim must be in \[2, 64\]"),
+    (dict(eps=-1e-6), ValueError, "eps must be >= 0"),
+])
+def test_norm_and_rotary_arguments_are_checked(change, err, needle):
+    gen = torch.Generator().manual_seed(0)
+    B, N, dh = 1, 2, 64
+    args = dict(q=torch.randn(B, N, 2, dh, generator=gen), k=torch.randn(B, N, 1, dh, generator=gen),
+                v=torch.randn(B, N, 1, dh, generator=gen), q_norm_w=torch.ones(dh),
+                k_norm_w=torch.ones(dh), positions=torch.zeros(B, N, dtype=torch.int32) + torch.arange(N, dtype=torch.int32),
+                k_cache=torch.zeros(B, 8, 1, dh), v_cache=torch.zeros(B, 8, 1, dh))
+    jk.qk_norm_rope_append(**args, rope_theta=1e4, eps=0.0, backend="reference")   # eps 0: taken
+    kw = dict(rope_theta=1e4, eps=change.pop("eps", 1e-6), **{k: change.pop(k) for k in list(change)
+                                                              if k == "rotary_dim"})
+    with pytest.raises(err, match=needle):
+        jk.qk_norm_rope_append(**{**args, **change}, **kw, backend="reference")

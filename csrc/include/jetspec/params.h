@@ -43,8 +43,8 @@ struct PackMaskParams {
   X(const void*, q)                                                                         \
   X(const void*, k)                                                                         \
   X(const void*, v)                                                                         \
-  X(const float*, q_norm_w)       /* [Dh] fp32 */                                           \
-  X(const float*, k_norm_w)       /* [Dh] fp32 */                                           \
+  X(const float*, q_norm_w)       /* [Dh] fp32; null with k_norm_w null: no norm */         \
+  X(const float*, k_norm_w)       /* [Dh] fp32 or null (no QK-norm) */                      \
   X(const int32_t*, positions)    /* [B, N] contiguous */                                   \
   X(const int32_t*, cache_start)  /* [B] or null (then slot = position) */                  \
   X(void*, q_out)                 /* [B, N, Hq, Dh] contiguous */                           \
@@ -63,10 +63,11 @@ struct PackMaskParams {
   X(int, hkv)                                                                               \
   X(int, head_dim)                                                                          \
   X(int, page_size)                                                                         \
-  X(double, theta)                /* inv_freq = theta ** (-2i/head_dim), double, to float */\
+  X(double, theta)                /* inv_freq = theta ** (-2i/rotary dims), to float */     \
   X(float, eps)                                                                             \
   X(int, dtype)                   /* q, k, v and q_out */                                   \
-  X(int, cache_dtype)             /* k_cache and v_cache */
+  X(int, cache_dtype)             /* k_cache and v_cache */                                 \
+  X(int, rotary_dim)              /* optional; 0: head_dim, else even < head_dim (partial) */
 struct RopeParams {
   JETSPEC_ROPE_FIELDS(JETSPEC_MEMBER)
 };

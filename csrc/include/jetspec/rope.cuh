@@ -3,7 +3,9 @@
 // inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply, cos/sin of
 // that float32 angle in double then rounded to float32, the rotation without FMA contraction.
 // A null q (K/V-only append, e.g. the draft head's context rows) launches no q warps at all:
-// q, q_out and q_norm_w are then never touched and may be null too.
+// q, q_out and q_norm_w are then never touched and may be null too. Null norm weights (both):
+// no norm (targets without QK-norm). rotary_dim R < head_dim (partial rotary): the pairs
+// (i, i + R/2), i < R/2, rotate with inv_freq = theta ** (-2i/R); dims R.. pass (normed).
 #pragma once
 #include "jetspec/common.cuh"
 
@@ -23,6 +25,10 @@ constexpr int kRopeThreads = 256;
 
 // RMSNorm + rotation of one head of token (b, n) with the token's cos/sin, then its stores (the
 // rotated q row, or the rotated k row and the v row into the cache).
+__host__ __device__ inline int rope_rotary_dim(const RopeParams& p) {
+  return p.rotary_dim == 0 ? p.head_dim : p.rotary_dim;
+}
+
 template <typename T, typename TC>
 __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n, int head, int hq,
                                               int pos, const float* c, const float* s) {
@@ -30,6 +36,7 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
   const bool is_q = head < hq;
   const int h = is_q ? head : head - hq;
   const int half = p.head_dim / 2;
+  const int rhalf = rope_rotary_dim(p) / 2;  // rotated pairs (i, i + rhalf)
   const Strides4& st = is_q ? p.q_strides : p.k_strides;
   const T* src = static_cast<const T*>(is_q ? p.q : p.k) + b * st.batch + n * st.row + h * st.head;
   const float* w = is_q ? p.q_norm_w : p.k_norm_w;
@@ -47,32 +54,37 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
     }
   }
   ss = warp_sum(ss);
+  const bool norm = w != nullptr;
   // Correctly rounded sqrt and division (no fast-math): close to torch.rsqrt in fp32.
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(p.head_dim) + p.eps);
+  const float r = norm ? 1.0f / sqrtf(ss / static_cast<float>(p.head_dim) + p.eps) : 1.f;
   const int slot = p.cache_start == nullptr ? pos : p.cache_start[b] + n;
   const int64_t dst_off =
       is_q ? ((static_cast<int64_t>(b) * p.n + n) * hq + h) * p.head_dim
            : cache_offset(p.k_cache_strides, p.block_table, p.block_table_batch_stride, p.page_size,
                           b, slot, h);
+  // The normed value of dim i (x = its raw value).
+  auto normed = [&](float x, int i) { return norm ? __fmul_rn(__fmul_rn(x, r), w[i]) : x; };
+  auto store = [&](int i, float o) {
+    if (is_q) {
+      static_cast<T*>(p.q_out)[dst_off + i] = from_float<T>(o);
+    } else {
+      static_cast<TC*>(p.k_cache)[dst_off + i] = from_float<TC>(o);
+    }
+  };
 #pragma unroll
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
-    if (i >= half) break;
-    const float n1 = __fmul_rn(__fmul_rn(x1[t], r), w[i]);
-    const float n2 = __fmul_rn(__fmul_rn(x2[t], r), w[i + half]);
+    if (i >= rhalf) break;
+    // Whole heads rotate the pairs loaded above; partial rotary pairs (i, i + rhalf).
+    const float a = rhalf == half ? x1[t] : to_float(src[i]);
+    const float z = rhalf == half ? x2[t] : to_float(src[i + rhalf]);
+    const float n1 = normed(a, i);
+    const float n2 = normed(z, i + rhalf);
     const float ct = c[t * 32 + lane], st = s[t * 32 + lane];
-    const float o1 = __fsub_rn(__fmul_rn(n1, ct), __fmul_rn(n2, st));
-    const float o2 = __fadd_rn(__fmul_rn(n2, ct), __fmul_rn(n1, st));
-    if (is_q) {
-      T* dst = static_cast<T*>(p.q_out) + dst_off;
-      dst[i] = from_float<T>(o1);
-      dst[i + half] = from_float<T>(o2);
-    } else {
-      TC* dst = static_cast<TC*>(p.k_cache) + dst_off;
-      dst[i] = from_float<TC>(o1);
-      dst[i + half] = from_float<TC>(o2);
-    }
+    store(i, __fsub_rn(__fmul_rn(n1, ct), __fmul_rn(n2, st)));
+    store(i + rhalf, __fadd_rn(__fmul_rn(n2, ct), __fmul_rn(n1, st)));
   }
+  for (int i = 2 * rhalf + lane; i < p.head_dim; i += 32) store(i, normed(to_float(src[i]), i));
   if (!is_q) {
     const T* vs = static_cast<const T*>(p.v) + b * p.v_strides.batch + n * p.v_strides.row +
                   h * p.v_strides.head;
@@ -100,7 +112,6 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(RopeP
   const int group = static_cast<int>(wid % groups);
   const int n = static_cast<int>((wid / groups) % p.n);
   const int b = static_cast<int>(wid / (static_cast<long long>(groups) * p.n));
-  const int half = p.head_dim / 2;
   const int pos = p.positions[static_cast<long long>(b) * p.n + n];
 
   // The warp's cos/sin live in shared memory (entry t * 32 + lane is this lane's pair t), not
@@ -108,12 +119,12 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(RopeP
   __shared__ float cs_all[kRopeThreads / 32][2][kRopeMaxPairsPerLane * 32];
   float* c = cs_all[threadIdx.x >> 5][0];
   float* s = cs_all[threadIdx.x >> 5][1];
+  const int rot = rope_rotary_dim(p);
 #pragma unroll
   for (int t = 0; t < kRopeMaxPairsPerLane; ++t) {
     const int i = lane + 32 * t;
-    if (i >= half) break;
-    const float inv =
-        static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(p.head_dim)));
+    if (2 * i >= rot) break;
+    const float inv = static_cast<float>(pow(p.theta, (-2.0 * i) / static_cast<double>(rot)));
     const float angle = __fmul_rn(static_cast<float>(pos), inv);
     double sd, cd;
     sincos(static_cast<double>(angle), &sd, &cd);
@@ -132,7 +143,13 @@ Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
     return bad_input("head_dim ", p.head_dim, " is not even (RoPE rotates halves)");
   if ((p.q == nullptr) != (p.q_out == nullptr))
     return bad_input("q and q_out must both be set or both be 0");
-  if (p.q != nullptr && p.q_norm_w == nullptr) return bad_input("q needs q_norm_w");
+  if (p.q != nullptr && (p.q_norm_w == nullptr) != (p.k_norm_w == nullptr))
+    return bad_input(p.q_norm_w == nullptr ? "q needs q_norm_w"
+                                           : "q_norm_w needs k_norm_w (both norms or neither)");
+  if (p.rotary_dim != 0 &&
+      (p.rotary_dim < 2 || p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0))
+    return bad_input("rotary_dim ", p.rotary_dim, " is not 0 or an even number in [2, head_dim ",
+                     p.head_dim, "]");
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("hq", p.hq, 0));
