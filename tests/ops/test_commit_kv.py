@@ -6,8 +6,9 @@ import torch
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.tree import Verdict
-from helpers import (DEV, api_backend, backend_module, backends, cache_layout, cu, paged,
-                     poisoned_empty, shuffled_table, sync)
+from helpers import (DEV, api_backend, backend_module, backends, cache_layout, cu, fenced_empty,
+                     paged, poisoned_empty, shuffled_table, sync)
+from kernel_constants import cuda_constant
 
 commit = backend_module("triton", "commit_kv")
 
@@ -205,6 +206,61 @@ def test_engine_layouts(backend, layout, is_paged):
     with poisoned_empty():
         got = jk.commit_kv(kd, vd, prefix.to(dev), verdict, block_table=None if table is None else
                            table.to(dev), hidden=hd, backend=api_backend(backend))
+    sync(dev)
+    assert torch.equal(got.prefix_lens.cpu(), want_lens) and torch.equal(got.hidden.cpu(), want_rows)
+    assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)
+
+
+# ---- the cuda kernels' loops at their boundaries ------------------------------------------------
+# commit.cuh: a slot's Hkv * Dh elements in units (16 bytes where every cache row allows, else one
+# element), kCommitThreads threads a block, at most 64 blocks a sequence (the literal cap in
+# commit_kv's `chunks`), so a row past 64 * kCommitThreads units loops; the hidden gather copies
+# a row's units with one block of kCommitThreads threads.
+COMMIT_THREADS = cuda_constant("commit.cuh", "kCommitThreads")
+COMMIT_MAX_CHUNKS = 64  # commit.cuh commit_kv: min(ceil_div(units, kCommitThreads), 64)
+_CAP = COMMIT_MAX_CHUNKS * COMMIT_THREADS
+
+# (cache dtype, Hkv, Dh, hidden size, bf16 hidden): slot rows of exactly one block's units and one
+# more (16-byte units: fp16 Dh 8), exactly the 64 blocks' units and one more (every thread loops
+# once more), the same on the scalar path (float32 Dh 6: 24-byte heads); hidden rows of a block's
+# units exactly, one more, and one element (scalar) past.
+COMMIT_BOUNDARY = [
+    (torch.float16, COMMIT_THREADS, 8, 8 * COMMIT_THREADS, True),
+    (torch.float16, COMMIT_THREADS + 1, 8, 8 * COMMIT_THREADS + 8, True),
+    (torch.float16, _CAP // 8, 64, 8 * COMMIT_THREADS + 1, True),
+    (torch.float16, _CAP // 8 + 1, 64, 2 * COMMIT_THREADS + 1, False),
+    (torch.float32, COMMIT_THREADS // 2, 6, COMMIT_THREADS, False),
+    (torch.float32, _CAP // 6 + 1, 6, COMMIT_THREADS + 1, False),
+]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype,hkv,dh,hdim,bf16", COMMIT_BOUNDARY,
+                         ids=[f"{str(d)[6:]}-H{h}x{dh}-hidden{hd}" for d, h, dh, hd, _ in
+                              COMMIT_BOUNDARY])
+def test_commit_kv_rows_at_the_kernels_edges(backend, dtype, hkv, dh, hdim, bf16):
+    """Slot rows and hidden rows whose units end exactly on a block's threads, on the last of the
+    64 blocks' threads, or one unit past either: bit-exact caches and hidden rows."""
+    dev = backend.device
+    units = hkv * dh * torch.finfo(dtype).bits // 8 // (16 if dh * torch.finfo(dtype).bits % 128
+                                                        == 0 else torch.finfo(dtype).bits // 8)
+    assert units % COMMIT_THREADS in (0, 1) or units > _CAP
+    gen = torch.Generator().manual_seed(hkv + dh)
+    B, L = 2, 10
+    k = torch.randn(B, L, hkv, dh, generator=gen).to(dtype)
+    v = torch.randn(B, L, hkv, dh, generator=gen).to(dtype)
+    hidden = torch.randn(B, 6, hdim, generator=gen).to(torch.bfloat16 if bf16 else torch.float32)
+    path = torch.tensor([[0, 2, 5, -1], [0, 1, 3, 4]], dtype=torch.int32)
+    accept = torch.tensor([2, 3], dtype=torch.int32)
+    prefix = torch.tensor([1, 4], dtype=torch.int32)
+    kr, vr = k.clone(), v.clone()
+    want_lens, want_rows = ref.commit_kv(kr, vr, prefix, path, accept, None, hidden)
+    kd, vd = k.to(dev), v.to(dev)
+    verdict = jk.Verdict(accept.to(dev), path.to(dev), torch.zeros(B, dtype=torch.int32, device=dev),
+                         path.to(dev))
+    with fenced_empty():
+        got = jk.commit_kv(kd, vd, prefix.to(dev), verdict, hidden=hidden.to(dev),
+                           backend=api_backend(backend))
     sync(dev)
     assert torch.equal(got.prefix_lens.cpu(), want_lens) and torch.equal(got.hidden.cpu(), want_rows)
     assert torch.equal(kd.cpu(), kr) and torch.equal(vd.cpu(), vr)

@@ -8,6 +8,7 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from helpers import (DEV, TOL, api_backend, backend_module, backends, cache_layout, cu, fused_qkv,
                      paged, rel_l2, shuffled_table, sync, widened)
+from kernel_constants import cuda_constant
 
 rope = backend_module("triton", "qk_norm_rope_append")
 
@@ -373,6 +374,58 @@ def test_activation_scales(backend, scale, dtype):
     written = ~kr.isnan()
     assert rel_l2(got, want) < TOL[dtype]
     assert rel_l2(kd.cpu()[written], kr[written]) < TOL[dtype]
+
+
+# ---- the cuda kernel's split at its boundaries --------------------------------------------------
+# rope.cuh: one warp a (token, group of kRopeHeadsPerWarp heads), the q heads first and then the
+# k heads, kRopeThreads / 32 warps a block (the last block's spare warps return); each lane
+# rotates the pairs i = lane + 32 t (t < kRopeMaxPairsPerLane) below Dh / 2.
+ROPE_HEADS_PER_WARP = cuda_constant("rope.cuh", "kRopeHeadsPerWarp")
+ROPE_WARPS = cuda_constant("rope.cuh", "kRopeThreads") // 32
+
+# (Hq, Hkv, Dh, tokens B x N; Hkv divides Hq): heads one short of a warp's group, exactly a
+# group (k heads ending it; q heads filling it, k heads alone in the next), one over (a group of
+# one k head); Dh / 2 one pair short of a warp's 32 lanes, exactly 32, one over, and the largest Dh
+# (every lane's last pair); tokens one warp short of a block's warps and one over.
+_G = ROPE_HEADS_PER_WARP
+ROPE_BOUNDARY = [(_G - 2, 1, 64, (1, ROPE_WARPS - 1)), (_G, _G, 64, (1, ROPE_WARPS + 1)),
+                 (_G - 2, 2, 64, (2, 3)), (2 * _G, 1, 62, (1, 1)), (_G, 1, 66, (3, 1)),
+                 (0, _G + 1, 64, (1, 2)), (4, 2, 512, (2, 2))]
+
+
+@backends("triton", "sim", "cuda")
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "kv_only"])
+@pytest.mark.parametrize("hq,hkv,dh,tokens", ROPE_BOUNDARY,
+                         ids=[f"hq{q}-hkv{k}-dh{d}-{b}x{n}" for q, k, d, (b, n) in ROPE_BOUNDARY])
+def test_heads_and_pairs_at_the_kernels_edges(backend, hq, hkv, dh, tokens, with_q):
+    """Head counts at a warp's head group's end, Dh / 2 at a warp's lanes' end and the largest Dh,
+    tokens at a block's warps' end: python_ref's q and caches, every slot it leaves alone still
+    NaN (a head or pair past the end written shows)."""
+    if hq == 0 and with_q:
+        pytest.skip("no q heads")
+    dev = backend.device
+    B, N = tokens
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(hq * 100 + hkv * 10 + dh)
+    q, k, v = (torch.randn(B, N, h, dh, generator=gen).to(dtype) for h in (hq, hkv, hkv))
+    qw, kw = torch.rand(dh, generator=gen) + 0.5, torch.rand(dh, generator=gen) + 0.5
+    positions = (torch.arange(N)[None, :] + 3 * torch.arange(B)[:, None]).to(torch.int32)
+    cache = torch.full((B, 3 * B + N + 1, hkv, dh), float("nan"), dtype=dtype)
+    kr, vr = cache.double(), cache.double()
+    dbl = (lambda t: t.double()) if with_q else (lambda t: None)
+    want = ref.qk_norm_rope_append(dbl(q), k.double(), v.double(), dbl(qw), kw.double(), positions,
+                                   kr, vr, 1e6)
+    kc, vc = cache.to(dev), cache.clone().to(dev)
+    got = jk.qk_norm_rope_append(q.to(dev) if with_q else None, k.to(dev), v.to(dev),
+                                 qw.to(dev) if with_q else None, kw.to(dev), positions.to(dev),
+                                 kc, vc, rope_theta=1e6, backend=api_backend(backend))
+    sync(dev)
+    if with_q:
+        assert rel_l2(got, want) < TOL[dtype]
+    written = ~kr.isnan()
+    assert torch.equal(~kc.cpu().isnan(), written) and torch.equal(~vc.cpu().isnan(), written)
+    assert rel_l2(kc.cpu()[written], kr[written]) < TOL[dtype]
+    assert torch.equal(vc.cpu()[written], vr[written].to(dtype))
 
 
 # ------------------------------------------------ no QK-norm, partial rotary (Llama, Qwen3-Next)

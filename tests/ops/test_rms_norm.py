@@ -11,8 +11,9 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
-from helpers import (api_backend, assert_rms_norm, backend_module, backends, poisoned_empty,
-                     skip_on_interpreter, sync, widened)
+from helpers import (api_backend, assert_rms_norm, backend_module, backends, fenced_empty,
+                     poisoned_empty, skip_on_interpreter, sync, widened)
+from kernel_constants import cuda_constant
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -239,3 +240,53 @@ def test_rms_norm_rejects_bad_input(call, err, match):
     w = torch.ones(12)
     with pytest.raises(err, match=match):
         call(x, w, r)
+
+
+# ---- the cuda kernel's row split at its boundaries ----------------------------------------------
+# rms_norm.cuh: units of 16 bytes where every row allows (else one element); a warp a row (and
+# kRmsNormThreads / 32 rows a block) while 32 lanes' registers, rms_norm_items units a lane
+# (kRmsNormVecItems, or kRmsNormScalarItems on the scalar path), hold the row, else a block of
+# kRmsNormThreads a row, whose units past its registers are read back in a loop.
+NORM_THREADS = cuda_constant("rms_norm.cuh", "kRmsNormThreads")
+NORM_ITEMS = {True: cuda_constant("rms_norm.cuh", "kRmsNormVecItems"),
+              False: cuda_constant("rms_norm.cuh", "kRmsNormScalarItems")}
+
+
+def _norm_edges(dtype, vec):
+    """Hidden sizes at and one unit either side of the warp path's limit, and of a block's
+    registers (and one whole pass past them), for ``dtype`` on the 16-byte (``vec``) or scalar
+    path; on the scalar path every size is made odd so that the path holds."""
+    e = 128 // torch.finfo(dtype).bits if vec else 1
+    warp, block = 32 * NORM_ITEMS[vec] * e, NORM_THREADS * NORM_ITEMS[vec] * e
+    sizes = [warp - e, warp, warp + e, block - e, block, block + e, block + NORM_THREADS * e + e]
+    if not vec:
+        sizes = [h | 1 for h in sizes]  # odd: no 16-byte unit fits the rows
+    return sorted(set(sizes))
+
+
+NORM_BOUNDARY = [(d, vec, h) for d, vec in ((torch.bfloat16, True), (torch.float32, True),
+                                            (torch.float32, False), (torch.float16, False))
+                 for h in _norm_edges(d, vec)]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype,vec,hidden", NORM_BOUNDARY,
+                         ids=[f"{str(d)[6:]}-{'vec' if v else 'scalar'}-H{h}"
+                              for d, v, h in NORM_BOUNDARY])
+def test_rms_norm_rows_at_the_kernels_edges(backend, dev, dtype, vec, hidden):
+    """Each hidden size where the kernel's split changes (a warp's or a block's registers full,
+    one unit over), with the residual add (total) and without, in outputs fenced against writes
+    past their end; the warp path's rows not a multiple of its rows a block (1, 7, 9)."""
+    gen = torch.Generator().manual_seed(hidden)
+    rows_per_block = NORM_THREADS // 32
+    warp = hidden <= 32 * NORM_ITEMS[vec] * (128 // torch.finfo(dtype).bits if vec else 1)
+    for rows in ((1, rows_per_block - 1, rows_per_block + 1) if warp else (1, 3)):
+        x, res, w = _inputs(rows, hidden, dtype, gen)
+        for r in (None, res):
+            with fenced_empty():
+                got = jk.rms_norm(x.to(dev), w.to(dev), eps=1e-6,
+                                  residual=None if r is None else r.to(dev),
+                                  backend=api_backend(backend))
+            sync(dev)
+            out, total = got if r is not None else (got, None)
+            assert_rms_norm(out, total, x, r, w, 1e-6)

@@ -15,6 +15,7 @@ import jetspec_kernels as jk
 from jetspec_kernels import python_ref as ref
 from helpers import (api_backend, assert_silu_mul, backends, fenced_empty, same,
                      skip_on_interpreter, sync, widened)
+from kernel_constants import cuda_constant
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -162,3 +163,82 @@ def test_silu_mul_refuses_grad():
         jk.silu_mul(x)
     with torch.no_grad():
         assert jk.silu_mul(x).shape == (2, 4)
+
+
+# ---- the cuda kernel's flat split at its boundaries ---------------------------------------------
+# silu_mul.cuh deals the R * I outputs in units (16 bytes where every row allows, else one
+# element) to kSiluMulThreads threads a block, consecutive threads on consecutive units; from
+# kSiluMulSmallBytes of output on, each thread takes kSiluMulVecItems (16-byte) or
+# kSiluMulScalarItems (scalar) units, each kSiluMulThreads units after the last: dr rows and dc
+# units on, carried into the next row when the column reaches the row's n units.
+SILU_THREADS = cuda_constant("silu_mul.cuh", "kSiluMulThreads")
+SILU_ITEMS = {True: cuda_constant("silu_mul.cuh", "kSiluMulVecItems"),
+              False: cuda_constant("silu_mul.cuh", "kSiluMulScalarItems")}
+SILU_SMALL_BYTES = cuda_constant("silu_mul.cuh", "kSiluMulSmallBytes")
+
+
+def _silu_units(dtype, inner):
+    """(16-byte path?, elements a unit) of a contiguous x [R, 2I]: 16-byte units iff I fills them."""
+    per16 = 128 // torch.finfo(dtype).bits
+    return (True, per16) if inner % per16 == 0 else (False, 1)
+
+
+def _silu_large_rows(dtype, inner, rows=None):
+    """``rows``, or the fewest rows of output past kSiluMulSmallBytes whose units leave the last
+    block's pass with some threads holding a later unit and some not (the `< total` masks), where
+    some number of rows does (not where a row's units are a multiple of a block's)."""
+    if rows is not None:
+        return rows
+    vec, elems = _silu_units(dtype, inner)
+    n, span = inner // elems, SILU_THREADS * SILU_ITEMS[vec]
+    least = -(-SILU_SMALL_BYTES // (inner * torch.finfo(dtype).bits // 8))
+    return next((r for r in range(least, least + span) if SILU_THREADS < (r * n) % span), least)
+
+
+def _silu_carry_ends_on_a_row(n, total):
+    """Whether some thread's next unit is exactly one past a row's last column (col + dc == n, the
+    carry's equality case) with both units inside out."""
+    dc = SILU_THREADS % n
+    return dc > 0 and total - SILU_THREADS > n - dc
+
+
+# (dtype, I, rows or None for the fewest past the switch): units per row n and how a thread's next
+# unit lands: n 1 (256 rows on, no carry), n 3 (dc 1: a carry exactly at each row's end), n 255
+# (one row and one unit on), n 257 (a row longer than a block's pass: dc 256), n 256 (exactly one
+# row on); rows not a multiple of the 16-byte unit (scalar: I 13 in float32, 100 in float16); one
+# row of 262147 units.
+SILU_BOUNDARY = [(torch.bfloat16, 8, None), (torch.bfloat16, 24, None),
+                 (torch.bfloat16, 255 * 8, None), (torch.bfloat16, 257 * 8, None),
+                 (torch.float32, 256 * 4, None), (torch.float32, 13, None),
+                 (torch.float16, 100, None),
+                 (torch.bfloat16, SILU_SMALL_BYTES // 2 + 3 * 8, 1)]
+
+
+@backends("sim", "cuda")
+@pytest.mark.parametrize("dtype,inner,rows", SILU_BOUNDARY,
+                         ids=[f"{str(d)[6:]}-I{i}-R{r or 'min'}" for d, i, r in SILU_BOUNDARY])
+def test_silu_mul_units_carried_across_row_ends(backend, dev, dtype, inner, rows):
+    """Calls past the small-call switch (several units a thread): every output against the
+    contract, where a thread's later unit is a row or more on, ends exactly on a row's last column,
+    or lies past out's end."""
+    vec, elems = _silu_units(dtype, inner)
+    rows = _silu_large_rows(dtype, inner, rows)
+    n = inner // elems
+    assert rows * inner * torch.finfo(dtype).bits // 8 >= SILU_SMALL_BYTES
+    if SILU_THREADS % n and rows > 1:  # (one row has no next row to carry into)
+        assert _silu_carry_ends_on_a_row(n, rows * n)
+    gen = torch.Generator().manual_seed(inner)
+    x = (torch.randn(rows, 2 * inner, generator=gen) * 3).to(dtype)
+    assert_silu_mul(_call(x, backend, dev).cpu(), x)
+
+
+@backends("reference", "triton", "sim", "cuda")
+@pytest.mark.parametrize("inner", [1, 7, 8, 9, 255, 256, 257, 1023, 1024, 1025, 2049])
+def test_silu_mul_small_calls_at_unit_and_block_edges(backend, dev, inner):
+    """Below the switch: one unit a thread, I at and one either side of the 16-byte unit (8
+    fp16 elements), a block's threads' units (256), and the Triton kernel's column block (1024);
+    one row, a few, and one more than a block's threads (Triton's interpreter: a few only)."""
+    gen = torch.Generator().manual_seed(inner)
+    for rows in (1, 3) if backend.name == "triton" else (1, 3, SILU_THREADS + 1):  # interpreter
+        x = (torch.randn(rows, 2 * inner, generator=gen) * 3).to(torch.float16)
+        assert_silu_mul(_call(x, backend, dev).cpu(), x)
