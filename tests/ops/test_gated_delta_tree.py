@@ -154,6 +154,23 @@ def test_tree_shapes(backend, dev, shape):
 
 
 @backends("reference", "triton")
+@pytest.mark.parametrize("n", [512, MAX_BUDGET])
+def test_a_chain_up_to_the_limit_is_the_sequence(backend, dev, n):
+    """A chain of n nodes (depth n - 1) against transformers' recurrent form over the sequence."""
+    if dev == "cpu" and (n > 512 or backend.name == "triton"):
+        pytest.skip("runs on a GPU (minutes on the CPU or under the interpreter)")
+    qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    gen = torch.Generator().manual_seed(n)
+    case = make_case(1, n, 1, 2, 16, 16, gen, parents=chain(1, n), g_range=(-0.05, 0.0),
+                     spare_slots=0)
+    o = run(case, dev, backend.name)
+    want, _ = qwen3_5.torch_recurrent_gated_delta_rule(
+        case["q"], case["k"], case["v"], g=case["g"], beta=case["beta"],
+        initial_state=case["state"][case["state_slots"].long()], use_qk_l2norm_in_kernel=True)
+    assert rel_l2(o, want) < TOL[torch.float32]
+
+
+@backends("reference", "triton")
 def test_all_nodes_valid_without_num_nodes_and_slots(backend, dev):
     gen = torch.Generator().manual_seed(6)
     B, N = 2, 10
