@@ -242,3 +242,30 @@ def test_config_from_interval_and_nesting():
     nested = {"model_type": "qwen3_5", "tie_word_embeddings": True, "text_config": _cfg()}
     cfg = Qwen3_5Config.from_dict(nested)
     assert cfg.tie_word_embeddings and cfg.rotary_dim == 4 and cfg.conv_dim == 2 * 16 + 32
+
+
+@pytest.mark.parametrize("t, chunk", [(150, 64), (7, 64), (9, 4)])
+def test_chunked_recurrence_equals_the_token_steps(t, chunk):
+    """The prefill's chunked form equals transformers' recurrent step run token by token (float64),
+    padding tokens (g = 0, beta = 0) leave the state, decays near 0 and 1, beta near 0 and 1."""
+    from jetspec_kernels.models.gated_delta import chunked_recurrence
+    from jetspec_kernels.python_ref.gated_delta_tree import gated_delta_step, l2norm
+    gen = torch.Generator().manual_seed(t)
+    b, hv, dk, dv = 2, 3, 8, 6
+    q = l2norm(torch.randn(b, t, hv, dk, generator=gen, dtype=torch.float64)) / dk ** 0.5
+    k = l2norm(torch.randn(b, t, hv, dk, generator=gen, dtype=torch.float64))
+    v = torch.randn(b, t, hv, dv, generator=gen, dtype=torch.float64)
+    g = -torch.rand(b, t, hv, generator=gen, dtype=torch.float64) * 6     # decay e^-6 .. 1
+    beta = torch.rand(b, t, hv, generator=gen, dtype=torch.float64)
+    beta[:, ::5] = 1.0
+    beta[:, 1::7] = 1e-6
+    lens = torch.tensor([t, max(1, t - 3)])
+    pad = torch.arange(t)[None, :] >= lens[:, None]
+    g[pad], beta[pad] = 0.0, 0.0
+    s0 = torch.randn(b, hv, dk, dv, generator=gen, dtype=torch.float64)
+    out, state = chunked_recurrence(q, k, v, g, beta, s0, chunk=chunk)
+    s = s0
+    for i in range(t):
+        s, o = gated_delta_step(s, q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i])
+        assert rel(out[:, i], o) < 1e-10, i
+    assert rel(state, s) < 1e-10

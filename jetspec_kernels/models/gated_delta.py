@@ -12,7 +12,7 @@ state slots int32 [B]):
 Decoding one token is a one-node tree and its commit. Projections, gates and the output norm are
 torch; the conv is :func:`~jetspec_kernels.causal_conv1d_tree` / ``causal_conv1d_commit``, the
 recurrence :func:`~jetspec_kernels.gated_delta_tree` / ``gated_delta_commit`` and, over a prompt,
-transformers' recurrent form one token at a time (python_ref's step; no chunked prefill yet).
+:func:`chunked_recurrence` (64 tokens a chunk) after a torch conv (prompts of any length).
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from ..ops.causal_conv1d_commit import causal_conv1d_commit
 from ..ops.causal_conv1d_tree import causal_conv1d_tree
 from ..ops.gated_delta_commit import gated_delta_commit
 from ..ops.gated_delta_tree import gated_delta_tree
-from ..python_ref.gated_delta_tree import gated_delta_step, l2norm
+from ..python_ref.gated_delta_tree import l2norm
 
-__all__ = ["LINEAR_KEYS", "linear_layer_shapes", "TreeInputs", "linear_prefill", "linear_tree",
-           "linear_commit"]
+__all__ = ["LINEAR_KEYS", "linear_layer_shapes", "TreeInputs", "chunked_recurrence",
+           "linear_prefill", "linear_tree", "linear_commit"]
 
 LINEAR_KEYS = ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
                "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight",
@@ -94,29 +94,74 @@ def _conv_weight(w):
     return w["linear_attn.conv1d.weight"].squeeze(1)
 
 
+PREFILL_CHUNK = 64    # prompt tokens a chunk of the prefill's recurrence
+
+
+def chunked_recurrence(q, k, v, g, beta, state, chunk: int = PREFILL_CHUNK):
+    """The gated delta rule over whole sequences, ``chunk`` tokens at a time (the chunked WY form
+    of transformers' and fla's chunk kernels, in float32).
+
+    Within a chunk, with ``C`` the running sum of g from the chunk's start state ``S0``:
+    ``(I + A) U = beta * (V - exp(C) K S0)``, ``A[i, j] = beta_i exp(C_i - C_j) k_i . k_j`` for
+    ``j < i``; ``O = exp(C) Q S0 + (exp(C_i - C_j) q_i . k_j, j <= i) U``; the next chunk starts
+    from ``exp(C_L) S0 + sum_j exp(C_L - C_j) k_j u_j^T``. A token with ``g = 0`` and ``beta = 0``
+    leaves the state as it is (right padding).
+
+    Parameters
+    ----------
+    q, k : float32 [B, T, Hv, Dk] (L2-normed, repeated to the v heads, q scaled); v : float32
+    [B, T, Hv, Dv]; g, beta : float32 [B, T, Hv]; state : float32 [B, Hv, Dk, Dv] (not modified)
+
+    Returns
+    -------
+    (o float32 [B, T, Hv, Dv], the state after the T tokens [B, Hv, Dk, Dv])
+    """
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))          # [B, Hv, T, D]
+    g, beta = g.transpose(1, 2), beta.transpose(1, 2)         # [B, Hv, T]
+    t = q.shape[2]
+    outs = []
+    for lo in range(0, t, chunk):
+        hi = min(t, lo + chunk)
+        qc, kc, vc, gc, bc = q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], g[:, :, lo:hi], beta[:, :, lo:hi]
+        n = hi - lo
+        c = gc.cumsum(-1)
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        decay = torch.where(causal, c[..., :, None] - c[..., None, :], float("-inf")).exp()
+        strict = decay.masked_fill(torch.eye(n, dtype=torch.bool, device=q.device), 0)
+        a = torch.eye(n, device=q.device) + bc[..., None] * strict * (kc @ kc.transpose(-1, -2))
+        r = bc[..., None] * (vc - c.exp()[..., None] * (kc @ state))
+        u = torch.linalg.solve_triangular(a, r, upper=False, unitriangular=True)
+        outs.append(c.exp()[..., None] * (qc @ state) + (decay * (qc @ kc.transpose(-1, -2))) @ u)
+        last = (c[..., -1:] - c).exp()[..., None]                 # exp(C_L - C_j)
+        state = c[..., -1].exp()[..., None, None] * state + (kc * last).transpose(-1, -2) @ u
+    return torch.cat(outs, dim=2).transpose(1, 2), state
+
+
 def linear_prefill(a, w, cfg, lens, conv_pool, rec_pool, slots, eps):
     """The layer over right-padded prompts ``a [B, T, Hd]`` (normed) from zero states; writes
     each sequence's states after its ``lens[b]`` tokens into the pools at ``slots``. Returns
     ``[B, T, Hd]`` (rows past a prompt's length are not meaningful)."""
     b, t, _ = a.shape
     mixed, z, g, beta = _project(a, w, cfg)
+    weight = _conv_weight(w)
+    width = weight.shape[1]
     dev = a.device
-    chain = (torch.arange(t, device=dev, dtype=torch.int32) - 1).expand(b, t).contiguous()
-    conv_pool.index_fill_(0, slots.long(), 0)
-    conv = causal_conv1d_tree(mixed, chain, conv_pool, _conv_weight(w), state_slots=slots,
-                              num_nodes=lens)
-    path = torch.arange(t, device=dev, dtype=torch.int32).expand(b, t).contiguous()
-    causal_conv1d_commit(mixed, path, lens - 1, conv_pool, state_slots=slots)
-    q, k, v = _split(conv, cfg)
+    # The conv over the prompt (any length), float32 as the tree op; its state: the last W - 1
+    # inputs before each prompt's end (zeros before the prompt's start).
+    padded = F.pad(mixed.transpose(1, 2).float(), (width - 1, 0))          # [B, C, W-1+T]
+    conv = F.silu(F.conv1d(padded, weight.float()[:, None, :], groups=weight.shape[0]))
+    keep = lens.long()[:, None] + torch.arange(width - 1, device=dev)
+    tail = padded.gather(2, keep[:, None, :].expand(-1, padded.shape[1], -1))
+    conv_pool.index_copy_(0, slots.long(), tail.to(conv_pool.dtype))
+    q, k, v = _split(conv.transpose(1, 2).to(mixed.dtype), cfg)
     rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
     qf = l2norm(q.repeat_interleave(rep, dim=2).float()) / cfg.linear_key_head_dim ** 0.5
     kf = l2norm(k.repeat_interleave(rep, dim=2).float())
-    vf, gf, bf = v.float(), g.float(), beta.float()
-    state = rec_pool.new_zeros(b, *rec_pool.shape[1:])
-    out = torch.empty_like(vf)
-    for i in range(t):   # the recurrent form, one token at a time; padding leaves the state
-        stepped, out[:, i] = gated_delta_step(state, qf[:, i], kf[:, i], vf[:, i], gf[:, i], bf[:, i])
-        state = torch.where((i < lens)[:, None, None, None], stepped, state)
+    valid = (torch.arange(t, device=dev)[None, :] < lens[:, None])[..., None]   # padding: no step
+    gf = torch.where(valid, g.float(), 0)
+    bf = torch.where(valid, beta.float(), 0)
+    out, state = chunked_recurrence(qf, kf, v.float(), gf, bf,
+                                    rec_pool.new_zeros(b, *rec_pool.shape[1:]))
     rec_pool.index_copy_(0, slots.long(), state)
     return _output(out.to(v.dtype), z, w, eps)
 
