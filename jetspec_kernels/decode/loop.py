@@ -23,6 +23,7 @@ from .. import backend as _backend
 from .. import tp
 from ..adaptive import AcceptanceCalibrator, CostModel
 from ..adaptive.kept import kept_for
+from ..ops.exact import exact_scope
 from .arguments import check_group, check_shared_args, checked_generate_args
 from .graphs import StepRunner
 from .measure import measure_round_costs
@@ -43,7 +44,7 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
              page_size: int | None = None, fused_draft: bool = True,
              cuda_graphs: bool | None = None, sync_every: int = 1, top_k=0, top_p=1.0,
              cost_model=None, calibrator: AcceptanceCalibrator | None = None,
-             group=None) -> GenerateOutput:
+             group=None, exact: bool = False) -> GenerateOutput:
     """JetSpec speculative decoding for a batch of prompts of different lengths.
 
     Parameters
@@ -91,6 +92,10 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
         forwards all-reduce inside (capturable on NCCL), the host still syncs once per round.
         With ``JETSPEC_TP_CHECK=1`` the emitted tokens are compared across ranks at the end.
         Adaptive budgets use the first rank's cost model on every rank
+    exact : bool; run the target in the exact mode (``jetspec_kernels.exact_mode``): every
+        verified row is the same bits as the autoregressive step's at its logical position, so
+        greedy output equals ``generate_ar(..., exact=True)``'s bit for bit (DESIGN.md, "Exact
+        mode"). CPU reference backend, tp 1 only; elsewhere ``ExactModeError``
 
     Returns
     -------
@@ -99,6 +104,9 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     Bad arguments raise ``TypeError`` (wrong type) or ``ValueError`` naming the argument, before
     any model work.
     """
+    if exact is not False:      # the same call again, inside the exact mode (its arguments: locals())
+        with exact_scope(exact, target.device, target.fused_ops_backend):
+            return generate(**{**locals(), "exact": False})
     args = checked_generate_args(
         target, head, prompt_ids, max_new_tokens=max_new_tokens, budget=budget, topk=topk,
         algorithm=algorithm, temperature=temperature, eos_token_id=eos_token_id, seed=seed,
@@ -198,20 +206,25 @@ def _run_rounds(decode: SpeculativeDecode, steps: StepRunner, sync_every: int,
 
 def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
                 eos_token_id=None, seed: int = 0, page_size: int | None = None, head=None,
-                top_k=0, top_p=1.0, group=None, **unused) -> GenerateOutput:
+                top_k=0, top_p=1.0, group=None, exact: bool = False, **unused) -> GenerateOutput:
     """Plain autoregressive decoding of ``target`` (the baseline; same output as :func:`generate`
     for greedy decoding, the same distribution when sampling).
 
     Parameters
     ----------
     target : Qwen3; prompt_ids, max_new_tokens, temperature, eos_token_id, seed, page_size,
-        top_k, top_p, group: as in :func:`generate`
+        top_k, top_p, group, exact: as in :func:`generate`
     head, unused : accepted and ignored, so that one argument set serves both functions
 
     Returns
     -------
     GenerateOutput; stats.rounds counts decode steps (accept lengths are all 0).
     """
+    if exact is not False:
+        with exact_scope(exact, target.device, target.fused_ops_backend):
+            kw = dict(locals(), exact=False)
+            kw.update(kw.pop("unused"))
+            return generate_ar(**kw)
     shard = check_group(group, target=target)
     sampling = check_shared_args(target, prompt_ids, max_new_tokens, temperature, eos_token_id,
                                  seed, page_size, top_k, top_p)

@@ -21,7 +21,7 @@ def _identity(x):
 
 
 def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, norm=None,
-                  residual=None, defer_add=False):
+                  residual=None, defer_add=False, linear=F.linear):
     """One pre-norm Qwen3 decoder layer: ``h += o_proj(attend(q, k, v))``, then
     ``h += mlp(post_attention_layernorm(h))``.
 
@@ -46,6 +46,8 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, nor
         fused add (a previous layer's ``defer_add`` output)
     defer_add : bool. Return the MLP's output and the stream before it, unsummed, so the next
         layer's input norm (or the final norm) adds them; False: their sum
+    linear : callable ``(x [B, N, K], weight [M, K]) -> [B, N, M]`` for the q/k/v and o
+        projections (the exact mode passes ``ops.exact.linear``, one M = 1 GEMM per row)
 
     Returns
     -------
@@ -61,11 +63,11 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, nor
     if "self_attn.qkv_proj.weight" in w:                 # one GEMM, views of its output
         nq, nkv = w["self_attn.q_proj.weight"].shape[0], w["self_attn.k_proj.weight"].shape[0]
         q, k, v = (t.unflatten(-1, (-1, dh)) for t in
-                   F.linear(a, w["self_attn.qkv_proj.weight"]).split([nq, nkv, nkv], dim=-1))
+                   linear(a, w["self_attn.qkv_proj.weight"]).split([nq, nkv, nkv], dim=-1))
     else:
-        q, k, v = (F.linear(a, w[f"self_attn.{p}_proj.weight"]).unflatten(-1, (-1, dh))
+        q, k, v = (linear(a, w[f"self_attn.{p}_proj.weight"]).unflatten(-1, (-1, dh))
                    for p in "qkv")
-    attn = reduce(F.linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
+    attn = reduce(linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
     a, h = norm(attn, w["post_attention_layernorm.weight"], h)   # h + attn, then its norm
     out = reduce(mlp(a, w))
     return (out, h) if defer_add else h + out

@@ -16,6 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from ..ops import exact as exact_ops
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.silu_mul import silu_mul
 from ..ops.tree_attention import tree_attention
@@ -189,6 +190,9 @@ class Qwen3:
         hidden : [B, N, H] final-normed hidden states (model dtype)
         tapped : [B, N, len(taps) * H] or None
         """
+        if exact_ops.exact_enabled():
+            return self._forward_exact(tokens, positions, cache, attn_prefix, write_start,
+                                       tree_mask, taps)
         cfg = self.config
         eps = cfg.rms_norm_eps
         norm = layer_norm(eps, self.fused_ops_backend)
@@ -217,8 +221,55 @@ class Qwen3:
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
         return norm(x, self.norm_weight, res)[0], tapped
 
-    def _mlp(self, a: torch.Tensor, w: dict) -> torch.Tensor:
-        """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer."""
+    def _forward_exact(self, tokens, positions, cache, attn_prefix, write_start, tree_mask, taps):
+        """:meth:`forward` in the exact mode (``ops.exact.exact_mode``): every row's bits depend
+        only on its token, its position and the keys it sees in logical order, not on B, N, the
+        tree, the page size or the other rows. Norms, projections, the MLP (experts included)
+        run as one-row calls, attention as ``tree_attention(exact=True)``."""
+        cfg = self.config
+        eps = cfg.rms_norm_eps
+        be = self.fused_ops_backend
+        if self.shard.parallel:
+            raise exact_ops.ExactModeError(
+                f"exact mode: tensor parallelism (tp = {self.shard.size}) is not row-invariant yet "
+                "(the all-reduce's summation order depends on the tensor size); run with tp 1")
+        exact_ops.exact_backend("Qwen3.forward", self.device, be)
+
+        def norm(x, weight, residual):
+            if residual is None:
+                return exact_ops.rms_norm(x, weight, eps=eps, backend=be), x
+            return exact_ops.rms_norm(x, weight, eps=eps, residual=residual, backend=be)
+
+        def mlp(a, w):      # the whole MLP on one row at a time: [1, H] -> [1, H]
+            return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
+
+        taps = list(taps)
+        kept: dict[int, torch.Tensor] = {}
+        x, res = F.embedding(tokens.long(), self.embed_weight), None     # a gather: exact
+        for li, w in enumerate(self._run_layers):
+            kc, vc = cache.layer(li)
+
+            def attend(q, k, v, lw):
+                q = exact_ops.qk_norm_rope_append(
+                    q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
+                    positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+                    block_table=cache.block_table, cache_start=write_start)
+                return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
+                                      block_table=cache.block_table, exact=True)
+
+            out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
+                                residual=res, defer_add=li not in taps, linear=exact_ops.linear)
+            if li in taps:
+                x = kept[li] = out
+                res = None
+            else:
+                x, res = out
+        tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
+        return norm(x, self.norm_weight, res)[0], tapped
+
+    def _mlp(self, a: torch.Tensor, w: dict, grouped_mm: bool | None = None) -> torch.Tensor:
+        """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer
+        (``grouped_mm``: as :func:`.moe.grouped_experts`'s; None: ``experts_grouped_mm``)."""
         act = functools.partial(silu_mul, backend=self.fused_ops_backend)
         if "mlp.gate.weight" not in w:
             return swiglu(a, w, act=act)
@@ -226,12 +277,16 @@ class Qwen3:
         flat = a.reshape(-1, a.shape[-1])
         weights, experts = route(flat, w["mlp.gate.weight"], cfg.num_experts_per_tok, cfg.norm_topk_prob)
         out = grouped_experts(flat, weights, experts, w["mlp.experts.gate_up_proj"],
-                              w["mlp.experts.down_proj"], grouped_mm=self.experts_grouped_mm,
+                              w["mlp.experts.down_proj"],
+                              grouped_mm=self.experts_grouped_mm if grouped_mm is None else grouped_mm,
                               act=act)
         return out.view_as(a)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] final hidden -> [..., V] logits (model dtype)."""
+        """[..., H] final hidden -> [..., V] logits (model dtype); in the exact mode one M = 1
+        GEMM per row."""
+        if exact_ops.exact_enabled():
+            return exact_ops.linear(hidden, self.lm_head_weight)
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()   # integer tokens: no gradient, and max(out=) has no autograd
@@ -242,6 +297,8 @@ class Qwen3:
         The logits come in vocabulary chunks (``launch_plan.argmax_chunk``: one pass while they
         fit ARGMAX_CHUNK_BYTES) so the full [..., V] logits of a big verify never exist at once.
         """
+        if exact_ops.exact_enabled():        # the full logits row by row, as decode's argmax sees them
+            return exact_ops.argmax(self.logits(hidden))
         w, v = self.lm_head_weight, self.lm_head_weight.shape[0]
         rows = hidden.numel() // max(1, hidden.shape[-1])
         chunk = launch_plan.argmax_chunk(rows, v, hidden.element_size())

@@ -30,7 +30,7 @@ from .qk_norm_rope_append import qk_norm_rope_append as _qk_norm_rope_append
 from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
-__all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "require_cpu",
+__all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope", "require_cpu",
            "per_row", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax"]
 
 
@@ -165,3 +165,16 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     reduction scheme torch picks for the launch."""
     require_cpu("argmax", logits)
     return per_row(lambda r: torch.argmax(r, dim=-1, keepdim=True), logits)[..., 0].to(torch.int32)
+
+
+def exact_scope(exact, device: torch.device, backend: str | None = None):
+    """The context a decoding loop runs in for its ``exact`` argument: :func:`exact_mode` when
+    True (after refusing, by :class:`ExactModeError`, a device or backend without exact
+    variants), else a no-op (an enclosing ``exact_mode()`` stays in force). ``exact`` must be a
+    bool (TypeError)."""
+    if not isinstance(exact, bool):
+        raise TypeError(f"exact must be a bool, got {type(exact).__name__} {exact!r}")
+    if not exact:
+        return contextlib.nullcontext()
+    exact_backend("the target's forward", device, backend)
+    return exact_mode()

@@ -1,0 +1,156 @@
+"""The exact mode end to end: the verify pass's rows equal the autoregressive step's bit for bit,
+so greedy speculative output equals greedy autoregressive output on an adversarial near-tie
+target, where the normal mode is shown to diverge on this machine (the tests' power)."""
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from jetspec_kernels import python_ref as ref
+from jetspec_kernels.decode import generate, generate_ar
+from jetspec_kernels.models.config import Qwen3MoeConfig
+from jetspec_kernels.models.qwen3 import Qwen3
+from jetspec_kernels.models.tiny import random_qwen3_weights, tiny_models, tiny_qwen3_config
+from jetspec_kernels.ops.exact import ExactModeError, exact_mode
+from jetspec_kernels.tree import Tree
+
+
+@pytest.fixture(autouse=True)
+def _reference(reference_backend):
+    """The draft head's ops on the reference too (under the interpreter auto picks triton)."""
+
+
+def near_tie(target) -> None:
+    """Make every odd lm_head row its even neighbour scaled by 1 + eps/2 of the dtype (each entry
+    within one ULP): whenever the top token is in a pair, the top-2 margin is at rounding scale,
+    so one flipped bit anywhere in the forward can flip the greedy token."""
+    w = target.lm_head_weight.clone()
+    v = w.shape[0]
+    eps = torch.finfo(w.dtype).eps
+    w[1:v:2] = (w[0:v - 1:2].double() * (1 + eps / 2)).to(w.dtype)[: v // 2]
+    target.lm_head_weight = w
+
+
+def _prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 90, (int(torch.randint(3, 12, (1,), generator=gen)),),
+                          generator=gen).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def fp32_models():
+    target, head = tiny_models(dtype=torch.float32)
+    near_tie(target)
+    return target, head
+
+
+def test_normal_mode_diverges_on_the_near_tie_target(fp32_models):
+    """The power of the end-to-end tests: without the exact mode, speculative and autoregressive
+    greedy outputs differ here (float32 GEMM rows differ between M = 1 and M = N launches)."""
+    target, head = fp32_models
+    prompts = _prompts(4)
+    ar = generate_ar(target, prompts, max_new_tokens=16).tokens
+    spec = generate(target, head, prompts, max_new_tokens=16, budget=16).tokens
+    assert ar != spec
+
+
+@pytest.mark.parametrize("batch,budget,page_size", [(1, 16, None), (4, 16, 4), (1, 64, 16),
+                                                    (4, 64, None)])
+def test_exact_speculative_equals_autoregressive(fp32_models, batch, budget, page_size):
+    target, head = fp32_models
+    prompts = _prompts(batch)
+    new = 6 if batch * budget > 64 else 10
+    ar = generate_ar(target, prompts, max_new_tokens=new, page_size=page_size, exact=True).tokens
+    spec = generate(target, head, prompts, max_new_tokens=new, budget=budget, page_size=page_size,
+                    exact=True)
+    assert spec.tokens == ar
+
+
+def test_exact_bf16_and_a_sequence_alone_equals_inside_a_batch():
+    target, head = tiny_models(dtype=torch.bfloat16)
+    near_tie(target)
+    prompts = _prompts(3, seed=1)
+    batch = generate(target, head, prompts, max_new_tokens=8, budget=16, exact=True).tokens
+    alone = generate(target, head, prompts[2:3], max_new_tokens=8, budget=16, exact=True).tokens
+    ar = generate_ar(target, prompts[2:3], max_new_tokens=8, exact=True).tokens
+    assert alone[0] == batch[2] == ar[0]
+
+
+def _moe_target(dtype):
+    cfg = Qwen3MoeConfig(**asdict(tiny_qwen3_config()), num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])
+    return Qwen3(cfg, {k: t.to(dtype) for k, t in random_qwen3_weights(cfg, 0).items()})
+
+
+def _tree(parents, tokens):
+    n = parents.shape[1]
+    num = torch.tensor([n], dtype=torch.int32)
+    depths = torch.zeros_like(parents)
+    for i in range(1, n):
+        depths[0, i] = depths[0, parents[0, i]] + 1
+    return Tree(tokens, parents, depths, torch.zeros(1, n), num,
+                ref.pack_mask(parents, num).to(torch.int32), int(depths.max()))
+
+
+@pytest.mark.parametrize("kind,dtype,page_size", [("dense", torch.bfloat16, None),
+                                                  ("dense", torch.float32, 4),
+                                                  ("moe", torch.bfloat16, 4)])
+def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size):
+    """Every tree node's verify logits == the logits of autoregressive decoding along its path
+    (its ancestors committed at prefix .. prefix + depth - 1), bit for bit."""
+    target = tiny_models(dtype=dtype)[0] if kind == "dense" else _moe_target(dtype)
+    gen = torch.Generator().manual_seed(7)
+    p, n, v = 7, 12, target.config.vocab_size
+    prompt = torch.randint(0, v, (1, p), generator=gen)
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 8, 0]], dtype=torch.int32)
+    tree = _tree(parents, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
+    zero, plen = torch.zeros(1, dtype=torch.int32), torch.tensor([p], dtype=torch.int32)
+    pos = torch.arange(p, dtype=torch.int32)[None]
+    with exact_mode():
+        cache = target.new_cache(1, 40, page_size=page_size)
+        target.forward(prompt, pos, cache, zero)
+        start = (cache.k.clone(), cache.v.clone())
+        verified, _ = target.verify(tree, plen, cache)
+        want = torch.full_like(verified, float("nan"))
+        children = set(parents[0, 1:].tolist())
+        for leaf in (i for i in range(n) if i not in children):
+            path = [leaf]
+            while parents[0, path[-1]] >= 0:
+                path.append(int(parents[0, path[-1]]))
+            cache.k.copy_(start[0])
+            cache.v.copy_(start[1])
+            for d, node in enumerate(reversed(path)):
+                want[0, node] = target.decode(tree.tokens[:, node], plen + d, cache)[0]
+        greedy, _ = target.verify(tree, plen, cache, fused_argmax=True)
+    assert torch.equal(verified.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       want.view(torch.int16 if dtype != torch.float32 else torch.int32))
+    assert torch.equal(greedy, torch.argmax(want, dim=-1).to(torch.int32))
+
+
+def test_exact_moe_speculative_equals_autoregressive():
+    target = _moe_target(torch.bfloat16)
+    near_tie(target)
+    head = tiny_models(dtype=torch.bfloat16)[1]
+    prompts = _prompts(2, seed=3)
+    ar = generate_ar(target, prompts, max_new_tokens=8, exact=True).tokens
+    assert generate(target, head, prompts, max_new_tokens=8, budget=16, exact=True).tokens == ar
+
+
+def test_exact_refusals(fp32_models):
+    import jetspec_kernels as jk
+    target, head = fp32_models
+    with pytest.raises(TypeError, match="exact must be a bool"):
+        generate_ar(target, [[1, 2]], max_new_tokens=2, exact="yes")
+    prev = jk.get_backend()
+    jk.set_backend("triton")
+    try:
+        with pytest.raises(ExactModeError, match="on the 'triton' backend"):
+            generate(target, head, [[1, 2]], max_new_tokens=2, exact=True)
+    finally:
+        jk.set_backend(prev)
+    target.fused_ops_backend = "cuda"
+    try:
+        with pytest.raises(ExactModeError, match="'cuda' backend"):
+            generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True)
+    finally:
+        target.fused_ops_backend = None
