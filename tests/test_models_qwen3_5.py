@@ -269,3 +269,37 @@ def test_chunked_recurrence_equals_the_token_steps(t, chunk):
         s, o = gated_delta_step(s, q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i])
         assert rel(out[:, i], o) < 1e-10, i
     assert rel(state, s) < 1e-10
+
+
+def test_linear_layers_verify_and_commit_without_host_reads(tiny, monkeypatch):
+    """The linear layers' tree verify and commit (conv ops, Gated DeltaNet ops, projections) read
+    no tensor value on the host (with value checks off, as on CUDA): what lets a CUDA graph hold
+    the round. Every host read of a tensor raises here."""
+    from jetspec_kernels.models.gated_delta import linear_commit, linear_tree
+    model = tiny
+    cfg, w = model._local, model.layers[model.linear_layers[0]]
+    cache = model.new_cache(2, 16)
+    gen = torch.Generator().manual_seed(9)
+    a = torch.randn(2, 5, cfg.hidden_size, generator=gen)
+    parents = torch.tensor([[-1, 0, 0, 1, 3], [-1, 0, 1, -1, -1]], dtype=torch.int32)
+    nodes = torch.tensor([5, 3], dtype=torch.int32)
+    path = torch.tensor([[0, 1, 3], [0, 1, -1]], dtype=torch.int32)
+    accept = torch.tensor([2, 1], dtype=torch.int32)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host read of a tensor value")
+    prev = jk.checks._value_checks
+    jk.set_value_checks("never")
+    try:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+            monkeypatch.setattr(torch.Tensor, name, refuse)
+        for backend in ("reference", "triton"):
+            jk.set_backend(backend)
+            out, kept = linear_tree(a, w, cfg, parents, nodes, cache.conv[0], cache.recurrent[0],
+                                    cache.slots, cfg.rms_norm_eps)
+            linear_commit(kept, path, accept, cache.conv[0], cache.recurrent[0], cache.slots)
+    finally:
+        monkeypatch.undo()
+        jk.set_value_checks(prev)
+        jk.set_backend("reference")
+    assert out.shape == a.shape and bool(torch.isfinite(out).all())
