@@ -122,6 +122,10 @@ def _parser() -> Parser:
     p.add_argument("--backend", choices=("auto", "cuda", "triton", "reference"), default=None)
     p.add_argument("--page-size", type=int_at_least(1), default=None, help="use paged KV caches")
     p.add_argument("--ar", action="store_true", help="also run the autoregressive baseline and compare")
+    p.add_argument("--exact", action="store_true",
+                   help="exact mode: the verify pass's rows are the same bits as autoregressive "
+                        "decoding's, so greedy output equals the baseline's bit for bit (CPU "
+                        "reference backend, tp 1)")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
     p.add_argument("--tp", type=int_at_least(1), default=1,
@@ -389,6 +393,7 @@ def _round_costs(args, target, head, prompts, device, shard, identity, spec, kw)
 def _decode(args, shard, device) -> int:
     import jetspec_kernels as jk
     from .decode import check_generate_args, generate, generate_ar
+    from .ops.exact import ExactModeError
 
     if args.backend is not None:
         jk.set_backend(args.backend)
@@ -416,10 +421,12 @@ def _decode(args, shard, device) -> int:
         spec["cost_model"] = _round_costs(args, target, head, prompts, device, shard, identity,
                                           spec, kw)
     try:
-        out = generate(target, head, prompts, **spec, **kw)
-        base = generate_ar(target, prompts, **kw) if args.ar else None
+        out = generate(target, head, prompts, **spec, **kw, exact=args.exact)
+        base = generate_ar(target, prompts, **kw, exact=args.exact) if args.ar else None
     except jk.BackendUnavailableError as e:
         raise UsageError(f"--backend {args.backend or jk.get_backend()}: {e}") from None
+    except ExactModeError as e:
+        raise UsageError(f"--exact: {e}") from None
     for i, toks in enumerate(out.tokens):
         text = codec[1](toks) if codec is not None else " ".join(map(str, toks))
         print(f"--- prompt {i}: {args.prompt[i]!r}\n{text}")

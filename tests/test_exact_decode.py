@@ -154,3 +154,14 @@ def test_exact_refusals(fp32_models):
             generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True)
     finally:
         target.fused_ops_backend = None
+
+
+def test_cli_exact(capsys):
+    from jetspec_kernels.__main__ import main
+    rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
+               "--budget", "16", "--ar", "--exact", "--backend", "reference"])
+    assert rc == 0 and "greedy outputs match" in capsys.readouterr().out
+    rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
+               "--exact", "--backend", "triton"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--exact: exact mode" in err and "'triton' backend" in err
