@@ -8,7 +8,8 @@ Public API (see DESIGN.md section 4 and each function's docstring):
     Tree, Verdict, Commit,
     AcceptanceCalibrator, CostModel, choose_budget, choose_budget_from_topk,
     expected_accept_curve, expected_accept_curve_from_topk (adaptive tree budget, jetspec_kernels/adaptive/),
-    set_backend, get_backend, available_backends, set_value_checks.
+    set_backend, get_backend, available_backends, set_value_checks,
+    exact_mode, ExactModeError (the exact mode: DESIGN.md, "Exact mode"; jetspec_kernels.ops.exact).
 """
 import importlib
 import sys
@@ -24,6 +25,7 @@ _PUBLIC = {
     ".ops.causal_conv1d_tree": ("causal_conv1d_tree",),
     ".ops.commit_kv": ("commit_kv",),
     ".ops.draft_tree": ("draft_tree", "draft_tree_from_hidden", "draft_tree_from_topk"),
+    ".ops.exact": ("ExactModeError", "exact_mode"),
     ".ops.gated_delta_commit": ("gated_delta_commit",),
     ".ops.gated_delta_tree": ("gated_delta_tree",),
     ".ops.pack_mask": ("pack_mask",),
