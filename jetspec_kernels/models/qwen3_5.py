@@ -9,11 +9,11 @@ the attention layers' KV cache and, per linear layer, a conv state and a recurre
 indexed by state slots.
 
 Full-attention layer (transformers' ``Qwen3_5Attention``): ``q_proj`` gives q and an output gate
-per head (``[..., H, 2 Dh]`` split in halves), zero-centred RMSNorm on q and k per head, RoPE on
-the first ``rotary_dim`` features (partial RoPE, applied here in torch: the package's
-``qk_norm_rope_append`` rotates whole heads and normalises in Qwen3's form), attention over the
-cache (:func:`~jetspec_kernels.tree_attention`, tree mask when verifying), ``o * sigmoid(gate)``,
-``o_proj``. Linear layers: :mod:`.gated_delta`. The MLP is SwiGLU, or routed experts
+per head (``[..., H, 2 Dh]`` split in halves), zero-centred RMSNorm on q and k per head (torch:
+the op's norm is Qwen3's form), RoPE on the first ``rotary_dim`` features and the K/V append
+(:func:`~jetspec_kernels.qk_norm_rope_append` with its norm off and ``rotary_dim``), attention
+over the cache (:func:`~jetspec_kernels.tree_attention`, tree mask when verifying),
+``o * sigmoid(gate)``, ``o_proj``. Linear layers: :mod:`.gated_delta`. The MLP is SwiGLU, or routed experts
 (:mod:`.moe`) plus a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import tp
+from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
-from ..python_ref._common import cache_indices
 from ..python_ref.layers import swiglu
 from ..tree import Tree, Verdict
 from .checkpoint import check_layer_keys, load_safetensors, take
@@ -167,11 +167,6 @@ def _zc_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def _rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 class Qwen3_5:
     """A Qwen3.5 / Qwen3.6 hybrid decoder with its caches, prefill, decode and tree verification.
 
@@ -229,8 +224,6 @@ class Qwen3_5:
                               linear_num_value_heads=cfg.linear_num_value_heads // n)
         self.linear_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_linear(i)]
         self.attention_layers = [i for i in range(cfg.num_hidden_layers) if not cfg.is_linear(i)]
-        rd = cfg.rotary_dim
-        self._inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32,
@@ -342,19 +335,12 @@ class Qwen3_5:
         k = _zc_norm(F.linear(a, w["self_attn.k_proj.weight"]).view(b, n, -1, dh),
                      w["self_attn.k_norm.weight"], eps)
         v = F.linear(a, w["self_attn.v_proj.weight"]).view(b, n, -1, dh)
-        freqs = positions.float()[..., None] * self._inv_freq.to(a.device)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        cos, sin = emb.cos().to(a.dtype), emb.sin().to(a.dtype)
-        q = torch.cat((q[..., :rd] * cos + _rotate_half(q[..., :rd]) * sin, q[..., rd:]), dim=-1)
-        k = torch.cat((k[..., :rd] * cos + _rotate_half(k[..., :rd]) * sin, k[..., rd:]), dim=-1)
         kc, vc = cache.kv.layer(j)
-        slot = positions.long() if write_start is None else \
-            write_start.long()[:, None] + torch.arange(n, device=a.device)
-        page = None if cache.block_table is None else kc.shape[1]
-        i0, i1 = cache_indices(slot, cache.block_table, page)
-        kc[i0, i1] = k
-        vc[i0, i1] = v
-        o = tree_attention(q.contiguous(), kc, vc, attn_prefix, tree_mask, tail="causal",
+        # The norms above (zero-centred, not the op's Qwen3 form); the op rotates and appends.
+        q = qk_norm_rope_append(q.contiguous(), k.contiguous(), v, None, None, positions, kc, vc,
+                                rope_theta=cfg.rope_theta, block_table=cache.block_table,
+                                cache_start=write_start, rotary_dim=rd)
+        o = tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
                            block_table=cache.block_table)
         o = o.reshape(b, n, -1) * torch.sigmoid(gate.reshape(b, n, -1))
         return F.linear(o, w["self_attn.o_proj.weight"])
