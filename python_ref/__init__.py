@@ -24,6 +24,8 @@ from .layers import layer_weights, silu_mul, swiglu, qk_norm_rope, decoder_layer
 from .draft_head import draft_head_forward, target_layer_ids
 from .gated_delta_tree import gated_delta_tree, gated_delta_tree_chunked, gated_delta_step, l2norm, ancestor_mask
 from .gated_delta_commit import gated_delta_commit
+from .causal_conv1d_tree import causal_conv1d_tree, conv_window_sources
+from .causal_conv1d_commit import causal_conv1d_commit
 
 __all__ = [
     "log_softmax_topk",
@@ -62,4 +64,7 @@ __all__ = [
     "l2norm",
     "ancestor_mask",
     "gated_delta_commit",
+    "causal_conv1d_tree",
+    "conv_window_sources",
+    "causal_conv1d_commit",
 ]
