@@ -43,9 +43,9 @@ BASELINES = ["sdpa", "flex", "flash_causal", "flashinfer"]
 # two compute-bound, the last memory-bound. On the CPU (--headline --quick) a smoke run at HEADLINE_CPU.
 HEADLINE = [(1, 32768, 256), (4, 16384, 128), (16, 4096, 16)]
 HEADLINE_CPU = [(1, 96, 32), (2, 64, 16), (4, 32, 8)]
-# The cuda kernels by name: auto picks wgmma on sm_90a (Dh 64/128) and mma elsewhere; tma and
-# hopper are the candidates to become auto's pick.
-CUDA_KERNELS = ("mma", "wgmma", "tma", "hopper")
+# The cuda kernels by name: auto picks wgmma on sm_90a (Dh 64/128) and mma elsewhere; hopper is
+# the candidate to become auto's pick.
+CUDA_KERNELS = ("mma", "wgmma", "hopper")
 
 
 def shapes(opts: bc.Options):
@@ -122,8 +122,8 @@ def main(argv=None) -> int:
     grid, (hq, hkv, dh) = shapes(opts)
     table.header_lines.append(f"Hq {hq}, Hkv {hkv}, Dh {dh}, {str(dtype)[6:]}; shape = B x L(prefix) x N(tree)")
     table.header_lines.append("cuda: the kernel auto picks (wgmma on sm_90a at Dh 64/128); "
-                              "cuda_mma: the mma.sync kernel; cuda_tma: the warp-specialised "
-                              "TMA kernel (sm_90a); cuda_hopper: the Hopper family (sm_90a)")
+                              "cuda_mma: the mma.sync kernel; cuda_hopper: the Hopper family "
+                              "(sm_90a)")
     status = bc.backend_status(opts)
     flash, flash_why = _optional_import("flash_attn")
     finfer, finfer_why = _optional_import("flashinfer")
@@ -170,8 +170,8 @@ def main(argv=None) -> int:
         if headline:
             _run_auto(table, shape, q, k_cache, v_cache, prefix, tree, flops, nbytes, ref_out)
         # The cuda backend's other kernels next to `cuda` (auto: wgmma on sm_90a).
-        kernels = tuple(k for k in (CUDA_KERNELS if headline else ("mma", "tma", "hopper"))
-                        if k not in ("tma", "hopper") or bc.tma_kernel_enabled())
+        kernels = tuple(k for k in (CUDA_KERNELS if headline else ("mma", "hopper"))
+                        if k != "hopper" or bc.hopper_kernel_enabled())
         for kernel in kernels if "cuda" in status else ():
             out_k = torch.full_like(q, float("nan"))
 

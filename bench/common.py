@@ -538,17 +538,17 @@ def using_backend(name: str):
         jk.set_backend(old)
 
 
-def tma_kernel_enabled() -> bool:
-    """Whether benches and checks should run the cuda backend's TMA attention kernel: not when
-    ``JETSPEC_SKIP_TMA`` is set (device_check.sh sets it unless the kernel's GPU tests passed, so
-    a faulting kernel cannot break the CUDA context of every measurement after it)."""
-    return not os.environ.get("JETSPEC_SKIP_TMA")
+def hopper_kernel_enabled() -> bool:
+    """Whether benches and checks should run the cuda backend's Hopper attention family: not when
+    ``JETSPEC_SKIP_HOPPER`` is set (device_check.sh sets it unless the family's GPU tests passed,
+    so a faulting kernel cannot break the CUDA context of every measurement after it)."""
+    return not os.environ.get("JETSPEC_SKIP_HOPPER")
 
 
 @contextmanager
 def using_attention_kernel(name: str | None):
     """Inside the block, the cuda backend's tree_attention uses kernel ``name`` ("mma", "wgmma",
-    "tma", "auto"; None leaves the choice as it is), through ``JETSPEC_ATTN_KERNEL``."""
+    "hopper", "auto"; None leaves the choice as it is), through ``JETSPEC_ATTN_KERNEL``."""
     if name is None:
         yield
         return

@@ -21,10 +21,10 @@
 #   build          only when setup failed: `make ext`, _C alone for sm_90a (CMake, ninja)
 #   gpu_tests_triton  the triton parity tests on the GPU (pytest --gpu-step triton), first
 #                  and in a call of their own: 14 workers, a per-test timeout           95
-#   gpu_tests      the other GPU tests but the TMA kernels' (--gpu-step cuda: the cuda
+#   gpu_tests      the other GPU tests but the Hopper family's (--gpu-step cuda: the cuda
 #                  backend, graph capture of every op, the engine-layout matrix)        50
-#   gpu_tests_tma  the TMA attention kernels' tests (--gpu-step tma), in processes of
-#                  their own: a fault there breaks the CUDA context                     25
+#   gpu_tests_hopper  the Hopper attention family's tests (--gpu-step hopper), in
+#                  processes of their own: a TMA fault there breaks the CUDA context    25
 #                  (the three share tests/conftest.py's split; the offline sm_90a
 #                  compiles and the simulator cases, which need no GPU, are in none)
 #   attention      tree_attention at the three headline shapes: every kernel auto may
@@ -231,8 +231,8 @@ fi
 
 # 3. Correctness on the GPU, in three pytest calls that split the GPU tests between them
 #    (tests/conftest.py, --gpu-step): the triton parity tests first, then the cuda backend's,
-#    then the TMA kernels' (a fault there breaks the CUDA context: unless they pass, later steps
-#    leave the kernel out, JETSPEC_SKIP_TMA, read by bench/common.py). Each test has a limit
+#    then the Hopper family's (a fault there breaks the CUDA context: unless they pass, later
+#    steps leave the kernel out, JETSPEC_SKIP_HOPPER, read by bench/common.py). Each test has a limit
 #    (pytest-timeout; its thread method ends the worker, which xdist replaces, the other tests
 #    rescheduled); the outcomes make the hardware record.
 export JETSPEC_HW_RECORD=$RES/hw_record.jsonl
@@ -241,9 +241,9 @@ step gpu_tests_triton 95 340 "$PYTEST --gpu-step triton -n 14 --dist load --time
   --junitxml='$RES/gpu_tests_triton.xml'"
 step gpu_tests 50 290 "$PYTEST --gpu-step cuda -n 8 --dist load --timeout 45 tests \
   --junitxml='$RES/gpu_tests.xml'"
-step gpu_tests_tma 25 265 "$PYTEST --gpu-step tma -n 2 --dist load --timeout 15 tests \
-  --junitxml='$RES/gpu_tests_tma.xml'"
-((DRY)) || passed gpu_tests_tma || export JETSPEC_SKIP_TMA=1
+step gpu_tests_hopper 25 265 "$PYTEST --gpu-step hopper -n 2 --dist load --timeout 15 tests \
+  --junitxml='$RES/gpu_tests_hopper.xml'"
+((DRY)) || passed gpu_tests_hopper || export JETSPEC_SKIP_HOPPER=1
 unset JETSPEC_HW_RECORD
 
 # 4. Attention against SDPA and flex_attention at the headline shapes (rows as they finish).

@@ -101,8 +101,8 @@ def ops(dev, dtype, backend, s, small):
         ("qk_norm_rope_append B16 N256", rope(16 if not small else 2, n256, l4k)),
         ("commit_kv B16 N64", commit(16 if not small else 2, n64, l4k)),
         # Last: a fault in it would break the CUDA context of every launch after it.
-        *([("attention B1 L4K N64 (tma)", attention(1, l4k, n64, "tma"))]
-          if bc.tma_kernel_enabled() else []),
+        *([("attention B1 L4K N64 (hopper)", attention(1, l4k, n64, "hopper"))]
+          if bc.hopper_kernel_enabled() else []),
     ]
 
 

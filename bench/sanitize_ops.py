@@ -153,8 +153,8 @@ def cases(dev, dtype, backend):
         ("verify_tree/sample", c_verify(1.0)),
         ("commit_kv", c_commit),
         # Last: a fault in it would break the CUDA context of every case after it.
-        *([("tree_attention/paged+lse, TMA kernel", c_attention_kernel("tma"))]
-          if backend == "cuda" and bc.tma_kernel_enabled() else []),
+        *([("tree_attention/paged+lse, hopper kernel", c_attention_kernel("hopper"))]
+          if backend == "cuda" and bc.hopper_kernel_enabled() else []),
     ]
 
 

@@ -1,10 +1,9 @@
-// tree_attention: the wgmma kernels (sm_90a; fp16 / bf16, head dims 64, 128: cp.async loads,
-// warp-specialised with TMA loads, or the Hopper family with ping-pong consumers) and the mma.sync
-// kernel (fp16 / bf16, head dims 64, 128, 256; every arch, and the fallback).
+// tree_attention: the wgmma kernels (sm_90a; fp16 / bf16, head dims 64, 128: cp.async loads, or
+// the Hopper family: TMA loads, ping-pong consumers) and the mma.sync kernel (fp16 / bf16, head
+// dims 64, 128, 256; every arch, and the fallback).
 #include "jetspec/api.h"
 #include "jetspec/attention.cuh"
 #include "jetspec/attention_hopper.cuh"
-#include "jetspec/attention_tma.cuh"
 #include "jetspec/attention_wgmma.cuh"
 
 namespace jetspec {
@@ -13,8 +12,8 @@ namespace {
 template <typename T, int HD>
 Status attention_pick(const AttnParams& p, cudaStream_t stream) {
   if constexpr (HD > 128) {  // the hopper kernel's other head dims run mma.sync
-    if (p.kernel == kAttnWgmma || p.kernel == kAttnTma)
-      return bad_input("head_dim ", HD, " is not supported by the wgmma kernels (64, 128)");
+    if (p.kernel == kAttnWgmma)
+      return bad_input("head_dim ", HD, " is not supported by the wgmma kernel (64, 128)");
   }
   if (p.batch == 0 || p.n == 0 || p.hq == 0) return cudaSuccess;
   if constexpr (HD <= 128) {
@@ -22,7 +21,6 @@ Status attention_pick(const AttnParams& p, cudaStream_t stream) {
       bool usable = false;
       JETSPEC_RETURN_IF_FAILED(cuda_context(wgmma_attention_usable<T, HD>(&usable),
                                             "asking which code the runtime picked"));
-      if (usable && p.kernel == kAttnTma) return tree_attention_tma<T, HD>(p, stream);
       if (usable && p.kernel == kAttnHopper) return tree_attention_hopper<T, HD>(p, stream);
       if (usable) {
         return attention_launch<T>(p, tree_attention_wgmma_kernel<T, HD>,
@@ -30,9 +28,7 @@ Status attention_pick(const AttnParams& p, cudaStream_t stream) {
                                    stream);
       }
       if (p.kernel != kAttnAuto) {
-        const char* name = p.kernel == kAttnTma      ? " (tma)"
-                           : p.kernel == kAttnHopper ? " (hopper)"
-                                                     : " (wgmma)";
+        const char* name = p.kernel == kAttnHopper ? " (hopper)" : " (wgmma)";
         return unsupported("kernel ", p.kernel, name,
                            " needs sm_90a code, which this device does not run (built for ",
                            JETSPEC_CUDA_ARCHS, ")");
@@ -58,9 +54,9 @@ Status launch_tree_attention(const AttnParams& args, cudaStream_t stream) {
   p.group = p.hkv > 0 ? p.hq / p.hkv : 0;
   p.scale_log2 = p.scale * 1.4426950408889634f;
   if (p.dtype != kFloat16 && p.dtype != kBFloat16) return bad_dtype("dtype", p.dtype, kHalfDtypes);
-  if (p.kernel < kAttnAuto || p.kernel > kAttnHopper) {
-    return bad_input("kernel ", p.kernel,
-                     " is not 0 (auto), 1 (mma), 2 (wgmma), 3 (tma) or 4 (hopper)");
+  if (p.kernel != kAttnAuto && p.kernel != kAttnMma && p.kernel != kAttnWgmma &&
+      p.kernel != kAttnHopper) {
+    return bad_input("kernel ", p.kernel, " is not 0 (auto), 1 (mma), 2 (wgmma) or 4 (hopper)");
   }
   if (p.tail < kTailMask || p.tail > kTailFull)
     return bad_input("tail ", p.tail, " is not 0 (mask), 1 (causal) or 2 (full)");

@@ -98,9 +98,8 @@ void define_launchers(py::module_& m, py::dict& t) {
   define_launcher<AttnParams>(
       m, t, "tree_attention", {JETSPEC_ATTN_FIELDS(JETSPEC_BIND_FIELD)}, launch_tree_attention,
       "Prefix + tree-masked (tail 0) / causal (1) / full (2) attention, split-KV over splits; "
-      "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a), 3 warp-specialised wgmma with TMA loads "
-      "(sm_90a; page sizes multiple of 8), 4 the Hopper family (sm_90a; head dims 64, 128, others "
-      "run mma.sync; page sizes multiple of 8).");
+      "kernel 0 auto, 1 mma.sync, 2 wgmma (sm_90a), 4 the Hopper family (sm_90a; head dims 64, "
+      "128, others run mma.sync; page sizes multiple of 8).");
 }
 
 #undef JETSPEC_BIND_FIELD
@@ -138,8 +137,6 @@ py::dict limits() {
   d["wgmma_head_dims"] = ints(kWgmmaHeadDims);
   d["attn_rows"] = kAttnRows;
   d["attn_ctas_per_sm"] = kAttnCtasPerSm;
-  d["attn_tma_wide_rows"] = kAttnTmaWideRows;
-  d["attn_tma_wide_ctas_per_sm"] = kAttnTmaWideCtasPerSm;
   d["attn_tma_page_multiple"] = kAttnTmaPageMultiple;
   d["row_align_bytes"] = kRowAlignBytes;
   return d;

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
           + (f"CUDA {cuda_version(driver)}" if driver else "none found"))
     wgmma = "has" if _C.wgmma_built() else "lacks"
     print(f"  _C built for {_C.built_archs()}: {wgmma} the sm_90a wgmma attention kernels "
-          f"(auto; kernel='tma' for the warp-specialised TMA one)")
+          f"(auto; kernel='hopper' for the Hopper family)")
     return 0
 
 

@@ -7,7 +7,7 @@ sequence's keys are shared among ``splits`` programs whose partial results a com
 The backends use different rules, each kept as it was measured or written, until a GPU run picks
 one (bench/NOTES.md, "Launch planning: one module, three split-KV rules"):
 
-* :func:`cuda_attention_splits` (cuda backend, mma.sync / wgmma / tma kernels): one wave of the
+* :func:`cuda_attention_splits` (cuda backend, mma.sync / wgmma kernels): one wave of the
   kernel's CTAs per SM, never a second, nearly empty one.
 * :func:`triton_attention_splits` (triton backend): about two programs per SM.
 * kernel="hopper" (cuda): the kernel's CTAs per SM from the CUDA occupancy calculator and the

@@ -23,10 +23,9 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
 
 
 # The GPU steps of bench/device_check.sh, in the order it runs them.
-GPU_STEPS = ("triton", "cuda", "tma")
+GPU_STEPS = ("triton", "cuda", "hopper")
 # Files whose triton tests compile for sm_90a offline, a GPU or not (bench/triton_resources.py).
 OFFLINE_FILES = {"test_triton_sm90_resources.py"}
-TMA_WORDS = {"tma", "hopper"}
 
 
 def pytest_addoption(parser):
@@ -40,18 +39,18 @@ def pytest_addoption(parser):
     parser.addoption("--gpu-step", choices=GPU_STEPS, default=None,
                      help="run only one of the GPU steps device_check.sh runs, which split the "
                           "--on-gpu tests between them: triton (the triton cases), cuda (the "
-                          "other gpu-marked tests) or tma (the TMA attention kernels' tests)")
-    parser.addoption("--tma", choices=("all", "only", "skip"), default="all",
-                     help="tests of the TMA kernels (whose name, parameter ids included, has the "
-                          "word tma or hopper): all, only, or skip (device_check.sh runs them in a "
-                          "process of their own)")
+                          "other gpu-marked tests) or hopper (the Hopper attention family's tests)")
+    parser.addoption("--hopper", choices=("all", "only", "skip"), default="all",
+                     help="tests of the Hopper attention family (whose name, parameter ids "
+                          "included, has the word hopper): all, only, or skip (device_check.sh "
+                          "runs them in a process of their own)")
 
 
-def names_tma_kernel(name: str) -> bool:
-    """Whether a test name (parameter ids included) names the TMA attention kernels: the word
-    "tma" or "hopper" between non-alphanumerics ("test_opcheck_tma[64]", "test_x[tma-128]"), not
-    inside another word ("log_softmax")."""
-    return not TMA_WORDS.isdisjoint(re.split(r"[^0-9a-z]+", name.lower()))
+def names_hopper_kernel(name: str) -> bool:
+    """Whether a test name (parameter ids included) names the Hopper attention family (its TMA
+    copies can fault the CUDA context): the word "hopper" between non-alphanumerics
+    ("test_opcheck_hopper[16]", "test_x[hopper-128]"), not inside another word ("grasshopper")."""
+    return "hopper" in re.split(r"[^0-9a-z]+", name.lower())
 
 
 def _engine(item) -> set[str]:
@@ -76,21 +75,21 @@ def gpu_step(item) -> str | None:
     test needs no GPU. Every on_gpu test gets exactly one step."""
     if not on_gpu(item):
         return None
-    if "triton" in _engine(item):       # whatever its other parameters say, no TMA kernel runs
+    if "triton" in _engine(item):       # whatever its other parameters say, no cuda kernel runs
         return "triton"
-    return "tma" if names_tma_kernel(item.name) else "cuda"
+    return "hopper" if names_hopper_kernel(item.name) else "cuda"
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu_only, tma = config.getoption("--gpu-only"), config.getoption("--tma")
+    gpu_only, hopper = config.getoption("--gpu-only"), config.getoption("--hopper")
     gpu_side, step = config.getoption("--on-gpu"), config.getoption("--gpu-step")
-    if gpu_only or gpu_side or step or tma != "all":
+    if gpu_only or gpu_side or step or hopper != "all":
         keep, drop = [], []
         for item in items:
             ok = (not gpu_only or "gpu" in item.keywords) and (not gpu_side or on_gpu(item))
             ok = ok and (step is None or gpu_step(item) == step)
-            if tma != "all":
-                ok = ok and (names_tma_kernel(item.name) == (tma == "only"))
+            if hopper != "all":
+                ok = ok and (names_hopper_kernel(item.name) == (hopper == "only"))
             (keep if ok else drop).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)
@@ -126,7 +125,7 @@ def _record(path: str, entry: dict) -> None:
 
 # Parameter ids that name a backend or a cuda attention kernel, for a test known by its id alone.
 BACKEND_IDS = ("reference", "triton", "sim", "cuda")
-KERNEL_IDS = ("mma", "wgmma", "tma", "hopper")
+KERNEL_IDS = ("mma", "wgmma", "hopper")
 
 
 def crash_entry(nodeid: str, rootdir) -> dict:

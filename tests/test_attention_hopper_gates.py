@@ -237,7 +237,7 @@ def test_harness_list_and_dry_run(build):
     listed = subprocess.run([str(exe), "--list"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     for name in ("wide", "wide_nopp", "small", "small_2cta", "wide_d64", "small_d64", "mma",
-                 "wgmma", "tma"):
+                 "wgmma"):
         assert re.search(rf"^{name}\s", listed.stdout, re.M), name
     for shape in ("1x32Kx256", "4x16Kx128", "1x8Kx256", "16x4Kx16", "1x32Kx16", "4x8Kx32",
                   "4x16Kx128_p16", "16x4Kx16_p64"):

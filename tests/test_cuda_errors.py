@@ -192,7 +192,7 @@ def test_baselines_run(sim, op):
 
 ALL = r"is not supported \(0 float32, 1 float16, 2 bfloat16\)"
 HALF = r"is not supported \(1 float16, 2 bfloat16\)"
-KERNELS = r"is not 0 \(auto\), 1 \(mma\), 2 \(wgmma\), 3 \(tma\) or 4 \(hopper\)"
+KERNELS = r"is not 0 \(auto\), 1 \(mma\), 2 \(wgmma\) or 4 \(hopper\)"
 
 # (op, changed arguments, what the message must say after "jetspec_kernels._C.<op>: "); a limit
 # is passed by one (tests/test_limits.py runs the launchers at their limits).
@@ -200,9 +200,8 @@ BAD = [
     ("tree_attention", dict(head_dim=96), r"head_dim 96 is not supported \(64, 128, 256\)"),
     ("tree_attention", dict(dtype=0), r"dtype 0 \(float32\) " + HALF),
     ("tree_attention", dict(head_dim=256, kernel=2),
-     r"head_dim 256 is not supported by the wgmma kernels \(64, 128\)"),
-    ("tree_attention", dict(head_dim=256, kernel=3),
-     r"head_dim 256 is not supported by the wgmma kernels \(64, 128\)"),
+     r"head_dim 256 is not supported by the wgmma kernel \(64, 128\)"),
+    ("tree_attention", dict(kernel=3), r"kernel 3 " + KERNELS),   # a retired kernel's code
     ("tree_attention", dict(kernel=7), r"kernel 7 " + KERNELS),
     ("tree_attention", dict(kernel=-1), r"kernel -1 " + KERNELS),
     ("tree_attention", dict(tail=5), r"tail 5 is not 0 \(mask\), 1 \(causal\) or 2 \(full\)"),
@@ -213,8 +212,8 @@ BAD = [
     ("tree_attention", dict(hkv=0), r"hkv 0 is below 1"),
     ("tree_attention", dict(hq=3, hkv=2), r"hq 3 is not a multiple of hkv 2"),
     ("tree_attention", dict(batch=65536), r"batch \* hkv = 65536 exceeds 65535"),
-    ("tree_attention", dict(kernel=3, block_table=1, page_size=12),
-     r"page_size 12 is not a multiple of 8 \(kernel 3, tma\)"),
+    ("tree_attention", dict(kernel=4, block_table=1, page_size=12),
+     r"page_size 12 is not a multiple of 8 \(kernel 4, hopper\)"),
     ("build_tree", dict(budget=4097, words=129), r"budget 4097 exceeds 4096"),
     ("build_tree", dict(budget=0, words=0), r"budget 0 is below 1"),
     ("build_tree", dict(k=65), r"k 65 exceeds 64"),
@@ -328,7 +327,7 @@ def test_wgmma_where_it_cannot_run(sim, monkeypatch):
     (not bad input: the same call runs on an H200)."""
     monkeypatch.setenv("JETSPEC_SIM_BINARY_VERSION", "80")
     B = Buffers()
-    for kernel, name in ((2, "wgmma"), (3, "tma")):
+    for kernel, name in ((2, "wgmma"), (4, "hopper")):
         with pytest.raises(RuntimeError) as info:
             sim.tree_attention(*attention_args(B, kernel=kernel))
         assert not isinstance(info.value, ValueError)
@@ -346,16 +345,16 @@ def test_strides_name_op_and_argument(sim):
         sim.tree_attention(*attention_args(B, k_cache_strides=[1, 2]))
 
 
-def test_tma_layout_refused(sim):
+def test_tensor_map_layout_refused(sim):
     """A K/V layout the driver cannot describe as a tensor map (rows 136 bytes apart) is refused
-    with the tensor and its byte strides named."""
+    by the hopper kernel with the tensor and its byte strides named."""
     B = Buffers()
     with pytest.raises(ValueError) as info:
-        sim.tree_attention(*attention_args(B, kernel=3, k_cache_strides=[1024, 68, 64]))
+        sim.tree_attention(*attention_args(B, kernel=4, k_cache_strides=[1024, 68, 64]))
     assert re.fullmatch(r"jetspec_kernels\._C\.tree_attention: cuTensorMapEncodeTiled refused "
                         r"k_cache \(CUresult 1; byte strides 128, 136, 2048\): TMA needs a 16-byte "
                         r"aligned base and strides that are multiples of 16 bytes "
-                        r"\(kernel 3, tma\)",
+                        r"\(kernel 4, hopper\)",
                         str(info.value)), str(info.value)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "device_check.sh"
-ORDER = ["smi", "setup", "build", "gpu_tests_triton", "gpu_tests", "gpu_tests_tma", "attention",
+ORDER = ["smi", "setup", "build", "gpu_tests_triton", "gpu_tests", "gpu_tests_hopper", "attention",
          "decode", "sanitizers", "small_ops", "attn_sweep", "hidden_topk", "draft_head",
          "decode_fused", "moe", "gpu_tests_nopdl", "ncu"]
 PLAN = re.compile(r"^\[device_check\] plan (\S+) (\d+) (\d+) (required|optional|conditional): (.*)$")
@@ -58,8 +58,8 @@ def test_plan_order_and_limits():
     assert kinds["hidden_topk"] == kinds["draft_head"] == kinds["decode_fused"] == "optional"
     cmds = {name: cmd for name, *_, cmd in plan}
     assert "--gpu-step triton" in cmds["gpu_tests_triton"] and "--gpu-step cuda" in cmds["gpu_tests"]
-    assert "--gpu-step tma" in cmds["gpu_tests_tma"]
-    for name in ("gpu_tests_triton", "gpu_tests", "gpu_tests_tma"):   # a hung test ends its worker
+    assert "--gpu-step hopper" in cmds["gpu_tests_hopper"]
+    for name in ("gpu_tests_triton", "gpu_tests", "gpu_tests_hopper"):   # a hung test ends its worker
         assert re.search(r"--timeout \d+", cmds[name]) and "--timeout-method thread" in cmds[name]
         assert re.search(r" -n \d+", cmds[name]) and "--max-worker-restart" in cmds[name]
     assert " -n 14 " in cmds["gpu_tests_triton"]

@@ -1,6 +1,6 @@
-"""The GPU steps of bench/device_check.sh (triton, cuda, tma: tests/conftest.py's --gpu-step)
+"""The GPU steps of bench/device_check.sh (triton, cuda, hopper: tests/conftest.py's --gpu-step)
 split the tests that need a GPU between them: every triton case of every op lands in one, each
-test in exactly one, and only the TMA kernels' tests in the TMA step's process."""
+test in exactly one, and only the Hopper attention family's tests in the hopper step's process."""
 import re
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GPU_STEPS, names_tma_kernel
+from conftest import GPU_STEPS, names_hopper_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the op tests run triton cases (the fuzz tests' random shapes are left out on purpose).
@@ -61,21 +61,18 @@ def param_words(nodeid: str) -> set[str]:
     return set(ids.split("-")) if ids else set()
 
 
-@pytest.mark.parametrize("name, tma", [
-    ("test_log_softmax_topk[triton-2-8]", False),            # soft-MA-x: the bug this guards
+@pytest.mark.parametrize("name, hopper", [
     ("test_log_softmax_topk_many_chunks[cuda]", False),
-    ("test_opcheck_tma[16-cuda]", True),
-    ("test_tree_attention_tma_page_size[cuda]", True),
-    ("test_tree_attention[dtype0-128-2-37-8-2-mask-False-1-tma-cuda]", True),
+    ("test_opcheck_hopper[16-cuda]", True),
     ("test_tree_attention[dtype0-128-2-37-8-2-mask-False-1-hopper-cuda]", True),
     ("test_hopper_one_hot_probe[small-cuda]", True),
     ("test_tree_attention[dtype0-128-2-37-8-2-mask-False-1-wgmma-cuda]", False),
-    ("test_TMA_upper[x]", True),
+    ("test_HOPPER_upper[x]", True),
     ("test_tmax_and_hoppers[cuda]", False),
     ("test_grasshopper_stomach[mma]", False),
 ])
-def test_names_tma_kernel_matches_the_word(name, tma):
-    assert names_tma_kernel(name) is tma
+def test_names_hopper_kernel_matches_the_word(name, hopper):
+    assert names_hopper_kernel(name) is hopper
 
 
 def test_the_option_selects_the_step():
@@ -92,13 +89,14 @@ def test_every_triton_case_runs_in_the_triton_step():
     assert triton == in_step("triton")
 
 
-def test_tma_step_holds_only_tma_kernel_tests_and_all_of_them():
-    tma = in_step("tma")
-    assert tma and all(re.search(r"(^|[^a-z])(tma|hopper)([^a-z]|$)", n.split("::")[-1]) for n in tma)
-    cuda_tma = {n for n, (_, gpu) in steps().items() if gpu
-                and {"tma", "hopper"} & set(re.split(r"[^a-z0-9]+", n.split("::")[-1]))
-                and "sim" not in param_words(n) and "triton" not in param_words(n)}
-    assert cuda_tma == tma
+def test_hopper_step_holds_only_hopper_kernel_tests_and_all_of_them():
+    hopper = in_step("hopper")
+    assert hopper and all(re.search(r"(^|[^a-z])hopper([^a-z]|$)", n.split("::")[-1])
+                          for n in hopper)
+    cuda_hopper = {n for n, (_, gpu) in steps().items() if gpu
+                   and "hopper" in re.split(r"[^a-z0-9]+", n.split("::")[-1])
+                   and "sim" not in param_words(n) and "triton" not in param_words(n)}
+    assert cuda_hopper == hopper
 
 
 def test_every_gpu_marked_test_but_the_simulators_is_in_a_step():
@@ -121,13 +119,13 @@ def test_offline_sm90_compiles_are_in_no_step():
 def test_crash_entry_names_backend_and_kernel():
     from conftest import crash_entry
 
-    e = crash_entry("tests/ops/test_tree_attention.py::test_tree_attention[dtype0-128-1-tma-cuda]",
+    e = crash_entry("tests/ops/test_tree_attention.py::test_tree_attention[dtype0-128-1-hopper-cuda]",
                     ROOT)
-    assert e["params"] == {"backend": "cuda", "kernel": "tma"} and e["outcome"] == "failed"
+    assert e["params"] == {"backend": "cuda", "kernel": "hopper"} and e["outcome"] == "failed"
     assert e["test"] == "test_tree_attention"
     assert e["file"] == str(ROOT / "tests/ops/test_tree_attention.py")
     from bench import hardware_record as hr
-    assert hr.classify(e) == ("tree_attention", "cuda kernel=tma", ["-"])
+    assert hr.classify(e) == ("tree_attention", "cuda kernel=hopper", ["-"])
     assert crash_entry("tests/test_x.py::test_y", ROOT)["params"] == {}
 
 

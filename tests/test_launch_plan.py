@@ -15,7 +15,7 @@ A100 = 108
 CUDA_TABLE = [
     (32, 2, 4160, H200, 8),     # 264 slots / 32 = 8 (rounds down: 9 would start a second wave)
     (32, 2, 4160, A100, 6),     # 216 / 32
-    (16, 1, 4160, H100, 8),     # the two-warpgroup TMA kernel: one CTA per SM
+    (16, 1, 4160, H100, 8),     # one CTA per SM
     (8, 2, 32784, H200, 32),    # capped at CUDA_MAX_SPLITS
     (8, 2, 32784, A100, 27),
     (8, 2, 1040, H200, 4),      # short cache: 4 x 256 keys

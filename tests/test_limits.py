@@ -330,7 +330,7 @@ def test_cuda_supports_at_each_limit(sim_limits):
     page = sim_limits("attn_tma_page_multiple")
     for size, ok in ((page, True), (page + 1, False), (2 * page, True)):
         kc = torch.zeros(4, size, 1, 64, dtype=h)
-        got = ask("cuda", "tree_attention", q=kc[:1], k_cache=kc, v_cache=kc, kernel="tma",
+        got = ask("cuda", "tree_attention", q=kc[:1], k_cache=kc, v_cache=kc, kernel="hopper",
                   block_table=torch.zeros(1, 1, dtype=I32))
         assert (got is None) == ok, (size, got)
 

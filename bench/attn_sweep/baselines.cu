@@ -1,7 +1,7 @@
 // Today's cuda attention kernels (bf16), registered for the sweep next to the Hopper variants:
-// mma.sync (attention.cuh; also the reference the variants are checked against), the cp.async
-// wgmma kernel (auto's choice on sm_90a today) and the warp-specialised TMA kernel. Their split
-// counts follow jetspec_kernels/cuda/tree_attention.py (choose_splits, cta_shape).
+// mma.sync (attention.cuh; also the reference the variants are checked against) and the cp.async
+// wgmma kernel (auto's choice on sm_90a today). Their split counts follow
+// jetspec_kernels/cuda/tree_attention.py (choose_splits).
 #include <algorithm>
 
 #include "sweep.h"
@@ -58,19 +58,6 @@ jetspec::Status wgmma_resident(int* ctas) {
                    jetspec::attention_wgmma_smem_bytes<128>());
 }
 
-jetspec::Status tma_launch(const jetspec::AttnParams& p, cudaStream_t s) {
-  return jetspec::tree_attention_tma<T, 128>(p, s);
-}
-jetspec::Status tma_splits(int b, int n, int g, int hkv, int cap, int* out) {
-  const bool wide = static_cast<long long>(n) * g > jetspec::kAttnRows;
-  return python_splits(b, n, g, hkv, cap, wide ? 2 * jetspec::kAttnRows : jetspec::kAttnRows,
-                       wide ? 1 : 2, out);
-}
-jetspec::Status tma_resident(int* ctas) {  // the two-warpgroup kernel (the compute-bound shapes)
-  return occupancy(ctas, jetspec::tree_attention_tma_kernel<T, 128, 2>, jetspec::kTmaThreads<2>,
-                   jetspec::attention_tma_smem_bytes<128, 2>());
-}
-
 SweepKernel today(const char* name, const char* what, int hd, int rows, int threads, size_t smem,
                   decltype(SweepKernel::launch) launch, decltype(SweepKernel::splits) splits,
                   decltype(SweepKernel::resident) resident) {
@@ -87,8 +74,5 @@ const Register mma64(today("mma_d64", "today: mma.sync, Dh 64", 64, 64, 128,
 const Register wgmma(today("wgmma", "today: cp.async wgmma (auto on sm_90a)", 128, 64, 128,
                            jetspec::attention_wgmma_smem_bytes<128>(), &wgmma_launch,
                            &mma_splits<128>, &wgmma_resident));
-const Register tma(today("tma", "today: warp-specialised TMA", 128, 128, 384,
-                         jetspec::attention_tma_smem_bytes<128, 2>(), &tma_launch, &tma_splits,
-                         &tma_resident));
 }  // namespace
 }  // namespace jetspec_sweep

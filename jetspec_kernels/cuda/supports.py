@@ -42,11 +42,10 @@ def attention_kernel_reason(kernel: str, q, k_cache, block_table) -> str | None:
     ``hopper`` runs head dims other than 64 / 128 on the mma.sync kernel."""
     dh = q.shape[-1]
     wgmma_dims = ext.limit("wgmma_head_dims")
-    if kernel in ("wgmma", "tma") and dh not in wgmma_dims:
+    if kernel == "wgmma" and dh not in wgmma_dims:
         return f"kernel={kernel!r} takes head dims {wgmma_dims}, got {dh}"
-    multiple = ext.limit("attn_tma_page_multiple")
-    tma = kernel == "tma" or (kernel == "hopper" and dh in wgmma_dims)
-    if tma and block_table is not None and k_cache.shape[1] % multiple:
+    multiple, paged = ext.limit("attn_tma_page_multiple"), block_table is not None
+    if kernel == "hopper" and dh in wgmma_dims and paged and k_cache.shape[1] % multiple:
         return (f"kernel={kernel!r} needs a page size (k_cache.shape[1]) that is a multiple of "
                 f"{multiple}, got {k_cache.shape[1]}")
     return None

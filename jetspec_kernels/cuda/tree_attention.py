@@ -1,8 +1,8 @@
 """cuda backend: tree_attention (fp16/bf16): a wgmma kernel on sm_90a for head dims 64/128, the
-mma.sync kernel for head dim 256 and on other GPUs; kernel="tma" picks the warp-specialised sm_90a
-kernel (TMA loads, mbarrier ring) and kernel="hopper" the Hopper family (attention_hopper.cuh:
-ping-pong consumers, 128-key blocks, splits from the kernel's occupancy); which kernel auto picks
-follows the hardware record (docs/DESIGN.md section 2, bench/NOTES.md)."""
+mma.sync kernel for head dim 256 and on other GPUs; kernel="hopper" picks the Hopper family
+(attention_hopper.cuh: TMA producer, ping-pong consumers, 128-key blocks, splits from the
+kernel's occupancy); which kernel auto picks follows the hardware record (docs/DESIGN.md section
+2, bench/NOTES.md)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -14,25 +14,13 @@ from . import extension as ext
 from .custom_op import custom_op
 from .supports import attention_kernel, attention_kernel_reason
 
-def cta_shape(n: int, group: int, kernel: str) -> tuple[int, int]:
-    """(packed rows per CTA, CTAs per SM) of the kernel that will run: the TMA kernel takes two
-    warpgroups (one CTA per SM by registers) when a (sequence, kv head) has more packed rows than
-    one warpgroup holds (tree_attention_tma in attention_tma.cuh); every other launch is one
-    warpgroup's rows, at the CTAs per SM the kernels are sized for. The numbers are _C's
-    (limits.h); what is measured of them is in bench/NOTES.md."""
-    rows = ext.limit("attn_rows")
-    if kernel == "tma" and n * group > rows:
-        return ext.limit("attn_tma_wide_rows"), ext.limit("attn_tma_wide_ctas_per_sm")
-    return rows, ext.limit("attn_ctas_per_sm")
 
-
-def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device,
-                  kernel: str = "auto") -> int:
-    """Split-KV factor of the mma / wgmma / tma kernels for q [batch, n, hq, Dh] over caches of
+def choose_splits(batch: int, n: int, hq: int, hkv: int, capacity: int, device) -> int:
+    """Split-KV factor of the mma / wgmma kernels for q [batch, n, hq, Dh] over caches of
     ``capacity`` keys a sequence on ``device``: :func:`launch_plan.cuda_attention_splits` (one
-    wave) with the CTA shape of the kernel that will run (:func:`cta_shape`). Static shapes only
-    (no host sync, fixed under graph capture)."""
-    rows, per_sm = cta_shape(n, hq // hkv, kernel)
+    wave) of CTAs of ``attn_rows`` packed rows, ``attn_ctas_per_sm`` to an SM (_C's limits.h).
+    Static shapes only (no host sync, fixed under graph capture)."""
+    rows, per_sm = ext.limit("attn_rows"), ext.limit("attn_ctas_per_sm")
     base = -(-n * (hq // hkv) // rows) * batch * hkv
     if base == 0:  # nothing to compute (the launcher returns early)
         return 1
@@ -64,13 +52,14 @@ def attention_plan(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, block_ta
         splits = hopper_splits(q, k_cache.shape[2], capacity)
     else:
         splits = choose_splits(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], capacity,
-                               q.device, kernel)
+                               q.device)
     return code, splits
 
 
 def kernel_code(kernel: str, q: torch.Tensor, k_cache: torch.Tensor, block_table) -> int:
     """_C's code of the attention kernel named ``kernel``, checked to take these shapes
     (ValueError)."""
+    # The wgmma (cp.async) kernel goes once the Hopper family has passed and been timed on hardware.
     kernels = ext.enum("AttnKernel")
     if kernel not in kernels:
         raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
@@ -151,9 +140,9 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_tabl
     Parameters are those of the backend interface (CONTRIBUTING.md), already validated;
     ``num_splits`` overrides the split-KV heuristic (tests use it to exercise the combine);
     ``kernel`` is "auto" (wgmma where the GPU runs sm_90a code and Dh is 64 or 128, else
-    mma.sync), "mma", "wgmma", "tma" (the warp-specialised TMA kernel) or "hopper" (the Hopper
-    family; Dh other than 64 / 128 runs mma.sync); the TMA kernels need paged caches with a page
-    size that is a multiple of 8; an sm_90a kernel where it cannot run is a RuntimeError from _C.
+    mma.sync), "mma", "wgmma" or "hopper" (the Hopper family; Dh other than 64 / 128 runs
+    mma.sync; paged caches need a page size that is a multiple of 8); an sm_90a kernel where it
+    cannot run is a RuntimeError from _C.
     None reads ``JETSPEC_ATTN_KERNEL`` (default "auto"). A kernel that cannot take the shapes is
     a ValueError. Other limits are not re-checked here: ``backend.select`` asked :func:`supports`
     before choosing this backend, and _C refuses bad input to a direct call (ValueError).

@@ -1,8 +1,7 @@
-"""The runner of the hand-run mutation checks (mutations_tma.py, mutations_hopper.py,
-mutations_silu_mul.py): each mutation replaces the first occurrence of a text in one file, reruns
-a set of simulator tests, and restores the file; every mutation must make them fail (a wrong
-result, a simulator rule or a deadlock). One line per mutation says how; a text no longer in its
-file is reported as stale."""
+"""The runner of the hand-run mutation checks (mutations_hopper.py, mutations_silu_mul.py): each
+mutation replaces the first occurrence of a text in one file, reruns a set of simulator tests,
+and restores the file; every mutation must make them fail (a wrong result, a simulator rule or a
+deadlock). One line per mutation says how; a text no longer in its file is reported as stale."""
 import os
 import subprocess
 import sys

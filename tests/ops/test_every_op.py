@@ -35,7 +35,7 @@ def test_opcheck(dev):
     b, n, _, dh = q.shape
     hkv = kc.shape[2]
     for name, kernel in cu().extension.enum("AttnKernel").items():
-        if name != "tma":  # test_opcheck_tma: a TMA fault must not take the other ops with it
+        if name != "hopper":  # test_opcheck_hopper: a TMA fault must not take the others with it
             opcheck(torch.ops.jetspec.tree_attention.default,
                     (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2, kernel))
     opcheck(torch.ops.jetspec.log_softmax_topk.default, (logits, 4))
@@ -100,9 +100,9 @@ def test_ops_on_a_device_that_is_not_current():
         assert g.device == torch.device("cuda:1") and torch.equal(g, w), i
 
 
-def _tma_inputs(dev, gen, n):
+def _hopper_inputs(dev, gen, n):
     """_round_inputs' attention tensors with n tree rows: 2n packed rows per kv head, so n = 40
-    runs the TMA kernel with two consumer warpgroups and n = 16 with one."""
+    runs the hopper kernel's wide variant (two consumer warpgroups) and n = 16 its small one."""
     _, kc, vc, prefix, _, _ = _round_inputs(dev, gen)[:6]
     q = torch.randn(1, n, 4, 64, generator=gen).half().to(dev)
     return q, kc, vc, prefix, torch.empty_like(q), torch.empty(1, 4, n, device=dev)
@@ -110,15 +110,16 @@ def _tma_inputs(dev, gen, n):
 
 @backends("sim", "cuda")
 @pytest.mark.parametrize("n", [16, 40])
-def test_opcheck_tma(dev, n):
-    """opcheck of tree_attention with the TMA kernel (its own test, so that on a GPU a fault in
-    it cannot break the CUDA context of the other ops' checks; device_check.sh runs it apart)."""
+def test_opcheck_hopper(dev, n):
+    """opcheck of tree_attention with the hopper kernel (its own test, so that on a GPU a fault in
+    its TMA copies cannot break the CUDA context of the other ops' checks; device_check.sh runs it
+    apart)."""
     from torch.library import opcheck
 
-    q, kc, vc, prefix, out, lse = _tma_inputs(dev, torch.Generator().manual_seed(1), n)
+    q, kc, vc, prefix, out, lse = _hopper_inputs(dev, torch.Generator().manual_seed(1), n)
     opcheck(torch.ops.jetspec.tree_attention.default,
             (q, kc, vc, prefix, None, "causal", None, 0.125, out, lse, 2,
-             cu().extension.enum("AttnKernel")["tma"]))
+             cu().extension.enum("AttnKernel")["hopper"]))
 
 
 def _capture(fn):
@@ -138,15 +139,15 @@ def _capture(fn):
 @backends("cuda")
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [16, 40])
-def test_graph_replay_tma(dev, n):
-    """The TMA kernel under CUDA-graph capture: its tensor maps are kernel parameters, captured
+def test_graph_replay_hopper(dev, n):
+    """The hopper kernel under CUDA-graph capture: its tensor maps are kernel parameters, captured
     by value; replay on new q and cache contents (same buffers)."""
     gen = torch.Generator().manual_seed(2)
-    q, kc, vc, prefix, out, lse = _tma_inputs(dev, gen, n)
+    q, kc, vc, prefix, out, lse = _hopper_inputs(dev, gen, n)
 
     def run():
         cu().tree_attention(q, kc, vc, prefix, None, "causal", None, 0.125, out, lse,
-                            num_splits=2, kernel="tma")
+                            num_splits=2, kernel="hopper")
 
     g, _ = _capture(run)
     for t in (q, kc, vc):

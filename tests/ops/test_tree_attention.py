@@ -1,6 +1,6 @@
 """tree_attention against python_ref.tree_attention (float64), on every backend.
 
-The cuda checks run each of the mma / wgmma / tma kernels in the simulator (and on a GPU, gpu);
+The cuda checks run each of the mma / wgmma / hopper kernels in the simulator (and on a GPU, gpu);
 the triton checks launch the Triton kernel (under the interpreter on a CPU, fp32 / fp16 and small
 shapes; bf16 and the Qwen3-8B shapes are gpu-marked). Outputs are NaN-poisoned before every
 launch, and cache slots no query may read are NaN too, so a stray read or a missed write fails.
@@ -43,11 +43,11 @@ ATTN_CASES = [
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "hopper"])
 @pytest.mark.parametrize("dtype,dh,b,n,hq,hkv,tail,is_paged,splits", ATTN_CASES)
 def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, splits):
-    if kernel in ("wgmma", "tma") and dh not in cu().extension.limit("wgmma_head_dims"):
-        pytest.skip("the sm_90a kernels take head dims 64 and 128 (hopper runs mma.sync there)")
+    if kernel == "wgmma" and dh not in cu().extension.limit("wgmma_head_dims"):
+        pytest.skip("the wgmma kernel takes head dims 64 and 128 (hopper runs mma.sync there)")
     gen = torch.Generator().manual_seed(dh + n + splits)
     lmax = 320
     prefix = torch.tensor([0, 250, 97][:b], dtype=torch.int32)
@@ -77,7 +77,7 @@ def test_tree_attention(dev, kernel, dtype, dh, b, n, hq, hkv, tail, is_paged, s
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "hopper"])
 @pytest.mark.parametrize("dh", [64, 128])
 def test_tree_attention_one_hot_probe(dev, kernel, dh):
     """Row i attends to exactly one key, perm[i] (one-hot Q and K), so out[i] must be V[perm[i]].
@@ -109,12 +109,12 @@ def test_tree_attention_one_hot_probe(dev, kernel, dh):
 
 
 @backends("sim", "cuda")
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "tma", "hopper"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "hopper"])
 @pytest.mark.parametrize("page_size", [None, 16, 24, 128])
 def test_tree_attention_nan_past_end(dev, kernel, page_size):
     """Cache rows past each sequence's end (and pages no sequence owns) hold NaN, as a cache from
     torch.empty may: keys there are masked, and their V rows must not reach the output through
-    0 * NaN. Lengths end mid-block; page 24 makes the TMA kernel copy 8-row chunks and 128 copies
+    0 * NaN. Lengths end mid-block; page 24 makes the hopper kernel copy 8-row chunks and 128 copies
     blocks from inside a page."""
     gen = torch.Generator().manual_seed(11)
     b, n, hq, hkv, dh, lmax = 3, 21, 8, 2, 128, 384
@@ -145,18 +145,6 @@ def test_tree_attention_nan_past_end(dev, kernel, page_size):
     assert rel_l2(out, o_ref) < TOL[torch.float16] and rel_l2(lse, l_ref) < TOL[torch.float16]
 
 
-@backends("sim", "cuda")
-def test_tree_attention_tma_page_size(dev):
-    """The TMA kernel copies whole 8-row swizzle atoms, so it refuses other page sizes by name."""
-    q = torch.zeros(1, 4, 2, 64, dtype=torch.float16, device=dev)
-    k = torch.zeros(4, 12, 1, 64, dtype=torch.float16, device=dev)
-    table = torch.arange(4, dtype=torch.int32, device=dev).view(1, 4)
-    prefix = torch.tensor([20], dtype=torch.int32, device=dev)
-    with pytest.raises(ValueError, match="page size"):
-        cu().tree_attention(q, k, k, prefix, None, "causal", table, 0.125, q.clone(), None,
-                            kernel="tma")
-
-
 @backends("sim")
 def test_tree_attention_kernel_choice(monkeypatch):
     """Where the runtime picked no sm_90a code (the simulator told binaryVersion 80), auto falls
@@ -176,13 +164,13 @@ def test_tree_attention_kernel_choice(monkeypatch):
     assert rel_l2(out, o_ref) < TOL[torch.float16]
     with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="wgmma")
-    with pytest.raises(RuntimeError, match="tree_attention"):
-        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="tma")
     with pytest.raises(RuntimeError, match="hopper"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None,
                             kernel="hopper")
-    with pytest.raises(ValueError, match="kernel"):
-        cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None, kernel="fast")
+    for name in ("fast", "tma"):  # tma: a retired kernel's name
+        with pytest.raises(ValueError, match="kernel"):
+            cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None,
+                                kernel=name)
     monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "wgmma")  # the default when kernel is None
     with pytest.raises(RuntimeError, match="tree_attention"):
         cu().tree_attention(q, k, v, prefix, None, "causal", None, 0.125, out, None)

@@ -14,7 +14,7 @@ namespace jetspec {
 
 constexpr int kAttnThreads = 128;
 
-// This thread's index in its consumer warpgroup (the TMA kernel runs one or two of them; the
+// This thread's index in its consumer warpgroup (the Hopper family runs one or two of them; the
 // other kernels are one warpgroup, so this is threadIdx.x there).
 __device__ __forceinline__ int attn_tid() { return static_cast<int>(threadIdx.x) % kAttnThreads; }
 

@@ -38,10 +38,12 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <type_traits>
 
-#include "jetspec/attention_tma.cuh"
+#include "jetspec/attention_wgmma.cuh"
 #include "jetspec/hopper_ops.cuh"
+#include "jetspec/tma.cuh"
 
 namespace jetspec {
 
@@ -520,6 +522,43 @@ Status hopper_splits_for(int batch, int n, int group, int hkv, int capacity, int
   return Status();
 }
 
+// Rows per TMA copy for this cache layout and key block (block_n keys), or 0 when the kernel
+// cannot take it (a page size that is not a multiple of 8: each copy starts on a swizzle atom).
+inline int attention_tma_chunk(const AttnParams& p, int block_n) {
+  if (p.block_table == nullptr) return block_n;
+  const int chunk = std::gcd(p.page_size, block_n);
+  return chunk % kAttnTmaPageMultiple == 0 ? chunk : 0;
+}
+
+// The K and V tensor maps: the cache as 4-d (Dh, Hkv, rows, outer) with boxes of 64 columns x
+// `chunk` rows (contiguous caches as (Dh, Hkv, L, B), paged ones as (Dh, Hkv, page_size, pages)).
+// Bad input for layouts tensor maps cannot describe (negative strides, strides that are not
+// multiples of 16 bytes).
+template <int HD>
+Status attention_tensor_maps(const AttnParams& p, int chunk, CUtensorMap (&maps)[2]) {
+  JETSPEC_RETURN_IF_FAILED(check_range("cache_outer", p.cache_outer, 1));
+  JETSPEC_RETURN_IF_FAILED(check_range("hkv", p.hkv, 1));
+  const void* bases[2] = {p.k_cache, p.v_cache};
+  const Strides4* strides[2] = {&p.k_cache_strides, &p.v_cache_strides};
+  const char* names[2] = {"k_cache", "v_cache"};
+  for (int m = 0; m < 2; ++m) {
+    const Strides4& st = *strides[m];
+    if (st.batch < 0 || st.row < 0 || st.head < 0) {
+      return bad_input(names[m], " strides (", st.batch, ", ", st.row, ", ", st.head,
+                       ") are negative (kernel 4, hopper)");
+    }
+    const uint64_t dims[4] = {static_cast<uint64_t>(HD), static_cast<uint64_t>(p.hkv),
+                              static_cast<uint64_t>(p.page_size),
+                              static_cast<uint64_t>(p.cache_outer)};
+    const uint64_t bytes[3] = {static_cast<uint64_t>(st.head) * 2,
+                               static_cast<uint64_t>(st.row) * 2,
+                               static_cast<uint64_t>(st.batch) * 2};
+    const uint32_t box[4] = {64, 1, static_cast<uint32_t>(chunk), 1};
+    JETSPEC_RETURN_IF_FAILED(encode_tensor_map_4d(&maps[m], names[m], bases[m], dims, bytes, box));
+  }
+  return Status();
+}
+
 // Launches variant Cfg (the sweep harness calls this directly; _C through tree_attention_hopper).
 template <typename T, int HD, class Cfg>
 Status tree_attention_hopper_variant(const AttnParams& p, cudaStream_t stream) {
@@ -528,7 +567,7 @@ Status tree_attention_hopper_variant(const AttnParams& p, cudaStream_t stream) {
   if (chunk == 0)
     return bad_input("page_size ", p.page_size, " is not a multiple of 8 (kernel 4, hopper)");
   CUtensorMap maps[2];
-  JETSPEC_RETURN_IF_FAILED(attention_tensor_maps<HD>(p, chunk, maps, "kernel 4, hopper"));
+  JETSPEC_RETURN_IF_FAILED(attention_tensor_maps<HD>(p, chunk, maps));
   return attention_launch<T>(p, tree_attention_hopper_kernel<T, HD, Cfg>,
                              attention_hopper_smem_bytes<HD, Cfg>(), HD, Cfg::kThreads,
                              Cfg::kRows, stream, maps[0], maps[1], chunk);

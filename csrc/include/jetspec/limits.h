@@ -12,11 +12,11 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum AttnTail : int { kTailMask = 0, kTailCausal = 1, kTailFull = 2 };
 
 // Which attention kernel: auto (wgmma where the device and head dim allow, else mma.sync), or
-// one of them: mma.sync, wgmma with cp.async loads, the warp-specialised wgmma kernel with TMA
-// loads, or the Hopper family (attention_hopper.cuh: TMA producer, ping-pong consumers, 128-key
-// blocks; head dims other than 64 / 128 run mma.sync). An sm_90a kernel where it cannot run is
-// an error.
-enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnTma = 3, kAttnHopper = 4 };
+// one of them: mma.sync, wgmma with cp.async loads, or the Hopper family (attention_hopper.cuh:
+// TMA producer, ping-pong consumers, 128-key blocks; head dims other than 64 / 128 run mma.sync).
+// An sm_90a kernel where it cannot run is an error. 3 was a retired kernel's code: the others
+// keep theirs, so results and messages recorded with them still read the same.
+enum AttnKernel : int { kAttnAuto = 0, kAttnMma = 1, kAttnWgmma = 2, kAttnHopper = 4 };
 
 enum TreeAlgorithm : int { kTreeTopn = 0, kTreeAccumLogp = 1 };
 
@@ -31,8 +31,7 @@ inline constexpr EnumName kDTypeNames[] = {
 inline constexpr EnumName kAttnTailNames[] = {
     {"mask", kTailMask}, {"causal", kTailCausal}, {"full", kTailFull}};
 inline constexpr EnumName kAttnKernelNames[] = {
-    {"auto", kAttnAuto}, {"mma", kAttnMma}, {"wgmma", kAttnWgmma}, {"tma", kAttnTma},
-    {"hopper", kAttnHopper}};
+    {"auto", kAttnAuto}, {"mma", kAttnMma}, {"wgmma", kAttnWgmma}, {"hopper", kAttnHopper}};
 inline constexpr EnumName kTreeAlgorithmNames[] = {
     {"topn", kTreeTopn}, {"accum_logp", kTreeAccumLogp}};
 
@@ -48,17 +47,14 @@ constexpr int kTopPMaxVocab = 1 << 21;
 // qk_norm_rope_append: 32 lanes x kRopeMaxPairsPerLane rotated pairs per head.
 constexpr int kRopeMaxHeadDim = 512;
 
-// tree_attention: head dims of the mma.sync kernel and of the sm_90a wgmma / TMA kernels.
+// tree_attention: head dims of the mma.sync kernel and of the sm_90a wgmma / Hopper kernels.
 inline constexpr int kAttnHeadDims[] = {64, 128, 256};
 inline constexpr int kWgmmaHeadDims[] = {64, 128};
-// Packed rows per warpgroup (per CTA, except the wide TMA kernel's) and the CTAs per SM the
-// one-warpgroup kernels are sized for; the TMA kernel takes two warpgroups, one CTA per SM,
-// when a (sequence, kv head) has more than kAttnRows packed rows.
+// Packed rows per warpgroup (per CTA of the mma.sync and wgmma kernels) and the CTAs per SM
+// those kernels are sized for.
 constexpr int kAttnRows = 64;
 constexpr int kAttnCtasPerSm = 2;
-constexpr int kAttnTmaWideRows = 2 * kAttnRows;
-constexpr int kAttnTmaWideCtasPerSm = 1;
-// The TMA kernel loads whole 8-row boxes of a paged cache.
+// The Hopper family's TMA copies load whole 8-row boxes of a paged cache.
 constexpr int kAttnTmaPageMultiple = 8;
 // cp.async / TMA rows: K/V rows start on these boundaries (bytes).
 constexpr int kRowAlignBytes = 16;

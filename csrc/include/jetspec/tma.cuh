@@ -1,5 +1,5 @@
-// Thin wrappers over the sm_90 asynchronous-copy PTX used by the warp-specialised attention
-// kernel: shared-memory mbarriers (init, arrive, arrive with an expected transaction count, parity
+// Thin wrappers over the sm_90 asynchronous-copy PTX used by the Hopper attention family
+// (attention_hopper.cuh): shared-memory mbarriers (init, arrive, arrive with an expected transaction count, parity
 // wait), TMA tensor loads (cp.async.bulk.tensor, 4-d tiles, completing on an mbarrier), named
 // barriers, and the host-side tensor-map encoding (cuTensorMapEncodeTiled, reached through the
 // runtime's driver entry point so that _C needs no link against libcuda).
@@ -44,8 +44,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned by
 // A wait that has not completed after this long faults: a pipeline deadlock (a byte count or
 // parity bug) then fails the launch with an error (an illegal address: a store to address 0,
 // which compute-sanitizer names) instead of hanging the GPU. Not __trap(): a trap reachable from
-// a warpgroup's code makes ptxas ignore that warpgroup's setmaxnreg, and the two-warpgroup TMA
-// kernel's consumers then spill at the 168 registers of 384 threads (checked with ptxas 13.0).
+// a warpgroup's code makes ptxas ignore that warpgroup's setmaxnreg, and the consumers of a
+// two-warpgroup kernel then spill at the 168 registers of 384 threads (checked with ptxas 13.0).
 // Legitimate waits are microseconds, milliseconds under compute-sanitizer.
 constexpr unsigned long long kMbarTimeoutNs = 4000000000ull;
 
@@ -127,7 +127,7 @@ inline Status encode_tensor_map_4d(CUtensorMap* map, const char* name, const voi
                                          &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess || fn == nullptr) {
       (void)cudaGetLastError();
-      return unsupported("the CUDA driver offers no cuTensorMapEncodeTiled (TMA; kernel 3)");
+      return unsupported("the CUDA driver offers no cuTensorMapEncodeTiled (TMA; kernel 4, hopper)");
     }
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
@@ -140,7 +140,7 @@ inline Status encode_tensor_map_4d(CUtensorMap* map, const char* name, const voi
   return bad_input("cuTensorMapEncodeTiled refused ", name, " (CUresult ", static_cast<int>(res),
                    "; byte strides ", strides[0], ", ", strides[1], ", ", strides[2],
                    "): TMA needs a 16-byte aligned base and strides that are multiples of 16 "
-                   "bytes (kernel 3, tma)");
+                   "bytes (kernel 4, hopper)");
 }
 
 }  // namespace jetspec
