@@ -1,0 +1,80 @@
+"""A fixed-tile Triton GEMM for the exact mode's linears: ``out = x @ weight.T`` whose every row
+is the same bits whatever M is and whatever the other rows hold.
+
+What makes a row's bits depend on the launch in a library GEMM is a choice made from M: another
+kernel, other tiles, split-K (partial sums of K slices added in another order). Here nothing
+depends on M: the tiles are fixed (``BLOCK_M x BLOCK_N x BLOCK_K``, constants of the module, not
+autotuned), K is reduced by one program in one fixed order (k-blocks ascending, a float32
+accumulator, no split-K), and M is excluded from Triton's argument specialisation (an M of 1 or a
+multiple of 16 would otherwise compile another binary). A row's output element is then the same
+sequence of ``tl.dot`` steps over the same k-blocks in every launch; the other rows of its tile
+are other rows of the same dot (zeros past M).
+
+Not wired into the exact mode yet: the exact ops refuse the triton backend until a GPU run shows
+this kernel row-invariant there (bench/NOTES.md, "Exact mode": what the interpreter can and
+cannot show, and the predicted cost at Qwen3-8B shapes).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sizes import cdiv
+
+__all__ = ["exact_linear", "BLOCK_M", "BLOCK_N", "BLOCK_K"]
+
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64      # fixed: never chosen from M (or N or K)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fixed_tile_matmul(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       INPUT_PRECISION: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):          # one program, k-blocks ascending: no split-K
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
+                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        b = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
+                    mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.functional.linear(x, weight)`` with M-independent tiles (see the module doc).
+
+    Parameters
+    ----------
+    x : float16/bfloat16/float32 [..., K], last dim contiguous
+    weight : x.dtype [N, K], last dim contiguous
+
+    Returns
+    -------
+    [..., N] in x.dtype, accumulated in float32 (float32 inputs: IEEE products, no TF32).
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError("x and weight must be tensors")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if weight.dtype != x.dtype or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must be {x.dtype} [N, {x.shape[-1]}] (x's last dim), got "
+                         f"{weight.dtype} {list(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
+    if x.dim() < 1 or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("x and weight must be contiguous in their last dimension")
+    k, n = weight.shape[1], weight.shape[0]
+    rows = x.reshape(-1, k)
+    out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
+    if rows.shape[0] and n:
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"   # tf32: ignored for 16-bit
+        grid = (cdiv(rows.shape[0], BLOCK_M), cdiv(n, BLOCK_N))
+        _fixed_tile_matmul[grid](rows, weight, out, rows.shape[0], n, k, rows.stride(0),
+                                 weight.stride(0), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                 BLOCK_K=BLOCK_K, INPUT_PRECISION=precision)
+    return out.reshape(*x.shape[:-1], n)
