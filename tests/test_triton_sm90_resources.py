@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every @triton.jit kernel a backend op launches (gumbel_uniform's test-only kernel aside).
+# Every @triton.jit kernel a backend op launches.
 KERNELS = {
     "_tree_attention_fwd", "_merge_splits", "_logits_partial_kernel", "_merge_kernel",
     "_hidden_partial_kernel", "_tree_kernel", "_pack_mask_kernel", "_target_partial_kernel",

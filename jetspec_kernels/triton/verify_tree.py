@@ -16,7 +16,8 @@ among equals) and climb back to the root. Nothing syncs with the host. Given ``t
 step 1 is skipped and the walk reads them directly.
 
 The Gumbel noise is the counter hash of CONTRIBUTING.md on uint32 lanes, bit-exact with
-``python_ref.gumbel_uniform`` (see :func:`gumbel_uniform` here, used by the tests to check it).
+``python_ref.gumbel_uniform`` (tests/verify_tree_triton_steps.py runs ``_uniform`` alone to
+check it).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import triton.language as tl
 from .. import launch_plan
 from .sizes import cdiv, next_power_of_2
 
-__all__ = ["verify_tree", "sample_tokens", "filter_thresholds", "gumbel_uniform"]
+__all__ = ["verify_tree", "filter_thresholds"]
 
 
 @triton.jit
@@ -479,29 +480,6 @@ def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tok
     return accept_len, path, bonus, emitted
 
 
-def sample_tokens(logits, temperature, seed=None, offset=None, top_k=None, top_p=None):
-    """The target token per node that steps 0 and 1 compute (one vocabulary split).
-
-    Parameters
-    ----------
-    logits : float ``[B, N, V]``; temperature : float or float32 ``[B]``;
-    seed, offset : int64 ``[B]``; top_k : int32 ``[B]`` or None; top_p : float32 ``[B]`` or None
-
-    Returns
-    -------
-    int32 ``[B, N]``: argmax (temperature 0) or the Gumbel-max sample over the kept tokens, ties
-    to the lower id.
-    """
-    B, N, V = logits.shape
-    temps = _temperatures(temperature, B, logits.device)
-    thresholds = None
-    if temps is not None and (top_k is not None or top_p is not None):
-        every = torch.full((B,), N, dtype=torch.int32, device=logits.device)
-        thresholds = _launch_filter(logits, every, temps, top_k, top_p)
-    _, partial_token, _ = _launch_partials(logits, temps, seed, offset, 1, _block_v(V), thresholds)
-    return partial_token.view(B, N)
-
-
 def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=None):
     """Step 0 on its own: the last token each node's filters keep.
 
@@ -523,32 +501,3 @@ def filter_thresholds(logits, temperature, top_k=None, top_p=None, num_nodes=Non
         num_nodes = torch.full((B,), N, dtype=torch.int32, device=logits.device)
     thr_x, thr_id = _launch_filter(logits, num_nodes, temps, top_k, top_p)
     return thr_x.view(B, N), thr_id.view(B, N)
-
-
-@triton.jit
-def _uniform_kernel(seed_ptr, off_ptr, u_ptr, N, V, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0)
-    b = row // N
-    n = row % N
-    key = _node_key(seed_ptr, off_ptr, b, n)
-    for v0 in range(0, V, BLOCK_V):
-        v = v0 + tl.arange(0, BLOCK_V)
-        tl.store(u_ptr + row.to(tl.int64) * V + v, _uniform(key, v), mask=v < V)
-
-
-def gumbel_uniform(seed, offset, N, V):
-    """The uniforms behind the sampling kernel, for checking against python_ref.
-
-    Parameters
-    ----------
-    seed, offset : int64 ``[B]``; N, V : int
-
-    Returns
-    -------
-    float32 ``[B, N, V]`` in (0, 1).
-    """
-    B = seed.shape[0]
-    u = torch.empty((B, N, V), dtype=torch.float32, device=seed.device)
-    if u.numel():
-        _uniform_kernel[(B * N,)](seed, offset, u, N, V, BLOCK_V=_block_v(V))
-    return u

@@ -9,6 +9,7 @@ from jetspec_kernels.tree import Tree
 from helpers import (DEV, VERIFY_KEYS, after_rows, api_backend, backend_module, backends, cu,
                      filter_case, kept_by_thresholds, on, poisoned_empty, random_tree,
                      skip_on_interpreter, steering_logits, sync, widened)
+from verify_tree_triton_steps import gumbel_uniform, sample_tokens
 
 verify = backend_module("triton", "verify_tree")
 
@@ -241,11 +242,10 @@ def test_uniform_clamp(backend, rows):
     logits = torch.zeros(rows, 1, 8)
     logits[:, 0, 3] = 30.0
     if backend.name == "triton":    # the cuda backend has no uniform or per-node sample entry
-        u = verify.gumbel_uniform(seed[:1].to(DEV), offset[:1].to(DEV), 1, 8).cpu()
+        u = gumbel_uniform(seed[:1].to(DEV), offset[:1].to(DEV), 1, 8).cpu()
         assert torch.equal(u, ref.gumbel_uniform(seed[:1], offset[:1], 1, 8))
         assert u[0, 0, 7].item() == 1.0 - 2.0 ** -24
-        got = verify.sample_tokens(logits[:1].to(DEV), 1.0, seed[:1].to(DEV),
-                                   offset[:1].to(DEV)).cpu()
+        got = sample_tokens(logits[:1].to(DEV), 1.0, seed[:1].to(DEV), offset[:1].to(DEV)).cpu()
         assert torch.equal(got, ref.sample_tokens(logits[:1], 1.0, seed[:1], offset[:1]))
         assert got.item() == 3
     zeros = torch.zeros(rows, 1, dtype=torch.int32)
@@ -402,8 +402,8 @@ def test_filtered_samples_and_verdicts_equal_reference(backend, num_splits):
     offset = torch.randint(0, 2**40, (B,), generator=gen)
     want = ref.sample_tokens(logits, temp, seed, offset, top_k, top_p)
     if backend.name == "triton":    # the cuda backend has no per-node sample entry
-        got = verify.sample_tokens(logits.to(DEV), temp.to(DEV), seed.to(DEV), offset.to(DEV),
-                                   top_k.to(DEV), top_p.to(DEV)).cpu()
+        got = sample_tokens(logits.to(DEV), temp.to(DEV), seed.to(DEV), offset.to(DEV),
+                            top_k.to(DEV), top_p.to(DEV)).cpu()
         assert torch.equal(got, want)
     assert torch.equal(want[1], ref.sample_tokens(logits, 0.0)[1])          # greedy sequence
     assert not torch.equal(want, ref.sample_tokens(logits, temp, seed, offset))
@@ -504,7 +504,7 @@ def test_verify_tree_filters_survive_nan_logits(dev):
 def test_uniform_bit_exact():
     seed = torch.tensor([0, 1, -1, 2**40 + 12345, 2**63 - 1], dtype=torch.int64)
     offset = torch.tensor([0, 7, 2**33 + 1, -5, 99], dtype=torch.int64)
-    got = verify.gumbel_uniform(seed.to(DEV), offset.to(DEV), 3, 4099).cpu()
+    got = gumbel_uniform(seed.to(DEV), offset.to(DEV), 3, 4099).cpu()
     want = ref.gumbel_uniform(seed, offset, 3, 4099)
     assert torch.equal(got, want)
     assert float(got.min()) > 0.0 and float(got.max()) < 1.0
@@ -519,7 +519,7 @@ def test_sample_tokens_equal_reference(dtype, temperature):
     logits = (torch.randn(B, N, V, generator=gen) * 2).to(dtype)
     seed = torch.randint(0, 2**62, (B,), generator=gen)
     offset = torch.randint(0, 2**40, (B,), generator=gen)
-    got = verify.sample_tokens(logits.to(DEV), temperature, seed.to(DEV), offset.to(DEV)).cpu()
+    got = sample_tokens(logits.to(DEV), temperature, seed.to(DEV), offset.to(DEV)).cpu()
     assert torch.equal(got, ref.sample_tokens(logits, temperature, seed, offset))
 
 
@@ -534,7 +534,7 @@ def test_greedy_ties_go_to_lower_id(backend):
     logits[2, 3, 1000] = 1.0                          # tie across tiles and splits
     logits[2, 3, 2099] = 1.0
     want = ref.sample_tokens(logits, 0.0)
-    assert torch.equal(verify.sample_tokens(logits.to(DEV), 0.0).cpu(), want)
+    assert torch.equal(sample_tokens(logits.to(DEV), 0.0).cpu(), want)
     # every row as its own one-node tree: the walk's bonus is that row's folded target token
     rows = logits.view(B * N, 1, V)
     zeros = torch.zeros(B * N, 1, dtype=torch.int32)
@@ -553,7 +553,7 @@ def test_sampling_distribution_tiny_vocab():
     logits = x.expand(B, N, V).contiguous()
     seed = torch.arange(B, dtype=torch.int64) * 7919 + 1
     offset = torch.arange(B, dtype=torch.int64) % 3
-    got = verify.sample_tokens(logits.to(DEV), T, seed.to(DEV), offset.to(DEV)).cpu()
+    got = sample_tokens(logits.to(DEV), T, seed.to(DEV), offset.to(DEV)).cpu()
     counts = torch.bincount(got.flatten().long(), minlength=V).double()
     expect = torch.softmax(x.double() / T, 0) * (B * N)
     chi2 = float(((counts - expect) ** 2 / expect).sum())
