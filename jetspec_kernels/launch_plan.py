@@ -16,6 +16,15 @@ one (bench/NOTES.md, "Launch planning: one module, three split-KV rules"):
   and the torch-free sweep harness (bench/attn_sweep) plans with it too. The cuda wrapper passes
   it :func:`sm_count`, so all three rules follow one number (patch it to plan for another GPU).
 
+Which rule stays is for one GPU measurement, not run yet: tree_attention with ``num_splits``
+forced to 1, 2, 3, 4, 6, 8, 16 and 32 (both wrappers take it) on one card, CUDA-graph replay,
+combine included, at base grids of 0.25 to 1.5 x the SM count and 4K / 32K keys (the grid is in
+bench/NOTES.md, "Launch planning"). Neither bench/device_check.sh nor bench/attn_sweep forces a
+count today: the sweep's CSV (device_check step ``attn_sweep``: kernel, shape, splits, graph_us)
+holds each kernel's own pick only, so it compares kernels, not rules. Per cell, the rule whose
+pick is within 5 % of the fastest forced count most often (and never 20 % off) plans for both
+backends; the others go, with their rows in tests/test_launch_plan.py.
+
 A plan depends on static shapes, dtypes and devices only: :func:`planned` computes one once per
 such signature (and per :func:`sm_count` in use), not on every eager call.
 """
