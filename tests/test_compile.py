@@ -188,9 +188,16 @@ def test_reference_custom_ops_pass_opcheck():
     for mask, lse_ in ((tree.mask, lse), (None, None)):
         opcheck(ops.tree_attention.default, (x["q"], x["k_cache"].clone(), x["v_cache"].clone(),
                                              x["prefix"], mask, "causal", None, 0.125, out, lse_))
+    fields = (tree.tokens, tree.parents, tree.num_nodes, tree.max_depth)
     target = torch.argmax(x["target"], -1).int()
-    opcheck(ops.verify_walk.default, (tree.tokens, tree.parents, tree.num_nodes, tree.max_depth,
-                                      target))
+    i64 = dict(dtype=torch.int64)
+    opcheck(ops.verify_tree.default, (*fields, None, target, 0.0, None, None, None, None, None))
+    seed, offset = torch.tensor([1, 2], **i64), torch.tensor([3, 4], **i64)
+    opcheck(ops.verify_tree.default, (*fields, x["target"], None, 0.8, None, seed, offset, None,
+                                      None))
+    opcheck(ops.verify_tree.default,   # per-sequence temperature, top-k and top-p
+            (*fields, x["target"], None, 0.0, torch.tensor([0.0, 0.8]), seed, offset,
+             torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0.9, 0.5])))
     path = torch.tensor([[0, 2, 3, -1, -1], [0, -1, -1, -1, -1]], dtype=torch.int32)
     acc = torch.tensor([2, 0], dtype=torch.int32)
     for hidden in (x["taps"], None):

@@ -3,11 +3,11 @@
 python_ref computes in float32 (float64 for float64 inputs); this adapter casts results to the
 dtypes the public API promises and writes in-place outputs.
 
-python_ref's tree building, attention, verification walk, mask packing and KV commit read tensor
+python_ref's tree building, attention, verification, mask packing and KV commit read tensor
 values on the host (loops over ``.tolist()``), which torch.compile cannot trace: here they are
 ``torch.library.custom_op``s (namespace ``jetspec_ref``) with fake implementations, opaque to
-the compiler as the cuda backend's ops are. The rest (top-K, the norms, RoPE and the append,
-sampling) is plain torch and compiles (and fuses) as it is.
+the compiler as the cuda backend's ops are. The rest (top-K, the norms, RoPE and the append) is
+plain torch and compiles (and fuses) as it is.
 """
 from __future__ import annotations
 
@@ -110,23 +110,32 @@ def silu_mul(x):
 
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
-                        block_table, cache_start, rotary_dim=None):
+                        block_table, cache_start):
     q_out = ref.qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                                     rope_theta, eps=eps, block_table=block_table,
-                                    cache_start=cache_start, rotary_dim=rotary_dim)
+                                    cache_start=cache_start)
     return None if q_out is None else q_out.to(q.dtype)
 
 
-@custom_op("jetspec_ref::verify_walk", mutates_args=())
-def _verify_walk(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
-                 max_depth: int, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                     torch.Tensor, torch.Tensor]:
-    r = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_tokens=target_tokens)
+@custom_op("jetspec_ref::verify_tree", mutates_args=())
+def _verify_tree(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
+                 max_depth: int, target_logits: Optional[torch.Tensor],
+                 target_tokens: Optional[torch.Tensor], temperature: float,
+                 temperatures: Optional[torch.Tensor], seed: Optional[torch.Tensor],
+                 offset: Optional[torch.Tensor], top_k: Optional[torch.Tensor],
+                 top_p: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                         torch.Tensor]:
+    # (the sampling too: inductor's lowering of the hash's integer chain took minutes)
+    r = ref.verify_tree(tokens, parents, num_nodes, max_depth, target_logits=target_logits,
+                        target_tokens=target_tokens,
+                        temperature=temperature if temperatures is None else temperatures,
+                        seed=seed, offset=offset, top_k=top_k, top_p=top_p)
     return tuple(r[key].to(_I32) for key in ("accept_len", "path", "bonus", "emitted"))
 
 
-@_verify_walk.register_fake
-def _(tokens, parents, num_nodes, max_depth, target_tokens):
+@_verify_tree.register_fake
+def _(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
+      temperatures, seed, offset, top_k, top_p):
     b = tokens.shape[0]
     per_seq, rows = tokens.new_empty(b, dtype=_I32), tokens.new_empty(b, max_depth + 1, dtype=_I32)
     return per_seq, rows, per_seq.clone(), rows.clone()
@@ -134,10 +143,10 @@ def _(tokens, parents, num_nodes, max_depth, target_tokens):
 
 def verify_tree(tokens, parents, num_nodes, max_depth, target_logits, target_tokens, temperature,
                 seed, offset, top_k=None, top_p=None):
-    # python_ref.verify_tree in its two steps: the target's tokens (torch ops), then the walk.
-    if target_tokens is None:
-        target_tokens = ref.sample_tokens(target_logits, temperature, seed, offset, top_k, top_p)
-    return _verify_walk(tokens, parents, num_nodes, int(max_depth), target_tokens)
+    tensor = isinstance(temperature, torch.Tensor)   # (a custom op takes a float or a tensor)
+    return _verify_tree(tokens, parents, num_nodes, int(max_depth), target_logits, target_tokens,
+                        0.0 if tensor else float(temperature), temperature if tensor else None,
+                        seed, offset, top_k, top_p)
 
 
 @custom_op("jetspec_ref::commit_kv", mutates_args=("k_cache", "v_cache"))
@@ -159,7 +168,8 @@ def _(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
 
 
 def commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden):
-    new_lens, rows = _commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table, hidden)
+    new_lens, rows = _commit_kv(k_cache, v_cache, prefix_lens, path, accept_len, block_table,
+                                hidden)
     return new_lens, None if hidden is None else rows
 
 
