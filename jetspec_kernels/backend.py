@@ -57,8 +57,8 @@ INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "bui
                        "draft_tree", "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask",
                        "rms_norm", "silu_mul", "gated_delta_tree", "gated_delta_commit",
                        "causal_conv1d_tree", "causal_conv1d_commit")
-# Interface functions that chain others in one backend call (the same kernels, fewer host steps
-# for the cuda backend: issue 27): a backend is verified for one where it is verified for every
+# Interface functions that chain others in one backend call (the same kernels in fewer host
+# steps): a backend is verified for one where it is verified for every
 # function of its chain, so auto sends a chain where every function of it may go (one backend
 # runs all of them). A chain has no rows of its own in the hardware record and no entry in
 # HARDWARE_VERIFIED.
@@ -286,7 +286,7 @@ _NO_SWITCH = contextlib.nullcontext()
 def cuda_device_guard(device: torch.device):
     """Context that makes CUDA ``device`` current (launches go to the current device, which need
     not be the tensors' one in a process driving several GPUs): nothing to do when it is current
-    already, the usual case (issue 27: host time per call), or when ``device`` is not a CUDA
+    already, the usual case (the guard's host time saved), or when ``device`` is not a CUDA
     device with an index. While torch.compile traces, always ``torch.cuda.device``: dynamo folds
     it, not the C device query."""
     if device.type != "cuda" or device.index is None or (
