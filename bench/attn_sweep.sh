@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Hopper attention sweep on the GPU machine (issue 26; bench/attn_sweep/sweep.cu says what it
+# The Hopper attention sweep on the GPU machine (bench/attn_sweep/sweep.cu says what it
 # measures): device_check.sh's attn_sweep step runs it, and so can a session by hand.
 #
 #   bash bench/attn_sweep.sh RESULTS_DIR          # the sweep, under $LIMIT seconds (default 25)

@@ -1,4 +1,4 @@
-"""Adaptive tree budget (issue 20): ``generate(budget="auto")`` against every fixed budget.
+"""Adaptive tree budget: ``generate(budget="auto")`` against every fixed budget.
 
 Part 1, end to end, measured: the shipped tiny target and causal head (jetspec_kernels/assets/tiny)
 decode held-out prompts (the recipe's "heldout" files, outside the training data; this

@@ -51,7 +51,7 @@ GROUPS = ("logits", "from_topk", "from_hidden")
 
 
 def headline_shape(b: int, cuda: bool):
-    """The draft shape of issue 27 at batch ``b`` (the CPU's stand-in off a GPU)."""
+    """The headline draft shape at batch ``b`` (the CPU's stand-in off a GPU)."""
     if not cuda:
         return (b, 4, 2048, 4, 16)
     return (b, 15, 151936, 7, 64 if b == 1 else 128)
@@ -64,7 +64,7 @@ def shapes(opts: bc.Options):
     if not opts.cuda:
         return [(1, 4, 2048, 4, 16), (2, 5, 2048, 4, 32)]
     if opts.quick:
-        # (1, 15, V, 8, 256) is issue 6's draft_tree target shape (under 20 us).
+        # (1, 15, V, 8, 256) is the shape draft_tree's target time is set at (under 20 us).
         return [(1, 15, 151936, 7, 64), (1, 15, 151936, 8, 256), (16, 15, 151936, 7, 128),
                 (1, 20, 151936, 8, 512)]
     return [(b, d, 151936, k, n) for b, d, k, n in

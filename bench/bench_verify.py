@@ -28,8 +28,8 @@ import torch
 from bench import common as bc
 
 BASELINES = ["host", "torch_vec", "torch_eager"]
-# The filtered sampling rows (issue 27: sampled verify with top-k / top-p at most 1.5x its floor,
-# the one read of the logits): transformers' common generation settings.
+# The filtered sampling rows (the target: sampled verify with top-k / top-p at most 1.5x its
+# floor, the one read of the logits): transformers' common generation settings.
 TOP_K, TOP_P = 50, 0.9
 
 

@@ -1,4 +1,4 @@
-"""Host time of one eager call of the public ops (issue 27: at most 25 µs on a GPU host for
+"""Host time of one eager call of the public ops (the target: at most 25 µs on a GPU host for
 tree_attention, qk_norm_rope_append, verify_tree and draft_tree; and rms_norm and silu_mul, the
 ops the models call most: twice and once a layer).
 

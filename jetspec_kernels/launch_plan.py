@@ -116,14 +116,14 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
 
 
 # ----------------------------------------------------------------------------------------------
-# Hidden top-K: the fused kernel or a GEMM plus log_softmax_topk (issue 27, problem 1)
+# Hidden top-K: the fused kernel or a GEMM plus log_softmax_topk
 # ----------------------------------------------------------------------------------------------
 # draft_tree_from_hidden can compute its per-depth top-K two ways (ops/draft_tree.py):
 #   "fused": the backend's hidden_topk kernel (lm_head GEMM and top-K in one pass, no logits in
 #            memory); reads lm_head once, so it is near the read floor at small B*D. Triton and
 #            the reference have one; the cuda backend's (mma.sync) lost to Triton's by 1.5-3x
-#            on the H200 and was deleted (issue 27's rule), so the cuda backend always takes
-#            the GEMM path;
+#            on the H200 and was deleted (a kernel that loses on hardware goes), so the cuda
+#            backend always takes the GEMM path;
 #   "gemm":  float32 logits [B*D, V] by torch (cuBLAS on a GPU), then the backend's
 #            log_softmax_topk, over row chunks whose logits fit HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES;
 #            costs the logits' write + read, but runs the GEMM at cuBLAS speed where the fused

@@ -1,4 +1,4 @@
-"""Static gates of the Hopper attention family (issue 26), checked without a GPU on the sweep
+"""Static gates of the Hopper attention family, checked without a GPU on the sweep
 harness's build (bench/attn_sweep: every variant, one object each, sm_90a):
 
 * ptxas: no spills, no stack, no wgmma serialisation (C7513 / C7515 / C7517) and no ignored

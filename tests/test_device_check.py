@@ -1,4 +1,4 @@
-"""bench/device_check.sh without a GPU: its dry run prints the plan (issue 31's priority order,
+"""bench/device_check.sh without a GPU: its dry run prints the plan (the steps in priority order,
 each step's limit and the time it holds back for the required steps after it), the limits fit
 one call of under 8 minutes, a rerun can pick steps, and what comes back fits the device tool's
 limits (at most 8 files, names of letters, digits, '.', '_', '-')."""

@@ -1,4 +1,4 @@
-"""Host time of eager calls (issue 27), on the CPU: the public ops called with the kernel launches
+"""Host time of eager calls, on the CPU: the public ops called with the kernel launches
 replaced by no-ops (bench/host_overhead.py's harness), down the cuda and the triton path.
 
 Wall time on a shared 2-core machine is noise, so the budgets are on what is deterministic: the
@@ -24,10 +24,10 @@ from bench import host_overhead as ho  # noqa: E402
 
 # (backend, op) -> Python calls of one op call: (in jetspec_kernels, in all). "ours" is what the
 # code makes today (2026-12-05; lower it when a change saves calls); "all" has room for other
-# torch versions. Before issue 27's work the cuda path made 110-188 calls in all (its custom ops'
-# dispatch runs through torch's Python kernels), the triton path 71-118 (triton.cdiv and co).
-# tree_attention's split count comes from launch_plan's named rules since issue 29 item 6: one
-# call more on cuda (62 -> 63), two on triton (20 -> 22). Issue 27, second pass:
+# torch versions. Before the host-time work the cuda path made 110-188 calls in all (its custom
+# ops' dispatch runs through torch's Python kernels), the triton path 71-118 (triton.cdiv and co).
+# tree_attention's split count comes from launch_plan's named rules: one call more on cuda
+# (62 -> 63), two on triton (20 -> 22). Host-time work, second pass:
 # tree_attention's plan once per signature (launch_plan.planned), workspaces in one allocation
 # (cuda/extension.workspaces), .data_ptr() where a tensor cannot be None: cuda 63 -> 45,
 # 47 -> 41, 56 -> 42, 49 -> 36. Third pass: cuda supports keyed on the op's own signature, 45 -> 44;

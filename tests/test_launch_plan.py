@@ -199,7 +199,7 @@ def test_argmax_chunk(rows, vocab, elt, want):
         assert -(-vocab // got) == -(-vocab // most)
 
 
-# ---- Plans once per signature (launch_plan.planned; issue 27) ----
+# ---- Plans once per signature (launch_plan.planned: host time per eager call) ----
 
 def test_planned_keys_on_the_signature_and_the_sm_count(monkeypatch):
     """One rule call per key: the same key again is a lookup; another device (or shape, dtype)

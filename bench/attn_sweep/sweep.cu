@@ -1,4 +1,4 @@
-// Torch-free sweep of the tree_attention kernels on one GPU (issue 26): every Hopper variant of
+// Torch-free sweep of the tree_attention kernels on one GPU: every Hopper variant of
 // variants.h and today's kernels (baselines.cu), bf16, Qwen3-8B heads (Hq 32, Hkv 8), at the
 // headline shapes of bench/NOTES.md. For each kernel and shape: the split count it picks, CTAs per
 // SM (occupancy calculator), the median time of back-to-back launches over rotating K/V buffers

@@ -2,8 +2,8 @@
 
 The same two kernels as the two functions, queued back to back: one device guard, one eager
 fast-path test and one backend choice a call instead of two, and the top-K (which the caller
-never sees) with the top-K kernel's scratch space in one allocation instead of three (issue 27:
-host time per eager call).
+never sees) with the top-K kernel's scratch space in one allocation instead of three: less
+host time per eager call.
 """
 from __future__ import annotations
 

@@ -77,8 +77,8 @@ def aligned16(t: torch.Tensor) -> bool:
 
 
 def workspaces(device, *nbytes: int) -> tuple[torch.Tensor, list[int]]:
-    """Scratch space of ``nbytes[i]`` bytes each in one uninitialised allocation (issue 27: one
-    caching-allocator call instead of one per workspace), each part on a 16-byte boundary:
+    """Scratch space of ``nbytes[i]`` bytes each in one uninitialised allocation (one
+    caching-allocator call, not one per workspace: host time), each part on a 16-byte boundary:
     (the buffer, to keep alive until the launches are queued; each part's device address).
     For workspaces only: a launch needs their addresses, nobody sees them as tensors."""
     offsets, at = [], 0
