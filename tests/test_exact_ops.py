@@ -95,8 +95,10 @@ def test_exact_refuses_what_is_not_invariant():
     q = torch.randn(1, 2, 4, 16)
     k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
     pl = torch.tensor([3], dtype=torch.int32)
-    with pytest.raises(ex.ExactModeError, match="tree_attention on the 'triton' backend"):
-        jk.tree_attention(q, k, v, pl, exact=True, backend="triton")
+    with pytest.raises(ex.ExactModeError, match="tree_attention on the 'cuda' backend"):
+        jk.tree_attention(q, k, v, pl, exact=True, backend="cuda")
+    with pytest.raises(ex.ExactModeError, match="silu_mul on the 'triton' backend"):
+        ex.silu_mul(torch.randn(2, 8), backend="triton")
     with pytest.raises(ex.ExactModeError, match="rms_norm on the 'cuda' backend"):
         ex.rms_norm(torch.randn(2, 8), torch.ones(8), backend="cuda")
     with pytest.raises(TypeError, match="exact must be a bool"):

@@ -1,12 +1,22 @@
-"""The exact mode's Triton GEMM (triton/exact_matmul.py): fixed tiles, no split-K, M not
-specialised. Under the interpreter (float32; bf16 tl.dot does not run there) a row is the same
-bits in an M-row launch as alone and whatever the other rows hold; on a GPU the same tests run in
-bf16 too."""
+"""The exact mode on triton: the fixed-tile GEMM (triton/exact_matmul.py: fixed tiles, no
+split-K, M not specialised) and tree_attention(exact=True, backend="triton") (the row form on the
+triton kernel). Under the interpreter (float32; bf16 tl.dot does not run there) a GEMM row is the
+same bits in an M-row launch as alone and whatever the other rows hold, and a tree node's
+attention row the same bits as the decode step's; on a GPU the GEMM tests run in bf16 too and
+the exact attention is refused until a GPU run shows it."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from helpers import rel_l2
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench.exact_invariance import tree_vs_decode_mismatches  # noqa: E402
 
 triton = pytest.importorskip("triton")
 from jetspec_kernels.triton.exact_matmul import BLOCK_M, exact_linear  # noqa: E402
@@ -49,3 +59,33 @@ def test_shapes_and_bad_arguments():
         exact_linear(torch.randn(2, 40, device=DEV).to(torch.int32), w)
     with pytest.raises(ValueError, match="contiguous"):
         exact_linear(torch.randn(40, 2, device=DEV).T, w)
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="exact triton attention is refused on a GPU until a run shows it")
+@pytest.mark.parametrize("prefix,n,page_size,pad", [(5, 8, None, 0), (13, 8, 4, 2)])
+def test_exact_triton_tree_row_equals_decode_row(prefix, n, page_size, pad):
+    gen = torch.Generator().manual_seed(prefix + n)
+    assert tree_vs_decode_mismatches(prefix, n, torch.float32, gen, exact=True,
+                                     page_size=page_size, pad=pad, dh=32, backend="triton") == 0
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="the interpreter's power check")
+def test_normal_triton_tree_row_differs_from_decode_row():
+    gen = torch.Generator().manual_seed(11)
+    assert tree_vs_decode_mismatches(5, 8, torch.float32, gen, exact=False, dh=32,
+                                     backend="triton") > 0
+
+
+def test_exact_triton_attention_agrees_with_the_reference():
+    import jetspec_kernels as jk
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 3, 4, 32, generator=gen)
+    k, v = torch.randn(2, 12, 2, 32, generator=gen), torch.randn(2, 12, 2, 32, generator=gen)
+    pl = torch.tensor([4, 9], dtype=torch.int32)
+    want, want_lse = jk.tree_attention(q, k, v, pl, return_lse=True, backend="reference")
+    if DEV == "cuda":
+        with pytest.raises(jk.ExactModeError, match="not shown"):
+            jk.tree_attention(q.cuda(), k.cuda(), v.cuda(), pl.cuda(), exact=True, backend="triton")
+        return
+    got, got_lse = jk.tree_attention(q, k, v, pl, return_lse=True, exact=True, backend="triton")
+    assert rel_l2(got, want) < 1e-5 and rel_l2(got_lse, want_lse) < 1e-5

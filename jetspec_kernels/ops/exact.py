@@ -69,19 +69,22 @@ def require_cpu(what: str, t: torch.Tensor) -> None:
                              "the CPU or without exact")
 
 
-def exact_backend(op: str, device: torch.device, backend: str | None) -> str:
-    """The backend an exact call of ``op`` runs on: the reference, the one backend with exact
-    variants. ``auto`` (or the process default ``auto``) resolves to it; an explicit other backend,
-    or a non-CPU device, raises :class:`ExactModeError` naming the op and the backend."""
+def exact_backend(op: str, device: torch.device, backend: str | None,
+                  shown: tuple[str, ...] = ()) -> str:
+    """The backend an exact call of ``op`` runs on: the reference (``auto``, or the process
+    default ``auto``, resolves to it), or a backend named in ``shown`` (an exact variant of
+    ``op`` shown invariant on the CPU: the triton interpreter) when asked for by name. Another
+    backend, or a non-CPU device, raises :class:`ExactModeError` naming the op and the backend."""
     name = _backend.get_backend() if backend is None else backend
-    if name not in ("auto", "reference"):
+    if name not in ("auto", "reference") + tuple(shown):
         raise ExactModeError(f"exact mode: {op} on the {name!r} backend is not row-invariant yet "
-                             "(only the 'reference' backend has exact variants); pass "
+                             f"(exact variants: {', '.join(('reference',) + tuple(shown))}); pass "
                              "backend='reference' or 'auto'")
     if device.type != "cpu":
         raise ExactModeError(f"exact mode: {op} on {device.type} (backend {name!r}) is not shown "
-                             "row-invariant yet (only the CPU reference backend is)")
-    return "reference"
+                             "row-invariant yet (only CPU paths are: the reference backend"
+                             + (", the triton interpreter" if shown else "") + ")")
+    return "reference" if name == "auto" else name
 
 
 def per_row(fn, x: torch.Tensor, *others: torch.Tensor):

@@ -121,13 +121,46 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
 
 def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, return_lse, out,
            lse, backend):
-    """tree_attention(exact=True): the logical-order row form on the reference backend."""
-    exact_backend("tree_attention", q.device, backend)
-    o, l = ref_attention.tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
-                                                block_table, scale)
+    """tree_attention(exact=True): the logical-order row form (reference, or triton when named)."""
+    name = exact_backend("tree_attention", q.device, backend, shown=("triton",))
+    if name == "triton":
+        o, l = _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale)
+    else:
+        o, l = ref_attention.tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask,
+                                                    tail, block_table, scale)
     out = o.to(q.dtype) if out is None else out.copy_(o)
     return_lse = return_lse or lse is not None
     if not return_lse:
         return out
     lse = l.to(torch.float32) if lse is None else lse.copy_(l)
+    return out, lse
+
+
+def _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale):
+    """The row form on the triton kernel: each query's visible keys gathered in logical order into
+    a cache of exactly that length, then one launch of the N = 1 decode shape with one split (its
+    plan then depends on the row's length alone, as the decode step's at that position does)."""
+    _backend.resolve(q.device, "triton")          # BackendUnavailableError saying why, if it is not
+    from ..triton.tree_attention import launch_tree_attention
+    b, n, hq, dh = q.shape
+    hkv = k_cache.shape[2]
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, n, dtype=torch.float32, device=q.device)
+    for s in range(b):
+        p = int(prefix_lens[s])
+        keys = ref_attention.gather_cache(k_cache, s, p + n, block_table)
+        vals = ref_attention.gather_cache(v_cache, s, p + n, block_table)
+        rows = ref_attention.visible_slots(p, n, None if tree_mask is None else tree_mask[s], tail)
+        for i, slots in enumerate(rows):
+            length = slots.numel()
+            kc = keys[slots.to(q.device)].reshape(1, length, hkv, dh).contiguous()
+            vc = vals[slots.to(q.device)].reshape(1, length, hkv, dh).contiguous()
+            o = torch.empty(1, 1, hq, dh, dtype=q.dtype, device=q.device)
+            l = torch.empty(1, hq, 1, dtype=torch.float32, device=q.device)
+            launch_tree_attention(q[s:s + 1, i:i + 1].clone(), kc, vc,
+                                  torch.full((1,), length - 1, dtype=torch.int32, device=q.device),
+                                  None, "causal", None, scale, o, l, num_splits=1)
+            out[s, i] = o[0, 0]
+            lse[s, :, i] = l[0, :, 0]
     return out, lse
