@@ -137,3 +137,32 @@ def test_checked_arguments_resolve_cuda_graphs(models, given, expected):
     target, head = models
     args = checked_generate_args(target, head, [[1, 2, 3]], max_new_tokens=2, cuda_graphs=given)
     assert args.cuda_graphs is expected
+
+
+# ---- the group check, one field at a time, in one process (tests/test_tp.py: on real groups) --
+def _model_on(shard):
+    from types import SimpleNamespace
+    return SimpleNamespace(shard=shard)
+
+
+@pytest.mark.parametrize("field,shard", [
+    ("size", (None, 0, 2)), ("rank", (None, 1, 1)), ("group", ("another group", 0, 1)),
+], ids=["size", "rank", "group"])
+def test_check_group_refuses_a_model_differing_in_one_field(field, shard):
+    """Run alone (no process group): a model whose shard differs from tp.ALONE in only its size,
+    only its rank or only its process group is refused, naming group; tp.ALONE itself passes."""
+    from jetspec_kernels import tp
+    from jetspec_kernels.decode.arguments import check_group
+    assert check_group(None, target=_model_on(tp.ALONE)) is tp.ALONE
+    with pytest.raises(ValueError, match=r"^group: the target is split over"):
+        check_group(None, target=_model_on(tp.Shard(*shard)))
+
+
+@pytest.mark.parametrize("rank,size", [(0, 2), (1, 1), (1, 2)])
+def test_a_shard_without_a_group_must_be_alone(rank, size):
+    """A Shard with no process group claiming another rank or size than 0 of 1 is refused where
+    it is given (generate's group=, a model's group=), naming group."""
+    from jetspec_kernels import tp
+    with pytest.raises(ValueError, match=rf"^group: the Shard says rank {rank} of {size}"):
+        tp.shard_of(tp.Shard(None, rank, size))
+    assert tp.shard_of(tp.Shard(None, 0, 1)) == tp.ALONE
