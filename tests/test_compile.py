@@ -277,3 +277,18 @@ def test_the_models_forward_compiles_whole(reference_backend):
     assert_same(fn(anchor), draft(anchor))
     fn(anchor.flip(0))
     assert counter.frame_count == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("op", REFERENCE_OPS)
+def test_every_op_compiles_whole_on_a_gpu(op, backend):
+    """The GPU backends on CUDA tensors (fp16): dynamo lifts Triton's JITFunction launches into
+    the graph and traces the cuda custom ops through their fakes. (On the CPU the triton backend
+    runs under TRITON_INTERPRET=1, which dynamo cannot trace: docs/DESIGN.md, "torch.compile".)"""
+    x = {k: v.cuda() for k, v in inputs(dtype=torch.float16).items()}
+    call = op_calls(x, backend)[op]
+    fn, counter = compiled(call)
+    assert_same(fn(), call())
+    fn()
+    assert counter.frame_count == 1
