@@ -165,3 +165,40 @@ def test_cli_exact(capsys):
                "--exact", "--backend", "triton"])
     err = capsys.readouterr().err
     assert rc == 2 and "--exact: exact mode" in err and "'triton' backend" in err
+
+
+def _sharp_models():
+    from test_decode import _sharp_tiny
+    return _sharp_tiny()
+
+
+@pytest.mark.parametrize("controls", [dict(temperature=0.9),
+                                      dict(temperature=torch.tensor([0.7, 0.0, 1.3]), top_k=3,
+                                           top_p=0.9)], ids=["T", "per-sequence T, top-k, top-p"])
+def test_exact_sampling_is_pathwise(controls):
+    """Same seed: speculative sampling emits autoregressive sampling's tokens (the noise keyed by
+    logical position); the normal mode's noise is keyed by round and node, so it does not."""
+    target, head = _sharp_models()
+    prompts = [[1, 2, 3], [4, 5], [6, 0, 1, 2]]
+    kw = dict(max_new_tokens=8, seed=5, **controls)
+    spec = generate(target, head, prompts, budget=6, topk=3, exact=True, **kw)
+    assert sum(spec.stats.accept_histogram[1:]) >= 2, "the draft should get some tokens accepted"
+    assert spec.tokens == generate_ar(target, prompts, exact=True, **kw).tokens
+
+
+def test_normal_sampling_is_not_pathwise():
+    target, head = _sharp_models()
+    prompts = [[1, 2, 3], [4, 5], [6, 0, 1, 2]]
+    kw = dict(max_new_tokens=8, seed=5, temperature=0.9)
+    assert generate(target, head, prompts, budget=6, topk=3, **kw).tokens != \
+        generate_ar(target, prompts, **kw).tokens
+
+
+def test_exact_sampling_follows_the_target_law():
+    """Autoregressive sampling in the exact mode (noise keyed by position) samples the target's
+    law (chi-square on three tokens); the pathwise test carries it to speculative sampling."""
+    from test_decode import SHARP_PROMPT, SHARP_TEMPERATURE, check_sampling_law
+    target, _ = _sharp_models()
+    tokens = generate_ar(target, [SHARP_PROMPT] * 600, max_new_tokens=3,
+                         temperature=SHARP_TEMPERATURE, seed=11, exact=True).tokens
+    check_sampling_law("exact ar", tokens, target)

@@ -23,7 +23,7 @@ from .. import backend as _backend
 from .. import tp
 from ..adaptive import AcceptanceCalibrator, CostModel
 from ..adaptive.kept import kept_for
-from ..ops.exact import exact_scope
+from ..ops.exact import exact_enabled, exact_scope, sample_at_positions
 from .arguments import check_group, check_shared_args, checked_generate_args
 from .graphs import StepRunner
 from .measure import measure_round_costs
@@ -248,7 +248,11 @@ def generate_ar(target, prompt_ids, *, max_new_tokens: int, temperature=0.0,
         offset.add_(1)
         with stages("decode"):
             logits = target.decode(token, prefix, cache)
-            token = next_token(logits, sampling, seed_t, offset)
+            if exact_enabled() and not sampling.greedy:     # pathwise, as generate's exact mode
+                token = sample_at_positions(logits[:, None], prefix[:, None], seed_t,
+                                            sampling.temperature, sampling.top_k, sampling.top_p)[:, 0]
+            else:
+                token = next_token(logits, sampling, seed_t, offset)
         with stages("emit"):
             prefix.add_(active)
             out.emit(token[:, None], active)

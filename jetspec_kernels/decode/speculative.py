@@ -16,6 +16,7 @@ import torch
 
 from ..adaptive import choose_budget_from_topk
 from ..ops.commit_kv import commit_kv
+from ..ops.exact import exact_enabled, sample_at_positions
 from ..ops.draft_tree import (checked_topk, draft_tree, draft_tree_from_hidden,
                               tree_from_checked_topk)
 from ..ops.verify_tree import verify_tree
@@ -115,6 +116,10 @@ class SpeculativeDecode:
         with st("accept"):
             if greedy:
                 verdict = verify_tree(tree, target_tokens=scores)
+            elif exact_enabled():      # pathwise: the noise keyed by logical position (ops.exact)
+                s = self.sampling
+                verdict = verify_tree(tree, target_tokens=sample_at_positions(
+                    scores, tree.positions(self.prefix), self.seed, s.temperature, s.top_k, s.top_p))
             else:
                 verdict = verify_tree(tree, scores, seed=self.seed, offset=self.offset,
                                       **self.sampling.kwargs())

@@ -31,7 +31,8 @@ from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope", "require_cpu",
-           "per_row", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax"]
+           "per_row", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
+           "sample_at_positions"]
 
 
 class ExactModeError(NotImplementedError):
@@ -181,3 +182,31 @@ def exact_scope(exact, device: torch.device, backend: str | None = None):
         return contextlib.nullcontext()
     exact_backend("the target's forward", device, backend)
     return exact_mode()
+
+
+def sample_at_positions(logits: torch.Tensor, positions: torch.Tensor, seed: torch.Tensor,
+                        temperature, top_k=None, top_p=None) -> torch.Tensor:
+    """The exact mode's sampler, pathwise: node i of sequence b is drawn by Gumbel-max with the
+    noise keyed by ``(seed[b], positions[b, i], b)`` alone (``python_ref.sample_tokens`` with
+    ``offset = positions[:, i]`` and N = 1), not by the round and the node's slot. A tree node
+    and the autoregressive step at the same logical position then draw the same noise, so with
+    the same logits (the exact mode) they sample the same token, and speculative sampling emits
+    autoregressive sampling's tokens. Lossless in law: along the emitted path every position's
+    noise is used once, independent of what chose the context.
+
+    Parameters
+    ----------
+    logits : float [B, N, V]; positions : int [B, N] (each node's own position: its logits
+    predict the next one); seed : int64 [B]; temperature, top_k, top_p : as
+    ``python_ref.sample_tokens`` (float or [B] tensors; None: no filter)
+
+    Returns
+    -------
+    int32 [B, N]
+    """
+    from ..python_ref.verify import sample_tokens
+    if logits.shape[1] == 0:
+        return torch.empty(logits.shape[:2], dtype=torch.int32, device=logits.device)
+    cols = [sample_tokens(logits[:, i:i + 1], temperature, seed, positions[:, i].to(torch.int64),
+                          top_k, top_p)[:, 0] for i in range(logits.shape[1])]
+    return torch.stack(cols, dim=1).to(torch.int32)
