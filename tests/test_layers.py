@@ -24,7 +24,7 @@ LAYERS = [
     ("models",),                           # Qwen3 target, draft head
     ("decode",),                           # the decoding loops
     ("",),                                 # jetspec_kernels/__init__.py: the public API
-    ("train", "demo", "demo_random", "generate_cli", "__main__"),   # tools built on all of it
+    ("train", "demo", "demo_random", "generate_cli", "cli_common", "__main__"),  # tools
 ]
 
 
