@@ -81,7 +81,8 @@ def _check_eos(eos_token_id, vocab: int) -> None:
 def check_group(group, **models) -> tp.Shard:
     """The :class:`~jetspec_kernels.tp.Shard` of ``group`` (None: the default process group when
     torch.distributed is initialised with several ranks), which every model (name -> model) must
-    be split over: same size and rank (a model without a ``shard`` runs alone)."""
+    be split over: the same process group, size and rank (a model without a ``shard`` runs
+    alone)."""
     shard = tp.shard_of(group)
     for name, model in models.items():
         mine = getattr(model, "shard", tp.ALONE)
@@ -89,6 +90,10 @@ def check_group(group, **models) -> tp.Shard:
             raise ValueError(f"group: the {name} is split over tp={mine.size} ranks (this rank "
                              f"{mine.rank}), the process group has {shard.size} (this rank "
                              f"{shard.rank}); load the models with the group generate runs on")
+        if mine.group is not shard.group:
+            raise ValueError(f"group: the {name} is split over another process group of "
+                             f"{mine.size} ranks than the one generate runs on; load the models "
+                             f"with the group generate runs on")
     return shard
 
 
