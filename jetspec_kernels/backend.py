@@ -12,7 +12,6 @@ run raises :class:`BackendUnavailableError` with the reason; an explicit choice 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import operator
@@ -22,6 +21,8 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import torch
+
+from .device_guard import cuda_device_guard
 
 BACKENDS = ("auto", "cuda", "triton", "reference")
 
@@ -277,30 +278,12 @@ def select(device: torch.device, fn: str, backend: str | None = None,
     raise BackendUnavailableError("; ".join(reasons))
 
 
-# The current CUDA device's index without torch.cuda.current_device()'s lazy-init check (asked
-# only with CUDA tensors in hand); the public function where a torch build lacks it.
-current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-_NO_SWITCH = contextlib.nullcontext()
-
-
-def cuda_device_guard(device: torch.device):
-    """Context that makes CUDA ``device`` current (launches go to the current device, which need
-    not be the tensors' one in a process driving several GPUs): nothing to do when it is current
-    already, the usual case (the guard's host time saved), or when ``device`` is not a CUDA
-    device with an index. While torch.compile traces, always ``torch.cuda.device``: dynamo folds
-    it, not the C device query."""
-    if device.type != "cuda" or device.index is None or (
-            not torch.compiler.is_compiling() and current_cuda_device() == device.index):
-        return _NO_SWITCH
-    return torch.cuda.device(device)
-
-
 @lru_cache(maxsize=256)
 def _on_device(impl: Callable, device: torch.device) -> Callable:
-    """``impl`` run with ``device`` current (:func:`cuda_device_guard`): Triton launches on the
-    current CUDA device, not the tensors' one. (The cuda backend's ops set the device themselves,
-    also when called as ``torch.ops.jetspec.*``.) One wrapper per (impl, device), not one per
-    call."""
+    """``impl`` run with ``device`` current (``device_guard.cuda_device_guard``): Triton launches
+    on the current CUDA device, not the tensors' one. (The cuda backend's ops set the device
+    themselves, also when called as ``torch.ops.jetspec.*``.) One wrapper per (impl, device), not
+    one per call."""
     @functools.wraps(impl)
     def run(*args, **kwargs):
         with cuda_device_guard(device):

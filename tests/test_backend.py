@@ -4,6 +4,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
+from jetspec_kernels import device_guard
 
 
 @pytest.fixture(autouse=True)
@@ -134,12 +135,12 @@ def test_triton_runs_on_its_tensors_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "fake_triton_backend", fake)
     monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
     monkeypatch.setattr(torch.cuda, "device", FakeDevice)
-    monkeypatch.setattr(bk, "current_cuda_device", lambda: 0)
+    monkeypatch.setattr(device_guard, "current_cuda_device", lambda: 0)
     dev = torch.device("cuda", 1)
     inside, total = bk.select(dev, "pack_mask", "triton")(2, 3)
     assert inside == [dev] and entered == [dev, None] and total == 5
     entered.clear()   # device 1 current already: no switch
-    monkeypatch.setattr(bk, "current_cuda_device", lambda: 1)
+    monkeypatch.setattr(device_guard, "current_cuda_device", lambda: 1)
     assert bk.select(dev, "pack_mask", "triton")(2, 3) == ([], 5) and entered == []
     # while torch.compile traces, always the context (dynamo cannot fold the C device query)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
@@ -191,7 +192,7 @@ def fake_gpu_backends(monkeypatch):
         monkeypatch.setitem(bk._BACKEND_MODULES, name, mod.__name__)
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
-    monkeypatch.setattr(bk, "current_cuda_device", lambda: 0)   # the pretend device is current
+    monkeypatch.setattr(device_guard, "current_cuda_device", lambda: 0)   # the pretend device is current
     return torch.device("cuda", 0)
 
 

@@ -13,6 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "jetspec_kernels"
 # jetspec_kernels); the longest match wins, so "ops._reference" sits below "ops".
 LAYERS = [
     ("limits", "python_ref", "_C"),        # numbers, the spec, the extension: no package imports
+    ("device_guard",),                     # the CUDA device guard (backend choice and backends)
     ("checks",),                           # argument checks
     ("tree",),                             # result types (Tree, Verdict, Commit)
     ("backend",),                          # backend choice (finds backends by name at run time)

@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-from ..backend import BackendUnavailableError, cuda_device_guard, current_cuda_device
+from ..backend import BackendUnavailableError
+from ..device_guard import cuda_device_guard, current_cuda_device
 
 
 _PACKAGE = __name__.rsplit(".", 2)[0]
