@@ -8,6 +8,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
+from jetspec_kernels import device_guard
 from jetspec_kernels import limits, python_ref
 from helpers import cu, sim_module, use_sim
 
@@ -191,12 +192,12 @@ def test_workspaces_share_one_allocation():
 
 
 def test_on_device_switches_only_to_another_device(monkeypatch):
-    """cuda/extension.on_device (backend.cuda_device_guard): a CPU device or the current CUDA
+    """cuda/extension.on_device (device_guard.cuda_device_guard): a CPU device or the current CUDA
     device needs no switch (a do-nothing context); another device gets torch.cuda.device of it."""
     from jetspec_kernels.cuda import extension as ext
 
     made = []
-    monkeypatch.setattr(bk, "current_cuda_device", lambda: 1)
+    monkeypatch.setattr(device_guard, "current_cuda_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda d: made.append(d) or "switch")
     cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
     assert ext.on_device(cuda1) is ext.on_device(cpu)
