@@ -168,11 +168,13 @@ def op_cases(dtype, quick: bool):
     yield ("silu_mul", f"[{ms}, 1024]", lambda x: jk.silu_mul(x, backend="reference"),
            lambda x: ex.silu_mul(x, backend="reference"), [rnd(ms, 1024)])
     for name, (k, n) in LINEAR_SHAPES.items():
-        if quick and "8B" in name:
+        big = "8B" in name             # 16 rows: each row costs two M-row GEMMs at these sizes
+        if big and (quick or dtype == torch.float16):      # (fp16 GEMMs crawl on this CPU)
             continue
         wt = rnd(n, k)
-        yield (f"linear {name}", f"[{ms}, {k}] x [{n}, {k}]^T", lambda x, wt=wt: F.linear(x, wt),
-               lambda x, wt=wt: ex.linear(x, wt), [rnd(ms, k)])
+        m = 16 if big else ms
+        yield (f"linear {name}", f"[{m}, {k}] x [{n}, {k}]^T", lambda x, wt=wt: F.linear(x, wt),
+               lambda x, wt=wt: ex.linear(x, wt), [rnd(m, k)])
     yield ("argmax", f"[{ms}, 259]", lambda x: torch.argmax(x, dim=-1), lambda x: ex.argmax(x),
            [rnd(ms, 259)])
     yield ("qk_norm_rope_append", f"[1, {ms}, 4 + 2 + 2, 64]", _rope_case(dtype, False),
@@ -211,41 +213,42 @@ def _moe_cases(dtype, ms, gen):
 
 
 def table(quick: bool = False, backend: str = "reference"):
-    """Rows (op, shape, dtype, M, normal mismatches, exact mismatches)."""
-    rows = []
+    """Rows (op, shape, dtype, M, normal mismatches, exact mismatches), yielded as measured."""
     dtypes = (torch.bfloat16, torch.float32) if quick else (torch.bfloat16, torch.float16,
                                                            torch.float32)
+    if backend == "triton" and not torch.cuda.is_available():
+        dtypes = (torch.float32,)         # the interpreter's tl.dot cannot take 16-bit floats
     for dtype in dtypes:
         gen = torch.Generator().manual_seed(1)
         if backend == "reference":
             for op, shape, normal, exact, inputs in op_cases(dtype, quick):
                 m = inputs[0].shape[0]
-                rows.append((op, shape, str(dtype)[6:], m, row_mismatches(normal, inputs, gen),
-                             row_mismatches(exact, inputs, gen)))
+                yield (op, shape, str(dtype)[6:], m, row_mismatches(normal, inputs, gen),
+                       row_mismatches(exact, inputs, gen))
         for prefix, n, page in ((5, 16, None), (37, 16, 16), (100, 64, None), (61, 64, 4)):
             if quick and n > 16:
                 continue
             shape = f"prefix {prefix}, tree {n}" + (f", pages of {page}" if page else "")
             normal = tree_vs_decode_mismatches(prefix, n, dtype, torch.Generator().manual_seed(2),
                                                exact=False, page_size=page, backend=backend)
-            exact = (tree_vs_decode_mismatches(prefix, n, dtype, torch.Generator().manual_seed(2),
-                                               exact=True, page_size=page)
-                     if backend == "reference" else "-")
-            rows.append(("tree_attention (tree row vs decode row)", shape, str(dtype)[6:], n,
-                         normal, exact))
-    return rows
+            exact = tree_vs_decode_mismatches(prefix, n, dtype, torch.Generator().manual_seed(2),
+                                              exact=True, page_size=page, backend=backend)
+            yield ("tree_attention (tree row vs decode row)", shape, str(dtype)[6:], n, normal,
+                   exact)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer rows, shapes and dtypes")
-    p.add_argument("--backend", default="reference", choices=("reference", "triton"))
+    p.add_argument("--backend", default="reference", choices=("reference", "triton"),
+                   help="triton: the attention rows only (on a CPU: the interpreter, float32)")
     p.add_argument("--csv", help="also write the table here")
     a = p.parse_args(argv)
-    rows = table(a.quick, a.backend)
     head = ("op", "shape", "dtype", "M", "normal: rows differing", "exact: rows differing")
-    print(" | ".join(head))
-    for r in rows:
+    print(" | ".join(head), flush=True)
+    rows = []
+    for r in table(a.quick, a.backend):
+        rows.append(r)
         print(" | ".join(str(c) for c in r), flush=True)
     if a.csv:
         import csv
