@@ -110,10 +110,10 @@ def silu_mul(x):
 
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, rope_theta, eps,
-                        block_table, cache_start):
+                        block_table, cache_start, rotary_dim=None):
     q_out = ref.qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
                                     rope_theta, eps=eps, block_table=block_table,
-                                    cache_start=cache_start)
+                                    cache_start=cache_start, rotary_dim=rotary_dim)
     return None if q_out is None else q_out.to(q.dtype)
 
 
