@@ -13,7 +13,6 @@ run raises :class:`BackendUnavailableError` with the reason; an explicit choice 
 from __future__ import annotations
 
 import functools
-import importlib
 import operator
 import os
 import sys
@@ -22,18 +21,11 @@ from typing import Any, Callable
 
 import torch
 
+from .backend_error import BackendUnavailableError
 from .device_guard import cuda_device_guard
 
 BACKENDS = ("auto", "cuda", "triton", "reference")
 
-_BACKEND_MODULES = {
-    "reference": "jetspec_kernels.ops._reference",
-    "triton": "jetspec_kernels.triton",
-    "cuda": "jetspec_kernels.cuda",
-}
-# What the cuda backend needs of the machine (_C, driver, architectures): asked by name, like the
-# backends themselves.
-_CUDA_AVAILABILITY = "jetspec_kernels.cuda.availability"
 
 
 # Per interface function (CONTRIBUTING.md, backend interface): the backends whose kernels passed
@@ -87,10 +79,6 @@ REFERENCE_UNTIL_VERIFIED = ("rms_norm", "silu_mul", "gated_delta_tree", "gated_d
                             "causal_conv1d_tree", "causal_conv1d_commit")
 
 
-class BackendUnavailableError(RuntimeError):
-    """The requested backend cannot run the op on these tensors (the message says why)."""
-
-
 def _check_name(name: str, argname: str = "backend") -> str:
     if not isinstance(name, str) or name.lower() not in BACKENDS:
         raise ValueError(f"{argname} must be one of {BACKENDS}, got {name!r}")
@@ -111,24 +99,52 @@ def get_backend() -> str:
     return _current
 
 
+def _load_reference():
+    import jetspec_kernels.ops._reference as reference   # the backends' own, not the ops'
+    return reference
+
+
+def _load_triton():
+    from . import triton
+    return triton
+
+
+def _load_cuda():
+    from . import cuda
+    return cuda
+
+
+def _load_cuda_availability():
+    from .cuda import availability
+    return availability
+
+
+# Each backend by name, and "cuda.availability" (what the cuda backend needs of the machine: _C,
+# driver, architectures): imported on first use, so the package imports without triton or _C.
+_LOADERS: dict[str, Callable[[], Any]] = {"reference": _load_reference, "triton": _load_triton,
+                                          "cuda": _load_cuda,
+                                          "cuda.availability": _load_cuda_availability}
+_LOADED: dict[str, Any] = {}
+
+
 def _module(name: str):
-    """Module ``name``, imported on first use (a dict lookup after that: ops ask on every call)."""
-    return sys.modules.get(name) or _import(name)
+    """What ``_LOADERS[name]`` loads, on first use (a dict lookup after that: ops ask on every
+    call)."""
+    return _LOADED.get(name) or _load(name)
 
 
-def _import(name: str):
-    # While torch.compile traces, _imported runs as it is (a constant to the compiler) and the
-    # module is read as an attribute of its package: the compiler's copy of sys.modules predates
-    # the import.
-    _imported(name)
-    package, _, child = name.rpartition(".")
+def _load(name: str):
+    # While torch.compile traces, _loaded_module_name runs as it is (a constant to the compiler)
+    # and the module is read as an attribute of its package: the compiler's copy of _LOADED
+    # predates the load.
+    package, _, child = _loaded_module_name(name).rpartition(".")
     return getattr(sys.modules[package], child)
 
 
 @torch.compiler.assume_constant_result
-def _imported(name: str) -> bool:
-    importlib.import_module(name)
-    return True
+def _loaded_module_name(name: str) -> str:
+    module = _LOADED[name] = _LOADERS[name]()
+    return module.__name__
 
 
 def triton_interpret() -> bool:
@@ -160,7 +176,7 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "cuda":
         if device.type != "cuda":
             return f"tensors are on {device.type}, the cuda backend needs CUDA tensors"
-        return _module(_CUDA_AVAILABILITY).unavailable_reason(device)
+        return _module("cuda.availability").unavailable_reason(device)
     raise ValueError(f"unknown backend {name!r}")
 
 
@@ -227,7 +243,7 @@ def resolve(device: torch.device, backend: str | None = None, fn: str | None = N
 
 def kernel(name: str, fn: str):
     """The function ``fn`` of backend ``name`` (see CONTRIBUTING.md, backend interface)."""
-    impl = getattr(_module(_BACKEND_MODULES[name]), fn, None)
+    impl = getattr(_module(name), fn, None)
     if impl is None:
         why = (f"it has no {fn} (an optional interface function)" if not implements(name, fn)
                else f"it does not implement {fn} yet")
@@ -248,7 +264,7 @@ def supports(name: str, fn: str, **call) -> str | None:
     """Why backend ``name`` cannot run interface function ``fn`` with these arguments (passed by
     name), or None when it can: the backend module's own ``supports(fn, **call)``; a backend
     without one takes every validated call."""
-    check = getattr(_module(_BACKEND_MODULES[name]), "supports", None)
+    check = getattr(_module(name), "supports", None)
     return None if check is None else check(fn, **call)
 
 

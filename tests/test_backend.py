@@ -55,8 +55,7 @@ def test_cuda_on_cpu_tensors_is_refused():
 def test_missing_kernel_is_reported(monkeypatch):
     import types
     fake = types.ModuleType("fake_backend")
-    monkeypatch.setitem(bk._BACKEND_MODULES, "triton", "fake_backend")
-    monkeypatch.setitem(__import__("sys").modules, "fake_backend", fake)
+    monkeypatch.setitem(bk._LOADED, "triton", fake)
     with pytest.raises(jk.BackendUnavailableError, match="does not implement build_tree"):
         bk.kernel("triton", "build_tree")
 
@@ -89,13 +88,11 @@ def test_cuda_extension_imports_without_a_gpu():
 
 
 def test_auto_passes_a_missing_kernel_to_the_next_backend(monkeypatch):
-    import sys
     import types
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     fake = types.ModuleType("fake_backend")
-    monkeypatch.setitem(bk._BACKEND_MODULES, "triton", "fake_backend")
-    monkeypatch.setitem(sys.modules, "fake_backend", fake)
+    monkeypatch.setitem(bk._LOADED, "triton", fake)
     assert bk.select(torch.device("cpu"), "build_tree", "auto") is bk.kernel("reference", "build_tree")
     with pytest.raises(jk.BackendUnavailableError, match="does not implement build_tree"):
         bk.select(torch.device("cpu"), "build_tree", "triton")
@@ -115,7 +112,6 @@ def test_triton_runs_on_its_tensors_device(monkeypatch):
     """Triton launches on the current CUDA device, so select() wraps a triton kernel for CUDA
     tensors in that device's context when another device is current (here with the CUDA parts
     stubbed: no GPU)."""
-    import sys
     import types
     entered = []
 
@@ -131,8 +127,7 @@ def test_triton_runs_on_its_tensors_device(monkeypatch):
 
     fake = types.ModuleType("fake_triton_backend")
     fake.pack_mask = lambda parents, num_nodes: (list(entered), parents + num_nodes)
-    monkeypatch.setitem(bk._BACKEND_MODULES, "triton", "fake_triton_backend")
-    monkeypatch.setitem(sys.modules, "fake_triton_backend", fake)
+    monkeypatch.setitem(bk._LOADED, "triton", fake)
     monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
     monkeypatch.setattr(torch.cuda, "device", FakeDevice)
     monkeypatch.setattr(device_guard, "current_cuda_device", lambda: 0)
@@ -183,14 +178,12 @@ def test_implements_names_the_fused_hidden_topk_backends(monkeypatch):
 def fake_gpu_backends(monkeypatch):
     """Stub backends on a pretend CUDA device (no GPU needed): each interface function returns
     the name of the backend that ran it."""
-    import sys
     import types
     for name in ("cuda", "triton", "reference"):
         mod = types.ModuleType(f"fake_{name}_backend")
         for fn in bk.INTERFACE_FUNCTIONS:
             setattr(mod, fn, lambda *a, _name=name: _name)
-        monkeypatch.setitem(bk._BACKEND_MODULES, name, mod.__name__)
-        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+        monkeypatch.setitem(bk._LOADED, name, mod)
     monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
     monkeypatch.setattr(device_guard, "current_cuda_device", lambda: 0)   # the pretend device is current
     return torch.device("cuda", 0)
@@ -333,13 +326,12 @@ def test_interface_functions_match_the_backends():
     OPTIONAL_FUNCTIONS says each lacks (the cuda backend: hidden_topk), and that table is the
     modules' truth: any other function missing from one would make set_backend(<it>) fail every
     model forward that needs it."""
-    import importlib
     assert set(bk.OPTIONAL_FUNCTIONS) <= set(bk.INTERFACE_FUNCTIONS)
     assert bk.OPTIONAL_FUNCTIONS == {"hidden_topk": ("cuda",), "gated_delta_tree": ("cuda",),
                                      "gated_delta_commit": ("cuda",),
                                      "causal_conv1d_tree": ("cuda",), "causal_conv1d_commit": ("cuda",)}
     for name in ("reference", "triton", "cuda"):
-        module = importlib.import_module(bk._BACKEND_MODULES[name])
+        module = bk._module(name)
         for fn in bk.INTERFACE_FUNCTIONS:
             assert callable(getattr(module, fn, None)) == bk.implements(name, fn), (name, fn)
     with pytest.raises(bk.BackendUnavailableError, match="has no hidden_topk .an optional"):

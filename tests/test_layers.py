@@ -1,6 +1,7 @@
 """The package's layers (CONTRIBUTING.md, "Layers"): every module imports only from its own layer
 or the ones below it, so the dependency arrows all point down. Reads the imports with ``ast``
-(imports inside functions included), so a leak fails here before anyone trips over a cycle.
+(imports inside functions included, and a string that names a package module, as
+``importlib.import_module`` takes it), so a leak fails here before anyone trips over a cycle.
 """
 import ast
 from pathlib import Path
@@ -13,12 +14,13 @@ PKG = Path(__file__).resolve().parents[1] / "jetspec_kernels"
 # jetspec_kernels); the longest match wins, so "ops._reference" sits below "ops".
 LAYERS = [
     ("limits", "python_ref", "_C"),        # numbers, the spec, the extension: no package imports
-    ("device_guard",),                     # the CUDA device guard (backend choice and backends)
+    ("device_guard", "backend_error"),     # what backend choice and backends share: the CUDA
+                                           # device guard, BackendUnavailableError
     ("checks",),                           # argument checks
     ("tree",),                             # result types (Tree, Verdict, Commit)
-    ("backend",),                          # backend choice (finds backends by name at run time)
     ("launch_plan",),                      # SM count, split-KV rules (both backends)
     ("ops._reference", "triton", "cuda"),  # the backends
+    ("backend",),                          # backend choice (imports the backends on first use)
     ("ops",),                              # the public ops: contract checks, then dispatch
     ("adaptive",),                         # adaptive tree budget
     ("tp",),                               # tensor parallelism over torch.distributed
@@ -49,6 +51,14 @@ def _is_module(dotted: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def _names_a_module(text: str) -> bool:
+    """Whether ``text`` is the absolute dotted name of a module of the package."""
+    dotted = text.removeprefix("jetspec_kernels.")
+    if dotted == text or not dotted.replace(".", "").replace("_", "").isalnum():
+        return False
+    return _is_module(dotted)
+
+
 def _modules():
     """(dotted name relative to the package, is a package, path) of every module."""
     for path in sorted(PKG.rglob("*.py")):
@@ -77,6 +87,9 @@ def imports_of(module: str, is_pkg: bool, source: str) -> set[str]:
             else:
                 targets = []
                 froms = [(node.module or "", a.name) for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            targets = [node.value] if _names_a_module(node.value) else []
+            froms = []
         else:
             continue
         for t in targets:
@@ -131,4 +144,6 @@ def test_the_check_sees_imports():
     assert imports_of("cuda.pack_mask", False, src) == {"checks", "ops.draft_tree", "", "decode",
                                                         "cuda"}
     assert imports_of("ops", True, "from . import _reference\n") == {"ops._reference"}
+    loads = 'M = {"cuda": "jetspec_kernels.cuda", "x": "jetspec_kernels.no_such_module"}\n'
+    assert imports_of("backend", False, loads) == {"cuda"}
     assert layer_of("ops._reference") < layer_of("ops.draft_tree") < layer_of("decode.loop")

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from ..backend import BackendUnavailableError
+from ..backend_error import BackendUnavailableError
 from ..device_guard import cuda_device_guard, current_cuda_device
 
 
