@@ -181,10 +181,8 @@ def runs_on(fn_names: tuple[str, ...]) -> str:
 
 
 def auto_on_cuda(fn: str) -> str:
-    """auto's first pick on CUDA tensors: hardware-verified backends first (backend.py)."""
-    order = backend.verified_backends(fn) + ("triton", "reference")
-    return next(f"`{b}`" for b in order
-                if backend.hardware_verified(b, fn) and backend.implements(b, fn))
+    """auto's first pick on CUDA tensors where every backend loads (backend.auto_choice)."""
+    return f"`{backend.auto_choice(fn, 'cuda', machine=False)[0]}`"
 
 
 def ops_tables() -> list[tuple[str, str, list[tuple[str, str]]]]:

@@ -37,13 +37,13 @@ def main(argv=None) -> int:
     for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for name, reason in jk.available_backends(dev).items():
             print(f"  {dev:5s} {name:10s} {'ok' if reason is None else reason}")
-    first = {fn: next(c for c in _backend.verified_backends(fn) + ("triton", "reference")
-                      if _backend.hardware_verified(c, fn))
-             for fn in _backend.INTERFACE_FUNCTIONS}
-    picks = {b: [fn for fn, f in first.items() if f == b] for b in dict.fromkeys(first.values())}
-    print("  auto on CUDA tensors (hardware-verified backends first, else triton; else reference "
-          f"for {', '.join(_backend.REFERENCE_UNTIL_VERIFIED)}): "
-          + "; ".join(f"{b} for {', '.join(fns)}" for b, fns in picks.items()))
+    for dev in ["cpu", "cuda"]:
+        here = dev == "cpu" or torch.cuda.is_available()
+        print(f"  auto on {dev} tensors" + ("" if here else " (no GPU here: by the tables alone, "
+                                                         "as where every backend loads)"))
+        for fn in _backend.INTERFACE_FUNCTIONS:
+            name, why = _backend.auto_choice(fn, dev, machine=here)
+            print(f"    {fn:21s} {name:10s} {why}")
     try:
         from . import _C
     except ImportError:

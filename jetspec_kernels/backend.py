@@ -307,6 +307,41 @@ def _on_device(impl: Callable, device: torch.device) -> Callable:
     return run
 
 
+def _why_picked(name: str, fn: str, device: torch.device) -> str:
+    if device.type != "cuda":
+        return ("TRITON_INTERPRET=1: the Triton kernels under the interpreter" if name == "triton"
+                else "tensors off CUDA run the reference (torch ops)")
+    if name in verified_backends(fn):
+        return "passed its parity tests on hardware (the hardware record), fastest of those"
+    if name == "triton":
+        return "the hardware record lists no backend for it (passed and fastest); triton until it does"
+    if any(f in REFERENCE_UNTIL_VERIFIED for f in CHAINS.get(fn, (fn,))):
+        return "kept on the torch ops until a GPU kernel of it passes on hardware"
+    return "no GPU backend can run here"
+
+
+def auto_choice(fn: str, device: str | torch.device, *, machine: bool = True) -> tuple[str, str]:
+    """The backend ``auto`` tries first for interface function ``fn`` on ``device``, and why:
+    ``(name, reason)``, the reason naming each candidate passed over. ``machine=False`` judges by
+    the tables alone, as on a machine where every backend loads (what ``jetspec info`` shows for
+    CUDA tensors where there is no GPU). A call the pick cannot take (a dtype, a head dim) still
+    goes on to the next candidate (:func:`select`)."""
+    if fn not in INTERFACE_FUNCTIONS:
+        raise ValueError(f"fn must be one of {INTERFACE_FUNCTIONS}, got {fn!r}")
+    device = torch.device(device)
+    passed = []
+    for cand in _auto_candidates(device, fn):
+        why_not = unavailable_reason(cand, device) if machine else None
+        if why_not is None and not implements(cand, fn):
+            why_not = f"it has no {fn}"
+        if why_not is not None:
+            passed.append(f"{cand}: {why_not}")
+            continue
+        why = _why_picked(cand, fn, device)
+        return cand, why + (f" (passed over {'; '.join(passed)})" if passed else "")
+    raise AssertionError("the reference backend is every list's last candidate")
+
+
 def available_backends(device: str | torch.device = "cpu") -> dict[str, str | None]:
     """Map each concrete backend to None (usable on ``device``) or the reason it is not."""
     device = torch.device(device)

@@ -370,3 +370,39 @@ def test_cuda_supports_follows_the_kernel_variable(monkeypatch):
                                                 v_cache=kv)
     monkeypatch.setenv("JETSPEC_ATTN_KERNEL", "mma")
     assert bk.supports("cuda", "tree_attention", q=q, k_cache=kv, v_cache=kv) is None
+
+
+def test_auto_choice_says_what_auto_picks_and_why(fake_gpu_backends, monkeypatch):
+    """auto_choice (``jetspec info``'s line per op) names the backend select's auto runs first,
+    the reason, and every candidate passed over with its own reason."""
+    dev = fake_gpu_backends
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"pack_mask": ("cuda",), "commit_kv": ("cuda",)})
+    for fn in bk.INTERFACE_FUNCTIONS:
+        name, why = bk.auto_choice(fn, dev)
+        assert name == bk.select(dev, fn, "auto")(), fn
+    assert "passed its parity tests on hardware" in bk.auto_choice("pack_mask", dev)[1]
+    assert "lists no backend" in bk.auto_choice("tree_attention", dev)[1]
+    assert "kept on the torch ops" in bk.auto_choice("rms_norm", dev)[1]
+    # a verified backend that cannot load here is passed over, and its reason shown
+    monkeypatch.setattr(bk, "unavailable_reason",
+                        lambda name, device: "no driver" if name == "cuda" else None)
+    name, why = bk.auto_choice("commit_kv", dev)
+    assert name == "triton" and "passed over cuda: no driver" in why
+    # by the tables alone, as where every backend loads
+    assert bk.auto_choice("commit_kv", dev, machine=False)[0] == "cuda"
+    # a backend lacking the function (an optional one) is passed over too
+    monkeypatch.setattr(bk, "HARDWARE_VERIFIED", {"hidden_topk": ("cuda",)})
+    monkeypatch.setattr(bk, "unavailable_reason", lambda name, device: None)
+    name, why = bk.auto_choice("hidden_topk", dev)
+    assert name == "triton" and "cuda: it has no hidden_topk" in why
+    with pytest.raises(ValueError, match="fn must be one of"):
+        bk.auto_choice("matmul", dev)
+
+
+def test_auto_choice_on_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert bk.auto_choice("tree_attention", "cpu")[0] == "reference"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    name, why = bk.auto_choice("tree_attention", "cpu")
+    assert name == "triton" and "interpreter" in why

@@ -286,6 +286,11 @@ def test_info(capsys):
     assert out.startswith(f"jetspec_kernels {jk.__version__}, torch ")
     for name in ("cuda", "triton", "reference"):
         assert re.search(rf"^  cpu   {name} ", out, re.M), name
+    from jetspec_kernels import backend
+    for dev in ("cpu", "cuda"):   # a line per op: auto's pick on this device's tensors and why
+        section = out.split(f"  auto on {dev} tensors", 1)[1].split("\n  auto on", 1)[0]
+        for fn in backend.INTERFACE_FUNCTIONS:
+            assert re.search(rf"^    {fn} +(cuda|triton|reference) +\S", section, re.M), (dev, fn)
     for bad in (["--bogus"], ["extra"], ["--verbose", "1"]):
         assert package_main(["info", *bad]) == 2, bad
         captured = capsys.readouterr()
