@@ -182,9 +182,9 @@ LIMITS = [
     ("num_nodes max", jk.pack_mask,
      lambda v: dict(parents=torch.tensor([[-1, 0, 1]], dtype=I32), num_nodes=torch.tensor([v], dtype=I32)),
      3, 4, "num_nodes"),
-    ("num_nodes min", jk.pack_mask,
+    ("num_nodes min", jk.pack_mask,   # every tree has its root, as verify_tree needs
      lambda v: dict(parents=torch.tensor([[-1, 0, 1]], dtype=I32), num_nodes=torch.tensor([v], dtype=I32)),
-     0, -1, "num_nodes"),
+     1, 0, "num_nodes"),
     ("parent below own index", jk.pack_mask,
      lambda v: dict(parents=torch.tensor([[-1, 0, v]], dtype=I32), num_nodes=torch.tensor([3], dtype=I32)),
      1, 2, "parents"),
@@ -208,7 +208,7 @@ LIMITS = [
     ("position int32", jk.qk_norm_rope_append,
      lambda v: rope(last_pos(v, dtype=I64), start=torch.zeros(2, dtype=I32)), 2 ** 31 - 1, 2 ** 31,
      "positions"),
-    ("eps > 0", jk.qk_norm_rope_append, lambda v: rope(eps=v), F32_TINY, 0.0, "eps"),
+    ("eps >= 0", jk.qk_norm_rope_append, lambda v: rope(eps=v), 0.0, -F32_TINY, "eps"),
     ("rope_theta > 0", jk.qk_norm_rope_append, lambda v: rope(theta=v), F32_TINY, 0.0, "rope_theta"),
     # verify_tree
     ("top_p max", jk.verify_tree, lambda v: sampled(top_p=v), 1.0, F32_AFTER_1, "top_p"),
@@ -243,7 +243,7 @@ LIMITS = [
     ("accept_len max", jk.commit_kv, lambda v: commit(accept=torch.tensor([2, v], dtype=I32)), 2, 3,
      "verdict.accept_len"),
     ("prefix + path = cache", jk.commit_kv, lambda v: commit(prefix=v), 7, 8, "prefix_lens"),
-    ("path < hidden rows", jk.commit_kv, lambda v: commit(hidden_n=v), 5, 4, "verdict.path"),
+    ("path < hidden rows", jk.commit_kv, lambda v: commit(hidden_n=v), 5, 4, "hidden"),
 ]
 
 
