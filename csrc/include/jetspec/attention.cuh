@@ -326,13 +326,16 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams
 template <typename T>
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, int hd) {
   pdl_begin();
-  const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
-  const long long row = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
+  // Grid (rows of a sequence / 8, batch): the indices stay 32-bit (a 64-bit division is a
+  // subroutine call whose frame spilled); a sequence's hq * n rows fit an int, the batch is grid y.
+  const int in_b = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const int i = static_cast<int>(row % p.n);
-  const int h = static_cast<int>((row / p.n) % p.hq);
-  const int b = static_cast<int>(row / (static_cast<long long>(p.n) * p.hq));
+  if (in_b >= p.hq * p.n) return;
+  const int i = in_b % p.n;
+  const int h = in_b / p.n;
+  const int b = static_cast<int>(blockIdx.y);
+  const long long rows = static_cast<long long>(p.batch) * p.hq * p.n;
+  const long long row = static_cast<long long>(b) * p.hq * p.n + in_b;
   float m = -INFINITY;
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.partial_lse[s * rows + row]);
   m = warp_max(m);
@@ -388,13 +391,12 @@ Status attention_launch(const AttnParams& p, Kernel kernel, size_t smem, int hd,
   JETSPEC_LAUNCH(kernel, grid, threads, smem, stream, p, extra...);
   JETSPEC_RETURN_IF_ERROR(cudaGetLastError());
   if (p.splits == 1) return cudaSuccess;
-  const long long out_rows = static_cast<long long>(p.batch) * p.hq * p.n;
-  const long long blocks = (out_rows * 32 + 255) / 256;  // a warp per row
-  if (blocks > 0x7fffffffLL) {
-    return bad_input("batch * hq * n = ", out_rows, " exceeds ", 0x7fffffffLL * 8,
-                     " (the combine's grid: 2147483647 blocks of 8 rows)");
-  }
-  JETSPEC_LAUNCH(attention_combine_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, p, hd);
+  // a warp per row: a sequence's hq * n rows in x (the main grid's checks bound them), batch in y
+  const long long seq_rows = static_cast<long long>(p.hq) * p.n;
+  if (seq_rows > 0x7fffffffLL) return bad_input("hq * n = ", seq_rows, " exceeds 2147483647");
+  const dim3 combine_grid(static_cast<unsigned>((seq_rows * 32 + 255) / 256),
+                          static_cast<unsigned>(p.batch));
+  JETSPEC_LAUNCH(attention_combine_kernel<T>, combine_grid, 256, 0, stream, p, hd);
   return cudaGetLastError();
 }
 
