@@ -123,3 +123,18 @@ def test_per_row_keeps_shapes_of_empty_and_tuple_outputs():
     assert ex.per_row(lambda r: r * 2, x).shape == (0, 3, 8)
     a, b = ex.per_row(lambda r, s: (r + s, r - s), torch.randn(2, 5, 4), torch.randn(2, 5, 4))
     assert a.shape == b.shape == (2, 5, 4)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", "meta"])
+def test_exact_refuses_every_device_but_the_cpu(device):
+    """Only CPU paths are shown row-invariant: exact_backend and exact_scope refuse any other
+    device by name, whichever backend is asked for (a device, not a tensor: no GPU needed)."""
+    dev = torch.device(device)
+    for backend in ("auto", "reference"):
+        with pytest.raises(ex.ExactModeError, match=f"rms_norm on {dev.type} "):
+            ex.exact_backend("rms_norm", dev, backend)
+    with pytest.raises(ex.ExactModeError, match=f"tree_attention on {dev.type} "):
+        ex.exact_backend("tree_attention", dev, "triton", shown=("triton",))
+    with pytest.raises(ex.ExactModeError, match=f"on {dev.type} "):
+        ex.exact_scope(True, dev, "reference")
+
