@@ -130,10 +130,13 @@ MUTATIONS = {
         "        s = s + k[:, None] * delta[None, :]",
         "        delta = (v - tl.sum(s * k[:, None], 0)) * beta\n"
         "        s = s * tl.exp(g) + k[:, None] * delta[None, :]", GD_COMMIT),
-    "conv_tree_parent_zero_counts_as_prefix": (
-        "wrong ancestor condition", CCT,
-        "beyond = tl.where(inside, (up < 0).to(tl.int64), beyond + 1)",
-        "beyond = tl.where(inside, (up <= 0).to(tl.int64), beyond + 1)", CONV_TREE),
+    # (planted first: ``up <= 0`` for ``up < 0`` in the step past the tree, an equivalent
+    # mutation: the step into node 0 stays inside the tree and recomputes the count; see
+    # tests/MUTATIONS_NEW_CODE.md)
+    "conv_tree_state_column_off_by_one": (
+        "cache slot off by one (conv state column)", CCT,
+        "sv = tl.load(state_row + tl.maximum(W - 1 - beyond, 0)",
+        "sv = tl.load(state_row + tl.maximum(W - 2 - beyond, 0)", CONV_TREE),
     "conv_commit_state_boundary": (
         "a check comparing the wrong side of a limit", CCC,
         "from_state = (cols * 0 + src) < W - 1", "from_state = (cols * 0 + src) <= W - 1", CONV_COMMIT),

@@ -33,7 +33,9 @@ def run_one(m: dict, timeout: float) -> tuple[str, float, str]:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "--benchmark-disable",
                                "-p", "no:cacheprovider", *m["tests"]], cwd=ROOT, capture_output=True,
                               text=True, timeout=timeout)
-        tail = proc.stdout.strip().splitlines()[-1:] or [""]
+        lines = proc.stdout.strip().splitlines()
+        failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+        tail = failed[:1] or lines[-1:] or [""]     # the test that caught it, else the summary
         status = "caught" if proc.returncode not in (0, NO_TESTS_RAN) else "SURVIVED"
         if proc.returncode not in (0, 1, NO_TESTS_RAN):
             status = f"caught (pytest status {proc.returncode})"
