@@ -184,6 +184,10 @@ def test_reference_custom_ops_pass_opcheck():
     for algorithm in ("topn", "accum_logp"):
         opcheck(ops.build_tree.default, (tt.int(), tl, x["root"], N, algorithm))
     opcheck(ops.pack_mask.default, (tree.parents, tree.num_nodes))
+    for budget in (32, 33):    # the fakes' W = ceil(N / 32) mask words: one word, then two
+        opcheck(ops.build_tree.default, (tt.int(), tl, x["root"], budget, "topn"))
+        big = jk.draft_tree(x["logits"], x["root"], budget=budget, topk=K, backend="reference")
+        opcheck(ops.pack_mask.default, (big.parents, big.num_nodes))
     out, lse = torch.empty_like(x["q"]), torch.empty(B, HQ, N)
     for mask, lse_ in ((tree.mask, lse), (None, None)):
         opcheck(ops.tree_attention.default, (x["q"], x["k_cache"].clone(), x["v_cache"].clone(),

@@ -123,3 +123,44 @@ def test_per_row_keeps_shapes_of_empty_and_tuple_outputs():
     assert ex.per_row(lambda r: r * 2, x).shape == (0, 3, 8)
     a, b = ex.per_row(lambda r, s: (r + s, r - s), torch.randn(2, 5, 4), torch.randn(2, 5, 4))
     assert a.shape == b.shape == (2, 5, 4)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", "meta"])
+def test_exact_refuses_every_device_but_the_cpu(device):
+    """Only CPU paths are shown row-invariant: exact_backend and exact_scope refuse any other
+    device by name, whichever backend is asked for (a device, not a tensor: no GPU needed)."""
+    dev = torch.device(device)
+    for backend in ("auto", "reference"):
+        with pytest.raises(ex.ExactModeError, match=f"rms_norm on {dev.type} "):
+            ex.exact_backend("rms_norm", dev, backend)
+    with pytest.raises(ex.ExactModeError, match=f"tree_attention on {dev.type} "):
+        ex.exact_backend("tree_attention", dev, "triton", shown=("triton",))
+    with pytest.raises(ex.ExactModeError, match=f"on {dev.type} "):
+        ex.exact_scope(True, dev, "reference")
+
+
+def test_sample_at_positions_keys_each_draw_by_seed_and_position():
+    """The exact sampler's noise is keyed by (seed[b], positions[b, i], b): nodes at one position
+    draw alike and at distinct positions not; a new seed for sequence 1 changes its draws and no
+    other; moving one node changes that draw alone; a node draws as a one-node call would."""
+    v = 4096
+    logits = torch.zeros(2, 8, v)          # uniform: each draw is the noise's argmax
+    pos = torch.tensor([[5, 6, 6, 7, 7, 7, 8, 9], [3, 4, 5, 6, 7, 8, 9, 10]], dtype=torch.int32)
+    seed = torch.tensor([11, 12])
+
+    def draw(s, p, lg=logits):
+        return ex.sample_at_positions(lg, p, s, 1.0)
+
+    base = draw(seed, pos)
+    assert base.dtype == torch.int32 and base.shape == (2, 8)
+    assert base[0, 1] == base[0, 2] and base[0, 3] == base[0, 4] == base[0, 5]
+    assert len(set(base[1].tolist())) == 8
+    reseeded = draw(torch.tensor([11, 13]), pos)
+    assert torch.equal(reseeded[0], base[0]) and bool((reseeded[1] != base[1]).all())
+    moved = pos.clone()
+    moved[1, 4] += 100
+    shifted = draw(seed, moved)
+    assert torch.equal(shifted[0], base[0])
+    assert (shifted[1] != base[1]).nonzero().flatten().tolist() == [4]
+    for i in range(8):
+        assert torch.equal(draw(seed, pos[:, i:i + 1], logits[:, i:i + 1])[:, 0], base[:, i])

@@ -253,6 +253,7 @@ def test_a_new_signature_is_checked_in_full(x, checked):
 
 def test_eager_fast_path_only_when_nothing_else_is_involved():
     """The cuda custom ops skip the dispatcher only for plain eager calls (cuda/custom_op.py)."""
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from jetspec_kernels.cuda.custom_op import eager_fast_path
@@ -266,6 +267,13 @@ def test_eager_fast_path_only_when_nothing_else_is_involved():
 
     with Mode():
         assert not eager_fast_path((t,))
+
+    class FunctionMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with FunctionMode():
+        assert not eager_fast_path((t,))
     assert not eager_fast_path((torch.nn.Parameter(torch.zeros(3)),))
     grad = torch.zeros(3, requires_grad=True)
     assert not eager_fast_path((t, grad))
@@ -273,6 +281,21 @@ def test_eager_fast_path_only_when_nothing_else_is_involved():
         assert eager_fast_path((t, grad))
     with torch.autograd.profiler.profile():
         assert not eager_fast_path((t,))
+
+
+def test_eager_fast_path_is_off_while_compiling():
+    """Traced by torch.compile, a call takes the registered op (its fake), never the fast path
+    straight into the implementation."""
+    from jetspec_kernels.cuda.custom_op import eager_fast_path
+
+    t = torch.zeros(3)
+    assert eager_fast_path((t,))
+    torch._dynamo.reset()
+    try:
+        seen = torch.compile(lambda x: x + eager_fast_path((x,)), fullgraph=True, backend="eager")
+        assert torch.equal(seen(t), t)
+    finally:
+        torch._dynamo.reset()
 
 
 def test_fast_path_bumps_versions_and_modes_see_the_op(monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from jetspec_kernels import python_ref as R
+from jetspec_kernels.python_ref.attention import tree_attention_logical
 from helpers import rel_l2 as rel, shuffled_table
 
 
@@ -85,7 +86,7 @@ def make_caches(keys, vals, Lmax, paged, page_size, gen):
 
 
 def run_case(B, N, Hq, Hkv, Dh, prefix_lens, mode, paged, dtype=torch.float64, scale=None, seed=0,
-             page_size=4):
+             page_size=4, attend=R.tree_attention):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, N, Hq, Dh, generator=gen, dtype=torch.float64).to(dtype)
     keys = [torch.randn(P + N, Hkv, Dh, generator=gen, dtype=torch.float64).to(dtype) for P in prefix_lens]
@@ -104,7 +105,7 @@ def run_case(B, N, Hq, Hkv, Dh, prefix_lens, mode, paged, dtype=torch.float64, s
         tree_mask, tail = None, mode
         vis = [[set(range(i + 1)) if mode == "causal" else set(range(N)) for i in range(N)]] * B
     pl = torch.tensor(prefix_lens, dtype=torch.int32)
-    out, lse = R.tree_attention(q, kc, vc, pl, tree_mask, tail, bt, scale)
+    out, lse = attend(q, kc, vc, pl, tree_mask, tail, bt, scale)
     s = 1.0 / math.sqrt(Dh) if scale is None else scale
     ref_out, ref_lse = brute_attention(q, keys, vals, prefix_lens, vis, s)
     return out, lse, ref_out, ref_lse
@@ -172,3 +173,15 @@ def test_tree_attention_only_reads_visible_positions():
     out2, _ = R.tree_attention(q, kc2, vc2, pl, mask)
     assert torch.equal(out[0, :2], out2[0, :2])
     assert not torch.allclose(out[0, 2], out2[0, 2])
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("mode", ["tree", "causal", "full"])
+def test_tree_attention_logical_vs_loop(mode, paged):
+    """The exact mode's row form (each query alone over its visible keys gathered in logical
+    order) against the same loop; N = 40: two mask words."""
+    for n, seed in ((6, 1), (40, 2)):
+        out, lse, ro, rl = run_case(3, n, 4, 2, 8, [0, 3, 9], mode, paged, seed=seed,
+                                    attend=tree_attention_logical)
+        assert out.shape == (3, n, 4, 8) and lse.shape == (3, 4, n)
+        assert rel(out, ro) < 1e-12 and rel(lse, rl) < 1e-12

@@ -5,8 +5,9 @@
 MUTATIONS.json is a list of ``{"name", "file", "old", "new", "tests": [pytest args]}``: ``old``
 must occur exactly once in ``file`` (relative to the repository root). Each mutation is applied,
 the tests run (``-x``, one process), and the file is restored whatever happens; a mutation is
-*caught* when the tests fail. Prints one line per mutation and the caught / total count. Keep the
-mutation lists out of the repository (they are planted bugs).
+*caught* when the tests fail (a selection that runs no test catches nothing). Prints one line
+per mutation and the caught / total count. Keep the mutation lists out of the repository (they
+are planted bugs); tests/mutations_new_code.py, a campaign's record, is the exception.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_TESTS_RAN = 5   # pytest's status when the selection (a -k) holds no test: nothing caught it
 
 
 def run_one(m: dict, timeout: float) -> tuple[str, float, str]:
@@ -31,9 +33,11 @@ def run_one(m: dict, timeout: float) -> tuple[str, float, str]:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "--benchmark-disable",
                                "-p", "no:cacheprovider", *m["tests"]], cwd=ROOT, capture_output=True,
                               text=True, timeout=timeout)
-        tail = proc.stdout.strip().splitlines()[-1:] or [""]
-        status = "caught" if proc.returncode != 0 else "SURVIVED"
-        if proc.returncode not in (0, 1):
+        lines = proc.stdout.strip().splitlines()
+        failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+        tail = failed[:1] or lines[-1:] or [""]     # the test that caught it, else the summary
+        status = "caught" if proc.returncode not in (0, NO_TESTS_RAN) else "SURVIVED"
+        if proc.returncode not in (0, 1, NO_TESTS_RAN):
             status = f"caught (pytest status {proc.returncode})"
         return status, time.time() - t0, tail[0]
     except subprocess.TimeoutExpired:

@@ -58,6 +58,10 @@ def test_opcheck(dev):
     pos = torch.arange(n, dtype=torch.int32, device=dev)[None]
     opcheck(torch.ops.jetspec.qk_norm_rope_append.default,
             (q, kn, kv_, w, w, pos, kc, vc, 1e6, 1e-6, None, None))
+    # a heads-major q ([B, Hq, N, Dh] storage): q_out is contiguous whatever q's strides
+    q_heads_major = q.transpose(1, 2).contiguous().transpose(1, 2)
+    opcheck(torch.ops.jetspec.qk_norm_rope_append.default,
+            (q_heads_major, kn, kv_, w, w, pos, kc, vc, 1e6, 1e-6, None, None))
     path = torch.tensor([[0, 2, 3]], dtype=torch.int32, device=dev)
     acc = torch.tensor([2], dtype=torch.int32, device=dev)
     opcheck(torch.ops.jetspec.commit_kv.default, (kc, vc, prefix, path, acc, None, None))

@@ -140,6 +140,13 @@ def small(**over):
     return case
 
 
+def at_accept_len(case, node):
+    """``case``'s path with ``node`` at column accept_len[b] of each sequence (its last node)."""
+    path = case["path"].clone()
+    path[torch.arange(path.shape[0]), case["accept_len"].long()] = node
+    return path
+
+
 BAD = {
     "k dtype": (lambda c: dict(k=c["k"].double()), TypeError, "k"),
     "v dtype": (lambda c: dict(v=c["v"].half()), TypeError, "v"),
@@ -151,6 +158,8 @@ BAD = {
         1, torch.tensor([1]), 6)), ValueError, "path"),
     "path -1 inside": (lambda c: dict(path=c["path"].clone().index_fill_(
         1, torch.tensor([1]), -1)), ValueError, "path"),
+    "path node past N at accept_len": (lambda c: dict(path=at_accept_len(c, 6)), ValueError, "path"),
+    "path -1 at accept_len": (lambda c: dict(path=at_accept_len(c, -1)), ValueError, "path"),
     "accept_len past P - 1": (lambda c: dict(accept_len=torch.tensor([3, 0], dtype=torch.int32)),
                               ValueError, "accept_len"),
     "accept_len negative": (lambda c: dict(accept_len=torch.tensor([-1, 0], dtype=torch.int32)),

@@ -336,3 +336,18 @@ def test_triton_refuses_a_head_dim_past_its_limit():
     k = torch.zeros(1, 1, 1, tr.GATED_DELTA_MAX_DK + 1)
     assert "Dk <= 256" in tr.supports("gated_delta_tree", k=k)
     assert "Dk <= 256" in tr.supports("gated_delta_commit", k=k)
+
+
+def test_padding_rows_may_hold_any_parent():
+    """Rows past num_nodes are padding (an engine leaves the last tree's rows there): their
+    parents are not checked, and the valid rows' outputs are those of -1 padding."""
+    case = small()
+    num = case["num_nodes"].tolist()
+    parents = case["parents"].clone()
+    for b, count in enumerate(num):
+        parents[b, count:] = torch.arange(count, parents.shape[1])       # self-parents
+    assert min(num) < parents.shape[1]
+    want = call(case)
+    got = call(small(parents=parents))
+    for b, count in enumerate(num):
+        assert torch.equal(got[b, :count], want[b, :count])

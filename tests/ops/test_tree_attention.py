@@ -685,3 +685,32 @@ def test_tree_attention_head_dim_48(backend):
         with pytest.raises(jk.BackendUnavailableError, match="head dim 48"):
             jk.tree_attention(*args, backend=api_backend(backend))
     assert rel_l2(jk.tree_attention(*args, backend="auto"), want) < TOL[dtype]
+
+
+# (B, N, Hq, Hkv, Dh, prefix_lens, mode, page_size, q_layout): a branching tree over a paged
+# cache, then a causal tail over a contiguous one
+EXACT_CASES = [
+    (2, 13, 4, 1, 16, [33, 0], "tree", 4, "sliced"),
+    (2, 6, 2, 2, 32, [5, 17], "causal", None, "transposed"),
+]
+
+
+@pytest.mark.parametrize("exact_backend", [
+    "reference", pytest.param("triton", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="exact triton attention is refused on a GPU"))])
+@pytest.mark.parametrize("B,N,Hq,Hkv,Dh,prefix,mode,page_size,q_layout", EXACT_CASES)
+def test_exact_rows_match_reference(exact_backend, B, N, Hq, Hkv, Dh, prefix, mode, page_size,
+                                    q_layout):
+    """tree_attention(exact=True): every row computed alone over its visible keys in logical
+    order (python_ref's row form, or one triton launch a row when the triton backend is named)
+    agrees with python_ref.tree_attention; out= and lse= are written in place and returned."""
+    case = make_case(B, N, Hq, Hkv, Dh, prefix, torch.float32, mode=mode, page_size=page_size,
+                     q_layout=q_layout, seed=B * 100 + N)
+    q = case["q"]
+    out = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+    lse = torch.full((B, Hq, N), float("nan"))
+    got = jk.tree_attention(q, case["k_cache"], case["v_cache"], case["prefix_lens"],
+                            case["tree_mask"], tail=case["tail"], block_table=case["block_table"],
+                            out=out, lse=lse, exact=True, backend=exact_backend)
+    assert isinstance(got, tuple) and got[0] is out and got[1] is lse
+    assert_close(case, out, lse, 1.0 / math.sqrt(Dh))

@@ -1,0 +1,236 @@
+"""The planted-bug campaign on the exact mode, the hybrid-target ops and the compile path, run by
+hand (not by pytest):
+
+    PYTHONPATH=. python tests/mutations_new_code.py [NAME ...] [--list] [--timeout 1800]
+
+Each mutation is (file, exact old text, new text, the tests to run): applied alone, the tests run
+with ``pytest -x -q`` in one process (tests/fuzz/mutate.py's ``run_one``), the file restored
+whatever happens (try/finally, Ctrl-C included). One line per mutation: caught or SURVIVED, wall
+and CPU seconds (this process's children), then the caught / total count. A mutation whose old
+text is no longer in its file is reported as BAD-PATCH (stale). A file with uncommitted changes
+is refused before anything is planted, so a restored file is the committed one.
+
+The tests of a mutation are those a developer runs for the file it changes (CONTRIBUTING.md,
+"Tests by file"; tests/MUTATIONS_NEW_CODE.md says how each selection was chosen and which test
+caught each mutation before and after the campaign).
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+from mutate import ROOT, run_one  # noqa: E402
+
+# ---------------------------------------------------------------- test selections, per file
+
+EXACT = ["tests/test_exact_ops.py", "tests/test_exact_triton.py", "tests/test_exact_decode.py"]
+EXACT_MATMUL = ["tests/test_exact_triton.py"]
+# ops/tree_attention.py's row (generated table); no test there passed exact=True before this
+# campaign, so -k exact drops no test that reaches the exact path
+TREE_ATTENTION_EXACT = ["tests/ops/test_tree_attention.py", "tests/ops/test_graph_capture.py",
+                        "tests/ops/test_int_dtypes.py", "-k", "exact"]
+# python_ref/attention.py's row (run-first table); in the op and fuzz files only the exact tests
+# reach tree_attention_logical
+REF_ATTENTION_LOGICAL = ["tests/test_ref_attention.py", "tests/ops/test_tree_attention.py",
+                         "tests/fuzz/test_fuzz.py", "-k", "test_ref_attention or exact"]
+QWEN3_EXACT = ["tests/test_exact_decode.py", "tests/test_models_qwen3.py"]
+DECODE_EXACT = ["tests/test_exact_decode.py", "tests/test_decode.py"]
+GD_TREE = ["tests/ops/test_gated_delta_tree.py"]
+GD_COMMIT = ["tests/ops/test_gated_delta_commit.py"]
+GD_OPS = ["tests/ops/test_gated_delta_tree.py", "tests/ops/test_gated_delta_commit.py"]
+CONV_TREE = ["tests/ops/test_causal_conv1d_tree.py"]
+CONV_COMMIT = ["tests/ops/test_causal_conv1d_commit.py"]
+HYBRID_MODEL = ["tests/test_models_qwen3_5.py", "tests/test_decode_hybrid.py"]
+CUSTOM_OP = ["tests/test_host_overhead.py", "tests/ops/test_every_op.py", "tests/test_op_dispatch.py"]
+# The fakes: test_compile.py (the compile path's scope) and the opcheck of test_every_op.py; the
+# jetspec_ref ops run in the tests that are not on the cuda backend, the jetspec ops (cuda) in
+# those that are, or that opcheck
+REFERENCE_FAKES = ["tests/test_compile.py", "-k", "not cuda"]
+CUDA_FAKES = ["tests/ops/test_every_op.py", "tests/test_compile.py", "-k", "opcheck or cuda"]
+
+EXACT_PY = "jetspec_kernels/ops/exact.py"
+GDT = "jetspec_kernels/triton/gated_delta_tree.py"
+GDC = "jetspec_kernels/triton/gated_delta_commit.py"
+CCT = "jetspec_kernels/triton/causal_conv1d_tree.py"
+CCC = "jetspec_kernels/triton/causal_conv1d_commit.py"
+CUSTOM_OP_PY = "jetspec_kernels/cuda/custom_op.py"
+REFERENCE_PY = "jetspec_kernels/ops/_reference.py"
+
+# name: (class, file, old, new, tests)
+MUTATIONS = {
+    # ------------------------------------------------------------ the exact mode
+    "exact_backend_lets_cuda_through": (
+        "exact mode silently on a path not shown invariant", EXACT_PY,
+        '    if device.type != "cpu":\n        raise ExactModeError(f"exact mode: {op} on',
+        '    if device.type not in ("cpu", "cuda"):\n        raise ExactModeError(f"exact mode: {op} on',
+        EXACT),
+    "per_row_other_rows_from_row_0": (
+        "a row reads its neighbour", EXACT_PY,
+        "*(o[r:r + 1].clone() for o in split)", "*(o[:1].clone() for o in split)", EXACT),
+    "exact_append_pages_of_sequence_0": (
+        "cache slot of the wrong sequence (paged)", EXACT_PY,
+        "table = None if block_table is None else block_table[s:s + 1]",
+        "table = None if block_table is None else block_table[:1]", EXACT),
+    "sample_key_root_position_for_every_node": (
+        "sampling key missing a component (the node's position)", EXACT_PY,
+        "seed, positions[:, i].to(torch.int64)", "seed, positions[:, 0].to(torch.int64)", EXACT),
+    "sample_key_first_sequence_seed": (
+        "sampling key missing a component (the sequence's seed)", EXACT_PY,
+        "temperature, seed, positions[:, i]", "temperature, seed[:1].expand_as(seed), positions[:, i]",
+        EXACT),
+    "exact_matmul_grid_one_short": (
+        "off-by-one at a limit (grid)", "jetspec_kernels/triton/exact_matmul.py",
+        "grid = (cdiv(rows.shape[0], BLOCK_M), cdiv(n, BLOCK_N))",
+        "grid = (cdiv(rows.shape[0] - 1, BLOCK_M), cdiv(n, BLOCK_N))", EXACT_MATMUL),
+    "exact_attention_lse_not_written": (
+        "an output not written back on one path", "jetspec_kernels/ops/tree_attention.py",
+        "    out = o.to(q.dtype) if out is None else out.copy_(o)\n    return_lse = return_lse or lse is not None\n",
+        "    out = o.to(q.dtype) if out is None else out.copy_(o)\n", TREE_ATTENTION_EXACT),
+    "exact_triton_rows_values_from_keys": (
+        "swapped operand (V gathered from the K cache)", "jetspec_kernels/ops/tree_attention.py",
+        "vc = vals[slots.to(q.device)]", "vc = keys[slots.to(q.device)]", TREE_ATTENTION_EXACT),
+    "logical_rows_ignore_the_tree_mask": (
+        "wrong mask/ancestor condition", "python_ref/attention.py",
+        "kc = keys[slots].reshape(1, length, Hkv, Dh)", "kc = keys[:length].reshape(1, length, Hkv, Dh)",
+        REF_ATTENTION_LOGICAL),
+    "qwen3_exact_attention_not_exact": (
+        "exact mode silently falling back to the non-exact path", "jetspec_kernels/models/qwen3.py",
+        "block_table=cache.block_table, exact=True)", "block_table=cache.block_table)", QWEN3_EXACT),
+    "generate_ar_exact_key_one_position_late": (
+        "off-by-one (sampling key position)", "jetspec_kernels/decode/loop.py",
+        "token = sample_at_positions(logits[:, None], prefix[:, None], seed_t,",
+        "token = sample_at_positions(logits[:, None], prefix[:, None] + 1, seed_t,", DECODE_EXACT),
+    # ------------------------------------------------------------ hybrid ops: Triton kernels
+    "gd_tree_one_jacobi_sweep_short": (
+        "off-by-one at a limit (triangular solve sweeps)", GDT,
+        "for _ in range(1, depth):", "for _ in range(2, depth):", GD_TREE),
+    "gd_tree_interleaved_gqa_heads": (
+        "wrong head mapping (GQA)", GDT,
+        "    h = hv // H_PER\n    num = tl.load(num_ptr + b)",
+        "    h = hv % H_PER\n    num = tl.load(num_ptr + b)", GD_TREE),
+    "gd_tree_state_slot_ignored": (
+        "cache/state slot ignored", GDT,
+        "s0_b = state_ptr + slot * state_slot_stride", "s0_b = state_ptr + b * state_slot_stride",
+        GD_TREE),
+    "gd_tree_padding_row_valid": (
+        "a check comparing the wrong side of a limit (num_nodes)", GDT,
+        "        rvalid = rows < num\n", "        rvalid = rows <= num\n", GD_TREE),
+    "gd_commit_last_node_not_applied": (
+        "off-by-one at a limit (accept_len)", GDC,
+        "steps = tl.minimum(tl.load(accept_ptr + b), P - 1) + 1",
+        "steps = tl.minimum(tl.load(accept_ptr + b), P - 1)", GD_COMMIT),
+    "gd_commit_decay_after_read": (
+        "wrong order of a recurrence step", GDC,
+        "        s = s * tl.exp(g)\n        delta = (v - tl.sum(s * k[:, None], 0)) * beta\n"
+        "        s = s + k[:, None] * delta[None, :]",
+        "        delta = (v - tl.sum(s * k[:, None], 0)) * beta\n"
+        "        s = s * tl.exp(g) + k[:, None] * delta[None, :]", GD_COMMIT),
+    # (planted first: ``up <= 0`` for ``up < 0`` in the step past the tree, an equivalent
+    # mutation: the step into node 0 stays inside the tree and recomputes the count; see
+    # tests/MUTATIONS_NEW_CODE.md)
+    "conv_tree_state_column_off_by_one": (
+        "cache slot off by one (conv state column)", CCT,
+        "sv = tl.load(state_row + tl.maximum(W - 1 - beyond, 0)",
+        "sv = tl.load(state_row + tl.maximum(W - 2 - beyond, 0)", CONV_TREE),
+    "conv_commit_state_boundary": (
+        "a check comparing the wrong side of a limit", CCC,
+        "from_state = (cols * 0 + src) < W - 1", "from_state = (cols * 0 + src) <= W - 1", CONV_COMMIT),
+    # ------------------------------------------------------------ hybrid ops: argument checks
+    "gd_tree_checks_a_padding_row_parent": (
+        "a check comparing the wrong side of a limit (num_nodes)", "jetspec_kernels/ops/gated_delta_tree.py",
+        "valid = idx[None, :] < (n if num_nodes is None else num_nodes[:, None])",
+        "valid = idx[None, :] <= (n if num_nodes is None else num_nodes[:, None])", GD_OPS),
+    "gd_commit_last_path_entry_unchecked": (
+        "off-by-one at a limit (accept_len)", "jetspec_kernels/ops/gated_delta_commit.py",
+        "live = torch.arange(p, device=path.device)[None, :] <= accept_len[:, None]",
+        "live = torch.arange(p, device=path.device)[None, :] < accept_len[:, None]", GD_OPS),
+    # ------------------------------------------------------------ hybrid model and cache
+    "hybrid_verify_kv_at_positions": (
+        "cache slot off (siblings share a slot)", "jetspec_kernels/models/qwen3_5.py",
+        "write_start=prefix_lens, tree_mask=tree.mask,", "write_start=None, tree_mask=tree.mask,",
+        HYBRID_MODEL),
+    "hybrid_prefill_conv_state_one_early": (
+        "cache slot off by one (conv state)", "jetspec_kernels/models/gated_delta.py",
+        "keep = lens.long()[:, None] + torch.arange(width - 1, device=dev)",
+        "keep = lens.long()[:, None] - 1 + torch.arange(width - 1, device=dev)", HYBRID_MODEL),
+    "hybrid_commit_conv_state_not_written": (
+        "a state not written back on one path", "jetspec_kernels/models/gated_delta.py",
+        "    causal_conv1d_commit(kept.mixed, path, accept_len, conv_pool, state_slots=slots)\n", "",
+        HYBRID_MODEL),
+    # ------------------------------------------------------------ the compile path
+    "fast_path_while_compiling": (
+        "eager fast path taken while tracing", CUSTOM_OP_PY,
+        "if not _FAST or torch.compiler.is_compiling():", "if not _FAST:", CUSTOM_OP),
+    "fast_path_skips_version_bump": (
+        "a state not written back (version counter)", CUSTOM_OP_PY,
+        "if args[i] is not None and not args[i].is_inference():",
+        "if args[i] is not None and args[i].is_inference():", CUSTOM_OP),
+    "fast_path_under_torch_function_mode": (
+        "a check missing one case (torch-function modes)", CUSTOM_OP_PY,
+        "if (_C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()",
+        "if (_C._len_torch_dispatch_stack()", CUSTOM_OP),
+    "build_tree_fake_mask_one_word_short": (
+        "fake returning the wrong shape (off by one)", REFERENCE_PY,
+        "topk_tokens.new_empty(b, budget, mask_words(budget), dtype=_I32)",
+        "topk_tokens.new_empty(b, budget, mask_words(budget - 1), dtype=_I32)", REFERENCE_FAKES),
+    "commit_kv_fake_rows_int32": (
+        "fake returning the wrong dtype", REFERENCE_PY,
+        "rows = path.new_empty(0) if hidden is None else hidden.new_empty(",
+        "rows = path.new_empty(0) if hidden is None else path.new_empty(", REFERENCE_FAKES),
+    "append_fake_keeps_q_strides": (
+        "fake returning the wrong strides", "jetspec_kernels/cuda/qk_norm_rope_append.py",
+        "return torch.empty_like(q, memory_format=torch.contiguous_format)",
+        "return torch.empty_like(q)", CUDA_FAKES),
+}
+
+
+def dirty(files) -> list[str]:
+    """The files among ``files`` with uncommitted changes."""
+    out = subprocess.run(["git", "status", "--porcelain", "--", *files], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [line[3:] for line in out.splitlines()]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    p.add_argument("--list", action="store_true", help="print the mutations and exit")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args(argv)
+    names = args.names or list(MUTATIONS)
+    unknown = [n for n in names if n not in MUTATIONS]
+    if unknown:
+        p.error(f"unknown mutations: {', '.join(unknown)}")
+    if args.list:
+        for n in names:
+            cls, file, _, _, tests = MUTATIONS[n]
+            print(f"{n}: {file} ({cls}) -> {' '.join(tests)}")
+        return 0
+    # Ctrl-C, and a kill, end the run through run_one's finally (which restores the file), also
+    # when the shell started this in the background with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    bad = dirty(sorted({MUTATIONS[n][1] for n in names}))
+    if bad:
+        print(f"refusing: uncommitted changes in {', '.join(bad)}", file=sys.stderr)
+        return 2
+    caught = 0
+    for n in names:
+        cls, file, old, new, tests = MUTATIONS[n]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        status, wall, tail = run_one(dict(file=file, old=old, new=new, tests=tests), args.timeout)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        caught += status.startswith("caught")
+        print(f"{status:9s} {wall:5.0f} s wall {cpu:5.0f} s cpu  {n}: {file}  [{tail}]", flush=True)
+    print(f"{caught}/{len(names)} caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
