@@ -1,7 +1,9 @@
 """The exact mode's cost on this machine: the target's verify forward and one decode step, normal
-and exact, on the shipped tiny target (bench/NOTES.md, "Exact mode"; CPU, reference backend).
+and exact, on the shipped tiny target (docs/perf/exact_mode.md; CPU, reference backend);
+with ``--accept``, the mean accepted tokens per round of seeded sampling, normal rule against the
+exact mode's pathwise rule, on a sharp 7-token tiny target (the tests' sampling-law target).
 
-    python bench/bench_exact.py [--dtype bfloat16] [--repeats 3]
+    python bench/bench_exact.py [--dtype bfloat16] [--repeats 3] [--accept]
 """
 from __future__ import annotations
 
@@ -70,12 +72,40 @@ def measure(dtype, repeats: int, cases=((1, 16, 64), (4, 64, 64))):
     return rows
 
 
+def accept_lengths(seeds=(0, 1, 2), copies: int = 100, prompt=(1, 4, 2), temperature: float = 0.8,
+                   budget: int = 6, topk: int = 3, new_tokens: int = 6):
+    """Rows (seed, normal mean accepted per round, exact mean accepted per round): seeded
+    sampling of ``copies`` copies of one prompt on a 7-token tiny target (float32) and its draft."""
+    from jetspec_kernels.decode import generate
+    from jetspec_kernels.models import DraftHead, Qwen3
+    from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights,
+                                             tiny_draft_config, tiny_qwen3_config)
+    tcfg = tiny_qwen3_config(vocab_size=7)
+    dcfg = tiny_draft_config(tcfg, block_size=4)
+    target = Qwen3(tcfg, random_qwen3_weights(tcfg, seed=3, logit_scale=2.0))
+    head = DraftHead(dcfg, random_draft_weights(dcfg, seed=4))
+    rows = []
+    for seed in seeds:
+        means = [generate(target, head, [list(prompt)] * copies, max_new_tokens=new_tokens,
+                          budget=budget, topk=topk, temperature=temperature, seed=seed,
+                          exact=exact).stats.mean_accept for exact in (False, True)]
+        rows.append((seed, *means))
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--accept", action="store_true",
+                   help="mean accepted per round, normal against exact seeded sampling")
     a = p.parse_args(argv)
     jk.set_backend("reference")
+    if a.accept:
+        print("seed | normal mean accepted / round | exact (pathwise) mean accepted / round")
+        for seed, normal, exact in accept_lengths():
+            print(f"{seed} | {normal:.3f} | {exact:.3f}", flush=True)
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.dtype}, tiny target "
           "(H 192, 4 layers, V 259)")
     print("what | B | N | prefix | normal s | exact s | exact / normal")
