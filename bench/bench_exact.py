@@ -1,5 +1,5 @@
 """The exact mode's cost on this machine: the target's verify forward and one decode step, normal
-and exact, on the shipped tiny target (bench/NOTES.md, "Exact mode"; CPU, reference backend).
+and exact, on the shipped tiny target (docs/perf/exact_mode.md; CPU, reference backend).
 
     python bench/bench_exact.py [--dtype bfloat16] [--repeats 3]
 """

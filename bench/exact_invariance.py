@@ -1,4 +1,4 @@
-"""Row invariance of every op of the target's forward, normal and exact (bench/NOTES.md, "Exact mode").
+"""Row invariance of every op of the target's forward, normal and exact (docs/perf/exact_mode.md).
 
 An op is row-invariant when row i of an M-row call is the same bits as the 1-row call on row i
 alone, and as row i of another M-row call whose other rows hold other data. For tree attention
