@@ -74,8 +74,8 @@ CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_
 # Interface functions a backend may lack, and the backends that lack them (tests/test_backend.py
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
-# mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
-# The Gated DeltaNet tree ops have no cuda kernel (bench/NOTES.md, "Gated DeltaNet tree verify").
+# mma.sync kernel lost to Triton's on the H200 and was deleted (docs/perf/hidden_topk.md).
+# The Gated DeltaNet tree ops have no cuda kernel (docs/perf/gated_delta_tree.md).
 # The Gated DeltaNet conv ops have no cuda kernel either (a Triton program a node and channel
 # block reads W inputs a channel: nothing for a hand-written kernel to win).
 OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",),

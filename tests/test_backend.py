@@ -162,7 +162,7 @@ def test_ops_on_a_device_that_is_not_current(backend):
 
 def test_implements_names_the_fused_hidden_topk_backends(monkeypatch):
     """The cuda backend has no fused hidden_topk (deleted: it lost to Triton's on the H200,
-    bench/NOTES.md), so draft_tree_from_hidden takes the GEMM method there; auto's candidates
+    docs/perf/hidden_topk.md), so draft_tree_from_hidden takes the GEMM method there; auto's candidates
     (and the process default, when auto) always have one; a bad name is a ValueError; the answer
     imports no backend (one that cannot load is select's to explain)."""
     import sys

@@ -498,7 +498,7 @@ def test_attention_headline_side_by_side(tmp_path, capsys):
         block = side[side.index(f"-- {shape}"):].split("\n-- ")[0]
         assert all(f"   {name}" in block for name in ("sdpa", "reference", "auto", "flex"))
         assert "TFLOP/s" in block and "x floor" in block and "x_sdpa" in block
-    # the headline shapes proper, on CUDA: the three of bench/NOTES.md at Qwen3-8B's heads
+    # the headline shapes proper, on CUDA: the three of docs/perf/tree_attention.md at Qwen3-8B's heads
     assert bta.HEADLINE == [(1, 32768, 256), (4, 16384, 128), (16, 4096, 16)]
 
 
