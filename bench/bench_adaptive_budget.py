@@ -46,7 +46,7 @@ COLUMNS = ["part", "device", "batch", "config", "tokens_per_s", "tokens_per_roun
            "seconds", "tokens", "rounds", "spread", "choose_ms", "calibrate_ms", "note"]
 # A Qwen3-8B verify forward on an H200: 7.57e9 parameters (36 layers + lm_head, bf16), streamed
 # at the measured 4.3 TB/s or computed at 60 % of the measured 790 TFLOP/s, plus about 0.8 ms for
-# the draft head, the tree and the round's glue (bench/NOTES.md, "Headline shapes").
+# the draft head, the tree and the round's glue (docs/perf/README.md, "Floor formulas").
 H200_8B = dict(params=7.57e9, bandwidth=4.3e12, flops=0.6 * 790e12, fixed_s=0.8e-3)
 
 

@@ -13,8 +13,8 @@ Three groups of rows per shape:
                     in memory; skipped for the cuda backend, which has no fused kernel),
                     ``<backend>:gemm`` rows ``method="gemm"`` (float32 logits by
                     cuBLAS, then the backend's log_softmax_topk; topn tree), the two sides of
-                    launch_plan.hidden_topk_method's crossover (bench/NOTES.md, "Hidden top-K:
-                    fused or GEMM").
+                    launch_plan.hidden_topk_method's crossover (docs/perf/
+                    hidden_topk.md).
 
 ``--groups`` keeps some of the three groups, ``--batches`` replaces the shapes by the headline
 draft shape at those batch sizes (D 15, K 7, budget 64 at B 1, else 128; on the CPU: D 4, V 2048,

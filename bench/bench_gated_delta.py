@@ -1,5 +1,5 @@
 """Benchmark one Gated DeltaNet layer's tree verify and commit: gated_delta_tree and
-gated_delta_commit per backend, against the floor of bench/NOTES.md, "Gated DeltaNet tree verify".
+gated_delta_commit per backend, against the floor of docs/perf/gated_delta_tree.md.
 
 Row groups per (B, N) shape, Qwen3.6-35B-A3B's linear-attention sizes (16 q/k heads, 32 v-heads,
 Dk = Dv = 128; q/k/v in bf16 on CUDA, fp32 on the CPU; a float32 state pool):

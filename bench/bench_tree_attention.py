@@ -39,7 +39,7 @@ from bench import common as bc
 BASELINES = ["sdpa", "flex", "flash_causal", "flashinfer"]
 
 
-# The headline shapes (bench/NOTES.md, "Headline shapes"): (B, L, N) at Qwen3-8B's heads; the first
+# The headline shapes (docs/perf/tree_attention.md, "Floors at the headline shapes"): (B, L, N) at Qwen3-8B's heads; the first
 # two compute-bound, the last memory-bound. On the CPU (--headline --quick) a smoke run at HEADLINE_CPU.
 HEADLINE = [(1, 32768, 256), (4, 16384, 128), (16, 4096, 16)]
 HEADLINE_CPU = [(1, 96, 32), (2, 64, 16), (4, 32, 8)]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from jetspec_kernels.launch_plan import argmax_chunk
 
-# Ceilings measured on this workplace's machines (.library/device KINDS.md; bench/NOTES.md,
+# Ceilings measured on this workplace's machines (.library/device KINDS.md; docs/perf/README.md,
 # "Ceilings"): device-to-device copy, bytes read + written; bf16 8192^3 matmul on random data.
 @dataclass(frozen=True)
 class Ceiling:

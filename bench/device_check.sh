@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script a GPU session runs (DESIGN.md section 6; bench/NOTES.md, "The device call"), from
+# The one script a GPU session runs (DESIGN.md section 6; bench/README.md, "The device call"), from
 # the repository root:
 #
 #   bash bench/device_check.sh                     # on the GPU machine; results under $OUT
@@ -282,8 +282,8 @@ step small_ops 40 15 "rc=0; set -o pipefail; $TO 16 '$PY' bench/host_overhead.py
 step attn_sweep 15 0 "if [[ -x bench/attn_sweep.sh ]]; then bench/attn_sweep.sh '$RES'; else
     echo 'SKIP: no bench/attn_sweep.sh in this checkout'; fi"
 
-# 8b. When time allows: the hidden top-K's two methods side by side at B 1, 4, 16 (bench/NOTES.md,
-#     "Hidden top-K: fused or GEMM"), kernels replayed from CUDA graphs, rows kept as they finish.
+# 8b. When time allows: the hidden top-K's two methods side by side at B 1, 4, 16 (docs/perf/
+#     hidden_topk.md), kernels replayed from CUDA graphs, rows kept as they finish.
 step hidden_topk 0 0 "$TO 60 '$PY' bench/bench_draft_tree.py --quick --graphs --no-plot \
   --groups from_hidden --batches 1,4,16 --algorithms topn --out '$RES/hidden_topk'"
 

@@ -1,14 +1,18 @@
 """The hardware record of a GPU test run: one row per op x backend x dtype, with whether every test
-of it passed, the device, date, commit and result files, in the form of the "Hardware record"
-table of bench/NOTES.md; plus, per interface function, the GPU backends whose every row passed
-(what ``HARDWARE_VERIFIED`` in jetspec_kernels/backend.py may then list, fastest first by the
-run's benches).
+of it passed, the device, date, commit and result files, as the rows of
+jetspec_kernels/hardware_record.json; plus, per interface function, the GPU backends whose every
+row passed (what that file's ``trusted`` may then list, fastest first by the run's benches).
 
 The rows come from the JSON lines that tests/conftest.py writes when ``JETSPEC_HW_RECORD`` names a
 file (device_check.sh sets it for its GPU test steps):
 
     python bench/hardware_record.py RECORD.jsonl [RECORD2.jsonl ...] [--device "NVIDIA H200"]
         [--date 2026-12-06] [--commit abc1234] [--files bench/results/NVIDIA_H200/...]
+        [--merge jetspec_kernels/hardware_record.json]
+
+prints the rows, one JSON object a line; ``--merge`` writes them into the record instead, each
+replacing the row of the same op, backend, dtype and device. ``trusted`` is never changed here:
+an op x backend joins it by hand, in the commit that merges its passing rows (bench/README.md).
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ OP_OF_TEST = (("tree_attention", "tree_attention"), ("log_softmax_topk", "log_so
               ("pack_mask", "pack_mask"), ("rms_norm", "rms_norm"), ("silu_mul", "silu_mul"))
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
 NO_DTYPE = "-"
-HEADER = ["| op (interface function) | backend | dtype | device | status | date | commit | files |",
-          "|---|---|---|---|---|---|---|---|"]
+ROW_FIELDS = ("op", "backend", "dtype", "device", "status", "date", "commit", "files")
+RECORD = Path(__file__).resolve().parents[1] / "jetspec_kernels" / "hardware_record.json"
 
 
 def classify(entry: dict) -> tuple[str, str, list[str]]:
@@ -99,15 +103,50 @@ def verified(rows: dict[tuple[str, str, str], dict]) -> dict[str, list[str]]:
     return out
 
 
-def table(rows: dict[tuple[str, str, str], dict], device: str, date: str, commit: str,
-          files: str) -> list[str]:
-    """The NOTES.md table: interface functions in INTERFACE_FUNCTIONS order, then other tests."""
+def record_rows(rows: dict[tuple[str, str, str], dict], device: str, date: str, commit: str,
+                files: list[str]) -> list[dict]:
+    """The run's rows of the hardware record (``ROW_FIELDS``): interface functions in
+    INTERFACE_FUNCTIONS order, then other tests."""
     order = {fn: i for i, fn in enumerate(INTERFACE_FUNCTIONS)}
-    lines = list(HEADER)
-    for (op, backend, dtype), row in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0])):
-        lines.append(f"| {op} | {backend} | {dtype} | {device} | {status(row)} | {date} | {commit} "
-                     f"| {files} |")
-    return lines
+    return [dict(zip(ROW_FIELDS, (op, backend, dtype, device, status(row), date, commit, list(files))))
+            for (op, backend, dtype), row in sorted(rows.items(),
+                                                    key=lambda kv: (order.get(kv[0][0], 99), kv[0]))]
+
+
+def _key(row: dict) -> tuple[str, str, str, str]:
+    return row["op"], row["backend"], row["dtype"], row["device"]
+
+
+def merge(record: dict, new_rows: list[dict]) -> dict:
+    """``record`` (the parsed hardware_record.json) with ``new_rows`` in it: each replaces the row
+    of the same op, backend, dtype and device (its note goes with it), the rest are kept in order
+    and new ones are appended. ``trusted`` is left as it is."""
+    for row in new_rows:
+        missing = [f for f in ROW_FIELDS if f not in row]
+        if missing:
+            raise ValueError(f"new_rows: a row lacks {missing}: {row}")
+    fresh = {_key(r): r for r in new_rows}
+    kept = [fresh.pop(_key(r), r) for r in record.get("rows", [])]
+    return {**record, "rows": kept + [r for r in new_rows if _key(r) in fresh]}
+
+
+def dumps(record: dict) -> str:
+    """The record as hardware_record.json keeps it: one row (and one trusted op) a line, so a run's
+    diff is its rows."""
+    def line(value) -> str:
+        return json.dumps(value, ensure_ascii=False)
+    parts = []
+    for key, value in record.items():
+        if key == "rows":
+            continue
+        if isinstance(value, dict):
+            inner = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
+            parts.append(f" {line(key)}: {{\n{inner}\n }}")
+        else:
+            parts.append(f" {line(key)}: {line(value)}")
+    rows = ",\n".join(f"  {line(r)}" for r in record.get("rows", []))
+    parts.append(f' "rows": [\n{rows}\n ]')
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def verified_lines(rows) -> list[str]:
@@ -157,14 +196,23 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="?")
     p.add_argument("--date", default=datetime.date.today().isoformat())
     p.add_argument("--commit", default=None, help="default: git rev-parse --short HEAD")
-    p.add_argument("--files", default="-", help="where the run's logs and CSVs were committed")
+    p.add_argument("--files", default="-",
+                   help="where the run's logs and CSVs were committed (comma-separated)")
+    p.add_argument("--merge", type=Path, default=None, metavar="RECORD_JSON",
+                   help=f"write the rows into this hardware record (e.g. {RECORD.relative_to(RECORD.parents[1])})")
     a = p.parse_args(argv)
     entries = read(a.records)
     if not entries:
         print(f"(no test record in {', '.join(map(str, a.records))})")
         return 0
     rows = aggregate(entries)
-    print("\n".join(table(rows, a.device, a.date, a.commit or _head_commit(), a.files)))
+    files = [f.strip() for f in a.files.split(",") if f.strip()]
+    new = record_rows(rows, a.device, a.date, a.commit or _head_commit(), files)
+    if a.merge is None:
+        print("\n".join(json.dumps(r, ensure_ascii=False) for r in new))
+    else:
+        a.merge.write_text(dumps(merge(json.loads(a.merge.read_text()), new)))
+        print(f"{len(new)} rows merged into {a.merge}")
     print("\n" + "\n".join(verified_lines(rows)))
     for key, row in sorted(rows.items()):
         for nodeid in row["failed"][:5]:

@@ -22,7 +22,7 @@ a 64-node tree, a 4096-slot cache, 15 draft depths, top-K 8.
         # tests/test_op_dispatch.py); pytest collects this file when it is named
 
 ``tests/test_host_overhead.py`` holds the budgets (Python calls per op call, counted, and a loose
-wall-time bound); bench/NOTES.md, "Host time per eager call", the numbers.
+wall-time bound); docs/perf/decode_round.md, "Host time per eager call", the numbers.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run each public op once at the headline shapes of bench/NOTES.md, for Nsight Compute.
+"""Run each public op once at the headline shapes of docs/perf/, for Nsight Compute.
 
 bench/device_check.sh runs it under ``ncu --profile-from-start off``: every op runs once to warm
 up (module load, lazy init), then once more between ``torch.cuda.profiler.start()`` and

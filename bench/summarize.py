@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 from pathlib import Path
@@ -169,11 +170,12 @@ def main(argv=None) -> int:
             lines.append(f"({len(text) - HOST_LINES} more lines in host_overhead.txt)")
     record = a.results / "hw_record.jsonl"
     if record.exists():
-        lines += ["", "== hardware record (paste into bench/NOTES.md; bench/hardware_record.py) =="]
+        lines += ["", "== hardware record (rows of this run; merge them into "
+                  "jetspec_kernels/hardware_record.json with bench/hardware_record.py --merge) =="]
         skipped: list[str] = []
         rows = hardware_record.aggregate(hardware_record.read([record], skipped))
         lines += skipped
-        lines += hardware_record.table(rows, "this GPU", "this run", "-", "-")
+        lines += [json.dumps(r) for r in hardware_record.record_rows(rows, "this GPU", "this run", "-", [])]
         lines += hardware_record.verified_lines(rows)
     ncu = a.results / "ncu_summary.txt"
     if ncu.exists():

@@ -13,10 +13,12 @@ run raises :class:`BackendUnavailableError` with the reason; an explicit choice 
 from __future__ import annotations
 
 import functools
+import json
 import operator
 import os
 import sys
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -28,23 +30,36 @@ BACKENDS = ("auto", "cuda", "triton", "reference")
 
 
 
-# Per interface function (CONTRIBUTING.md, backend interface): the backends whose kernels passed
-# its parity tests on real hardware in a recorded run (bench/device_check.sh; the record, one row
-# per op x backend x dtype, is in bench/NOTES.md, "Hardware record"), fastest first in that run's
-# benches. ``auto`` tries them in this order for CUDA tensors, then triton (its choice where no
-# backend is listed: what users got before any hardware evidence), then reference. A cuda kernel
-# that is not listed is never auto's choice; ``backend="cuda"`` still runs it. An op x backend joins
-# this table in the commit that records its passing run.
-HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = {
-    # Which run put each entry here, and why verify_tree is not listed: bench/NOTES.md,
-    # "Hardware record".
-    "log_softmax_topk": ("cuda",),
-    "build_tree": ("cuda",),
-    "pack_mask": ("cuda",),
-}
-
-# What HARDWARE_VERIFIED may list.
+# What the hardware record may trust.
 GPU_BACKENDS = ("cuda", "triton")
+
+# The record of GPU parity runs, one row per op x backend x dtype, and per op the backends auto
+# trusts (package data; bench/README.md, "The hardware record", has its rules).
+HARDWARE_RECORD = Path(__file__).with_name("hardware_record.json")
+
+
+def _trusted_backends(path: Path) -> dict[str, tuple[str, ...]]:
+    """Interface function -> the backends ``path``'s ``trusted`` lists for it, in its order."""
+    try:
+        trusted = json.loads(path.read_text())["trusted"]
+        out = {fn: tuple(entry["backends"]) for fn, entry in trusted.items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"hardware record {path}: unreadable ({type(e).__name__}: {e})") from e
+    for fn, backends in out.items():
+        if not backends or not set(backends) <= set(GPU_BACKENDS) or len(set(backends)) != len(backends):
+            raise ValueError(f"hardware record {path}: trusted {fn!r} must list distinct backends of "
+                             f"{GPU_BACKENDS}, got {list(backends)}")
+    return out
+
+
+# Per interface function (CONTRIBUTING.md, backend interface): the backends whose kernels passed
+# its parity tests on real hardware in a recorded run (bench/device_check.sh, HARDWARE_RECORD),
+# fastest first in that run's benches. ``auto`` tries them in this order for CUDA tensors, then
+# triton (its choice where no backend is listed: what users got before any hardware evidence),
+# then reference. A cuda kernel that is not listed is never auto's choice; ``backend="cuda"``
+# still runs it. An op x backend joins the record's ``trusted`` in the commit that records its
+# passing run; which run put each there, and why the others are not: the rows' notes.
+HARDWARE_VERIFIED: dict[str, tuple[str, ...]] = _trusted_backends(HARDWARE_RECORD)
 
 INTERFACE_FUNCTIONS = ("tree_attention", "log_softmax_topk", "hidden_topk", "build_tree",
                        "draft_tree", "qk_norm_rope_append", "verify_tree", "commit_kv", "pack_mask",
@@ -59,8 +74,8 @@ CHAINS: dict[str, tuple[str, ...]] = {"draft_tree": ("log_softmax_topk", "build_
 # Interface functions a backend may lack, and the backends that lack them (tests/test_backend.py
 # checks this against the backend modules): draft_tree_from_hidden then takes its "gemm" method
 # (torch's GEMM, then the backend's log_softmax_topk). The cuda backend has no hidden_topk: its
-# mma.sync kernel lost to Triton's on the H200 and was deleted (bench/NOTES.md).
-# The Gated DeltaNet tree ops have no cuda kernel (bench/NOTES.md, "Gated DeltaNet tree verify").
+# mma.sync kernel lost to Triton's on the H200 and was deleted (docs/perf/hidden_topk.md).
+# The Gated DeltaNet tree ops have no cuda kernel (docs/perf/gated_delta_tree.md).
 # The Gated DeltaNet conv ops have no cuda kernel either (a Triton program a node and channel
 # block reads W inputs a channel: nothing for a hand-written kernel to win).
 OPTIONAL_FUNCTIONS: dict[str, tuple[str, ...]] = {"hidden_topk": ("cuda",),

@@ -5,7 +5,7 @@ launch plan is fixed under CUDA-graph capture).
 Split-KV: when (query tile, sequence, kv head) programs alone cannot fill the GPU, each
 sequence's keys are shared among ``splits`` programs whose partial results a combine step merges.
 The backends use different rules, each kept as it was measured or written, until a GPU run picks
-one (bench/NOTES.md, "Launch planning: one module, three split-KV rules"):
+one (docs/kernels.md, "Split-KV rules"):
 
 * :func:`cuda_attention_splits` (cuda backend, mma.sync / wgmma kernels): one wave of the
   kernel's CTAs per SM, never a second, nearly empty one.
@@ -19,7 +19,7 @@ one (bench/NOTES.md, "Launch planning: one module, three split-KV rules"):
 Which rule stays is for one GPU measurement, not run yet: tree_attention with ``num_splits``
 forced to 1, 2, 3, 4, 6, 8, 16 and 32 (both wrappers take it) on one card, CUDA-graph replay,
 combine included, at base grids of 0.25 to 1.5 x the SM count and 4K / 32K keys (the grid is in
-bench/NOTES.md, "Launch planning"). Neither bench/device_check.sh nor bench/attn_sweep forces a
+docs/perf/tree_attention.md, "Split-KV rules"). Neither bench/device_check.sh nor bench/attn_sweep forces a
 count today: the sweep's CSV (device_check step ``attn_sweep``: kernel, shape, splits, graph_us)
 holds each kernel's own pick only, so it compares kernels, not rules. Per cell, the rule whose
 pick is within 5 % of the fastest forced count most often (and never 20 % off) plans for both
@@ -127,7 +127,7 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
 #   "gemm":  float32 logits [B*D, V] by torch (cuBLAS on a GPU), then the backend's
 #            log_softmax_topk, over row chunks whose logits fit HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES;
 #            costs the logits' write + read, but runs the GEMM at cuBLAS speed where the fused
-#            kernels fall behind (bench/NOTES.md, "Hidden top-K: fused or GEMM").
+#            kernels fall behind (docs/perf/hidden_topk.md).
 # Per device type: the smallest B*D from which the GEMM path wins, None = never. An entry
 # changes only with a GPU run that measured the crossover (bench_draft_tree.py's from_hidden rows
 # <backend>:gemm against the fused ones, in the same run); until then auto keeps the fused kernel

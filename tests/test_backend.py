@@ -1,10 +1,14 @@
 """Backend selection: names, precedence, auto rules, and clear errors (never a silent fallback)."""
+from pathlib import Path
+
 import pytest
 import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels import backend as bk
 from jetspec_kernels import device_guard
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -158,7 +162,7 @@ def test_ops_on_a_device_that_is_not_current(backend):
 
 def test_implements_names_the_fused_hidden_topk_backends(monkeypatch):
     """The cuda backend has no fused hidden_topk (deleted: it lost to Triton's on the H200,
-    bench/NOTES.md), so draft_tree_from_hidden takes the GEMM method there; auto's candidates
+    docs/perf/hidden_topk.md), so draft_tree_from_hidden takes the GEMM method there; auto's candidates
     (and the process default, when auto) always have one; a bad name is a ValueError; the answer
     imports no backend (one that cannot load is select's to explain)."""
     import sys
@@ -305,20 +309,47 @@ def test_auto_s_choice_on_cuda_is_worked_out_once(fake_gpu_backends, monkeypatch
     assert calls("draft_tree")[1] == "triton"
 
 
-def test_hardware_verified_ops_are_recorded_in_notes():
-    """An op x backend joins HARDWARE_VERIFIED only with its passing GPU run recorded in
-    bench/NOTES.md (the hardware record: rows `| <op> | <backend> | <dtype> | <device> | passed |
-    <date> | <commit> | <files> |`), for both GPU backends."""
+def test_hardware_verified_ops_have_passing_rows_in_the_record():
+    """HARDWARE_VERIFIED is the hardware record's ``trusted`` (jetspec_kernels/hardware_record.json),
+    and every op x backend trusted there has, for every dtype it lists, a ``passed`` row of an
+    H100 / H200 run with its date, commit and files, and no row of that op x backend failed."""
+    import json
     import re
-    from pathlib import Path
-    notes = (Path(__file__).resolve().parents[1] / "bench" / "NOTES.md").read_text()
-    assert "## Hardware record" in notes
-    assert set(bk.HARDWARE_VERIFIED) <= set(bk.INTERFACE_FUNCTIONS) - set(bk.CHAINS)
-    for fn, backends in bk.HARDWARE_VERIFIED.items():
-        assert backends and set(backends) <= set(bk.GPU_BACKENDS) and len(set(backends)) == len(backends), fn
-        for b in backends:
-            row = rf"^\| {fn} \| {b} \| [^|]+ \| [^|]*H[12]00[^|]* \| passed[^|]* \| 20\d\d-\d\d-\d\d \| [0-9a-f]{{7,}} \| [^|]+ \|"
-            assert re.search(row, notes, re.M), (fn, b)
+    record = json.loads(bk.HARDWARE_RECORD.read_text())
+    trusted = record["trusted"]
+    assert bk.HARDWARE_VERIFIED == {fn: tuple(e["backends"]) for fn, e in trusted.items()}
+    assert set(trusted) <= set(bk.INTERFACE_FUNCTIONS) - set(bk.CHAINS)
+    rows = record["rows"]
+    for row in rows:
+        assert set(row) - {"note"} == {"op", "backend", "dtype", "device", "status", "date", "commit",
+                                       "files"}, row
+    for fn, entry in trusted.items():
+        assert entry["dtypes"], fn
+        for b in entry["backends"]:
+            mine = [r for r in rows if r["op"] == fn and r["backend"] == b]
+            assert all(r["status"] in ("passed", "not run") for r in mine), (fn, b)
+            assert {r["dtype"] for r in mine} <= set(entry["dtypes"]), (fn, b)
+            for dtype in entry["dtypes"]:
+                ok = [r for r in mine if r["dtype"] == dtype and r["status"] == "passed"
+                      and re.search(r"H[12]00", r["device"]) and re.fullmatch(r"20\d\d-\d\d-\d\d", r["date"])
+                      and re.fullmatch(r"[0-9a-f]{7,40}", r["commit"]) and r["files"]]
+                assert ok, (fn, b, dtype)
+                for f in ok[0]["files"]:
+                    assert (ROOT / f).exists(), f
+
+
+def test_an_unreadable_hardware_record_names_the_file(tmp_path):
+    path = tmp_path / "hardware_record.json"
+    path.write_text('{"trusted": {"build_tree": {"backends": ["cuda"]}}, "rows": []}')
+    assert bk._trusted_backends(path) == {"build_tree": ("cuda",)}
+    for text in ('{"rows": []}', "{", '{"trusted": {"build_tree": {"backends": ["sim"]}}}',
+                 '{"trusted": {"build_tree": {"backends": ["cuda", "cuda"]}}}',
+                 '{"trusted": {"build_tree": {"backends": []}}}'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="hardware record .*hardware_record.json"):
+            bk._trusted_backends(path)
+    with pytest.raises(ValueError, match="unreadable"):
+        bk._trusted_backends(tmp_path / "missing.json")
 
 
 def test_interface_functions_match_the_backends():

@@ -273,7 +273,7 @@ def test_silu_mul_calls(round_backend):
 def test_launch_counts(round_backend):
     """The launch counts behind the predictions (decode_costs.LAUNCHES), recounted on models of
     one and two layers (target and head): per layer and fixed, within a quarter (update LAUNCHES
-    and the predictions in bench/NOTES.md when this fails)."""
+    and the predictions in docs/perf/decode_round.md when this fails)."""
     one, two = _counts(1), _counts(2)
     per = [b - a for a, b in zip(one, two)]
     fixed = [a - p for a, p in zip(one, per)]

@@ -269,9 +269,10 @@ def test_profile_kernels_smoke_and_ncu_summary(tmp_path, capsys):
 
 
 def test_hardware_record_from_a_gpu_run(tmp_path):
-    """The per-test record a GPU run writes (JETSPEC_HW_RECORD) becomes the NOTES.md table: one
-    row per op x backend x dtype with device, date, commit and files, FAILED when any of its tests
-    failed, and per op the GPU backends whose every row passed."""
+    """The per-test record a GPU run writes (JETSPEC_HW_RECORD) becomes rows of
+    jetspec_kernels/hardware_record.json: one per op x backend x dtype with device, date, commit
+    and files, FAILED when any of its tests failed, and per op the GPU backends whose every row
+    passed."""
     import json
     from bench import hardware_record as hr
     ops = "tests/test_cuda_ops.py"
@@ -303,12 +304,35 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
     assert hr.status(rows[("verify_tree", "cuda", "-")]) == "passed"
     assert hr.status(rows[("pack_mask", "cuda", "-")]) == "not run"
     assert hr.verified(rows) == {"tree_attention": ["cuda"], "qk_norm_rope_append": ["cuda", "triton"]}
-    lines = hr.table(rows, "NVIDIA H200", "2026-12-04", "abc1234", "bench/results/NVIDIA_H200/")
-    assert lines[:2] == hr.HEADER
-    assert ("| qk_norm_rope_append | cuda | fp16 | NVIDIA H200 | passed | 2026-12-04 | abc1234 | "
-            "bench/results/NVIDIA_H200/ |") in lines
-    assert ("| qk_norm_rope_append | triton | fp32 | NVIDIA H200 | passed | 2026-12-04 | abc1234 | "
-            "bench/results/NVIDIA_H200/ |") in lines
+    new = hr.record_rows(rows, "NVIDIA H200", "2026-12-04", "abc1234", ["bench/results/NVIDIA_H200/"])
+    assert new[0]["op"] == "tree_attention" and all(tuple(r) == hr.ROW_FIELDS for r in new)
+    assert {"op": "qk_norm_rope_append", "backend": "cuda", "dtype": "fp16", "device": "NVIDIA H200",
+            "status": "passed", "date": "2026-12-04", "commit": "abc1234",
+            "files": ["bench/results/NVIDIA_H200/"]} in new
+    assert {"op": "verify_tree", "backend": "cuda", "dtype": "fp32", "device": "NVIDIA H200",
+            "status": "FAILED (1 of 1)", "date": "2026-12-04", "commit": "abc1234",
+            "files": ["bench/results/NVIDIA_H200/"]} in new
+
+    # --merge: a run's row replaces the row of the same op, backend, dtype and device (its note
+    # with it), other rows stay where they were, new ones are appended, trusted is untouched
+    old_row = {**new[0], "date": "2026-11-30", "commit": "0000000", "note": "older run"}
+    other_device = {**new[0], "device": "NVIDIA H100"}
+    before = {"about": "x", "trusted": {"pack_mask": {"backends": ["cuda"], "dtypes": ["-"]}},
+              "rows": [other_device, old_row]}
+    path = tmp_path / "hardware_record.json"
+    path.write_text(hr.dumps(before))
+    (tmp_path / "run.jsonl").write_text("".join(json.dumps(x) + "\n" for x in entries))
+    assert hr.main([str(tmp_path / "run.jsonl"), "--device", "NVIDIA H200", "--date", "2026-12-04",
+                    "--commit", "abc1234", "--files", "a.jsonl, b.log", "--merge", str(path)]) == 0
+    after = json.loads(path.read_text())
+    assert after["trusted"] == before["trusted"] and after["about"] == "x"
+    assert after["rows"][0] == other_device
+    assert after["rows"][1] == {**new[0], "files": ["a.jsonl", "b.log"]}
+    assert [(r["op"], r["backend"], r["dtype"]) for r in after["rows"][1:]] == \
+        [(r["op"], r["backend"], r["dtype"]) for r in new]
+    assert hr.dumps(after) == path.read_text()
+    with pytest.raises(ValueError, match="new_rows: a row lacks"):
+        hr.merge(before, [{"op": "x"}])
 
     (tmp_path / "hw_record.jsonl").write_text("".join(json.dumps(x) + "\n" for x in entries))
     (tmp_path / "steps.tsv").write_text("gpu_tests\tFAIL(1)\t80\t2 failed, 4 passed\n")
@@ -317,6 +341,7 @@ def test_hardware_record_from_a_gpu_run(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "== hardware record" in out.stdout
+    assert '{"op": "qk_norm_rope_append", "backend": "cuda", "dtype": "bf16"' in out.stdout
     assert "passed on this run, every dtype: qk_norm_rope_append: cuda, triton" in out.stdout
     assert "passed on this run, every dtype: verify_tree" not in out.stdout
 
@@ -473,7 +498,7 @@ def test_attention_headline_side_by_side(tmp_path, capsys):
         block = side[side.index(f"-- {shape}"):].split("\n-- ")[0]
         assert all(f"   {name}" in block for name in ("sdpa", "reference", "auto", "flex"))
         assert "TFLOP/s" in block and "x floor" in block and "x_sdpa" in block
-    # the headline shapes proper, on CUDA: the three of bench/NOTES.md at Qwen3-8B's heads
+    # the headline shapes proper, on CUDA: the three of docs/perf/tree_attention.md at Qwen3-8B's heads
     assert bta.HEADLINE == [(1, 32768, 256), (4, 16384, 128), (16, 4096, 16)]
 
 

@@ -5,7 +5,7 @@ reference backend's custom ops. Each compiled result equals eager (integers exac
 float32 rounding: inductor may fuse and reorder float arithmetic), and a second call with the
 same shapes, or another batch size where the batch is marked dynamic, compiles nothing new.
 
-Compile times: bench/NOTES.md, "torch.compile".
+Compile times: docs/perf/compile.md.
 """
 import pytest
 import torch

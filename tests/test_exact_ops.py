@@ -73,7 +73,7 @@ def test_exact_tree_row_equals_decode_row_deep_and_wide(shape):
 
 def test_normal_tree_attention_is_not_decode_invariant():
     """The power: tree rows of the normal form differ from decode rows (float32 here; bf16 too,
-    less often: bench/NOTES.md, "Exact mode")."""
+    less often: docs/perf/exact_mode.md)."""
     gen = torch.Generator().manual_seed(5)
     assert tree_vs_decode_mismatches(37, 16, torch.float32, gen, exact=False) > 0
 

@@ -58,7 +58,7 @@ BUDGET = {
     ("cuda", "silu_mul"): (21, 45),
     ("triton", "silu_mul"): (15, 43),
 }
-WALL_BOUND_US = 600   # about 10x what the shared CPU measures (bench/NOTES.md); GPU goal: 25 µs
+WALL_BOUND_US = 600   # about 10x what the shared CPU measures (docs/perf/decode_round.md); GPU goal: 25 µs
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def test_triton_attention_splits(base, max_prefix, sms, min_keys, want):
     assert lp.triton_attention_splits(base, max_prefix, sms, min_keys) == want
 
 
-def test_the_rules_differ_where_NOTES_says():
+def test_the_rules_differ_where_kernels_md_says():
     """Qwen3-8B heads, B 1, N 16, 32K keys: 8 base CTAs / programs. cuda fills one wave of two
     CTAs per SM (capped at 32), triton aims at two programs per SM rounding up (33)."""
     assert lp.cuda_attention_splits(8, 2, 32784, H200) == 32
@@ -146,7 +146,7 @@ def test_cuda_verify_plans_with_its_sm_count(monkeypatch):
 
 def test_hidden_topk_method_is_fused_until_measured():
     """No GPU run has measured the crossover yet: auto keeps the fused kernel at every size,
-    dtype and device (bench/NOTES.md, "Hidden top-K: fused or GEMM", says how to flip it)."""
+    dtype and device (docs/perf/hidden_topk.md says how to flip it)."""
     assert lp.HIDDEN_TOPK_GEMM_MIN_ROWS == {"cuda": None}
     for rows in (1, 15, 60, 240, 1024, 10 ** 6):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):

@@ -39,6 +39,12 @@ def test_wheel_carries_the_license(wheel_names):
     assert "END OF TERMS AND CONDITIONS" in text
 
 
+def test_wheel_ships_the_hardware_record(wheel_names):
+    """backend.py reads auto's trusted backends from the package's hardware_record.json at import:
+    an installed package without it could not import."""
+    assert "jetspec_kernels/hardware_record.json" in wheel_names
+
+
 def test_wheel_holds_the_references_inside_the_package(wheel_names):
     refs = {Path(n).name for n in wheel_names if n.startswith("jetspec_kernels/python_ref/")}
     on_disk = {p.name for p in (ROOT / "python_ref").glob("*.py")}

@@ -1,6 +1,6 @@
 // Torch-free sweep of the tree_attention kernels on one GPU: every Hopper variant of
 // variants.h and today's kernels (baselines.cu), bf16, Qwen3-8B heads (Hq 32, Hkv 8), at the
-// headline shapes of bench/NOTES.md. For each kernel and shape: the split count it picks, CTAs per
+// headline shapes of docs/perf/tree_attention.md. For each kernel and shape: the split count it picks, CTAs per
 // SM (occupancy calculator), the median time of back-to-back launches over rotating K/V buffers
 // (cold L2: at least 256 MB of K/V between two reads of one buffer) timed with CUDA events, the
 // same launches replayed from a captured CUDA graph, TFLOP/s, GB/s, time over the floor (measured
@@ -45,7 +45,7 @@ struct Shape {
   const char* bound;
 };
 
-// The headline shapes (bench/NOTES.md): compute-bound, memory-bound, paged at one of each, Dh 64.
+// The headline shapes (docs/perf/tree_attention.md): compute-bound, memory-bound, paged at one of each, Dh 64.
 const Shape kShapes[] = {
     {"1x32Kx256", 1, 32768, 256, 128, 0, "compute"},
     {"4x16Kx128", 4, 16384, 128, 128, 0, "compute"},
@@ -135,7 +135,7 @@ std::vector<const Shape*> selected_shapes(const Options& o) {
   return out;
 }
 
-// ---- per-shape arithmetic (bench/NOTES.md, "Floor formulas") ----------------------------------
+// ---- per-shape arithmetic (docs/perf/README.md, "Floor formulas") ----------------------------------
 int words(const Shape& s) { return (s.n + 31) / 32; }
 double shape_bytes(const Shape& s) {
   return 2.0 * s.b * (s.prefix + s.n) * kHkv * s.dh * 2 + 2.0 * s.b * s.n * kHq * s.dh * 2 +

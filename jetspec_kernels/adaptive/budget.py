@@ -13,8 +13,8 @@ sums kept as device tensors), and :func:`choose_budget` picks
 ``n* = argmax_n sum_b (1 + E_cal_b(n)) / c(n)`` on the device with the round costs ``c`` of a
 :class:`~jetspec_kernels.adaptive.round_costs.CostModel`; :func:`choose_budget_from_topk` does the
 same straight from the per-depth top-K in fewer ops (the decoding loop's per-round choice).
-The per-round functions run in ``torch.inference_mode`` (less host time: bench/NOTES.md, adaptive
-budget); they return inference tensors, and the calibrator's sums are only ever changed inside it.
+The per-round functions run in ``torch.inference_mode`` (less host time: docs/perf/decode_round.md,
+adaptive budget); they return inference tensors, and the calibrator's sums are only ever changed inside it.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class AcceptanceCalibrator:
     Each valid non-root node of a verified tree falls into a bin: its score bucket
     (``bins="score"``, the default: bin j holds scores in ``[score_edges[j], score_edges[j-1])``,
     edges descending) or its depth (``bins="depth"``; depths past ``max_depth`` share the last
-    bin). Score buckets chose better in bench/NOTES.md's replays: one ratio per depth also scales
+    bin). Score buckets chose better in docs/perf/decode_round.md's replays: one ratio per depth also scales
     that depth's unlikely side branches, which the draft does not underrate as much as its top
     choices. Per bin it keeps two running sums on the device: ``predicted`` (the draft's expected
     acceptances, sum of ``exp(score)``) and ``accepted`` (nodes on the accepted path). The

@@ -2,8 +2,8 @@
 
 Called eagerly on plain tensors, a custom op goes through the dispatcher's Python kernels
 (autograd, ADInplaceOrView, the backend wrapper and its aliasing check) before it reaches the
-implementation: about half of a small op's host time (bench/NOTES.md, "Host time per eager
-call"). :func:`custom_op` registers the op exactly as ``torch.library.custom_op`` does (fake
+implementation: about half of a small op's host time (docs/perf/decode_round.md, "Host time
+per eager call"). :func:`custom_op` registers the op exactly as ``torch.library.custom_op`` does (fake
 implementation, schema, ``torch.ops.jetspec.*``, opcheck) and returns an object that calls the
 implementation directly when nothing but the plain eager path could be involved: not compiling or
 tracing, no dispatch or torch-function mode, no tensor subclass, no input needing grad, no

@@ -2,7 +2,7 @@
 mma.sync kernel for head dim 256 and on other GPUs; kernel="hopper" picks the Hopper family
 (attention_hopper.cuh: TMA producer, ping-pong consumers, 128-key blocks, splits from the
 kernel's occupancy); which kernel auto picks follows the hardware record (docs/DESIGN.md section
-2, bench/NOTES.md)."""
+2, jetspec_kernels/hardware_record.json)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -96,7 +96,7 @@ def pack_mask(parents, num_nodes):
 def rms_norm(x, residual, weight, eps):
     # python_ref.add_rms_norm's Hugging Face form (what the models run on a GPU until an rms_norm
     # kernel is hardware-verified) with its product and cast back as one multiply rounded to x's
-    # dtype as it is stored: the same bits, one launch fewer a norm on a GPU (bench/NOTES.md). No
+    # dtype as it is stored: the same bits, one launch fewer a norm on a GPU (docs/perf/decode_round.md). No
     # autograd here (out=), which ops.rms_norm refuses anyway.
     total = x if residual is None else x + residual
     xf = total.float()

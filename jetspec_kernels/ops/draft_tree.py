@@ -275,7 +275,7 @@ def draft_tree_from_hidden(hidden, lm_head_weight, root_tokens, *, budget: int, 
         by torch (cuBLAS on a GPU; B * D * V * 4 bytes, in row chunks of at most
         launch_plan.HIDDEN_TOPK_GEMM_MAX_LOGITS_BYTES), then the backend's log_softmax_topk.
         "auto": launch_plan.hidden_topk_method's rule, a function of B * D, dtype and device
-        (fused until a GPU run measures the crossover; bench/NOTES.md), and "gemm" on a backend
+        (fused until a GPU run measures the crossover; docs/perf/hidden_topk.md), and "gemm" on a backend
         without a fused kernel. None (default): the ``JETSPEC_HIDDEN_TOPK`` environment
         variable, else "auto". Another value is a ValueError naming ``method`` (or the
         variable).

@@ -7,7 +7,7 @@ dependence by construction: every row is computed by a one-row call on a fresh c
 of the row (the same launch shape, alignment and arguments for every row, so the same bits, on
 a backend whose calls are deterministic), and attention gathers a row's visible keys into
 logical order first (``python_ref.attention.tree_attention_logical``). The price is one call per
-row (bench/NOTES.md, "Exact mode").
+row (docs/perf/exact_mode.md).
 
 Only the CPU reference backend is shown invariant (tests/test_exact_*.py); an exact call that
 would run elsewhere (a CUDA tensor, the triton or cuda backend) raises :class:`ExactModeError`

@@ -21,7 +21,7 @@ popped node of depth < D appends ``min(K, budget - n)`` children in rank order w
 The mask is written by ``triton/pack_mask.py``'s tile (an ancestor walk over tiles of rows).
 
 Step counts, floor, predicted time and register use on sm_90 (``bench/triton_resources.py``, run by
-``tests/test_triton_sm90_resources.py``): ``bench/NOTES.md``.
+``tests/test_triton_sm90_resources.py``): ``docs/perf/build_tree.md``.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _warps(np_):
 
 
 def _topn_warps(entries):
-    # enough warps that the window fits in registers on sm_90 (bench/NOTES.md, build_tree topn)
+    # enough warps that the window fits in registers on sm_90 (docs/perf/build_tree.md)
     return max(4, min(16, entries // 256))
 
 

@@ -11,7 +11,7 @@ sequence of ``tl.dot`` steps over the same k-blocks in every launch; the other r
 are other rows of the same dot (zeros past M).
 
 Not wired into the exact mode yet: the exact ops refuse the triton backend until a GPU run shows
-this kernel row-invariant there (bench/NOTES.md, "Exact mode": what the interpreter can and
+this kernel row-invariant there (docs/perf/exact_mode.md: what the interpreter can and
 cannot show, and the predicted cost at Qwen3-8B shapes).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Triton ``gated_delta_tree``: every tree node's Gated DeltaNet output, as if decoded along its
 ancestor path, in the chunked (WY) form with the ancestor mask in place of the causal mask.
 
-The algorithm (bench/NOTES.md, "Gated DeltaNet tree verify", has the costs of both routes).
+The algorithm (docs/perf/gated_delta_tree.md has the costs of both routes).
 Node i's state is ``S_i = exp(C_i) S0 + sum_{j on i's path} exp(C_i - C_j) k_j u_j^T``, with
 ``C_i`` the sum of g over the path and ``u_j`` the delta node j writes. So the deltas solve a
 unit lower-triangular system over the tree, and the outputs are one masked product:

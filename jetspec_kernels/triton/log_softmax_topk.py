@@ -17,7 +17,7 @@ still correct (just slower) up to K = 64. The selection runs on the logits; log-
 monotone shift of a row, so the chosen tokens are the same (up to values that differ only below
 float32 rounding of the log-probs, where the reference may order by token id instead).
 
-Floor and predicted time: ``bench/NOTES.md``.
+Floor and predicted time: ``docs/perf/log_softmax_topk.md``.
 """
 from __future__ import annotations
 

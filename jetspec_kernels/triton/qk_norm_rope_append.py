@@ -162,7 +162,7 @@ def _f32_split(x: float) -> tuple[float, float]:
 
 def _heads_per_tile(heads: int, half_p: int) -> int:
     """Heads per tile: all of them when small, else 512 elements per half-tile (larger tiles
-    spill registers on sm_90a at 4 warps: bench/NOTES.md, "Triton kernels compiled offline")."""
+    spill registers on sm_90a at 4 warps: docs/kernels.md, "Triton kernels compiled offline")."""
     return min(next_power_of_2(max(heads, 1)), max(1, 512 // half_p))
 
 

@@ -1,6 +1,6 @@
 """Grid and block sizes for the launchers in plain Python: ``triton.cdiv`` and
 ``triton.next_power_of_2`` are constexpr functions, which cost microseconds per call on the host
-(bench/NOTES.md, "Host time per eager call"). Same results as Triton's for n >= 0."""
+(docs/perf/decode_round.md, "Host time per eager call"). Same results as Triton's for n >= 0."""
 
 
 def cdiv(a: int, b: int) -> int:

@@ -4,7 +4,7 @@ What it computes is DESIGN.md section 4: query i of sequence b sees every cached
 ``< prefix_lens[b]`` and the tail key ``prefix_lens[b] + j`` iff bit (i, j) of ``tree_mask[b]`` is
 set (``tail="causal"``: j <= i, ``"full"``: all j, when there is no mask).
 
-Its floor, the predictions made for it and what the H200 measured are in ``bench/NOTES.md``.
+Its floor, the predictions made for it and what the H200 measured are in ``docs/perf/tree_attention.md``.
 
 Design
 ------
@@ -233,7 +233,7 @@ def _merge_splits(
 
 def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for ``rows = N * G`` packed query rows; the CUDA
-    choices are the ones that do not spill registers on sm_90a (bench/NOTES.md, "Triton kernels
+    choices are the ones that do not spill registers on sm_90a (docs/kernels.md, "Triton kernels
     compiled offline")."""
     block_m = min(128 if head_dim <= 128 else 64, max(16, next_power_of_2(rows)))
     if device.type != "cuda":

@@ -5,7 +5,7 @@
 Each mutation edits one csrc header (restored afterwards), rebuilds the simulated _C and runs the
 family's simulator tests (tests/ops/test_tree_attention_hopper.py and the hopper cases of
 tests/ops/test_tree_attention.py); every one must fail them (a wrong result, a simulator rule or
-a deadlock), and the line printed per mutation says how. bench/NOTES.md ("Hopper attention
+a deadlock), and the line printed per mutation says how. docs/kernels.md ("Hopper attention
 family") lists the outcome. A mutation whose text no longer occurs is reported as stale.
 """
 import sys

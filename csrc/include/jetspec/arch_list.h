@@ -58,7 +58,7 @@ inline bool parse_arch_entry(std::string a, ArchEntry* e) {
 
 // Calls f(entry) for each well-formed entry; stops and returns true when f does.
 // Splits by hand: nvcc compiles this header too, and iostreams in nvcc-compiled host code crashed
-// on the H200 machine's toolchain (bench/NOTES.md, first GPU run).
+// on the H200 machine's toolchain (docs/kernels.md, "Host code nvcc compiles").
 template <typename F>
 bool arch_list_any(const std::string& list, F f) {
   size_t start = 0;

@@ -78,7 +78,7 @@ struct HopperAttnCfg {
 };
 
 // The variants _C launches: wide for more than 64 packed rows per (sequence, kv head), small
-// otherwise. bench/NOTES.md ("Hopper attention family") says why these and what the sweep tries.
+// otherwise. docs/kernels.md ("Hopper attention family") says why these and what the sweep tries.
 template <int HD>
 using HopperWide = HopperAttnCfg<2, 128, HD >= 128 ? 2 : 3>;
 template <int HD>
@@ -404,7 +404,7 @@ __device__ __forceinline__ void hopper_attention_body(const AttnParams& p, const
         // The fences keep the softmax above the wait and the packing of P below it in the PTX.
         // (ptxas 13.0 still schedules the SASS wait a few instructions after the first one, so
         // the intra-warpgroup overlap of P V with the softmax may be lost; the ping-pong of the
-        // two warpgroups remains: bench/NOTES.md, "Hopper attention family".)
+        // two warpgroups remains: docs/kernels.md, "Hopper attention family".)
         wgmma_fence_acc(s);
         wgmma_wait<0>();
         wgmma_fence_acc(o);

@@ -9,7 +9,7 @@
 // tie rule. A step looks at a window of the next kTopnWindow children of every node and takes
 // every entry that provably precedes anything not yet seen (the heap minimum always), then
 // re-lays the tree out in shared memory (one block scan). Far fewer steps than nodes (measured
-// counts: bench/NOTES.md, "CUDA build_tree, topn"); many when a deeper level costs almost
+// counts: docs/perf/build_tree.md); many when a deeper level costs almost
 // nothing (a top log-prob near 0), since a step then takes about one generation.
 // A step is one iteration of the `while (n < target)` loop, the last (partial) one included;
 // when p.steps is not null, thread 0 writes the count to p.steps[b] (0 when the

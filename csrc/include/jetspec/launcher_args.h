@@ -164,7 +164,7 @@ struct Field {
 
 // A module function called through vectorcall (METH_FASTCALL | METH_KEYWORDS): no argument tuple,
 // keyword dict or pybind11 dispatch per call (with them, parsing tree_attention's 33
-// keyword arguments cost more than the rest of its host path; bench/NOTES.md, "Host time").
+// keyword arguments cost more than the rest of its host path; docs/perf/decode_round.md, "Host time").
 using FastCall = std::function<void(PyObject* const*, size_t, PyObject*)>;
 
 inline PyObject* fastcall_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs,

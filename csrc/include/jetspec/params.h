@@ -21,7 +21,7 @@ struct Strides4 {
 };
 
 // A Python bool, kept as a 32-bit int in the structs (a bool member costs sample_filter_kernel
-// registers on sm_90a; bench/NOTES.md, "Shared CUDA primitives").
+// registers on sm_90a; docs/kernels.md, "Shared CUDA primitives").
 enum Flag : int32_t { kFalse = 0, kTrue = 1 };
 
 #define JETSPEC_MEMBER(type, name) type name;

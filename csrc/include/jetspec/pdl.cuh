@@ -6,7 +6,7 @@
 // the previous grid has completed and its memory is visible, then griddepcontrol.launch_dependents
 // lets the next grid start launching. So no kernel touches global memory before its predecessor is
 // done (the result is what plain stream order gives); what overlaps is the next grid's launch with
-// this one's tail (bench/NOTES.md, "Programmatic dependent launch"), which matters for the short
+// this one's tail (docs/kernels.md, "Programmatic dependent launch"), which matters for the short
 // kernel chains of a round (top-K partial -> merge -> tree build, attention -> split combine,
 // target tokens -> walk).
 //

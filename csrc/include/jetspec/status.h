@@ -29,7 +29,7 @@ struct [[nodiscard]] Status {
 
 // Appends every part to one string: cat("budget ", 600, " exceeds ", 512). No iostreams: in the
 // nvcc-compiled host code of the real build, numbers streamed into an ostringstream came out empty
-// or crashed (bench/NOTES.md, "First GPU run"), so numbers go through std::to_string.
+// or crashed (docs/kernels.md, "Host code nvcc compiles"), so numbers go through std::to_string.
 inline void cat_part(std::string& out, const std::string& part) { out += part; }
 inline void cat_part(std::string& out, const char* part) { out += part; }
 inline void cat_part(std::string& out, char part) { out += part; }
