@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Shard", "ALONE", "CHECK_ENV", "default_group", "shard_of", "colwise", "rowwise",
-           "all_reduce", "broadcast_first", "check_same", "fingerprint", "checks_requested"]
+           "all_reduce", "all_reduce_in_rank_order", "broadcast_first", "check_same", "fingerprint",
+           "checks_requested"]
 
 # JETSPEC_TP_CHECK=1: generate / generate_ar compare their emitted tokens across ranks once per run.
 CHECK_ENV = "JETSPEC_TP_CHECK"
@@ -131,6 +132,22 @@ def all_reduce(x: torch.Tensor, shard: Shard) -> torch.Tensor:
     if shard.parallel:
         dist.all_reduce(x, group=shard.group)
     return x
+
+
+def all_reduce_in_rank_order(x: torch.Tensor, shard: Shard) -> torch.Tensor:
+    """Sum ``x`` over the ranks element by element in rank order (rank 0's value, plus rank 1's,
+    ...; float32, rounded once to ``x.dtype``) after gathering every rank's ``x``: a new tensor
+    (``x`` itself when alone), the same bits on every rank. Each element's bits depend only on the
+    ranks' values at that element, never on the tensor's size, as ``all_reduce``'s may (its
+    algorithm and order are the backend's choice per message): the exact mode's reduction."""
+    if not shard.parallel:
+        return x
+    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(shard.size)]
+    dist.all_gather(parts, x.contiguous(), group=shard.group)
+    total = parts[0].float()
+    for part in parts[1:]:
+        total = total + part.float()
+    return total.to(x.dtype)
 
 
 def broadcast_first(x: torch.Tensor, shard: Shard) -> torch.Tensor:

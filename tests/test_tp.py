@@ -25,7 +25,7 @@ from jetspec_kernels.decode import generate, generate_ar
 from jetspec_kernels.models import DraftHead, Qwen3
 from jetspec_kernels.models.config import Qwen3MoeConfig
 from jetspec_kernels.models.tiny import (random_draft_weights, random_qwen3_weights,
-                                         tiny_draft_config, tiny_qwen3_config)
+                                         tiny_draft_config, tiny_models, tiny_qwen3_config)
 from helpers import rel_l2
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
@@ -165,6 +165,10 @@ def scenario_four(rank, world):
            "kv_heads_2": _errors(lambda: _pair(tiny_qwen3_config(), 0, None)),
            "cli": _cli(rank, ["generate", "--tiny", "--prompt", "x", "--device", "cpu", "--tp", "4"],
                        dict(RANK=str(rank), WORLD_SIZE=str(world)))}
+    out["reduce_rows"] = _reduce_row_mismatches(rank, split[0].shard)
+    exact = dict(max_new_tokens=6, group=None, exact=True)
+    out["exact"] = (generate(*split, PROMPTS, budget=8, topk=3, **exact).tokens,
+                    generate_ar(split[0], PROMPTS, **exact).tokens)
     # Two tp groups of two ranks (as beside data parallelism): each has its own first rank.
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     shard = tp.shard_of(groups[rank // 2])
@@ -172,6 +176,19 @@ def scenario_four(rank, world):
     tp.broadcast_first(x, shard)
     out["subgroup"] = (shard.rank, shard.size, int(x))
     return out
+
+
+def _reduce_row_mismatches(rank, shard):
+    """Rows of a [M, H] sum over the ranks whose bits differ from the same row summed alone
+    ([1, H]): (tp.all_reduce's, tp.all_reduce_in_rank_order's), and the latter's result."""
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(16, 64, generator=gen) * torch.logspace(-3, 3, 64)
+    full, ordered = tp.all_reduce(x.clone(), shard), tp.all_reduce_in_rank_order(x, shard)
+    plain = sum(not torch.equal(tp.all_reduce(x[i:i + 1].clone(), shard)[0], full[i])
+                for i in range(16))
+    mine = sum(not torch.equal(tp.all_reduce_in_rank_order(x[i:i + 1].clone(), shard)[0],
+                               ordered[i]) for i in range(16))
+    return plain, mine, ordered
 
 
 def _cli(rank, argv, env):
@@ -213,7 +230,27 @@ def scenario_cli(rank, world):
     return {"rc": rc, "out": out.getvalue(), "err": err.getvalue(), "bad_rc": bad_rc}
 
 
-SCENARIOS = {"two": scenario_two, "four": scenario_four, "death": scenario_death, "cli": scenario_cli}
+def scenario_exact(rank, world):
+    """tp 2 in the exact mode on the near-tie target (test_exact_decode): greedy speculative and
+    autoregressive tokens, exact and normal, split; and the exact tokens unsplit, for the record."""
+    from test_exact_decode import _prompts, near_tie
+    out = {}
+    for name, group in (("split", None), ("alone", tp.ALONE)):
+        target, head = tiny_models(dtype=torch.float32, group=group)
+        near_tie(target)
+        prompts = _prompts(4)
+        for mode, exact in (("exact", True), ("normal", False)):
+            if name == "alone" and not exact:
+                continue
+            ar = generate_ar(target, prompts, max_new_tokens=10, exact=exact, group=group).tokens
+            spec = generate(target, head, prompts, max_new_tokens=10, budget=16, exact=exact,
+                            group=group).tokens
+            out[f"{name} {mode}"] = (spec, ar)
+    return out
+
+
+SCENARIOS = {"two": scenario_two, "four": scenario_four, "death": scenario_death, "cli": scenario_cli,
+             "exact": scenario_exact}
 
 
 # ---- the test's side --------------------------------------------------------------------------
@@ -288,6 +325,37 @@ def test_greedy_output_tp4_equals_tp1(four):
         for loop in ("spec", "ar"):
             alone, split = res["greedy"][loop]
             assert split == alone, loop
+
+
+def test_exact_mode_tp2_speculative_equals_autoregressive(tmp_path):
+    """The exact mode at tp 2 (row-parallel sums gathered and added in rank order): greedy
+    speculative output equals greedy autoregressive output, token for token, on every rank, on the
+    near-tie target where the normal mode's differ."""
+    results = _spawn(tmp_path, 2, "exact", timeout_s=300)
+    _no_errors(results)
+    assert results[0] == results[1]
+    spec, ar = results[0]["split exact"]
+    assert spec == ar
+    normal_spec, normal_ar = results[0]["split normal"]
+    assert normal_spec != normal_ar, "the near-tie target no longer separates the modes at tp 2"
+
+
+def test_rank_order_reduction_is_row_invariant(four):
+    """At tp 4 gloo's all_reduce sums a row in another order inside a 16-row message than alone
+    (the power); the exact mode's rank-order sum gives every row the same bits either way, and
+    every rank the same bits."""
+    _no_errors(four)
+    for res in four:
+        plain, mine, _ = res["reduce_rows"]
+        assert plain > 0 and mine == 0, (plain, mine)
+    assert all(torch.equal(res["reduce_rows"][2], four[0]["reduce_rows"][2]) for res in four)
+
+
+def test_exact_mode_tp4_speculative_equals_autoregressive(four):
+    _no_errors(four)
+    spec, ar = four[0]["exact"]
+    assert spec == ar
+    assert all(res["exact"] == four[0]["exact"] for res in four)
 
 
 def test_sampled_output_same_on_every_rank_and_follows_the_target(two):

@@ -229,11 +229,10 @@ class Qwen3:
         cfg = self.config
         eps = cfg.rms_norm_eps
         be = self.fused_ops_backend
-        if self.shard.parallel:
-            raise exact_ops.ExactModeError(
-                f"exact mode: tensor parallelism (tp = {self.shard.size}) is not row-invariant yet "
-                "(the all-reduce's summation order depends on the tensor size); run with tp 1")
         exact_ops.exact_backend("Qwen3.forward", self.device, be)
+        # The row-parallel partial sums, summed per element in rank order (all_reduce's order may
+        # depend on the message size, so on M).
+        reduce = (lambda t: tp.all_reduce_in_rank_order(t, self.shard)) if self.shard.parallel else None
 
         def norm(x, weight, residual):
             if residual is None:
@@ -258,7 +257,8 @@ class Qwen3:
                                       block_table=cache.block_table, exact=True)
 
             out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
-                                residual=res, defer_add=li not in taps, linear=exact_ops.linear)
+                                reduce=reduce, residual=res, defer_add=li not in taps,
+                                linear=exact_ops.linear)
             if li in taps:
                 x = kept[li] = out
                 res = None

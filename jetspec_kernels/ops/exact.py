@@ -140,7 +140,7 @@ def silu_mul(x, *, backend: str | None = None):
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, *,
                         rope_theta: float, eps: float = 1e-6, block_table=None, cache_start=None,
-                        backend: str | None = None):
+                        rotary_dim: int | None = None, backend: str | None = None):
     """:func:`jetspec_kernels.qk_norm_rope_append` token by token: one ``[1, 1]`` call per
     (sequence, row), each with its own position and cache slot (the reference backend only).
     Same arguments and results (``q`` required here)."""
@@ -159,7 +159,7 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
             out[row] = _qk_norm_rope_append(
                 q[row].clone(), k[row].clone(), v[row].clone(), q_norm_w, k_norm_w,
                 positions[row].clone(), kc, vc, rope_theta=rope_theta, eps=eps,
-                block_table=table, cache_start=start, backend=be)
+                block_table=table, cache_start=start, rotary_dim=rotary_dim, backend=be)
     return out
 
 

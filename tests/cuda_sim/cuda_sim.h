@@ -18,7 +18,9 @@
 // fiber like __syncthreads does, so the deadlock check covers them too; a thread that completes
 // an mbarrier phase hands the turn to the threads it wakes.
 // What the simulator cannot show: timing, races between orders other than the two it runs (a
-// warp's lanes interleaving instruction by instruction), and hardware-specific rounding.
+// warp's lanes interleaving instruction by instruction), and hardware-specific rounding (an MMA
+// k-group is summed along a pairwise tree, mma_sim.h's kgroup_sum: a kernel may not rely on the
+// k order, but the hardware's own association is not modelled).
 #pragma once
 #include <algorithm>
 #include <chrono>

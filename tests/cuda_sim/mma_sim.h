@@ -3,8 +3,12 @@
 // exchange buffer and give each lane its part of the result, with the fragment layouts of the
 // PTX ISA (m8n8 ldmatrix; mma.m16n8k16 .row.col with f32 accumulators).
 // groupID = lane / 4, tig = lane % 4 below, as in the ISA's figures.
+// A k-group's 16 products are summed by kgroup_sum (below) in an association where a product's
+// slot in the group matters, as it may on tensor cores.
 #pragma once
 #include <array>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace jetspec {
@@ -55,6 +59,38 @@ inline void cp_async_wait() {
 }
 
 namespace sim_detail {
+
+// How mma.sync and wgmma (wgmma_sim.h) sum the 16 products of one k16 step before adding the
+// accumulator. The hardware's association is undocumented. Summed in k order in double (nearly
+// exact), a product's slot in its group would not matter: moving a key to another slot of the
+// same group, with exact zeros around it, would change no bit, which need not hold on tensor
+// cores. So the default, "pairwise", sums in float32 along a binary tree (slots 2i and 2i + 1,
+// then pairs of pairs), rounding at every node: a kernel whose rows must be the same bits in two
+// layouts fails here when the layouts put a row's products in other slots. "sequential" (the
+// environment's JETSPEC_SIM_KGROUP_SUM) is the former model, for comparisons.
+enum class KGroupSum { kPairwise, kSequential };
+
+inline KGroupSum kgroup_sum_mode() {
+  const char* env = std::getenv("JETSPEC_SIM_KGROUP_SUM");
+  if (env == nullptr || std::strcmp(env, "pairwise") == 0) return KGroupSum::kPairwise;
+  if (std::strcmp(env, "sequential") == 0) return KGroupSum::kSequential;
+  ::jetspec_sim::fail("JETSPEC_SIM_KGROUP_SUM must be pairwise or sequential");
+}
+
+// acc + sum_k a[k] * b[k] over one k16 step, in the association kgroup_sum_mode() names. The
+// products of 16-bit inputs are exact in float32.
+inline float kgroup_sum(float acc, const float (&a)[16], const float (&b)[16]) {
+  if (kgroup_sum_mode() == KGroupSum::kSequential) {
+    double sum = 0.0;
+    for (int k = 0; k < 16; ++k) sum += static_cast<double>(a[k]) * b[k];
+    return static_cast<float>(acc + sum);
+  }
+  float level[16];
+  for (int k = 0; k < 16; ++k) level[k] = a[k] * b[k];
+  for (int width = 8; width >= 1; width /= 2)
+    for (int i = 0; i < width; ++i) level[i] = level[2 * i] + level[2 * i + 1];
+  return acc + level[0];
+}
 
 inline unsigned lane() { return ::jetspec_sim::thread_idx.x & 31u; }
 
@@ -121,9 +157,12 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
   const int g = static_cast<int>(sim_detail::lane() >> 2), t = static_cast<int>(sim_detail::lane() & 3);
   for (int i = 0; i < 4; ++i) {
     const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-    double acc = 0.0;
-    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
-    d[i] = static_cast<float>(d[i] + acc);
+    float a[16], b[16];
+    for (int k = 0; k < 16; ++k) {
+      a[k] = A[row][k];
+      b[k] = B[k][col];
+    }
+    d[i] = sim_detail::kgroup_sum(d[i], a, b);
   }
 }
 

@@ -101,14 +101,13 @@ inline void run(const WgmmaOp& op) {
   for (int j = 0; j < op.ntiles; ++j) {
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
-      double sum = 0.0;
+      float a[16], b[16];
       for (int k = 0; k < 16; ++k) {
-        const float a = op.a_in_regs ? op.a[e >> 1][k] : element<T>(op.desc_a, false, row, k);
-        const float b = element<T>(op.desc_b, op.a_in_regs, col, k);
-        sum += static_cast<double>(a) * b;
+        a[k] = op.a_in_regs ? op.a[e >> 1][k] : element<T>(op.desc_a, false, row, k);
+        b[k] = element<T>(op.desc_b, op.a_in_regs, col, k);
       }
       float& dst = acc[4 * j + e];
-      dst = static_cast<float>((op.accumulate ? dst : 0.f) + sum);
+      dst = kgroup_sum(op.accumulate ? dst : 0.f, a, b);  // mma_sim.h: the k-group's association
     }
   }
 }

@@ -4,6 +4,8 @@
         [--progress 30]     # a progress line every 30 s; unsupported cases listed with their reasons
     python tests/fuzz/run.py --op verify_tree --seed 12345 [--engines triton]   # replay one case
 
+Besides the public ops, the exact mode's invariance property of each op of the target's forward
+runs as an op of its own, ``exact_<op>`` (fuzz_invariance.py; ``--ops exact_tree_attention``).
 Cases are numbered from ``--seed`` on (the default is new each run and printed); each is drawn
 from (op, case seed) alone, so every failure prints the command that replays it. Exits 1 when a
 case failed. To keep a failure as a test, add its (op, seed) to tests/fuzz/test_fuzz.py's
@@ -29,6 +31,9 @@ if not torch.cuda.is_available():
 from fuzz_cases import OPS, make  # noqa: E402
 from fuzz_check import check  # noqa: E402
 from fuzz_engines import engine_named, engines_here  # noqa: E402
+from fuzz_invariance import INVARIANCE_OPS, check_invariance  # noqa: E402
+
+ALL_OPS = OPS + INVARIANCE_OPS
 
 
 def progress_line(seeds: int, seconds: float, counts: dict[tuple[str, str, str], int]) -> str:
@@ -58,7 +63,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=600.0, help="stop starting cases after this")
     p.add_argument("--seed", type=int, default=None, help="first case seed (default: from the clock)")
-    p.add_argument("--op", "--ops", dest="ops", default=",".join(OPS), help="comma-separated ops")
+    p.add_argument("--op", "--ops", dest="ops", default=",".join(ALL_OPS), help="comma-separated ops")
     p.add_argument("--engines", default=",".join(e.name for e in engines_here()))
     p.add_argument("--cases", type=int, default=None, help="cases per op (default: until --seconds)")
     p.add_argument("--progress", type=float, default=30.0,
@@ -68,8 +73,8 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000 * 1000
     ops = [o for o in args.ops.split(",") if o]
     for op in ops:
-        if op not in OPS:
-            p.error(f"--ops: unknown op {op!r} (ops: {', '.join(OPS)})")
+        if op not in ALL_OPS:
+            p.error(f"--ops: unknown op {op!r} (ops: {', '.join(ALL_OPS)})")
     engines = [engine_named(n) for n in args.engines.split(",") if n]
     cases = 1 if replay else args.cases
     print(f"fuzz: first seed {seed}, ops {ops}, engines {[e.name for e in engines]}", flush=True)
@@ -82,7 +87,7 @@ def main(argv=None) -> int:
             for engine in engines:
                 start = time.time()
                 try:
-                    status = check(op, s, engine)
+                    status = (check_invariance if op in INVARIANCE_OPS else check)(op, s, engine)
                 except Exception as e:  # noqa: BLE001 - every failure is reported, then the run goes on
                     status = "FAIL"
                     cmd = f"python tests/fuzz/run.py --op {op} --seed {s} --engines {engine.name}"
@@ -92,7 +97,8 @@ def main(argv=None) -> int:
                           flush=True)
                     if replay:
                         traceback.print_exc()
-                        print(f"case: {make(op, s).describe()}")
+                        if op.removeprefix("exact_") in OPS:
+                            print(f"case: {make(op.removeprefix('exact_'), s).describe()}")
                 kind, _, reason = status.partition(":")
                 counts[(op, engine.name, kind)] = counts.get((op, engine.name, kind), 0) + 1
                 if reason:

@@ -4,15 +4,20 @@ Every public op, on every engine here (reference, triton under the interpreter, 
 in the simulator; cuda and triton on a GPU), against python_ref: fuzz_cases.py draws the inputs,
 fuzz_check.py compares. ``make fuzz`` (tests/fuzz/run.py) runs many more seeds for minutes and
 prints a replay command for every failure; a failure it finds becomes a line of REGRESSIONS.
+The exact mode's invariance property (fuzz_invariance.py: row i of an M-row exact call == the
+one-row call on row i, bitwise; a tree row == its decode step) has its own slice here.
 """
 import pytest
 
 from fuzz_cases import OPS
 from fuzz_check import check
 from fuzz_engines import engines_here
+from fuzz_invariance import INVARIANCE_OPS, check_invariance
 
 # Seeds per op in make test: about 60 s on the 2-core CPU machine for all engines.
 SLICE_SEEDS = 8
+# Seeds per op of the exact mode's invariance property (fuzz_invariance.py) in make test.
+INVARIANCE_SEEDS = 3
 
 # (op, seed, what it found): cases that failed before a fix.
 REGRESSIONS = [
@@ -39,3 +44,41 @@ def test_fuzz_regressions(op, seed, found, engine, monkeypatch):
     status = check(op, seed, engine, monkeypatch)
     if status != "ok":
         pytest.skip(status)
+
+
+# linear and argmax are torch's ops on the CPU: the reference engine runs them.
+INVARIANCE_CASES = [pytest.param(n, s, e, id=f"{n}-{s}-{e.name}") for e in engines_here()
+                    for n in INVARIANCE_OPS for s in range(INVARIANCE_SEEDS)
+                    if e.name == "reference" or n not in ("exact_linear", "exact_argmax")]
+
+
+@pytest.mark.parametrize("name,seed,engine", INVARIANCE_CASES)
+def test_exact_invariance_slice(name, seed, engine, monkeypatch):
+    status = check_invariance(name, seed, engine, monkeypatch)
+    if status != "ok":
+        pytest.skip(status)
+
+
+def test_exact_invariance_catches_the_normal_forms(monkeypatch):
+    """The property's power: with the normal float32 GEMM in place of ops.exact.linear, or the
+    normal tree attention in place of the exact one, some case of the slice fails it."""
+    import jetspec_kernels as jk
+    import torch.nn.functional as F
+    from jetspec_kernels.ops import exact as ex
+
+    ref = engines_here()[0]
+
+    def fails(name, seeds):
+        for seed in seeds:
+            try:
+                check_invariance(name, seed, ref)
+            except AssertionError:
+                return True
+        return False
+
+    with monkeypatch.context() as m:
+        m.setattr(ex, "linear", lambda x, w: F.linear(x, w))
+        assert fails("exact_linear", range(20))
+    normal = jk.tree_attention
+    monkeypatch.setattr(jk, "tree_attention", lambda *a, exact=False, **k: normal(*a, **k))
+    assert fails("exact_tree_attention", range(20))

@@ -1,0 +1,211 @@
+"""The exact mode's invariance property, fuzzed: for every op of the target's forward, row i of an
+M-row exact call is the same bits as the one-row exact call on row i alone (DESIGN.md, 5a).
+
+``check_invariance(name, seed, engine)`` draws case ``seed`` (the differential fuzzer's random
+inputs of the op, fuzz_cases.make, for the public ops; its own for ``linear`` and ``argmax``),
+runs the op's exact form on all of it, then on a few of its rows alone, each a fresh contiguous
+one-row call, and compares the bits. For ``tree_attention(exact=True)`` the one-row call is the
+decode step: the node's visible keys in logical order (the prefix, its ancestors by depth, itself)
+in a cache of exactly that length, N = 1. Names are the op's with ``exact_`` before it
+(``INVARIANCE_OPS``), so ``tests/fuzz/run.py --op exact_tree_attention --seed S`` replays a case.
+
+Returns ``"ok"``, ``"unsupported: <reason>"`` (the engine has no exact form of the op: it raised
+ExactModeError or BackendUnavailableError) or ``"not-applicable: <reason>"`` (the case is one the
+exact form does not take, such as a call built to be refused); raises AssertionError on a row
+whose bits differ.
+"""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+import jetspec_kernels as jk
+from jetspec_kernels.ops import exact as ex
+from jetspec_kernels.python_ref.attention import gather_cache, visible_slots
+from fuzz_cases import BF16, F16, F32, make, outer_layout
+from fuzz_engines import Engine, engine_ready, interpreted, to_engine
+from helpers import poisoned_empty
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench.exact_invariance import same_bits  # noqa: E402
+
+INVARIANCE_OPS = ("exact_rms_norm", "exact_silu_mul", "exact_qk_norm_rope_append",
+                  "exact_tree_attention", "exact_linear", "exact_argmax")
+ROWS_CHECKED = 6          # rows per case run alone (the first, the last, random others)
+
+
+def check_invariance(name: str, seed: int, engine: Engine, monkeypatch=None) -> str:
+    op = name.removeprefix("exact_")
+    if op in ("linear", "argmax"):
+        if engine.name != "reference":
+            return "not-applicable: torch's op on the CPU, no backend to choose"
+        return _TORCH_OPS[op](seed)
+    case = make(op, seed)
+    if "refuse" in case.meta:
+        return "not-applicable: a call built to be refused (the differential check's case)"
+    dtypes = {v.dtype for v in case.call.values() if isinstance(v, torch.Tensor)}
+    if interpreted(engine) and op == "tree_attention" and BF16 in dtypes:
+        return "unsupported: the Triton interpreter cannot run a bf16 tl.dot"
+    call = to_engine(case.call, engine)
+    picker = random.Random(f"{name}:{seed}:rows")
+    try:
+        with engine_ready(engine, monkeypatch), poisoned_empty():
+            _PUBLIC_OPS[op](call, picker)
+    except (ex.ExactModeError, jk.BackendUnavailableError) as e:
+        return f"unsupported: {e}"
+    except _NotApplicable as e:
+        return f"not-applicable: {e}"
+    return "ok"
+
+
+class _NotApplicable(Exception):
+    pass
+
+
+def _rows(count: int, picker: random.Random) -> list[int]:
+    """The rows run alone: the first, the last and up to ROWS_CHECKED - 2 others."""
+    if count <= ROWS_CHECKED:
+        return list(range(count))
+    return sorted({0, count - 1, *picker.sample(range(1, count - 1), ROWS_CHECKED - 2)})
+
+
+def _assert_row(got, want, what):
+    assert same_bits(got, want), (f"{what}: the M-row exact call's row differs from the one-row "
+                                  f"call's (first values {got.flatten()[:4].tolist()} vs "
+                                  f"{want.flatten()[:4].tolist()})")
+
+
+def _rms_norm(call, picker):
+    x, residual = call["x"], call["residual"]
+    kw = dict(eps=call["eps"], backend=call["backend"])
+    full = ex.rms_norm(x, call["weight"], residual=residual, **kw)
+    full = full if isinstance(full, tuple) else (full,)
+    h = x.shape[-1]
+    xs = x.reshape(-1, h)
+    rs = None if residual is None else residual.reshape(-1, h)
+    for r in _rows(xs.shape[0], picker):
+        alone = ex.rms_norm(xs[r:r + 1].clone(), call["weight"],
+                            residual=None if rs is None else rs[r:r + 1].clone(), **kw)
+        alone = alone if isinstance(alone, tuple) else (alone,)
+        for f, a, what in zip(full, alone, ("out", "total")):
+            _assert_row(f.reshape(-1, h)[r:r + 1], a, f"rms_norm {what} row {r}")
+
+
+def _silu_mul(call, picker):
+    x = call["x"]
+    full = ex.silu_mul(x, backend=call["backend"])
+    xs = x.reshape(-1, x.shape[-1])
+    out = full.reshape(-1, full.shape[-1])
+    for r in _rows(xs.shape[0], picker):
+        _assert_row(out[r:r + 1], ex.silu_mul(xs[r:r + 1].clone(), backend=call["backend"]),
+                    f"silu_mul row {r}")
+
+
+def _cache_slot(cache, table, b, slot):
+    """Slot ``slot`` of sequence ``b`` of a contiguous cache or a paged pool with ``table``."""
+    if table is None:
+        return cache[b, slot]
+    page = cache.shape[1]
+    return cache[int(table[b, slot // page]), slot % page]
+
+
+def _qk_norm_rope_append(call, picker):
+    if call["q"] is None:
+        raise _NotApplicable("the exact form takes q (the K/V-only form is the draft head's)")
+    kc0, vc0 = call["k_cache"].clone(), call["v_cache"].clone()
+    table, start = call["block_table"], call["cache_start"]
+    kw = dict(rope_theta=call["rope_theta"], eps=call["eps"], rotary_dim=call.get("rotary_dim"),
+              backend=call["backend"])
+    q, k, v, pos = call["q"], call["k"], call["v"], call["positions"]
+    full = ex.qk_norm_rope_append(q, k, v, call["q_norm_w"], call["k_norm_w"], pos,
+                                  call["k_cache"], call["v_cache"], block_table=table,
+                                  cache_start=start, **kw)
+    b_count, n = k.shape[:2]
+    for flat in _rows(b_count * n, picker):
+        b, i = divmod(flat, n)
+        one = (slice(b, b + 1), slice(i, i + 1))
+        kc, vc = (kc0.clone(), vc0.clone()) if table is not None else (kc0[b:b + 1].clone(),
+                                                                      vc0[b:b + 1].clone())
+        start1 = None if start is None else start[b:b + 1] + i
+        alone = ex.qk_norm_rope_append(q[one].clone(), k[one].clone(), v[one].clone(),
+                                       call["q_norm_w"], call["k_norm_w"], pos[one].clone(), kc,
+                                       vc, block_table=None if table is None else table[b:b + 1],
+                                       cache_start=start1, **kw)
+        slot = int(pos[b, i]) if start is None else int(start[b]) + i
+        _assert_row(full[b, i], alone[0, 0], f"qk_norm_rope_append q row ({b}, {i})")
+        table1 = None if table is None else table[b:b + 1]
+        for name, got, mine in (("k", call["k_cache"], kc), ("v", call["v_cache"], vc)):
+            _assert_row(_cache_slot(got, table, b, slot), _cache_slot(mine, table1, 0, slot),
+                        f"qk_norm_rope_append {name}_cache slot {slot} of sequence {b}")
+
+
+def _tree_attention(call, picker):
+    full = jk.tree_attention(**call, exact=True)
+    out, lse = full if isinstance(full, tuple) else (full, None)
+    q, table, mask = call["q"], call["block_table"], call["tree_mask"]
+    b_count, n, _, dh = q.shape
+    hkv = call["k_cache"].shape[2]
+    for flat in _rows(b_count * n, picker):
+        b, i = divmod(flat, n)
+        p = int(call["prefix_lens"][b])
+        slots = visible_slots(p, n, None if mask is None else mask[b].cpu(),
+                                            call["tail"])[i].to(q.device)
+        length = slots.numel()
+        kc, vc = (gather_cache(c, b, p + n, table)[slots].reshape(
+            1, length, hkv, dh).contiguous() for c in (call["k_cache"], call["v_cache"]))
+        step = jk.tree_attention(q[b:b + 1, i:i + 1].clone(), kc, vc,
+                                 torch.full((1,), length - 1, dtype=torch.int32, device=q.device),
+                                 scale=call.get("scale"), return_lse=True, exact=True,
+                                 backend=call["backend"])
+        _assert_row(out[b, i], step[0][0, 0], f"tree_attention out row ({b}, {i}) vs its decode step")
+        if lse is not None:
+            _assert_row(lse[b, :, i], step[1][0, :, 0],
+                        f"tree_attention lse row ({b}, {i}) vs its decode step")
+
+
+_PUBLIC_OPS = {"rms_norm": _rms_norm, "silu_mul": _silu_mul,
+               "qk_norm_rope_append": _qk_norm_rope_append, "tree_attention": _tree_attention}
+
+
+def _linear(seed):
+    r = random.Random(f"exact_linear:{seed}")
+    g = torch.Generator().manual_seed(r.getrandbits(62))
+    lead = [r.choice((1, 2, 3, 7, 16, 33)) for _ in range(r.randint(1, 2))]
+    k, n = r.choice((1, 8, 30, 64, 192, 513)), r.choice((1, 5, 64, 259))
+    dtype = r.choice((F32, F16, BF16))
+    mag = r.choice((1e-3, 1.0, 30.0))
+    x = outer_layout(r, (torch.randn(*lead, k, generator=g) * mag).to(dtype))
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    full = ex.linear(x, w).reshape(-1, n)
+    xs = x.reshape(-1, k)
+    for row in _rows(xs.shape[0], r):
+        _assert_row(full[row:row + 1], ex.linear(xs[row:row + 1].clone(), w), f"linear row {row}")
+    return "ok"
+
+
+def _argmax(seed):
+    r = random.Random(f"exact_argmax:{seed}")
+    g = torch.Generator().manual_seed(r.getrandbits(62))
+    lead = [r.choice((1, 2, 5, 16)) for _ in range(r.randint(1, 2))]
+    v = r.choice((1, 2, 7, 259, 4096))
+    x = (torch.randn(*lead, v, generator=g) * r.choice((1e-3, 1.0, 1e3))).to(
+        r.choice((F32, F16, BF16)))
+    flat = x.view(-1)
+    for _ in range(r.randint(0, 6)):          # ties, -inf and NaN (the maximum) somewhere
+        flat[r.randrange(flat.numel())] = r.choice((float("nan"), float("-inf"), float(flat.max())))
+    x = outer_layout(r, x, fill=0.0)
+    full = ex.argmax(x).reshape(-1)
+    xs = x.reshape(-1, v)
+    for row in _rows(xs.shape[0], r):
+        alone = ex.argmax(xs[row:row + 1].clone())
+        _assert_row(full[row:row + 1], alone, f"argmax row {row}")
+        assert int(alone[0]) == int(torch.argmax(xs[row].float())), f"argmax row {row}: not the first maximum"
+    return "ok"
+
+
+_TORCH_OPS = {"linear": _linear, "argmax": _argmax}
