@@ -1,5 +1,5 @@
 // Fused per-head RMSNorm of q and k, Neox RoPE, and the K/V cache append.
-// Numerics follow python_ref/rope.py exactly where a float32 kernel can: RMSNorm in fp32,
+// Numerics follow python_ref/qk_norm_rope_append.py exactly where a float32 kernel can: RMSNorm in fp32,
 // inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply, cos/sin of
 // that float32 angle in double then rounded to float32, the rotation without FMA contraction.
 // A null q (K/V-only append, e.g. the draft head's context rows) launches no q warps at all:
