@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(LogSoftmaxTo
 // staged: the row's candidates (chunks * k, 8 bytes each) are copied to dynamic shared memory
 // first, so that the K selection rounds, each waiting for one thread's rescan, rescan shared
 // memory instead of L2 (topk_merge decides).
-__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(LogSoftmaxTopkParams p, int chunks,
-                                                                  bool staged) {
+__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(LogSoftmaxTopkParams p,
+                                                                  int chunks, bool staged) {
   pdl_begin();
   __shared__ float buf_v[2 * kTopkThreads / 32];
   __shared__ int buf_i[2 * kTopkThreads / 32];

@@ -119,8 +119,8 @@ struct TargetTokenParams {
   JETSPEC_TARGET_TOKEN_FIELDS(JETSPEC_MEMBER)
 };
 
-// verify_tree, phase 2: the acceptance walk (verify_tree.cuh). The node's target is target[b, i], or
-// when target is null the best of its phase-1 splits. temperature is optional: a row with
+// verify_tree, phase 2: the acceptance walk (verify_tree.cuh). The node's target is target[b, i],
+// or when target is null the best of its phase-1 splits. temperature is optional: a row with
 // temperature[b] > 0 follows the first agreeing sibling, the others (every row when it is null)
 // the longest agreeing chain.
 #define JETSPEC_VERIFY_WALK_FIELDS(X)                                                       \

@@ -1,7 +1,8 @@
 // Fused per-head RMSNorm of q and k, Neox RoPE, and the K/V cache append.
 // Numerics follow python_ref/qk_norm_rope_append.py exactly where a float32 kernel can: RMSNorm
-// in fp32, inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply, cos/sin of
-// that float32 angle in double then rounded to float32, the rotation without FMA contraction.
+// in fp32, inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply,
+// cos/sin of that float32 angle in double then rounded to float32, the rotation without FMA
+// contraction.
 // A null q (K/V-only append, e.g. the draft head's context rows) launches no q warps at all:
 // q, q_out and q_norm_w are then never touched and may be null too. Null norm weights (both):
 // no norm (targets without QK-norm). rotary_dim R < head_dim (partial rotary): the pairs
@@ -30,8 +31,9 @@ __host__ __device__ inline int rope_rotary_dim(const QkNormRopeAppendParams& p) 
 }
 
 template <typename T, typename TC>
-__device__ __forceinline__ void rope_one_head(const QkNormRopeAppendParams& p, int b, int n, int head, int hq,
-                                              int pos, const float* c, const float* s) {
+__device__ __forceinline__ void rope_one_head(const QkNormRopeAppendParams& p, int b, int n,
+                                              int head, int hq, int pos, const float* c,
+                                              const float* s) {
   const int lane = threadIdx.x & 31;
   const bool is_q = head < hq;
   const int h = is_q ? head : head - hq;
@@ -100,7 +102,8 @@ __device__ __forceinline__ void rope_one_head(const QkNormRopeAppendParams& p, i
 // pow and sincos, the costly part) once, then each head. Heads 0..Hq'-1 are q heads,
 // Hq'..Hq'+Hkv-1 are k heads (+ their v), with Hq' = rope_q_heads(p).
 template <typename T, typename TC>
-__global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(QkNormRopeAppendParams p) {
+__global__ void __launch_bounds__(kRopeThreads)
+    qk_norm_rope_append_kernel(QkNormRopeAppendParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
