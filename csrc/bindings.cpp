@@ -50,8 +50,8 @@ void define_launchers(py::module_& m, py::dict& t) {
   define_launcher<PackMaskParams>(
       m, t, "pack_mask", {JETSPEC_PACK_MASK_FIELDS(JETSPEC_BIND_FIELD)}, launch_pack_mask,
       "int32 parents [B,N], num_nodes [B] -> int32 mask [B,N,W].");
-  define_launcher<RopeParams>(
-      m, t, "qk_norm_rope_append", {JETSPEC_ROPE_FIELDS(JETSPEC_BIND_FIELD)},
+  define_launcher<QkNormRopeAppendParams>(
+      m, t, "qk_norm_rope_append", {JETSPEC_QK_NORM_ROPE_APPEND_FIELDS(JETSPEC_BIND_FIELD)},
       launch_qk_norm_rope_append,
       "Per-head RMSNorm + RoPE of q, k; k (normed, rotated) and v written into the cache. "
       "q = 0 (with q_out = 0, q_norm_w = 0) appends K/V only; q_norm_w = k_norm_w = 0: no norm. "
@@ -74,8 +74,8 @@ void define_launchers(py::module_& m, py::dict& t) {
       "(absent: every row greedy); rows with T > 0 take the first agreeing sibling, the others "
       "the longest agreeing chain.",
       {"temperature"});
-  define_launcher<CommitParams>(
-      m, t, "commit_kv", {JETSPEC_COMMIT_FIELDS(JETSPEC_BIND_FIELD)}, launch_commit_kv,
+  define_launcher<CommitKvParams>(
+      m, t, "commit_kv", {JETSPEC_COMMIT_KV_FIELDS(JETSPEC_BIND_FIELD)}, launch_commit_kv,
       "Move the accepted path's K/V to contiguous slots in place; gather hidden rows.");
   define_launcher<RmsNormParams>(
       m, t, "rms_norm", {JETSPEC_RMS_NORM_FIELDS(JETSPEC_BIND_FIELD)}, launch_rms_norm,
@@ -86,8 +86,8 @@ void define_launchers(py::module_& m, py::dict& t) {
       m, t, "silu_mul", {JETSPEC_SILU_MUL_FIELDS(JETSPEC_BIND_FIELD)}, launch_silu_mul,
       "Per row of x [R, 2I] (gate = x[:, :I], up = x[:, I:]): out [R, I] = rnd(rnd(silu(gate)) "
       "* up), silu(g) = g / (1 + exp(-g)) in float32, each product rounded to dtype (SwiGLU).");
-  define_launcher<TopkParams>(
-      m, t, "log_softmax_topk", {JETSPEC_TOPK_FIELDS(JETSPEC_BIND_FIELD)},
+  define_launcher<LogSoftmaxTopkParams>(
+      m, t, "log_softmax_topk", {JETSPEC_LOG_SOFTMAX_TOPK_FIELDS(JETSPEC_BIND_FIELD)},
       launch_log_softmax_topk,
       "Per-row log-softmax over the vocabulary and its top-k (tokens int32, log-probs fp32).");
   define_launcher<BuildTreeParams>(

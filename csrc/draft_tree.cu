@@ -2,7 +2,7 @@
 // builds the tree.
 #include "jetspec/api.h"
 #include "jetspec/build_tree.cuh"
-#include "jetspec/topk.cuh"
+#include "jetspec/log_softmax_topk.cuh"
 
 namespace jetspec {
 
@@ -10,7 +10,7 @@ size_t topk_workspace_bytes(long long rows, int vocab, int k) {
   return log_softmax_topk_workspace_bytes(rows, vocab, k);
 }
 
-Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
+Status launch_log_softmax_topk(const LogSoftmaxTopkParams& p, cudaStream_t stream) {
   switch (p.dtype) {
     case kFloat32: return log_softmax_topk<float>(p, stream);
     case kFloat16: return log_softmax_topk<__half>(p, stream);

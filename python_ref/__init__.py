@@ -5,22 +5,18 @@ otherwise, and returns results in that compute dtype. Never imports ``jetspec_ke
 See docs/DESIGN.md (what each op computes) and CONTRIBUTING.md (signatures, conventions).
 """
 
-from .tree import (
-    log_softmax_topk,
-    build_tree,
-    draft_tree,
-    pack_mask,
-    unpack_mask,
-    dense_mask,
-    ancestors,
-    implicit_tree_size,
-)
-from .attention import tree_attention
-from .rope import rms_norm, rms_scale, add_rms_norm, rope_inv_freq, rope_cos_sin, apply_rope, qk_norm_rope_append
-from .verify import mix32, gumbel_uniform, sample_tokens, verify_tree
+from .log_softmax_topk import log_softmax_topk
+from .build_tree import build_tree, implicit_tree_size
+from .draft_tree import draft_tree
+from .pack_mask import pack_mask, unpack_mask, dense_mask, ancestors
+from .tree_attention import tree_attention
+from .rms_norm import rms_norm, rms_scale, add_rms_norm
+from .qk_norm_rope_append import rope_inv_freq, rope_cos_sin, apply_rope, qk_norm_rope_append
+from .silu_mul import silu_mul
+from .verify_tree import mix32, gumbel_uniform, sample_tokens, verify_tree
 from .sampling import token_masses, filter_keep
-from .commit import commit_kv
-from .layers import layer_weights, silu_mul, swiglu, qk_norm_rope, decoder_layer
+from .commit_kv import commit_kv
+from .layers import layer_weights, swiglu, qk_norm_rope, decoder_layer
 from .draft_head import draft_head_forward, target_layer_ids
 from .gated_delta_tree import gated_delta_tree, gated_delta_tree_chunked, gated_delta_step, l2norm, ancestor_mask
 from .gated_delta_commit import gated_delta_commit

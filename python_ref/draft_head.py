@@ -6,7 +6,7 @@ import torch
 
 from ._common import compute_dtype
 from .layers import decoder_layer, layer_weights, qk_norm_rope
-from .rope import rms_norm
+from .rms_norm import rms_norm
 
 __all__ = ["target_layer_ids", "draft_head_forward"]
 

@@ -19,7 +19,7 @@ reads (what the reference backend runs, also inside a CUDA graph).
 import torch
 
 from ._common import compute_dtype
-from .tree import ancestors
+from .pack_mask import ancestors
 
 __all__ = ["l2norm", "gated_delta_step", "gated_delta_tree", "gated_delta_tree_chunked",
            "ancestor_mask"]

@@ -8,10 +8,11 @@ masked softmax), the MLP (dense SwiGLU or routed experts), and the draft head's 
 import torch
 import torch.nn.functional as F
 
-from ._common import compute_dtype
-from .rope import apply_rope, rms_norm
+from .qk_norm_rope_append import apply_rope
+from .rms_norm import rms_norm
+from .silu_mul import silu_mul
 
-__all__ = ["layer_weights", "silu_mul", "swiglu", "qk_norm_rope", "decoder_layer"]
+__all__ = ["layer_weights", "swiglu", "qk_norm_rope", "decoder_layer"]
 
 
 def layer_weights(weights, prefix):
@@ -19,27 +20,6 @@ def layer_weights(weights, prefix):
     every key starting with ``prefix`` (e.g. ``"model.layers.3."``)."""
     n = len(prefix)
     return {k[n:]: t for k, t in weights.items() if k.startswith(prefix)}
-
-
-def silu_mul(x, dtype=None):
-    """SwiGLU's activation ``silu(gate) * up`` of ``x = [gate, up]`` (the gate/up GEMM's output).
-
-    Parameters
-    ----------
-    x : ``[..., 2I]``: gate in the first I columns, up in the last I
-    dtype : None for the reference form (``g / (1 + exp(-g)) * u`` in the compute dtype, no
-        rounding between), else the Hugging Face form: ``F.silu(gate)`` rounded to ``dtype``,
-        then the product rounded to ``dtype`` (what the models run)
-
-    Returns
-    -------
-    ``[..., I]``: dtype None -> in the compute dtype; else in ``dtype``.
-    """
-    if dtype is None:
-        gate, up = x.to(compute_dtype(x)).chunk(2, dim=-1)
-        return gate / (1 + torch.exp(-gate)) * up
-    gate, up = x.to(dtype).chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def swiglu(x, w, act=None):

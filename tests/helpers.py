@@ -8,6 +8,7 @@ import math
 import shutil
 from functools import lru_cache
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,6 +87,26 @@ def undeferred(decoder_layer):
         out = decoder_layer(h if residual is None else h + residual, w, *args, **kwargs)
         return (torch.zeros_like(out), out) if defer_add else out
     return layer
+
+
+def np_rms_norm(x, w, eps):
+    """RMSNorm of the last dim in numpy float64: the brute force python_ref's is checked against."""
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * np.asarray(w, dtype=np.float64)
+
+
+def mask_bit(mask, b, i, j):
+    """Bit ``j`` of row ``i`` of sequence ``b`` of a packed int32 mask ``[B, N, W]``, as 0 or 1."""
+    return (int(mask[b, i, j // 32]) & 0xFFFFFFFF) >> (j % 32) & 1
+
+
+def ancestor_set(parents_row, i):
+    """Node ``i`` and its ancestors, by walking a list of parents (``-1`` ends the walk)."""
+    s = {i}
+    while parents_row[i] >= 0:
+        i = parents_row[i]
+        s.add(i)
+    return s
 
 
 TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes", "mask")

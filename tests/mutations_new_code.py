@@ -34,10 +34,10 @@ EXACT_MATMUL = ["tests/test_exact_triton.py"]
 # campaign, so -k exact drops no test that reaches the exact path
 TREE_ATTENTION_EXACT = ["tests/ops/test_tree_attention.py", "tests/ops/test_graph_capture.py",
                         "tests/ops/test_int_dtypes.py", "-k", "exact"]
-# python_ref/attention.py's row (run-first table); in the op and fuzz files only the exact tests
+# python_ref/tree_attention.py's row (run-first table); in the op and fuzz files only the exact tests
 # reach tree_attention_logical
-REF_ATTENTION_LOGICAL = ["tests/test_ref_attention.py", "tests/ops/test_tree_attention.py",
-                         "tests/fuzz/test_fuzz.py", "-k", "test_ref_attention or exact"]
+REF_ATTENTION_LOGICAL = ["tests/test_ref_tree_attention.py", "tests/ops/test_tree_attention.py",
+                         "tests/fuzz/test_fuzz.py", "-k", "test_ref_tree_attention or exact"]
 QWEN3_EXACT = ["tests/test_exact_decode.py", "tests/test_models_qwen3.py"]
 DECODE_EXACT = ["tests/test_exact_decode.py", "tests/test_decode.py"]
 GD_TREE = ["tests/ops/test_gated_delta_tree.py"]
@@ -95,7 +95,7 @@ MUTATIONS = {
         "swapped operand (V gathered from the K cache)", "jetspec_kernels/ops/tree_attention.py",
         "vc = vals[slots.to(q.device)]", "vc = keys[slots.to(q.device)]", TREE_ATTENTION_EXACT),
     "logical_rows_ignore_the_tree_mask": (
-        "wrong mask/ancestor condition", "python_ref/attention.py",
+        "wrong mask/ancestor condition", "python_ref/tree_attention.py",
         "kc = keys[slots].reshape(1, length, Hkv, Dh)", "kc = keys[:length].reshape(1, length, Hkv, Dh)",
         REF_ATTENTION_LOGICAL),
     "qwen3_exact_attention_not_exact": (

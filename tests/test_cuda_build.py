@@ -91,8 +91,8 @@ def test_split_heuristic_one_wave(monkeypatch):
         assert s == 1 or tiles * b * 8 * s <= 2 * 132
 
 
-CU_FILES = ("attention", "draft_tree", "verify", "commit", "pack_mask", "rope", "norm",
-            "silu_mul")
+CU_FILES = ("attention", "draft_tree", "verify_tree", "commit_kv", "pack_mask",
+            "qk_norm_rope_append", "rms_norm", "silu_mul")
 
 
 def kernel_ptx(cu: str, arch: str, tmp_path) -> dict:

@@ -27,7 +27,7 @@ def test_the_map_names_files_that_exist():
 def test_a_launcher_maps_to_its_cu_file_and_headers():
     table = tbf.launcher_sources()
     files = tbf.sim_sources("verify_sample_filter", table)
-    assert {"csrc/verify.cu", "csrc/include/jetspec/verify.cuh", "csrc/bindings.cpp"} <= set(files)
+    assert {"csrc/verify_tree.cu", "csrc/include/jetspec/verify_tree.cuh", "csrc/bindings.cpp"} <= set(files)
     assert "csrc/silu_mul.cu" not in files
     assert "csrc/include/jetspec/silu_mul.cuh" in tbf.sim_sources("silu_mul", table)
     assert tbf.sim_sources("device_count", table) == ["csrc/bindings.cpp"]

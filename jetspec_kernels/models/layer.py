@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..python_ref.layers import swiglu
-from ..python_ref.rope import add_rms_norm
+from ..python_ref.rms_norm import add_rms_norm
 
 __all__ = ["decoder_layer"]
 
@@ -35,7 +35,7 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, nor
         [B, N, Hq, Dh]`` on the raw projections (q/k norms, RoPE, the KV cache and attention)
     eps : float
     mlp : callable ``(x [B, N, H], w) -> [B, N, H]`` on the normed stream
-    dtype : the norms' form when ``norm`` is None (:func:`~jetspec_kernels.python_ref.rope.rms_norm`)
+    dtype : the norms' form when ``norm`` is None (:func:`~jetspec_kernels.python_ref.rms_norm.rms_norm`)
     reduce : callable ``[B, N, H] -> [B, N, H]`` on the attention's output projection and on the
         MLP's output before each is added to ``h`` (tensor parallelism: this rank's partial sums,
         all-reduced), or None

@@ -16,7 +16,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from ..python_ref.layers import silu_mul
+from ..python_ref.silu_mul import silu_mul
 from .checkpoint import CheckpointError, take
 
 __all__ = ["moe_shapes", "fuse_expert_weights", "route", "grouped_experts", "grouped_mm_impl"]

@@ -6,8 +6,8 @@ node's keys in another order than a one-token decode step. The exact variants he
 dependence by construction: every row is computed by a one-row call on a fresh contiguous copy
 of the row (the same launch shape, alignment and arguments for every row, so the same bits, on
 a backend whose calls are deterministic), and attention gathers a row's visible keys into
-logical order first (``python_ref.attention.tree_attention_logical``). The price is one call per
-row (docs/perf/exact_mode.md).
+logical order first (``python_ref.tree_attention.tree_attention_logical``). The price is one
+call per row (docs/perf/exact_mode.md).
 
 Only the CPU reference backend is shown invariant (tests/test_exact_*.py); an exact call that
 would run elsewhere (a CUDA tensor, the triton or cuda backend) raises :class:`ExactModeError`
@@ -204,7 +204,7 @@ def sample_at_positions(logits: torch.Tensor, positions: torch.Tensor, seed: tor
     -------
     int32 [B, N]
     """
-    from ..python_ref.verify import sample_tokens
+    from ..python_ref.verify_tree import sample_tokens
     if logits.shape[1] == 0:
         return torch.empty(logits.shape[:2], dtype=torch.int32, device=logits.device)
     cols = [sample_tokens(logits[:, i:i + 1], temperature, seed, positions[:, i].to(torch.int64),

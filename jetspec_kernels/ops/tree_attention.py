@@ -7,7 +7,7 @@ import torch
 
 from .. import backend as _backend
 from .. import checks
-from ..python_ref import attention as ref_attention
+from ..python_ref.tree_attention import gather_cache, tree_attention_logical, visible_slots
 from ..tree import mask_words
 from .exact import exact_backend
 
@@ -88,7 +88,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     out : [B, N, Hq, Dh] q.dtype, optional; written in place and returned.
     lse : float32 [B, Hq, N], optional; written in place (implies return_lse).
     exact : bool; compute every row as the one-token decode step at its logical position would
-        (``python_ref.attention.tree_attention_logical``: its visible keys gathered in logical
+        (``python_ref.tree_attention.tree_attention_logical``: its visible keys gathered in logical
         order, one N = 1 call each), so a tree node's row is the same bits as the autoregressive
         step's once its ancestors are committed. The reference backend only (``auto`` resolves to
         it); another backend or a non-CPU device raises ``ExactModeError``.
@@ -126,8 +126,8 @@ def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale
     if name == "triton":
         o, l = _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale)
     else:
-        o, l = ref_attention.tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask,
-                                                    tail, block_table, scale)
+        o, l = tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
+                                      block_table, scale)
     out = o.to(q.dtype) if out is None else out.copy_(o)
     return_lse = return_lse or lse is not None
     if not return_lse:
@@ -149,9 +149,9 @@ def _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
     lse = torch.empty(b, hq, n, dtype=torch.float32, device=q.device)
     for s in range(b):
         p = int(prefix_lens[s])
-        keys = ref_attention.gather_cache(k_cache, s, p + n, block_table)
-        vals = ref_attention.gather_cache(v_cache, s, p + n, block_table)
-        rows = ref_attention.visible_slots(p, n, None if tree_mask is None else tree_mask[s], tail)
+        keys = gather_cache(k_cache, s, p + n, block_table)
+        vals = gather_cache(v_cache, s, p + n, block_table)
+        rows = visible_slots(p, n, None if tree_mask is None else tree_mask[s], tail)
         for i, slots in enumerate(rows):
             length = slots.numel()
             kc = keys[slots.to(q.device)].reshape(1, length, hkv, dh).contiguous()

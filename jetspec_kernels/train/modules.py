@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..models.config import DraftConfig, Qwen3Config
 from ..models.init import init_weights, layer_shapes
 from ..python_ref.layers import decoder_layer, layer_weights, qk_norm_rope
-from ..python_ref.rope import rms_norm
+from ..python_ref.rms_norm import rms_norm
 
 __all__ = ["init_target_weights", "init_head_weights", "target_forward", "head_forward"]
 

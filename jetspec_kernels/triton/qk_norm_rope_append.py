@@ -4,7 +4,7 @@ One program per token row ``(b, n)`` handles all of its heads: the RoPE angles a
 per row and shared by the q and k heads. Without q (``HAS_Q=False``: K/V-only appends such as
 the draft head's context rows) no q load, norm, rotation or store is emitted; without the norm
 (``NORM=False``: targets without QK-norm) no weight is read; with partial rotary (``ROT < DH``)
-the dims past ``ROT`` pass unrotated. The cos/sin tables follow python_ref/rope.py bit for bit
+the dims past ``ROT`` pass unrotated. The cos/sin tables follow python_ref/qk_norm_rope_append.py bit for bit
 where it matters for long positions: ``inv_freq`` is ``theta ** (-2i / ROT)`` in float64 rounded
 to float32, the angle is ONE float32 multiply ``float32(position) * inv_freq``, and cos/sin of
 that float32 angle are evaluated in float64. Everything else is float32.

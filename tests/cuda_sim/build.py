@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(__file__).resolve().parent
 SOURCES = {
-    "_C": [ROOT / "csrc" / f for f in ("bindings.cpp", "attention.cu", "draft_tree.cu", "verify.cu",
-                                       "commit.cu", "pack_mask.cu", "rope.cu", "norm.cu",
-                                       "silu_mul.cu")],
+    "_C": [ROOT / "csrc" / f for f in ("bindings.cpp", "attention.cu", "draft_tree.cu",
+                                       "verify_tree.cu", "commit_kv.cu", "pack_mask.cu",
+                                       "qk_norm_rope_append.cu", "rms_norm.cu", "silu_mul.cu")],
     "_primitives": [SIM_DIR / "primitives.cpp"],
 }
 

@@ -13,8 +13,8 @@ import sys
 from mutate import ROOT, run
 
 H = ROOT / "csrc" / "include" / "jetspec"
-SILU, NORM, COMMIT, ROPE, VERIFY = (H / f for f in ("silu_mul.cuh", "rms_norm.cuh", "commit.cuh",
-                                                    "rope.cuh", "verify.cuh"))
+SILU, NORM, COMMIT, ROPE, VERIFY = (H / f for f in ("silu_mul.cuh", "rms_norm.cuh", "commit_kv.cuh",
+                                                    "qk_norm_rope_append.cuh", "verify_tree.cuh"))
 # name: (file, text in it, what replaces its first occurrence, the test file that must fail)
 MUTS = {
     # silu_mul: the carry of a thread's next unit into the next row

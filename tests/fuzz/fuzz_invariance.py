@@ -24,7 +24,7 @@ import torch
 
 import jetspec_kernels as jk
 from jetspec_kernels.ops import exact as ex
-from jetspec_kernels.python_ref.attention import gather_cache, visible_slots
+from jetspec_kernels.python_ref.tree_attention import gather_cache, visible_slots
 from fuzz_cases import BF16, F16, F32, make, outer_layout
 from fuzz_engines import Engine, engine_ready, interpreted, to_engine
 from helpers import poisoned_empty

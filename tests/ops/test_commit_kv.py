@@ -212,12 +212,12 @@ def test_engine_layouts(backend, layout, is_paged):
 
 
 # ---- the cuda kernels' loops at their boundaries ------------------------------------------------
-# commit.cuh: a slot's Hkv * Dh elements in units (16 bytes where every cache row allows, else one
-# element), kCommitThreads threads a block, at most 64 blocks a sequence (the literal cap in
+# commit_kv.cuh: a slot's Hkv * Dh elements in units (16 bytes where every cache row allows, else
+# one element), kCommitThreads threads a block, at most 64 blocks a sequence (the literal cap in
 # commit_kv's `chunks`), so a row past 64 * kCommitThreads units loops; the hidden gather copies
 # a row's units with one block of kCommitThreads threads.
-COMMIT_THREADS = cuda_constant("commit.cuh", "kCommitThreads")
-COMMIT_MAX_CHUNKS = 64  # commit.cuh commit_kv: min(ceil_div(units, kCommitThreads), 64)
+COMMIT_THREADS = cuda_constant("commit_kv.cuh", "kCommitThreads")
+COMMIT_MAX_CHUNKS = 64  # commit_kv.cuh commit_kv: min(ceil_div(units, kCommitThreads), 64)
 _CAP = COMMIT_MAX_CHUNKS * COMMIT_THREADS
 
 # (cache dtype, Hkv, Dh, hidden size, bf16 hidden): slot rows of exactly one block's units and one

@@ -377,11 +377,11 @@ def test_activation_scales(backend, scale, dtype):
 
 
 # ---- the cuda kernel's split at its boundaries --------------------------------------------------
-# rope.cuh: one warp a (token, group of kRopeHeadsPerWarp heads), the q heads first and then the
-# k heads, kRopeThreads / 32 warps a block (the last block's spare warps return); each lane
-# rotates the pairs i = lane + 32 t (t < kRopeMaxPairsPerLane) below Dh / 2.
-ROPE_HEADS_PER_WARP = cuda_constant("rope.cuh", "kRopeHeadsPerWarp")
-ROPE_WARPS = cuda_constant("rope.cuh", "kRopeThreads") // 32
+# qk_norm_rope_append.cuh: one warp a (token, group of kRopeHeadsPerWarp heads), the q heads first
+# and then the k heads, kRopeThreads / 32 warps a block (the last block's spare warps return);
+# each lane rotates the pairs i = lane + 32 t (t < kRopeMaxPairsPerLane) below Dh / 2.
+ROPE_HEADS_PER_WARP = cuda_constant("qk_norm_rope_append.cuh", "kRopeHeadsPerWarp")
+ROPE_WARPS = cuda_constant("qk_norm_rope_append.cuh", "kRopeThreads") // 32
 
 # (Hq, Hkv, Dh, tokens B x N; Hkv divides Hq): heads one short of a warp's group, exactly a
 # group (k heads ending it; q heads filling it, k heads alone in the next), one over (a group of

@@ -14,13 +14,13 @@ namespace jetspec {
 Status launch_pack_mask(const PackMaskParams& p, cudaStream_t stream);
 
 // q/k/v dtype and cache dtype may differ (the cache receives rounded fp32 results).
-Status launch_qk_norm_rope_append(const RopeParams& p, cudaStream_t stream);
+Status launch_qk_norm_rope_append(const QkNormRopeAppendParams& p, cudaStream_t stream);
 
 Status launch_sample_filter(const SampleFilterParams& p, cudaStream_t stream);
 Status launch_target_tokens(const TargetTokenParams& p, cudaStream_t stream);
 Status launch_verify_walk(const VerifyWalkParams& p, cudaStream_t stream);
 
-Status launch_commit_kv(const CommitParams& p, cudaStream_t stream);
+Status launch_commit_kv(const CommitKvParams& p, cudaStream_t stream);
 
 // Fused residual add + RMSNorm over rows; any hidden size, float32, float16 or bfloat16.
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
@@ -29,7 +29,7 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 Status launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
 
 size_t topk_workspace_bytes(long long rows, int vocab, int k);
-Status launch_log_softmax_topk(const TopkParams& p, cudaStream_t stream);
+Status launch_log_softmax_topk(const LogSoftmaxTopkParams& p, cudaStream_t stream);
 // hidden and weight float16 or bfloat16; the workspace size depends on the current device.
 Status launch_build_tree(const BuildTreeParams& p, cudaStream_t stream);
 

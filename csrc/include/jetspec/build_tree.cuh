@@ -1,5 +1,5 @@
 // Draft tree selection from per-depth top-K, one CTA per sequence, bit-exact with
-// python_ref/tree.py (float32 scores summed left to right, the same tie rules).
+// python_ref/build_tree.py (float32 scores summed left to right, the same tie rules).
 //
 // topn (kTopnThreads): the best-first order taken in batches, the algorithm of
 // jetspec_kernels/triton/build_tree.py (its docstring has the argument). Nodes live at their

@@ -38,8 +38,9 @@ struct PackMaskParams {
   JETSPEC_PACK_MASK_FIELDS(JETSPEC_MEMBER)
 };
 
-// qk_norm_rope_append (rope.cuh). A null q (with q_out and q_norm_w null) appends K/V only.
-#define JETSPEC_ROPE_FIELDS(X)                                                              \
+// qk_norm_rope_append (qk_norm_rope_append.cuh). A null q (with q_out and q_norm_w null) appends
+// K/V only.
+#define JETSPEC_QK_NORM_ROPE_APPEND_FIELDS(X)                                               \
   X(const void*, q)                                                                         \
   X(const void*, k)                                                                         \
   X(const void*, v)                                                                         \
@@ -68,13 +69,13 @@ struct PackMaskParams {
   X(int, dtype)                   /* q, k, v and q_out */                                   \
   X(int, cache_dtype)             /* k_cache and v_cache */                                 \
   X(int, rotary_dim)              /* optional; 0: head_dim, else even < head_dim (partial) */
-struct RopeParams {
-  JETSPEC_ROPE_FIELDS(JETSPEC_MEMBER)
+struct QkNormRopeAppendParams {
+  JETSPEC_QK_NORM_ROPE_APPEND_FIELDS(JETSPEC_MEMBER)
 };
 
 // verify_tree, phase 0 (top-k / top-p only): per node, the last token the filters keep, as a
 // threshold: token v is kept iff x > thr_x or (x == thr_x and v <= thr_id), x = logit / T
-// (verify.cuh).
+// (verify_tree.cuh).
 #define JETSPEC_SAMPLE_FILTER_FIELDS(X)                                                     \
   X(const void*, logits)          /* [B, N, V] */                                           \
   X(int64_t, logits_batch_stride) /* dims 0 and 1 (dim 2 contiguous) */                     \
@@ -94,7 +95,7 @@ struct SampleFilterParams {
   JETSPEC_SAMPLE_FILTER_FIELDS(JETSPEC_MEMBER)
 };
 
-// verify_tree, phase 1: per (node, vocab split) the best target logit (verify.cuh).
+// verify_tree, phase 1: per (node, vocab split) the best target logit (verify_tree.cuh).
 #define JETSPEC_TARGET_TOKEN_FIELDS(X)                                                      \
   X(const void*, logits)          /* [B, N, V] */                                           \
   X(int64_t, logits_batch_stride) /* dims 0 and 1 (dim 2 contiguous) */                     \
@@ -118,8 +119,8 @@ struct TargetTokenParams {
   JETSPEC_TARGET_TOKEN_FIELDS(JETSPEC_MEMBER)
 };
 
-// verify_tree, phase 2: the acceptance walk (verify.cuh). The node's target is target[b, i], or
-// when target is null the best of its phase-1 splits. temperature is optional: a row with
+// verify_tree, phase 2: the acceptance walk (verify_tree.cuh). The node's target is target[b, i],
+// or when target is null the best of its phase-1 splits. temperature is optional: a row with
 // temperature[b] > 0 follows the first agreeing sibling, the others (every row when it is null)
 // the longest agreeing chain.
 #define JETSPEC_VERIFY_WALK_FIELDS(X)                                                       \
@@ -143,8 +144,8 @@ struct VerifyWalkParams {
   JETSPEC_VERIFY_WALK_FIELDS(JETSPEC_MEMBER)
 };
 
-// commit_kv (commit.cuh). Element sizes in bytes (2 or 4): the copies are raw.
-#define JETSPEC_COMMIT_FIELDS(X)                                                            \
+// commit_kv (commit_kv.cuh). Element sizes in bytes (2 or 4): the copies are raw.
+#define JETSPEC_COMMIT_KV_FIELDS(X)                                                         \
   X(void*, k_cache)                                                                         \
   X(void*, v_cache)                                                                         \
   X(Strides4, k_cache_strides)                                                              \
@@ -167,8 +168,8 @@ struct VerifyWalkParams {
   X(int, hidden_dim)                                                                        \
   X(int, cache_elem_bytes)                                                                  \
   X(int, hidden_elem_bytes)
-struct CommitParams {
-  JETSPEC_COMMIT_FIELDS(JETSPEC_MEMBER)
+struct CommitKvParams {
+  JETSPEC_COMMIT_KV_FIELDS(JETSPEC_MEMBER)
 };
 
 // rms_norm (rms_norm.cuh), per row: h = rnd(x + residual) (h = x without residual; total = h),
@@ -204,8 +205,8 @@ struct SiluMulParams {
   JETSPEC_SILU_MUL_FIELDS(JETSPEC_MEMBER)
 };
 
-// log_softmax_topk (topk.cuh).
-#define JETSPEC_TOPK_FIELDS(X)                                                              \
+// log_softmax_topk (log_softmax_topk.cuh).
+#define JETSPEC_LOG_SOFTMAX_TOPK_FIELDS(X)                                                  \
   X(const void*, logits)          /* [B, D, V], dim 2 contiguous */                         \
   X(int64_t, logits_batch_stride) /* dims 0 and 1 (dim 2 contiguous) */                     \
   X(int64_t, logits_row_stride)                                                             \
@@ -217,8 +218,8 @@ struct SiluMulParams {
   X(int, vocab)                                                                             \
   X(int, k)                                                                                 \
   X(int, dtype)                   /* logits */
-struct TopkParams {
-  JETSPEC_TOPK_FIELDS(JETSPEC_MEMBER)
+struct LogSoftmaxTopkParams {
+  JETSPEC_LOG_SOFTMAX_TOPK_FIELDS(JETSPEC_MEMBER)
 };
 
 // build_tree (build_tree.cuh); algorithm: TreeAlgorithm. steps is optional (tests).

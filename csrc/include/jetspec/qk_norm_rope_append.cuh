@@ -1,7 +1,8 @@
 // Fused per-head RMSNorm of q and k, Neox RoPE, and the K/V cache append.
-// Numerics follow python_ref/rope.py exactly where a float32 kernel can: RMSNorm in fp32,
-// inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply, cos/sin of
-// that float32 angle in double then rounded to float32, the rotation without FMA contraction.
+// Numerics follow python_ref/qk_norm_rope_append.py exactly where a float32 kernel can: RMSNorm
+// in fp32, inv_freq = float32(theta ** (-2i/Dh)) from double, angle = one float32 multiply,
+// cos/sin of that float32 angle in double then rounded to float32, the rotation without FMA
+// contraction.
 // A null q (K/V-only append, e.g. the draft head's context rows) launches no q warps at all:
 // q, q_out and q_norm_w are then never touched and may be null too. Null norm weights (both):
 // no norm (targets without QK-norm). rotary_dim R < head_dim (partial rotary): the pairs
@@ -16,7 +17,7 @@ static_assert(2 * 32 * kRopeMaxPairsPerLane == kRopeMaxHeadDim, "head dims up to
 
 
 // Query heads processed by the kernel: none when q is null.
-__host__ __device__ inline int rope_q_heads(const RopeParams& p) {
+__host__ __device__ inline int rope_q_heads(const QkNormRopeAppendParams& p) {
   return p.q == nullptr ? 0 : p.hq;
 }
 
@@ -25,13 +26,14 @@ constexpr int kRopeThreads = 256;
 
 // RMSNorm + rotation of one head of token (b, n) with the token's cos/sin, then its stores (the
 // rotated q row, or the rotated k row and the v row into the cache).
-__host__ __device__ inline int rope_rotary_dim(const RopeParams& p) {
+__host__ __device__ inline int rope_rotary_dim(const QkNormRopeAppendParams& p) {
   return p.rotary_dim == 0 ? p.head_dim : p.rotary_dim;
 }
 
 template <typename T, typename TC>
-__device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n, int head, int hq,
-                                              int pos, const float* c, const float* s) {
+__device__ __forceinline__ void rope_one_head(const QkNormRopeAppendParams& p, int b, int n,
+                                              int head, int hq, int pos, const float* c,
+                                              const float* s) {
   const int lane = threadIdx.x & 31;
   const bool is_q = head < hq;
   const int h = is_q ? head : head - hq;
@@ -100,7 +102,8 @@ __device__ __forceinline__ void rope_one_head(const RopeParams& p, int b, int n,
 // pow and sincos, the costly part) once, then each head. Heads 0..Hq'-1 are q heads,
 // Hq'..Hq'+Hkv-1 are k heads (+ their v), with Hq' = rope_q_heads(p).
 template <typename T, typename TC>
-__global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(RopeParams p) {
+__global__ void __launch_bounds__(kRopeThreads)
+    qk_norm_rope_append_kernel(QkNormRopeAppendParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const long long wid = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
@@ -137,7 +140,7 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_append_kernel(RopeP
 }
 
 template <typename T, typename TC>
-Status qk_norm_rope_append(const RopeParams& p, cudaStream_t stream) {
+Status qk_norm_rope_append(const QkNormRopeAppendParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("head_dim", p.head_dim, 0, kRopeMaxHeadDim));
   if (p.head_dim % 2 != 0)
     return bad_input("head_dim ", p.head_dim, " is not even (RoPE rotates halves)");

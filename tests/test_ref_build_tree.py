@@ -1,15 +1,15 @@
-"""python_ref tree building against brute force: exhaustive top-N, an independent heap
-simulation for accum_logp, hand-checked masks, and hypothesis properties."""
+"""python_ref build_tree against brute force: exhaustive top-N, an independent heap simulation
+for accum_logp, and hypothesis properties."""
 
 import itertools
 import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st, HealthCheck
 
 from jetspec_kernels import python_ref as R
+from helpers import ancestor_set, mask_bit
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -63,10 +63,6 @@ def sim_accum_logp(lp, tok, root, D, K, budget):
     return tokens, [p for _, _, p in nodes], [len(s) for s, _, _ in nodes], [s for _, s, _ in nodes]
 
 
-def bit(mask, b, i, j):
-    return (int(mask[b, i, j // 32]) & 0xFFFFFFFF) >> (j % 32) & 1
-
-
 def check_padding(tree, b, n, N):
     assert tree["tokens"][b, n:].eq(0).all()
     assert tree["parents"][b, n:].eq(-1).all()
@@ -74,7 +70,7 @@ def check_padding(tree, b, n, N):
     assert torch.isneginf(tree["scores"][b, n:]).all()
     for i in range(n, N):
         for j in range(N):
-            assert bit(tree["mask"], b, i, j) == (1 if i == j else 0)
+            assert mask_bit(tree["mask"], b, i, j) == (1 if i == j else 0)
 
 
 def make_topk(lp_rows, B_tokens_seed=0):
@@ -195,49 +191,6 @@ def test_bad_algorithm():
         R.build_tree(tok, lp, torch.tensor([1]), 4, "greedy")
 
 
-# ----------------------------------------------------------------------------- top-K
-def test_log_softmax_topk_against_manual():
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 3, 17, generator=g, dtype=torch.float64) * 4
-    x[0, 1, 3] = x[0, 1, 9] = x[0, 1, 12] = 50.0   # exact tie at the top -> token order 3, 9, 12
-    x[1, 2, :] = 0.0                                 # all tied -> tokens 0..k-1
-    k = 5
-    tt, tl = R.log_softmax_topk(x, k)
-    assert tt.dtype == torch.int32 and tl.dtype == torch.float64
-    for b in range(2):
-        for d in range(3):
-            row = x[b, d].tolist()
-            m = max(row)
-            lse = m + math.log(sum(math.exp(v - m) for v in row))
-            lp = [v - lse for v in row]
-            order = sorted(range(17), key=lambda v: (-lp[v], v))[:k]
-            assert tt[b, d].tolist() == order
-            assert np.allclose(tl[b, d].tolist(), [lp[v] for v in order], rtol=0, atol=1e-12)
-    assert tt[0, 1, :3].tolist() == [3, 9, 12]
-    assert tt[1, 2].tolist() == [0, 1, 2, 3, 4]
-
-
-def test_log_softmax_topk_dtypes():
-    x = torch.randn(1, 2, 9)
-    for dt in (torch.float32, torch.float16, torch.bfloat16):
-        tt, tl = R.log_softmax_topk(x.to(dt), 3)
-        assert tl.dtype == torch.float32
-        ref = torch.log_softmax(x.to(dt).double(), -1).sort(-1, descending=True)
-        assert torch.allclose(tl.double(), ref.values[..., :3], atol=1e-6)
-
-
-def test_draft_tree_is_topk_then_build():
-    g = torch.Generator().manual_seed(5)
-    logits = torch.randn(2, 4, 30, generator=g)
-    roots = torch.tensor([1, 2], dtype=torch.int32)
-    for alg in ("topn", "accum_logp"):
-        t1 = R.draft_tree(logits, roots, 20, 3, alg)
-        tt, tl = R.log_softmax_topk(logits, 3)
-        t2 = R.build_tree(tt, tl, roots, 20, alg)
-        for k in t1:
-            assert torch.equal(t1[k], t2[k]), k
-
-
 def test_float32_scores_accumulate_in_float32():
     tok, lp = make_topk([[[-0.1, -0.7], [-0.3, -0.9], [-0.2, -0.4]]])
     tree = R.build_tree(tok, lp.float(), torch.tensor([0]), 15, "topn")
@@ -249,54 +202,6 @@ def test_float32_scores_accumulate_in_float32():
         r = tok[0, d - 1].tolist().index(tokens[i])
         expect = tree["scores"][0, par[i]] + lp.float()[0, d - 1, r]   # float32 addition
         assert tree["scores"][0, i].item() == expect.item()
-
-
-# ----------------------------------------------------------------------------- masks
-def random_parents(n, N, gen):
-    p = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-    return p + [-1] * (N - n)
-
-
-def brute_ancestor_set(par, i):
-    s = {i}
-    while par[i] >= 0:
-        i = par[i]
-        s.add(i)
-    return s
-
-
-def test_pack_mask_bit31_and_multiword():
-    N = 70
-    chain = [-1] + list(range(N - 1))                 # node i's parent is i-1
-    parents = torch.tensor([chain, [-1] * N], dtype=torch.int32)
-    num_nodes = torch.tensor([N, 1], dtype=torch.int32)
-    m = R.pack_mask(parents, num_nodes)
-    assert m.shape == (2, N, 3) and m.dtype == torch.int32
-    assert m[0, 31].tolist() == [-1, 0, 0]            # bits 0..31 set -> int32 -1
-    assert m[0, 30].tolist() == [0x7FFFFFFF, 0, 0]
-    assert m[0, 40].tolist() == [-1, 511, 0]
-    assert m[0, 69].tolist() == [-1, -1, 63]
-    # padding rows of sequence 1: only their own bit (row 31's own bit is the sign bit)
-    assert m[1, 31].tolist() == [-(2 ** 31), 0, 0]
-    assert m[1, 33].tolist() == [0, 2, 0]
-    assert m[1, 0].tolist() == [1, 0, 0]
-
-
-def test_pack_mask_random_trees():
-    gen = torch.Generator().manual_seed(11)
-    N = 45
-    nums = [45, 30, 1]
-    parents = torch.tensor([random_parents(n, N, gen) for n in nums], dtype=torch.int32)
-    num_nodes = torch.tensor(nums, dtype=torch.int32)
-    m = R.pack_mask(parents, num_nodes)
-    dense = R.dense_mask(parents, num_nodes)
-    assert torch.equal(R.unpack_mask(m), dense)
-    for b, n in enumerate(nums):
-        par = parents[b].tolist()
-        for i in range(N):
-            anc = brute_ancestor_set(par, i) if i < n else {i}
-            assert {j for j in range(N) if bit(m, b, i, j)} == anc
-            assert set(R.ancestors(parents[b], i)) == (anc if i < n else brute_ancestor_set(par, i))
 
 
 # ----------------------------------------------------------------------------- properties
@@ -364,8 +269,8 @@ def test_tree_invariants(inp, algorithm, as_float32):
                    for i in range(n)]
             assert key == sorted(key)
         for i in range(N):
-            anc = brute_ancestor_set(par, i) if i < n else {i}
-            assert {j for j in range(N) if bit(tree["mask"], b, i, j)} == anc
+            anc = ancestor_set(par, i) if i < n else {i}
+            assert {j for j in range(N) if mask_bit(tree["mask"], b, i, j)} == anc
         check_padding(tree, b, n, N)
 
 

@@ -27,7 +27,7 @@ inline size_t log_softmax_topk_workspace_bytes(long long rows, int vocab, int k)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p) {
+__global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(LogSoftmaxTopkParams p) {
   pdl_begin();
   __shared__ float buf_v[2 * kTopkThreads / 32];
   __shared__ int buf_i[2 * kTopkThreads / 32];
@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial_kernel(TopkParams p
 // staged: the row's candidates (chunks * k, 8 bytes each) are copied to dynamic shared memory
 // first, so that the K selection rounds, each waiting for one thread's rescan, rescan shared
 // memory instead of L2 (topk_merge decides).
-__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, int chunks,
-                                                                  bool staged) {
+__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(LogSoftmaxTopkParams p,
+                                                                  int chunks, bool staged) {
   pdl_begin();
   __shared__ float buf_v[2 * kTopkThreads / 32];
   __shared__ int buf_i[2 * kTopkThreads / 32];
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(TopkParams p, 
 // Launches the merge of `chunks` partials per row (p.batch * p.depth rows, validated by the
 // caller). The candidates are staged when they fit the default shared memory per block (48 KB
 // on sm_80 / sm_90, no opt-in) next to the kernel's static arrays.
-inline cudaError_t topk_merge(const TopkParams& p, int chunks, cudaStream_t stream) {
+inline cudaError_t topk_merge(const LogSoftmaxTopkParams& p, int chunks, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.depth;
   const long long ncand = static_cast<long long>(chunks) * p.k;
   int dev = 0, per_block = 0;
@@ -204,7 +204,7 @@ inline cudaError_t topk_merge(const TopkParams& p, int chunks, cudaStream_t stre
 }
 
 template <typename T>
-Status log_softmax_topk(const TopkParams& p, cudaStream_t stream) {
+Status log_softmax_topk(const LogSoftmaxTopkParams& p, cudaStream_t stream) {
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("depth", p.depth, 0));
   const long long rows = static_cast<long long>(p.batch) * p.depth;

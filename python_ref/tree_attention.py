@@ -5,7 +5,7 @@ import math
 import torch
 
 from ._common import compute_dtype
-from .tree import unpack_mask
+from .pack_mask import unpack_mask
 
 __all__ = ["tree_attention", "tree_attention_logical", "gather_cache", "visibility", "visible_slots"]
 

@@ -1,4 +1,4 @@
-"""Reference tree building: per-depth top-K, the two tree algorithms, and ancestor masks.
+"""Reference build_tree: the draft tree from per-depth top-K candidates, by either algorithm.
 
 Everything here follows DESIGN.md section 3/4 and CONTRIBUTING.md:
 
@@ -18,43 +18,11 @@ import numpy as np
 import torch
 
 from ._common import compute_dtype
+from .pack_mask import pack_mask
 
-__all__ = [
-    "log_softmax_topk",
-    "build_tree",
-    "draft_tree",
-    "pack_mask",
-    "unpack_mask",
-    "dense_mask",
-    "ancestors",
-    "implicit_tree_size",
-]
+__all__ = ["build_tree", "implicit_tree_size"]
 
 ALGORITHMS = ("topn", "accum_logp")
-
-
-def log_softmax_topk(logits, k):
-    """Per-depth log-softmax over the full vocabulary, then the top-K.
-
-    Parameters
-    ----------
-    logits : float tensor ``[B, D, V]`` (any float dtype)
-    k : int, ``1 <= k <= V``
-
-    Returns
-    -------
-    topk_tokens : int32 ``[B, D, K]``, sorted by descending log-prob, ties to the lower token id
-    topk_logprobs : ``[B, D, K]`` in the compute dtype (float64 for float64 logits, else float32)
-    """
-    k = int(k)
-    V = logits.shape[-1]
-    if not 1 <= k <= V:
-        raise ValueError(f"k must be in [1, V={V}], got {k}")
-    cd = compute_dtype(logits)
-    logp = torch.log_softmax(logits.to(cd), dim=-1)
-    # A stable descending sort keeps equal values in increasing token order.
-    vals, idx = torch.sort(logp, dim=-1, descending=True, stable=True)
-    return idx[..., :k].to(torch.int32).contiguous(), vals[..., :k].contiguous()
 
 
 def implicit_tree_size(D, K):
@@ -190,91 +158,3 @@ def build_tree(topk_tokens, topk_logprobs, root_tokens, budget, algorithm="topn"
     out = dict(tokens=tokens, parents=parents, depths=depths, scores=scores,
                num_nodes=num_nodes, mask=mask)
     return {k: v.to(device) for k, v in out.items()}
-
-
-def draft_tree(logits, root_tokens, budget, topk, algorithm="topn"):
-    """``log_softmax_topk(logits, topk)`` then ``build_tree``.
-
-    Parameters
-    ----------
-    logits : float ``[B, D, V]``; row d = the draft's logits for depth d + 1
-    root_tokens : int ``[B]``
-    budget, topk : int
-    algorithm : ``"topn"`` or ``"accum_logp"``
-
-    Returns
-    -------
-    the dict of :func:`build_tree`.
-    """
-    tt, tl = log_softmax_topk(logits, topk)
-    return build_tree(tt, tl, root_tokens, budget, algorithm)
-
-
-def ancestors(parents_row, i):
-    """Node ``i`` and its ancestors (``[i, parent(i), ..., 0]``) from one row of ``parents``."""
-    p = parents_row.tolist() if torch.is_tensor(parents_row) else list(parents_row)
-    out = [i]
-    j = int(p[i])
-    while j >= 0:
-        out.append(j)
-        j = int(p[j])
-    return out
-
-
-def dense_mask(parents, num_nodes):
-    """Dense ancestor-or-self mask.
-
-    Parameters
-    ----------
-    parents : int ``[B, N]``; num_nodes : int ``[B]``
-
-    Returns
-    -------
-    bool ``[B, N, N]``: ``[b, i, j]`` is True iff j == i or (i < num_nodes[b] and j is an
-    ancestor of i). Padding rows have only their own entry.
-    """
-    B, N = parents.shape
-    par = parents.detach().cpu().tolist()
-    nn_ = num_nodes.detach().cpu().tolist()
-    out = [[[False] * N for _ in range(N)] for _ in range(B)]
-    for b in range(B):
-        for i in range(N):
-            for j in (ancestors(par[b], i) if i < nn_[b] else [i]):
-                out[b][i][j] = True
-    return torch.tensor(out, dtype=torch.bool).reshape(B, N, N).to(parents.device)
-
-
-def _pack_dense(dense):
-    """bool ``[B, N, N']`` -> int32 ``[B, N, ceil(N'/32)]`` (bit j%32 of word j//32)."""
-    B, N, M = dense.shape
-    W = (M + 31) // 32
-    d = torch.zeros(B, N, W * 32, dtype=torch.int64)
-    d[:, :, :M] = dense.detach().cpu()
-    words = (d.view(B, N, W, 32) << torch.arange(32)).sum(-1)     # bit j % 32 of word j // 32
-    # two's complement: bit 31 makes the int32 word negative
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
-    return words.to(torch.int32).to(dense.device)
-
-
-def pack_mask(parents, num_nodes):
-    """Bit-packed ancestor-or-self mask.
-
-    Parameters
-    ----------
-    parents : int ``[B, N]`` (``-1`` for root / padding); num_nodes : int ``[B]``
-
-    Returns
-    -------
-    int32 ``[B, N, W]``, ``W = ceil(N / 32)``: bit ``j % 32`` of ``mask[b, i, j // 32]`` is set
-    iff j == i or j is an ancestor of i; a padding row (``i >= num_nodes[b]``) has only its own bit.
-    """
-    return _pack_dense(dense_mask(parents, num_nodes))
-
-
-def unpack_mask(mask, n=None):
-    """int32 ``[B, N, W]`` packed mask -> bool ``[B, N, n]`` (``n`` defaults to ``N``)."""
-    B, N, W = mask.shape
-    n = N if n is None else n
-    m = mask.detach().cpu().to(torch.int64) & 0xFFFFFFFF
-    j = torch.arange(n)
-    return ((m[:, :, j // 32] >> (j % 32)) & 1).bool().to(mask.device)

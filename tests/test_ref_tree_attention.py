@@ -7,20 +7,12 @@ import pytest
 import torch
 
 from jetspec_kernels import python_ref as R
-from jetspec_kernels.python_ref.attention import tree_attention_logical
-from helpers import rel_l2 as rel, shuffled_table
+from jetspec_kernels.python_ref.tree_attention import tree_attention_logical
+from helpers import ancestor_set, rel_l2 as rel, shuffled_table
 
 
 def random_tree_parents(N, gen):
     return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, N)]
-
-
-def ancestors_set(par, i):
-    s = {i}
-    while par[i] >= 0:
-        i = par[i]
-        s.add(i)
-    return s
 
 
 def pack(rows, N):
@@ -97,7 +89,7 @@ def run_case(B, N, Hq, Hkv, Dh, prefix_lens, mode, paged, dtype=torch.float64, s
         vis, masks = [], []
         for b in range(B):
             par = random_tree_parents(N, gen)
-            rows = [ancestors_set(par, i) for i in range(N)]
+            rows = [ancestor_set(par, i) for i in range(N)]
             vis.append(rows)
             masks.append(pack(rows, N))
         tree_mask, tail = torch.stack(masks), "causal"

@@ -12,7 +12,7 @@ constexpr int kCommitThreads = 256;
 // Copies in units U (uint4 when every row is 16-byte aligned, else the raw element type) of
 // elements of elem_bytes bytes.
 template <typename U>
-__global__ void __launch_bounds__(kCommitThreads) commit_kv_kernel(CommitParams p,
+__global__ void __launch_bounds__(kCommitThreads) commit_kv_kernel(CommitKvParams p,
                                                                 int elem_bytes) {
   pdl_begin();
   const int b = blockIdx.x;
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kCommitThreads) commit_kv_kernel(CommitParams 
 // One CTA per (b, i): hidden_rows[b, i] = hidden[b, path[b, i]] for i <= accept_len, else 0;
 // units U of elem_bytes-byte elements as above.
 template <typename U>
-__global__ void __launch_bounds__(kCommitThreads) gather_hidden_kernel(CommitParams p,
+__global__ void __launch_bounds__(kCommitThreads) gather_hidden_kernel(CommitKvParams p,
                                                                     int elem_bytes) {
   pdl_begin();
   const int b = blockIdx.x, i = blockIdx.y;
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kCommitThreads) gather_hidden_kernel(CommitPar
 }
 
 template <typename E>
-Status commit_kv(const CommitParams& p, cudaStream_t stream) {
+Status commit_kv(const CommitKvParams& p, cudaStream_t stream) {
   // Every check comes before the first launch: the K/V moves are in place.
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("cols", p.cols, 1, kMaxGridYZ));  // grid y of the gather

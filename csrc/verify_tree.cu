@@ -1,12 +1,12 @@
 // verify_tree: filter thresholds and target tokens per node (fp32 / fp16 / bf16 logits) and the
 // acceptance walk.
 #include "jetspec/api.h"
-#include "jetspec/verify.cuh"
+#include "jetspec/verify_tree.cuh"
 
 namespace jetspec {
 
 namespace {
-// The launchers' own checks (verify.cuh returns a bare CUDA error), with the argument named.
+// The launchers' own checks (verify_tree.cuh returns a bare CUDA error), with the argument named.
 Status check_target_tokens(const TargetTokenParams& p) {
   JETSPEC_RETURN_IF_FAILED(check_range("batch", p.batch, 0));
   JETSPEC_RETURN_IF_FAILED(check_range("n", p.n, 0));
