@@ -1,6 +1,5 @@
 """Test configuration: Triton runs under the interpreter when there is no GPU; `gpu` tests skip."""
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -10,6 +9,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from gpu_step_rules import GPU_STEPS, crash_entry, names_hopper_kernel  # noqa: E402
 
 settings.register_profile("ci", deadline=None, max_examples=40,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -22,8 +23,6 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
     torch.set_num_threads(1)
 
 
-# The GPU steps of bench/device_check.sh, in the order it runs them.
-GPU_STEPS = ("triton", "cuda", "hopper")
 # Files whose triton tests compile for sm_90a offline, a GPU or not (bench/triton_resources.py).
 OFFLINE_FILES = {"test_triton_sm90_resources.py"}
 
@@ -46,18 +45,13 @@ def pytest_addoption(parser):
                           "runs them in a process of their own)")
 
 
-def names_hopper_kernel(name: str) -> bool:
-    """Whether a test name (parameter ids included) names the Hopper attention family (its TMA
-    copies can fault the CUDA context): the word "hopper" between non-alphanumerics
-    ("test_opcheck_hopper[16]", "test_x[hopper-128]"), not inside another word ("grasshopper")."""
-    return "hopper" in re.split(r"[^0-9a-z]+", name.lower())
-
-
 def _engine(item) -> set[str]:
-    """The backend names a test is parametrised over (the fuzz tests' Engine objects are not
-    names: their random shapes would recompile Triton for every case, so no GPU step runs them)."""
+    """The backend names a test is parametrised over (``backend``, ``engine`` or a parameter named
+    ``*_backend``; the fuzz tests' Engine objects are not names: their random shapes would
+    recompile Triton for every case, so no GPU step runs them)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return {params[k] for k in ("backend", "engine") if isinstance(params.get(k), str)}
+    return {v for k, v in params.items()
+            if (k in ("backend", "engine") or k.endswith("_backend")) and isinstance(v, str)}
 
 
 def on_gpu(item) -> bool:
@@ -121,27 +115,6 @@ def _record(path: str, entry: dict) -> None:
     import json
     with open(path, "a") as f:
         f.write(json.dumps(entry) + "\n")
-
-
-# Parameter ids that name a backend or a cuda attention kernel, for a test known by its id alone.
-BACKEND_IDS = ("reference", "triton", "sim", "cuda")
-KERNEL_IDS = ("mma", "wgmma", "hopper")
-
-
-def crash_entry(nodeid: str, rootdir) -> dict:
-    """The hardware-record entry of a test whose xdist worker died under it (a crash, or
-    pytest-timeout's thread method ending it): failed, with the backend and kernel its parameter
-    ids name (its dtype is unknown there)."""
-    path, _, name = nodeid.partition("::")
-    words = set(name.partition("[")[2].rstrip("]").split("-"))
-    params = {}
-    for key, known in (("backend", BACKEND_IDS), ("kernel", KERNEL_IDS)):
-        hits = [w for w in known if w in words]
-        if len(hits) == 1:
-            params[key] = hits[0]
-    return {"nodeid": nodeid, "file": str(Path(rootdir) / path),
-            "test": name.split("::")[-1].partition("[")[0], "params": params,
-            "outcome": "failed", "crashed": True}
 
 
 def pytest_runtest_logreport(report):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GPU_STEPS, names_hopper_kernel
+from gpu_step_rules import GPU_STEPS, names_hopper_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the op tests run triton cases (the fuzz tests' random shapes are left out on purpose).
@@ -117,7 +117,7 @@ def test_offline_sm90_compiles_are_in_no_step():
 
 
 def test_crash_entry_names_backend_and_kernel():
-    from conftest import crash_entry
+    from gpu_step_rules import crash_entry
 
     e = crash_entry("tests/ops/test_tree_attention.py::test_tree_attention[dtype0-128-1-hopper-cuda]",
                     ROOT)
