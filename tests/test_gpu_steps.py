@@ -143,8 +143,10 @@ def test_a_crashed_worker_is_recorded_failed_and_the_rest_still_run(tmp_path):
                     "@pytest.mark.parametrize('n', range(3))\n"
                     "def test_after(n):\n    pass\n")
     record = tmp_path / "record.jsonl"
-    env = {**os.environ, "JETSPEC_HW_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    # the inner run's controller must not look like a worker of the outer run (make test's -n 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(JETSPEC_HW_RECORD=str(record),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                           "conftest", "-n", "1", "--max-worker-restart", "4", str(case)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
