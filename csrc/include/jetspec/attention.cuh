@@ -323,8 +323,10 @@ __global__ void __launch_bounds__(kAttnThreads) tree_attention_kernel(AttnParams
 // Merges split partials: one warp per (b, h, i) row; out = sum_s w_s O_s / sum_s w_s with
 // w_s = exp(lse_s - max lse); lse = max + log(sum w). Empty splits have lse -inf (w = 0, O = 0);
 // a split's NaN lse (fmaxf skips it) makes its w, the sum, out and lse NaN.
+// Launch bounds (256, 4): at (256) alone ptxas aimed at 8 CTAs an SM (32 registers) and spilled on
+// sm_80; 4 leaves it about 44, and 5 CTAs still fit an SM.
 template <typename T>
-__global__ void __launch_bounds__(256) attention_combine_kernel(AttnParams p, int hd) {
+__global__ void __launch_bounds__(256, 4) attention_combine_kernel(AttnParams p, int hd) {
   pdl_begin();
   // Grid (rows of a sequence / 8, batch): the indices stay 32-bit (a 64-bit division is a
   // subroutine call whose frame spilled); a sequence's hq * n rows fit an int, the batch is grid y.
