@@ -10,8 +10,8 @@ it calls) counts for no test, as it runs for whichever test imports first. It me
     PYTHONPATH=tests python -m pytest -p tests_by_file --tests-by-file=tests/tests_by_file.json \
         [tests ...]
 
-(one process: under pytest-xdist each worker would write its own part). The full map is the whole
-suite run that way (``make test``'s selection, in one process). As a script it renders the map as
+(under pytest-xdist each worker merges its part into the file, under a lock). The full map is
+the whole suite run that way (``make test``'s selection). As a script it renders the map as
 CONTRIBUTING's generated table, or writes it there::
 
     python tests/tests_by_file.py table             # print the table
@@ -21,6 +21,7 @@ tests/test_tests_by_file.py checks that CONTRIBUTING's section is what the commi
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import sys
@@ -142,12 +143,15 @@ class TestsByFile:
             self._record(item, rec)
 
     def pytest_sessionfinish(self, session):
-        old = json.loads(self.path.read_text()) if self.path.exists() else {}
-        merged = {k: set(v) for k, v in old.items()}
-        for k, v in self.map.items():
-            merged.setdefault(k, set()).update(v)
-        self.path.write_text(json.dumps({k: sorted(v) for k, v in sorted(merged.items())},
-                                        indent=1) + "\n")
+        # Under pytest-xdist every worker merges its part into the same file: one at a time.
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            old = json.loads(self.path.read_text()) if self.path.exists() else {}
+            merged = {k: set(v) for k, v in old.items()}
+            for k, v in self.map.items():
+                merged.setdefault(k, set()).update(v)
+            self.path.write_text(json.dumps({k: sorted(v) for k, v in sorted(merged.items())},
+                                            indent=1) + "\n")
 
 
 def pytest_configure(config):
