@@ -955,7 +955,7 @@ def conv_tree_shape(r, g, B, N):
 
 
 def make_causal_conv1d_tree(r, g):
-    if r.random() < 0.03:                                 # at the node limit (slow interpreted)
+    if r.random() < 0.02:                                 # at the node limit (slow interpreted)
         B, N = 1, MAX_BUDGET
         C, W, dtype = 1, r.randint(2, MAX_CONV_WIDTH), dtype_choice(r)
     else:
