@@ -20,10 +20,11 @@ def causal_conv1d_commit(x: torch.Tensor, path: torch.Tensor, accept_len: torch.
     conv_state : [S, C, W - 1]   updated in place
     state_slots : int [B] or None (None: S == B, slot b); distinct slots
     """
-    b, _, c = x.shape
+    b, n, c = x.shape
     keep = conv_state.shape[2]
     slots = torch.arange(b, device=x.device) if state_slots is None else state_slots.long()
-    rows = x.gather(1, path.long().clamp(min=0)[..., None].expand(-1, -1, c))     # [B, P, C]
+    # Entries past accept_len may hold anything: clamped into range, gathered, never selected.
+    rows = x.gather(1, path.long().clamp(0, n - 1)[..., None].expand(-1, -1, c))  # [B, P, C]
     seq = torch.cat([conv_state[slots].transpose(1, 2), rows.to(conv_state.dtype)], dim=1)
     # The last W - 1 of the first W - 1 + (accept_len + 1) entries.
     idx = accept_len.long()[:, None] + 1 + torch.arange(keep, device=x.device)[None, :]

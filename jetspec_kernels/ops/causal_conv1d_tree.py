@@ -63,8 +63,10 @@ def check_causal_conv1d_tree(x, parents, conv_state, weight, bias, state_slots, 
         checks.value_range("num_nodes", num_nodes, 0, n)
     if checks.values_checked(parents) and parents.numel():
         idx = torch.arange(n, device=parents.device)
-        if bool((parents >= idx).any()):
-            raise ValueError("parents must point to an earlier node (parents[b, i] < i) or be -1")
+        valid = idx[None, :] < (n if num_nodes is None else num_nodes[:, None])
+        if bool((valid & (parents >= idx)).any()):
+            raise ValueError("parents must point to an earlier node (parents[b, i] < i) or be -1 "
+                             "for valid nodes")
 
 
 def causal_conv1d_tree(x, parents, conv_state, weight, bias=None, *, state_slots=None,
@@ -82,7 +84,8 @@ def causal_conv1d_tree(x, parents, conv_state, weight, bias=None, *, state_slots
     Parameters
     ----------
     x : float32/float16/bfloat16 [B, N, C] (1 <= N <= MAX_BUDGET), the nodes' conv inputs
-    parents : int32 [B, N], -1 for the root and padding, else an earlier node
+    parents : int32 [B, N] in [-1, N), -1 for the root, else an earlier node (padding nodes'
+        entries are not read)
     conv_state : x.dtype [S, C, W - 1], contiguous (2 <= W <= MAX_CONV_WIDTH)
     weight : [C, W] (x's dtype or float32); bias : [C] or None
     state_slots : int32 [B], distinct, in [0, S); None: S == B and sequence b uses slot b

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from jetspec_kernels import python_ref as ref
+from jetspec_kernels.limits import MAX_BUDGET
+from jetspec_kernels.ops.causal_conv1d_tree import MAX_CONV_WIDTH
 from jetspec_kernels.tree import Tree, Verdict
 from helpers import (after_rows, cache_layout, fused_qkv, random_tree, shuffled_table,
                      steering_logits, widened)
@@ -904,3 +906,157 @@ def make_gated_delta_commit(r, g):
 
 OPS = OPS + ("gated_delta_tree", "gated_delta_commit")
 MAKERS.update(gated_delta_tree=make_gated_delta_tree, gated_delta_commit=make_gated_delta_commit)
+
+
+# ------------------------------------------------------------------ causal_conv1d_tree / _commit
+
+
+def conv_dims(r):
+    """(C, W, dtype): odd channel counts and counts past one 256-channel program; widths 2 .. 8."""
+    return (r.choice((1, 3, 7, 32, 33, 100, 257, 300)), r.randint(2, MAX_CONV_WIDTH),
+            dtype_choice(r))
+
+
+def conv_inputs(r, g, B, N, C, W, dtype):
+    """Node inputs x [B, N, C] and weight [C, W] (x's dtype or float32): magnitudes 1e-4 .. 1e3
+    (float16: 1e-2 .. 30 with weights <= 1, so states 30 times x's and sums of 8 taps stay in its
+    normal range), and the inputs' magnitude for the state and the bias."""
+    half = dtype == F16
+    mag = r.choice((1e-2, 1.0, 30.0) if half else MAGNITUDES)
+    x = torch.randn(B, N, C, generator=g) * mag
+    weight = torch.randn(C, W, generator=g) * r.choice((0.1, 1.0) if half else (0.1, 1.0, 3.0))
+    return x, weight.to(r.choice((dtype, F32))), mag
+
+
+def conv_state_pool(r, g, B, C, W, dtype, mag):
+    """A contiguous pool [S, C, W - 1] in ``dtype`` (S > B when slots are given: the slots a
+    permutation, the other slots NaN) and the slots (None: S = B)."""
+    slots, S = None, B
+    if r.random() < 0.7:
+        S = B + r.randint(0, 3)
+        slots = torch.randperm(S, generator=g)[:B].to(I32)
+    pool = torch.full((S, C, W - 1), NAN)
+    live = slots.long() if slots is not None else torch.arange(B)
+    pool[live] = torch.randn(B, C, W - 1, generator=g) * mag * r.choice((1e-2, 1.0, 30.0))
+    return pool.to(dtype), slots
+
+
+def conv_tree_shape(r, g, B, N):
+    """tree_shape's trees and padding, now and then a forest (more valid nodes whose parent is
+    -1, children of the committed prefix)."""
+    parents, num_nodes, kind = tree_shape(r, g, B, N)
+    if N > 1 and r.random() < 0.15:
+        for b in range(B):
+            n = int(num_nodes[b])
+            if n > 1:
+                parents[b, r.randrange(1, n)] = -1
+        kind += "+forest"
+    return parents, num_nodes, kind
+
+
+def make_causal_conv1d_tree(r, g):
+    if r.random() < 0.02:                                 # at the node limit (slow interpreted)
+        B, N = 1, MAX_BUDGET
+        C, W, dtype = 1, r.randint(2, MAX_CONV_WIDTH), dtype_choice(r)
+    else:
+        B, N = r.randint(1, 4), r.choice((1, 2, 5, 9, 17, 33, 64, 100))
+        C, W, dtype = conv_dims(r)
+    parents, num_nodes, kind = conv_tree_shape(r, g, B, N)
+    x, weight, mag = conv_inputs(r, g, B, N, C, W, dtype)
+    state, slots = conv_state_pool(r, g, B, C, W, dtype, mag)
+    bias = None
+    if r.random() < 0.6:
+        bias = (torch.randn(C, generator=g) * mag).to(weight.dtype)
+    pad = torch.arange(N)[None, :] >= num_nodes[:, None]
+    x[pad] = r.choice((NAN, INF, 1e30))                  # padding nodes' inputs: poison
+    specials = {}
+    if r.random() < 0.2:                                  # where python_ref puts them, NaN == NaN
+        live = slots.long() if slots is not None else torch.arange(B)
+        specials["x"] = non_finite(r, g, x, allowed=~pad[..., None].expand_as(x))
+        state_live = torch.zeros(state.shape, dtype=torch.bool)
+        state_live[live] = True
+        wide = state.float()
+        specials["conv_state"] = non_finite(r, g, wide, allowed=state_live)
+        state = wide.to(dtype)
+        if r.random() < 0.5:
+            wide = weight.float()
+            specials["weight"] = non_finite(r, g, wide, most=1)
+            weight = wide.to(weight.dtype)
+    x = x.to(dtype)
+    if r.random() < 0.2 and bool((num_nodes == N).all()):
+        num_nodes = None
+    if r.random() < 0.3:                                  # rows of a wider buffer
+        weight = widened(weight, r.randint(1, 3), fill=NAN)
+    if bias is not None and r.random() < 0.3:             # a slice of a wider buffer
+        buf = torch.full((C + 3,), NAN, dtype=bias.dtype)
+        buf[2:2 + C] = bias
+        bias = buf[2:2 + C]
+    call = dict(x=outer_layout(r, x), parents=int_layout(r, parents), conv_state=state,
+                weight=weight, bias=bias, state_slots=slots, num_nodes=num_nodes,
+                activation=r.choice(("silu", "silu", None)))
+    meta = dict(kind=kind, mag=mag, specials=specials)
+    if r.random() < 0.08:
+        bad = r.choice(("parents", "weight", "state_slots", "conv_state", "activation"))
+        if bad == "parents" and N > 1 and (num_nodes is None or int(num_nodes[0]) > 1):
+            p2 = parents.clone()
+            p2[0, 1] = 1                                  # its own parent
+            call["parents"] = p2
+            meta["refuse"] = (ValueError, "parents")
+        elif bad == "weight":
+            call["weight"] = weight.to(F16 if dtype == BF16 else BF16)
+            meta["refuse"] = (TypeError, "weight")
+        elif bad == "state_slots" and slots is not None:
+            call["state_slots"] = slots.clone().fill_(state.shape[0])
+            meta["refuse"] = (ValueError, "state_slots")
+        elif bad == "conv_state" and not widened(state, 1).is_contiguous():
+            call["conv_state"] = widened(state, 1)        # the pool must be contiguous
+            meta["refuse"] = (ValueError, "conv_state")
+        elif bad == "activation":
+            call["activation"] = r.choice(("relu", "SiLU", ""))
+            meta["refuse"] = (ValueError, "activation")
+    return call, meta
+
+
+def make_causal_conv1d_commit(r, g):
+    B = r.randint(1, 4)
+    N = r.choice((1, 2, 5, 9, 17, 33))
+    P = r.randint(1, N)
+    C, W, dtype = conv_dims(r)
+    x, _, mag = conv_inputs(r, g, B, N, C, W, dtype)
+    path = torch.full((B, P), -1, dtype=I32)
+    accept = torch.zeros(B, dtype=I32)
+    for b in range(B):
+        a = r.randint(0, P - 1)
+        path[b, :a + 1] = torch.tensor(r.sample(range(N), a + 1), dtype=I32)
+        if a + 1 < P and r.random() < 0.5:                # junk past accept_len, never read
+            path[b, a + 1:] = torch.randint(-5, N + 5, (P - a - 1,), generator=g, dtype=I32)
+        accept[b] = a
+    state, slots = conv_state_pool(r, g, B, C, W, dtype, mag)
+    specials = {}
+    if r.random() < 0.2:                                  # moved bit for bit, NaN included
+        specials["x"] = non_finite(r, g, x)
+    call = dict(x=outer_layout(r, x.to(dtype)), path=int_layout(r, path), accept_len=accept,
+                conv_state=state, state_slots=slots)
+    meta = dict(specials=specials)
+    if r.random() < 0.08:
+        bad = r.choice(("accept_len", "path", "state_slots", "conv_state"))
+        if bad == "accept_len":
+            call["accept_len"] = accept.clone().fill_(P)
+            meta["refuse"] = (ValueError, "accept_len")
+        elif bad == "path":
+            p2 = path.clone()
+            p2[0, 0] = r.choice((N, -1))
+            call["path"] = p2
+            meta["refuse"] = (ValueError, "path")
+        elif bad == "state_slots" and slots is not None and B > 1:
+            call["state_slots"] = slots.clone().fill_(int(slots[0]))
+            meta["refuse"] = (ValueError, "state_slots")
+        elif bad == "conv_state":
+            call["conv_state"] = state.to(F16 if dtype != F16 else F32)
+            meta["refuse"] = (TypeError, "conv_state")
+    return call, meta
+
+
+OPS = OPS + ("causal_conv1d_tree", "causal_conv1d_commit")
+MAKERS.update(causal_conv1d_tree=make_causal_conv1d_tree,
+              causal_conv1d_commit=make_causal_conv1d_commit)

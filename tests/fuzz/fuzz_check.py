@@ -309,6 +309,28 @@ def compare_gated_delta_commit(case, call, got):
     close(state[used], want[used], TOL[c["k"].dtype], "state")
 
 
+def compare_causal_conv1d_tree(case, call, got):
+    c = case.call
+    want = ref.causal_conv1d_tree(*_float64(c, ("x", "parents", "conv_state", "weight", "bias")),
+                                  state_slots=c["state_slots"], num_nodes=c["num_nodes"],
+                                  activation=c["activation"])
+    got = got.detach().cpu()
+    assert got.dtype == c["x"].dtype and got.shape == want.shape and got.is_contiguous()
+    n = want.shape[1]
+    num = torch.full((want.shape[0],), n) if c["num_nodes"] is None else c["num_nodes"]
+    pad = torch.arange(n)[None, :] >= num[:, None]
+    assert (got[pad] == 0).all(), "causal_conv1d_tree: a padding row is not 0"
+    close_non_finite(got, want, TOL[c["x"].dtype], "y")
+
+
+def compare_causal_conv1d_commit(case, call, got):
+    c = case.call
+    assert got is None, "causal_conv1d_commit returns None"
+    want = c["conv_state"].clone()
+    ref.causal_conv1d_commit(c["x"], c["path"], c["accept_len"], want, state_slots=c["state_slots"])
+    same(call["conv_state"], want, "conv_state")      # moved bit for bit; other slots kept
+
+
 COMPARE = {
     "pack_mask": compare_pack_mask,
     "draft_tree_from_topk": compare_draft_tree_from_topk,
@@ -322,5 +344,7 @@ COMPARE = {
     "silu_mul": compare_silu_mul,
     "gated_delta_tree": compare_gated_delta_tree,
     "gated_delta_commit": compare_gated_delta_commit,
+    "causal_conv1d_tree": compare_causal_conv1d_tree,
+    "causal_conv1d_commit": compare_causal_conv1d_commit,
 }
 assert set(COMPARE) == set(OPS)

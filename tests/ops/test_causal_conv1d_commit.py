@@ -79,6 +79,20 @@ def test_accept_nothing_but_the_root_and_everything(backend):
     assert torch.equal(s3[0], x[0, 1:].t())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_path_entries_past_accept_len_are_not_read(backend):
+    """Junk past accept_len (past N or below -1) changes nothing: those entries are not read."""
+    gen = torch.Generator().manual_seed(4)
+    x, _, state, _ = _tree(gen, 2, 5, 3, 4, 2)
+    clean = torch.tensor([[0, 2, -1, -1], [1, -1, -1, -1]], dtype=torch.int32)
+    junk = torch.tensor([[0, 2, 9, -7], [1, 5, 2, 40]], dtype=torch.int32)
+    accept = torch.tensor([1, 0], dtype=torch.int32)
+    want, got = state.clone(), state.clone()
+    jk.causal_conv1d_commit(x, clean, accept, want, backend=backend)
+    jk.causal_conv1d_commit(x, junk, accept, got, backend=backend)
+    assert torch.equal(got, want)
+
+
 def _args(**over):
     a = dict(x=torch.zeros(2, 3, 4), path=torch.tensor([[0, 1], [0, -1]], dtype=torch.int32),
              accept_len=torch.tensor([1, 0], dtype=torch.int32), conv_state=torch.zeros(2, 4, 3))

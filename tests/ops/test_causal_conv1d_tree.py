@@ -100,6 +100,22 @@ def test_no_activation_and_every_backend(backend):
     assert torch.allclose(y.double(), want, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_parents_are_not_read(backend):
+    """Padding nodes' parents may hold any node index, forward ones too (as gated_delta_tree,
+    which takes the same tree, allows): they are not read and the valid rows do not change."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 3, generator=gen)
+    state = torch.randn(2, 3, 3, generator=gen)
+    weight = torch.randn(3, 4, generator=gen)
+    clean = torch.tensor([[-1, 0, -1, -1], [-1, 0, 1, -1]], dtype=torch.int32)
+    looks_real = torch.tensor([[-1, 0, 3, 2], [-1, 0, 1, 3]], dtype=torch.int32)
+    num_nodes = torch.tensor([2, 3], dtype=torch.int32)
+    want = jk.causal_conv1d_tree(x, clean, state, weight, num_nodes=num_nodes, backend=backend)
+    got = jk.causal_conv1d_tree(x, looks_real, state, weight, num_nodes=num_nodes, backend=backend)
+    assert torch.equal(got, want)
+
+
 def _args(**over):
     gen = torch.Generator().manual_seed(3)
     a = dict(x=torch.randn(2, 3, 4, generator=gen),
