@@ -868,13 +868,9 @@ def make_gated_delta_tree(r, g):
     return call, meta
 
 
-def make_gated_delta_commit(r, g):
-    B = r.randint(1, 4)
-    N = r.choice((1, 2, 5, 9, 17))
-    P = r.randint(1, N)
-    H, Hv, Dk, Dv, dtype = gated_delta_dims(r)
-    l2norm = r.random() < 0.9
-    _, k, v, gate, beta, v_mag = gated_delta_nodes(r, g, B, N, H, Hv, Dk, Dv, dtype, l2norm)
+def accepted_paths(r, g, B, N, P):
+    """An accepted path of distinct nodes per sequence ([B, P] int32, -1 or junk past each
+    sequence's accept_len, which commits never read) and the accept_len ([B] int32)."""
     path = torch.full((B, P), -1, dtype=I32)
     accept = torch.zeros(B, dtype=I32)
     for b in range(B):
@@ -883,6 +879,17 @@ def make_gated_delta_commit(r, g):
         if a + 1 < P and r.random() < 0.5:                # junk past accept_len, never read
             path[b, a + 1:] = torch.randint(-5, N + 5, (P - a - 1,), generator=g, dtype=I32)
         accept[b] = a
+    return path, accept
+
+
+def make_gated_delta_commit(r, g):
+    B = r.randint(1, 4)
+    N = r.choice((1, 2, 5, 9, 17))
+    P = r.randint(1, N)
+    H, Hv, Dk, Dv, dtype = gated_delta_dims(r)
+    l2norm = r.random() < 0.9
+    _, k, v, gate, beta, v_mag = gated_delta_nodes(r, g, B, N, H, Hv, Dk, Dv, dtype, l2norm)
+    path, accept = accepted_paths(r, g, B, N, P)
     state, slots = state_pool(r, g, B, Hv, Dk, Dv, v_mag)
     call = dict(k=outer_layout(r, k), v=outer_layout(r, v), g=gate, beta=outer_layout(r, beta),
                 path=int_layout(r, path), accept_len=accept, state=state, state_slots=slots,
@@ -1023,14 +1030,7 @@ def make_causal_conv1d_commit(r, g):
     P = r.randint(1, N)
     C, W, dtype = conv_dims(r)
     x, _, mag = conv_inputs(r, g, B, N, C, W, dtype)
-    path = torch.full((B, P), -1, dtype=I32)
-    accept = torch.zeros(B, dtype=I32)
-    for b in range(B):
-        a = r.randint(0, P - 1)
-        path[b, :a + 1] = torch.tensor(r.sample(range(N), a + 1), dtype=I32)
-        if a + 1 < P and r.random() < 0.5:                # junk past accept_len, never read
-            path[b, a + 1:] = torch.randint(-5, N + 5, (P - a - 1,), generator=g, dtype=I32)
-        accept[b] = a
+    path, accept = accepted_paths(r, g, B, N, P)
     state, slots = conv_state_pool(r, g, B, C, W, dtype, mag)
     specials = {}
     if r.random() < 0.2:                                  # moved bit for bit, NaN included
