@@ -132,23 +132,32 @@ def tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask=None, tai
     out : ``[B, N, Hq, Dh]`` and lse : ``[B, Hq, N]`` in the compute dtype, as :func:`tree_attention`.
     """
     B, N, Hq, Dh = q.shape
-    Hkv = k_cache.shape[2]
     cd = compute_dtype(q, k_cache, v_cache)
     out = torch.zeros(B, N, Hq, Dh, dtype=cd, device=q.device)
     lse = torch.full((B, Hq, N), -math.inf, dtype=cd, device=q.device)
     one = torch.zeros(1, dtype=torch.int64, device=q.device)
-    for b in range(B):
+    for b, i, kc, vc in logical_rows(k_cache, v_cache, prefix_lens, N, tree_mask, tail,
+                                     block_table):
+        o, l = tree_attention(q[b:b + 1, i:i + 1].clone(), kc, vc, one + (kc.shape[1] - 1),
+                              None, "causal", None, scale)
+        out[b, i] = o[0, 0]
+        lse[b, :, i] = l[0, :, 0]
+    return out, lse
+
+
+def logical_rows(k_cache, v_cache, prefix_lens, N, tree_mask=None, tail="causal",
+                 block_table=None):
+    """Each tree row's visible keys in logical order, as the decode step at its position sees
+    them: yields ``(b, i, k, v)``, k and v fresh contiguous ``[1, length, Hkv, Dh]`` copies
+    (length = prefix_lens[b] + the row's depth + 1 for a tree; caches as :func:`tree_attention`)."""
+    Hkv, Dh = k_cache.shape[2], k_cache.shape[3]
+    for b in range(prefix_lens.shape[0]):
         P = int(prefix_lens[b])
         keys = gather_cache(k_cache, b, P + N, block_table)
         vals = gather_cache(v_cache, b, P + N, block_table)
         rows = visible_slots(P, N, None if tree_mask is None else tree_mask[b], tail)
         for i, slots in enumerate(rows):
-            slots = slots.to(q.device)
+            slots = slots.to(keys.device)
             length = slots.numel()
-            kc = keys[slots].reshape(1, length, Hkv, Dh).contiguous()
-            vc = vals[slots].reshape(1, length, Hkv, Dh).contiguous()
-            o, l = tree_attention(q[b:b + 1, i:i + 1].clone(), kc, vc, one + (length - 1),
-                                  None, "causal", None, scale)
-            out[b, i] = o[0, 0]
-            lse[b, :, i] = l[0, :, 0]
-    return out, lse
+            yield (b, i, keys[slots].reshape(1, length, Hkv, Dh).contiguous(),
+                   vals[slots].reshape(1, length, Hkv, Dh).contiguous())

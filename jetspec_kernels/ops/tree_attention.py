@@ -7,7 +7,7 @@ import torch
 
 from .. import backend as _backend
 from .. import checks
-from ..python_ref.tree_attention import gather_cache, tree_attention_logical, visible_slots
+from ..python_ref.tree_attention import logical_rows, tree_attention_logical
 from ..tree import mask_words
 from .exact import exact_backend
 
@@ -143,24 +143,17 @@ def _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
     _backend.resolve(q.device, "triton")          # BackendUnavailableError saying why, if it is not
     from ..triton.tree_attention import launch_tree_attention
     b, n, hq, dh = q.shape
-    hkv = k_cache.shape[2]
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, n, dtype=torch.float32, device=q.device)
-    for s in range(b):
-        p = int(prefix_lens[s])
-        keys = gather_cache(k_cache, s, p + n, block_table)
-        vals = gather_cache(v_cache, s, p + n, block_table)
-        rows = visible_slots(p, n, None if tree_mask is None else tree_mask[s], tail)
-        for i, slots in enumerate(rows):
-            length = slots.numel()
-            kc = keys[slots.to(q.device)].reshape(1, length, hkv, dh).contiguous()
-            vc = vals[slots.to(q.device)].reshape(1, length, hkv, dh).contiguous()
-            o = torch.empty(1, 1, hq, dh, dtype=q.dtype, device=q.device)
-            l = torch.empty(1, hq, 1, dtype=torch.float32, device=q.device)
-            launch_tree_attention(q[s:s + 1, i:i + 1].clone(), kc, vc,
-                                  torch.full((1,), length - 1, dtype=torch.int32, device=q.device),
-                                  None, "causal", None, scale, o, l, num_splits=1)
-            out[s, i] = o[0, 0]
-            lse[s, :, i] = l[0, :, 0]
+    for s, i, kc, vc in logical_rows(k_cache, v_cache, prefix_lens, n, tree_mask, tail,
+                                     block_table):
+        o = torch.empty(1, 1, hq, dh, dtype=q.dtype, device=q.device)
+        l = torch.empty(1, hq, 1, dtype=torch.float32, device=q.device)
+        launch_tree_attention(q[s:s + 1, i:i + 1].clone(), kc, vc,
+                              torch.full((1,), kc.shape[1] - 1, dtype=torch.int32,
+                                         device=q.device),
+                              None, "causal", None, scale, o, l, num_splits=1)
+        out[s, i] = o[0, 0]
+        lse[s, :, i] = l[0, :, 0]
     return out, lse
