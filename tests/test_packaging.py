@@ -150,9 +150,11 @@ def test_find_nvcc_falls_back_to_cuda_home(setup_py, tmp_path):
 
 
 def _make_dry_run(target, *args):
-    """The commands ``make TARGET`` would run (every prerequisite remade)."""
+    """The commands ``make TARGET`` would run (every prerequisite remade). Run as a top-level make
+    (inside ``make test`` the inherited MAKELEVEL / MAKEFLAGS add "Entering directory" lines)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     return subprocess.run(["make", "-n", "-B", target, *args], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout
+                          text=True, check=True, env=env).stdout
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
