@@ -167,6 +167,19 @@ def value_range(name: str, t: torch.Tensor, lo: int | None = None, hi: int | Non
         raise ValueError(f"{name} values must be {want}, got min {mn}, max {mx}")
 
 
+def parents_precede(parents: torch.Tensor, num_nodes: torch.Tensor | None) -> None:
+    """A tree's valid nodes (index < num_nodes[b]; None: all N) have -1 <= parents[b, i] < i;
+    padding nodes' entries are not read (only when value checks run)."""
+    if parents.numel() == 0 or not values_checked(parents):
+        return
+    n = parents.shape[1]
+    idx = torch.arange(n, device=parents.device)
+    valid = idx[None, :] < (n if num_nodes is None else num_nodes[:, None])
+    if bool((valid & ((parents < -1) | (parents >= idx[None, :]))).any()):
+        raise ValueError("parents must point to an earlier node for valid nodes: -1 <= "
+                         "parents[b, i] < i (-1: a child of the committed prefix)")
+
+
 def cache_and_table(k_cache, v_cache, block_table, *, batch: int, hkv: int | None, head_dim: int | None,
                     dtypes, device) -> tuple[int, int | None]:
     """Check a contiguous ``[B, L, Hkv, Dh]`` or paged ``[P, page, Hkv, Dh]`` cache pair (static:

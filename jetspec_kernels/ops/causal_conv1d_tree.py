@@ -61,12 +61,7 @@ def check_causal_conv1d_tree(x, parents, conv_state, weight, bias, state_slots, 
     checks.value_range("parents", parents, -1, n - 1)
     if num_nodes is not None:
         checks.value_range("num_nodes", num_nodes, 0, n)
-    if checks.values_checked(parents) and parents.numel():
-        idx = torch.arange(n, device=parents.device)
-        valid = idx[None, :] < (n if num_nodes is None else num_nodes[:, None])
-        if bool((valid & (parents >= idx)).any()):
-            raise ValueError("parents must point to an earlier node (parents[b, i] < i) or be -1 "
-                             "for valid nodes")
+    checks.parents_precede(parents, num_nodes)
 
 
 def causal_conv1d_tree(x, parents, conv_state, weight, bias=None, *, state_slots=None,

@@ -78,12 +78,7 @@ def check_gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_no
     slot_values(state, state_slots)
     if num_nodes is not None:
         checks.value_range("num_nodes", num_nodes, 0, n)
-    if checks.values_checked(parents) and parents.numel():
-        idx = torch.arange(n, device=parents.device)
-        valid = idx[None, :] < (n if num_nodes is None else num_nodes[:, None])
-        if bool((valid & ((parents < -1) | (parents >= idx[None, :]))).any()):
-            raise ValueError("parents must satisfy -1 <= parents[b, i] < i for valid nodes (a "
-                             "parent precedes its child; -1: a child of the committed prefix)")
+    checks.parents_precede(parents, num_nodes)
 
 
 def gated_delta_tree(q, k, v, g, beta, parents, state, *, state_slots=None, num_nodes=None,
