@@ -62,11 +62,82 @@ def test_shapes_and_bad_arguments():
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="exact triton attention is refused on a GPU until a run shows it")
-@pytest.mark.parametrize("prefix,n,page_size,pad", [(5, 8, None, 0), (13, 8, 4, 2)])
-def test_exact_triton_tree_row_equals_decode_row(prefix, n, page_size, pad):
+@pytest.mark.parametrize("prefix,n,page_size,pad,heads", [
+    (5, 8, None, 0, (4, 2)), (13, 8, 4, 2, (4, 2)),
+    (60, 12, None, 0, (4, 1)),        # the tree crosses the key block at 64: shared in the
+    (60, 12, 16, 3, (6, 2)),          # decode steps past 64, each row's own in the tree; G 3
+    (130, 40, None, 4, (4, 4)),       # 40 rows: three tiles of 16 (G 1: 64 rows a tile)
+])
+def test_exact_triton_tree_row_equals_decode_row(prefix, n, page_size, pad, heads):
     gen = torch.Generator().manual_seed(prefix + n)
-    assert tree_vs_decode_mismatches(prefix, n, torch.float32, gen, exact=True,
-                                     page_size=page_size, pad=pad, dh=32, backend="triton") == 0
+    assert tree_vs_decode_mismatches(prefix, n, torch.float32, gen, exact=True, heads=heads,
+                                     page_size=page_size, pad=pad, dh=16, backend="triton") == 0
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="exact triton attention is refused on a GPU until a run shows it")
+@pytest.mark.parametrize("page_size", [None, 32])
+def test_exact_triton_row_across_the_split_boundary(page_size):
+    """A chain whose rows end on both sides of the first split boundary (SPLIT_KEYS logical keys):
+    the rows past it combine two splits, as their decode steps do."""
+    from jetspec_kernels.triton.exact_attention import SPLIT_KEYS
+    n, prefix = 12, SPLIT_KEYS - 6
+    parents = torch.arange(-1, n - 1, dtype=torch.int32)[None]
+    gen = torch.Generator().manual_seed(3)
+    assert tree_vs_decode_mismatches(prefix, n, torch.float32, gen, exact=True, heads=(2, 1),
+                                     page_size=page_size, dh=16, backend="triton",
+                                     parents=parents) == 0
+
+
+def _ragged_batch(gen, dh=16, hq=4, hkv=2, cap=160):
+    """Three sequences: prefixes 3, 61 and 100, trees of 9 nodes (random, a chain, two padding
+    nodes), one paged cache of pages of 8 with a shuffled table."""
+    import jetspec_kernels.python_ref as ref
+    from bench.exact_invariance import random_tree_mask
+    n = 9
+    masks = [random_tree_mask(n, gen)[2], ref.pack_mask(torch.arange(-1, n - 1, dtype=torch.int32)[None],
+                                                        torch.tensor([n], dtype=torch.int32)).to(torch.int32),
+             random_tree_mask(n, gen, pad=2)[2]]
+    pages = cap // 8
+    k = torch.randn(3 * pages, 8, hkv, dh, generator=gen)
+    v = torch.randn(3 * pages, 8, hkv, dh, generator=gen) * 30
+    table = torch.randperm(3 * pages, generator=gen).to(torch.int32).view(3, pages)
+    q = torch.randn(3, n, hq, dh, generator=gen) * 4
+    return q, k, v, torch.tensor([3, 61, 100], dtype=torch.int32), torch.cat(masks), table
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="exact triton attention is refused on a GPU until a run shows it")
+def test_exact_triton_sequence_alone_equals_in_a_batch():
+    import jetspec_kernels as jk
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, pl, mask, table = _ragged_batch(gen)
+    full, full_lse = jk.tree_attention(q, k, v, pl, mask, block_table=table, return_lse=True,
+                                       exact=True, backend="triton")
+    for b in range(3):
+        one, one_lse = jk.tree_attention(q[b:b + 1].clone(), k, v, pl[b:b + 1].clone(),
+                                         mask[b:b + 1].clone(), block_table=table[b:b + 1].clone(),
+                                         return_lse=True, exact=True, backend="triton")
+        assert torch.equal(_bits(one[0]), _bits(full[b])), b
+        assert torch.equal(_bits(one_lse[0]), _bits(full_lse[b])), b
+    want, want_lse = jk.tree_attention(q, k, v, pl, mask, block_table=table, return_lse=True,
+                                       backend="reference")
+    assert rel_l2(full.double(), want.double()) < 1e-5
+    assert rel_l2(full_lse.double(), want_lse.double()) < 1e-5
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="exact triton attention is refused on a GPU until a run shows it")
+@pytest.mark.parametrize("tail", ["causal", "full"])
+def test_exact_triton_without_a_mask_and_strided_q(tail):
+    import jetspec_kernels as jk
+    gen = torch.Generator().manual_seed(5)
+    big = torch.randn(2, 5, 6, 16, generator=gen)
+    q = big[:, :, 1:5]                                 # strided heads
+    k, v = torch.randn(2, 80, 2, 16, generator=gen), torch.randn(2, 80, 2, 16, generator=gen)
+    pl = torch.tensor([70, 0], dtype=torch.int32)
+    got, got_lse = jk.tree_attention(q, k, v, pl, tail=tail, return_lse=True, exact=True,
+                                     backend="triton")
+    want, want_lse = jk.tree_attention(q, k, v, pl, tail=tail, return_lse=True, backend="reference")
+    assert rel_l2(got.double(), want.double()) < 1e-5
+    assert rel_l2(got_lse.double(), want_lse.double()) < 1e-5
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="the interpreter's power check")

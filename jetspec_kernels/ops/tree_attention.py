@@ -7,7 +7,7 @@ import torch
 
 from .. import backend as _backend
 from .. import checks
-from ..python_ref.tree_attention import logical_rows, tree_attention_logical
+from ..python_ref.tree_attention import tree_attention_logical
 from ..tree import mask_words
 from .exact import exact_backend
 
@@ -124,7 +124,12 @@ def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale
     """tree_attention(exact=True): the logical-order row form (reference, or triton when named)."""
     name = exact_backend("tree_attention", q.device, backend, shown=("triton",))
     if name == "triton":
-        o, l = _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale)
+        _backend.resolve(q.device, "triton")      # BackendUnavailableError saying why, if it is not
+        from ..triton.exact_attention import exact_tree_attention
+        o = torch.empty_like(q)
+        l = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+        exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
+                             1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale), o, l)
     else:
         o, l = tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
                                       block_table, scale)
@@ -133,27 +138,4 @@ def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale
     if not return_lse:
         return out
     lse = l.to(torch.float32) if lse is None else lse.copy_(l)
-    return out, lse
-
-
-def _triton_rows(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale):
-    """The row form on the triton kernel: each query's visible keys gathered in logical order into
-    a cache of exactly that length, then one launch of the N = 1 decode shape with one split (its
-    plan then depends on the row's length alone, as the decode step's at that position does)."""
-    _backend.resolve(q.device, "triton")          # BackendUnavailableError saying why, if it is not
-    from ..triton.tree_attention import launch_tree_attention
-    b, n, hq, dh = q.shape
-    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
-    out = torch.empty_like(q)
-    lse = torch.empty(b, hq, n, dtype=torch.float32, device=q.device)
-    for s, i, kc, vc in logical_rows(k_cache, v_cache, prefix_lens, n, tree_mask, tail,
-                                     block_table):
-        o = torch.empty(1, 1, hq, dh, dtype=q.dtype, device=q.device)
-        l = torch.empty(1, hq, 1, dtype=torch.float32, device=q.device)
-        launch_tree_attention(q[s:s + 1, i:i + 1].clone(), kc, vc,
-                              torch.full((1,), kc.shape[1] - 1, dtype=torch.int32,
-                                         device=q.device),
-                              None, "causal", None, scale, o, l, num_splits=1)
-        out[s, i] = o[0, 0]
-        lse[s, :, i] = l[0, :, 0]
     return out, lse

@@ -1,0 +1,283 @@
+"""Triton ``tree_attention(exact=True)``: every query row reduced over its visible keys in logical
+order, in blocks and splits fixed by logical position, so a tree node's row is the same bits as
+the one-token decode step's at its position (its ancestors committed), in one launch.
+
+A row's logical keys are ``t = 0 .. L - 1`` with ``L = prefix + depth`` (depth: the row's
+visible tail keys, itself included): key ``t < prefix`` is cache position t; key
+``prefix + d`` is the tail slot of the row's d-th visible tail node (ascending node order, which
+is depth order: parents precede children). The decode step at the same logical position
+``prefix + depth - 1`` has the same L and, once the ancestors are committed at ``prefix ..``,
+the same key at every t. Everything that shapes the arithmetic is a function of t, L and the
+head dim alone, never of B, N, the page size, the tree or the SM count:
+
+* blocks of ``BLOCK_N`` keys start at multiples of BLOCK_N of t (block k is keys
+  ``k * BLOCK_N ..``), keys past L masked in the row's last block;
+* splits of ``SPLIT_KEYS`` logical keys; a row with more than one split combines them in split
+  order (the combine kernel), a row with one writes its output directly;
+* one program shape (``BLOCK_M`` packed rows ``f = r * G + g``: R tree rows x the G query heads
+  of a kv head, zero rows padding a short tile, ``num_warps`` from the head dim): a row's dot
+  products are the same instruction sequence wherever it sits in the tile;
+* FMA contraction off (``enable_fp_fusion=False``): the block update is one helper, but the
+  compiler may contract ``s * scale - m`` in one call site and not in another.
+
+Work sharing: blocks wholly below the prefix hold the same keys for every row of the sequence, so
+a tile reads them once and runs one dot for its R rows (the rows are independent rows of the
+dot). The blocks from the prefix's last whole block on hold each row's own ancestors, so there the
+tile loops over its rows, gathering each row's keys and keeping only that row's results (the
+same dot and update, so a row's bits do not depend on which path ran a block: the decode step
+meets as shared a block the tree row meets as its own). Blocks past a row's L are skipped for that
+row, never applied as an empty update (``-0.0 + 0.0`` would turn a negative zero positive).
+
+What the interpreter can and cannot show, and the predicted cost on a GPU: docs/perf/exact_mode.md.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sizes import cdiv, next_power_of_2
+from .tree_attention import _LN2, _LOG2E, _attend_block, _kv_offsets
+
+__all__ = ["exact_tree_attention", "SPLIT_KEYS", "BLOCK_M", "block_n", "tail_order"]
+
+BLOCK_M = 64            # packed rows a program: fixed, never from N
+SPLIT_KEYS = 1024       # logical keys a split: fixed, never from B, N or the SM count
+
+
+def block_n(head_dim: int) -> int:
+    """Keys a block (a multiple dividing SPLIT_KEYS); from the head dim alone."""
+    return 64 if head_dim <= 128 else 32
+
+
+def _num_warps(head_dim: int) -> int:
+    return 4 if head_dim <= 64 else 8
+
+
+@triton.jit
+def _exact_fwd(
+    q_ptr, k_ptr, v_ptr, prefix_ptr, depth_ptr, order_ptr, bt_ptr, out_ptr, lse_ptr,
+    part_o_ptr, part_lse_ptr,
+    q_batch_stride, q_row_stride, q_head_stride,
+    k_batch_stride, k_row_stride, k_head_stride,
+    v_batch_stride, v_row_stride, v_head_stride,
+    block_table_batch_stride, page_size,
+    o_batch_stride, o_row_stride, o_head_stride,
+    lse_batch_stride, lse_head_stride, lse_row_stride,
+    B, N, HQ, HKV, G, R, qk_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr, PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr,
+    STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One (tile of R rows, sequence x kv head, split) program."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = bh // HKV
+    kv_head = bh % HKV
+
+    f = tl.arange(0, BLOCK_M)
+    r_of = f // G
+    row = tile * R + r_of
+    row_ok = (r_of < R) & (row < N)
+    head = kv_head * G + f % G
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q_off = (b.to(tl.int64) * q_batch_stride + row.to(tl.int64) * q_row_stride
+             + head.to(tl.int64) * q_head_stride)
+    q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    prefix = tl.load(prefix_ptr + b)
+    depth = tl.load(depth_ptr + b.to(tl.int64) * N + row, mask=row_ok, other=0)
+    length = tl.where(row_ok, prefix + depth, 0)            # each packed row's L
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    lo = split * SPLIT_KEYS
+    hi = tl.minimum(lo + SPLIT_KEYS, tl.max(length, 0))
+    shared_end = tl.maximum(tl.minimum((prefix // BLOCK_N) * BLOCK_N, hi), lo)
+    for start in range(lo, shared_end, BLOCK_N):           # the same keys for every row
+        pos = start + offs_n
+        key_ok = pos < shared_end                          # all true: below the prefix
+        k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
+                                   page_size, k_batch_stride, k_row_stride, k_head_stride,
+                                   v_batch_stride, v_row_stride, v_head_stride, PAGED,
+                                   SAME_KV_STRIDES)
+        visible = row_ok[:, None] & (pos[None, :] < length[:, None])
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
+                                      visible, offs_d, qk_scale_log2, INPUT_PRECISION)
+
+    for start in range(shared_end, hi, BLOCK_N):           # each row's own keys
+        t = start + offs_n
+        for r in range(0, R):
+            rr = tile * R + r
+            if rr < N:
+                row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)
+                if start < row_len:
+                    key_ok = t < row_len
+                    in_tail = key_ok & (t >= prefix)
+                    node = tl.load(order_ptr + (b.to(tl.int64) * N + rr) * N + (t - prefix),
+                                   mask=in_tail, other=0)
+                    pos = tl.where(t < prefix, t, prefix + node)
+                    k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr,
+                                               block_table_batch_stride, page_size,
+                                               k_batch_stride, k_row_stride, k_head_stride,
+                                               v_batch_stride, v_row_stride, v_head_stride,
+                                               PAGED, SAME_KV_STRIDES)
+                    mine = row_ok & (r_of == r)
+                    visible = mine[:, None] & key_ok[None, :]
+                    acc2, m2, l2 = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off,
+                                                 key_ok, visible, offs_d, qk_scale_log2,
+                                                 INPUT_PRECISION)
+                    acc = tl.where(mine[:, None], acc2, acc)
+                    m_i = tl.where(mine, m2, m_i)
+                    l_i = tl.where(mine, l2, l_i)
+
+    no_key = l_i == 0.0
+    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, l_i)[:, None])
+    lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
+    splits = tl.cdiv(length, SPLIT_KEYS)
+    this_split = tl.zeros_like(splits) + split
+    direct = row_ok & (splits == 1) & (this_split == 0)
+    o_off = (b.to(tl.int64) * o_batch_stride + row.to(tl.int64) * o_row_stride
+             + head.to(tl.int64) * o_head_stride)
+    tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=direct[:, None])
+    if STORE_LSE:
+        l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
+            + row.to(tl.int64) * lse_row_stride
+        tl.store(lse_ptr + l_off, lse2 * _LN2, mask=direct)
+    partial = row_ok & (splits > 1) & (this_split < splits)
+    part_row = ((split * B + b).to(tl.int64) * N + row) * HQ + head      # [S, B, N, HQ] rows
+    tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o,
+             mask=partial[:, None])
+    tl.store(part_lse_ptr + part_row, lse2, mask=partial)
+
+
+@triton.jit
+def _exact_combine(
+    part_o_ptr, part_lse_ptr, prefix_ptr, depth_ptr, out_ptr, lse_ptr,
+    o_batch_stride, o_row_stride, o_head_stride, lse_batch_stride, lse_head_stride, lse_row_stride,
+    N, HQ, rows, max_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+):
+    """Rows with more than one split: their partials combined in split order, each row over its
+    own split count (a row's result does not depend on the launch's largest)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)     # r = (b * N + i) * HQ + head
+    head = r % HQ
+    row_i = (r // HQ) % N
+    b = r // (HQ * N)
+    length = tl.load(prefix_ptr + b, mask=r < rows, other=0) \
+        + tl.load(depth_ptr + b.to(tl.int64) * N + row_i, mask=r < rows, other=0)
+    splits = tl.cdiv(length, SPLIT_KEYS)
+    mine = (r < rows) & (splits > 1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    w_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(0, max_splits):
+        take = mine & (s < splits)
+        row = r.to(tl.int64) + s * rows
+        lse_s = tl.load(part_lse_ptr + row, mask=take, other=float("-inf"))
+        o_s = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=take[:, None],
+                      other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_sub)
+        w = tl.exp2(lse_s - m_sub)
+        acc = tl.where(take[:, None], acc * alpha[:, None] + w[:, None] * o_s, acc)
+        w_sum = tl.where(take, w_sum * alpha + w, w_sum)
+        m = tl.where(take, m_new, m)
+    no_key = w_sum == 0.0
+    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, w_sum)[:, None])
+    o_off = (b.to(tl.int64) * o_batch_stride + row_i.to(tl.int64) * o_row_stride
+             + head.to(tl.int64) * o_head_stride)
+    tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=mine[:, None])
+    if STORE_LSE:
+        lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
+        l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
+            + row_i.to(tl.int64) * lse_row_stride
+        tl.store(lse_ptr + l_off, lse2 * _LN2, mask=mine)
+
+
+def tail_order(b: int, n: int, tree_mask, tail: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth int32 [B, N], order int32 [B, N, N]): each row's visible tail nodes counted, and
+    listed ascending (``order[b, i, :depth]``; the rest is unused). Device ops, no host sync."""
+    j = torch.arange(n, device=device)
+    if tree_mask is not None:
+        bits = ((tree_mask[..., j // 32] >> (j % 32).to(tree_mask.dtype)) & 1) != 0
+    elif tail == "causal":
+        bits = (j[None, :] <= j[:, None]).expand(b, n, n)
+    else:
+        bits = torch.ones(b, n, n, dtype=torch.bool, device=device)
+    depth = bits.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~bits).to(torch.uint8), dim=-1, stable=True).to(torch.int32)
+    return depth.contiguous(), order.contiguous()
+
+
+def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
+                         out, lse) -> None:
+    """``tree_attention(exact=True)`` on triton: fills ``out`` (and ``lse`` when given).
+
+    Parameters
+    ----------
+    q : float16/bfloat16/float32 [B, N, Hq, Dh], last dim contiguous
+    k_cache, v_cache : q.dtype, [B, L, Hkv, Dh] or paged [P, page_size, Hkv, Dh], last dim
+        contiguous; the tail's K/V at positions prefix_lens .. prefix_lens + N - 1
+    prefix_lens : int32 [B]; tree_mask : int32 [B, N, ceil(N/32)] or None; tail : "causal" | "full"
+    block_table : int32 [B, max_pages] or None; scale : float
+    out : q.dtype [B, N, Hq, Dh], last dim contiguous; lse : float32 [B, Hq, N] or None
+
+    Arguments were validated by ``jetspec_kernels.ops.tree_attention``. Row (b, i) of ``out`` is
+    the same bits as the N = 1 call at prefix ``prefix_lens[b] + depth - 1`` over the row's keys
+    committed in logical order (the decode step).
+    """
+    B, N, HQ, D = q.shape
+    HKV = k_cache.shape[2]
+    G = HQ // HKV
+    if B * N == 0:
+        return
+    dev = q.device
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    bm = max(BLOCK_M, next_power_of_2(G))
+    rows_per_tile = bm // G
+    max_splits = cdiv(max(capacity, 1), SPLIT_KEYS)
+    depth, order = tail_order(B, N, tree_mask, tail, dev)
+    prefix_lens = prefix_lens.to(torch.int32)
+    store_lse = lse is not None
+    lse_arg = lse if store_lse else out
+    lse_strides = (lse.stride(0), lse.stride(1), lse.stride(2)) if store_lse else (0, 0, 0)
+    if max_splits > 1:
+        part_o = torch.empty(max_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
+        part_lse = torch.empty(max_splits, B, N, HQ, device=dev, dtype=torch.float32)
+    else:
+        part_o = part_lse = out                  # never written: no row has two splits
+    bt_arg = block_table if paged else prefix_lens
+    _exact_fwd[(cdiv(N, rows_per_tile), B * HKV, max_splits)](
+        q, k_cache, v_cache, prefix_lens, depth, order, bt_arg, out, lse_arg, part_o, part_lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
+        out.stride(0), out.stride(1), out.stride(2), *lse_strides,
+        B, N, HQ, HKV, G, rows_per_tile, scale * _LOG2E,
+        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=block_n(D), SPLIT_KEYS=SPLIT_KEYS, PAGED=paged,
+        SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], STORE_LSE=store_lse,
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=_num_warps(D), enable_fp_fusion=False,
+    )
+    if max_splits > 1:
+        rows = B * N * HQ
+        block_r = 16 if D >= 128 else 32
+        _exact_combine[(cdiv(rows, block_r),)](
+            part_o, part_lse, prefix_lens, depth, out, lse_arg,
+            out.stride(0), out.stride(1), out.stride(2), *lse_strides,
+            N, HQ, rows, max_splits,
+            HEAD_DIM=D, BLOCK_R=block_r, SPLIT_KEYS=SPLIT_KEYS, STORE_LSE=store_lse,
+            num_warps=4, enable_fp_fusion=False,
+        )
