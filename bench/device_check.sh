@@ -21,6 +21,7 @@
 #   build          only when setup failed: `make ext`, _C alone for sm_90a (CMake, ninja)
 #   gpu_tests_triton  the triton parity tests on the GPU (pytest --gpu-step triton), first
 #                  and in a call of their own: 14 workers, a per-test timeout           95
+#                  (JETSPEC_EXACT_UNVERIFIED=1: the exact mode's tests run, test_exact_triton.py)
 #   gpu_tests      the other GPU tests but the Hopper family's (--gpu-step cuda: the cuda
 #                  backend, graph capture of every op, the engine-layout matrix)        50
 #   gpu_tests_hopper  the Hopper attention family's tests (--gpu-step hopper), in
@@ -237,7 +238,7 @@ fi
 #    rescheduled); the outcomes make the hardware record.
 export JETSPEC_HW_RECORD=$RES/hw_record.jsonl
 PYTEST="'$PY' -m pytest -q -p no:cacheprovider -rs --timeout-method thread --max-worker-restart 32"
-step gpu_tests_triton 95 340 "$PYTEST --gpu-step triton -n 14 --dist load --timeout 60 tests \
+step gpu_tests_triton 95 340 "JETSPEC_EXACT_UNVERIFIED=1 $PYTEST --gpu-step triton -n 14 --dist load --timeout 60 tests \
   --junitxml='$RES/gpu_tests_triton.xml'"
 step gpu_tests 50 290 "$PYTEST --gpu-step cuda -n 8 --dist load --timeout 45 tests \
   --junitxml='$RES/gpu_tests.xml'"

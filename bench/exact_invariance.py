@@ -89,12 +89,13 @@ def _chain(parents: torch.Tensor, i: int) -> list[int]:
 
 def tree_vs_decode_mismatches(prefix: int, n: int, dtype, gen, *, exact: bool, page_size=None,
                               pad: int = 0, heads=(4, 2), dh: int = 64, backend=None,
-                              parents=None) -> int:
+                              parents=None, device="cpu") -> int:
     """Tree nodes whose attention row differs in its bits from the one-token decode step at the
     same logical position: the prefix, then the node's ancestors and itself committed at
     ``prefix .. prefix + depth`` of a fresh cache (contiguous, or paged with ``page_size`` and a
     shuffled block table). Padding nodes (the last ``pad``) see the prefix and themselves: their
-    decode step is the prefix and their own key."""
+    decode step is the prefix and their own key. Inputs are drawn on the CPU, then moved to
+    ``device``."""
     hq, hkv = heads
     if parents is None:
         parents, num, mask = random_tree_mask(n, gen, pad)
@@ -120,8 +121,11 @@ def tree_vs_decode_mismatches(prefix: int, n: int, dtype, gen, *, exact: bool, p
             vp[table[0, p]] = vc[0, p * page_size:(p + 1) * page_size]
         return kp, vp, table
 
-    kt, vt, table = layout(k, v)
-    tree = jk.tree_attention(q, kt, vt, torch.tensor([prefix], dtype=torch.int32), mask,
+    def dev(*ts):
+        return tuple(None if t is None else t.to(device) for t in ts)
+
+    kt, vt, table = dev(*layout(k, v))
+    tree = jk.tree_attention(*dev(q), kt, vt, *dev(torch.tensor([prefix], dtype=torch.int32), mask),
                              block_table=table, exact=exact, backend=backend)
     bad = 0
     for i in range(n):
@@ -130,9 +134,9 @@ def tree_vs_decode_mismatches(prefix: int, n: int, dtype, gen, *, exact: bool, p
         k2[0, :prefix], v2[0, :prefix] = k[0, :prefix], v[0, :prefix]
         for d, j in enumerate(path):
             k2[0, prefix + d], v2[0, prefix + d] = k[0, prefix + j], v[0, prefix + j]
-        kd, vd, td = layout(k2, v2)
-        step_prefix = torch.tensor([prefix + len(path) - 1], dtype=torch.int32)
-        one = jk.tree_attention(q[:, i:i + 1].clone(), kd, vd, step_prefix, block_table=td,
+        kd, vd, td = dev(*layout(k2, v2))
+        step_prefix, = dev(torch.tensor([prefix + len(path) - 1], dtype=torch.int32))
+        one = jk.tree_attention(*dev(q[:, i:i + 1].clone()), kd, vd, step_prefix, block_table=td,
                                 exact=exact, backend=backend)
         bad += not same_bits(one[0, 0], tree[0, i])
     return bad

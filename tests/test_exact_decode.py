@@ -92,13 +92,14 @@ def _tree(parents, tokens):
                 ref.pack_mask(parents, num).to(torch.int32), int(depths.max()))
 
 
-@pytest.mark.parametrize("kind,dtype,page_size", [("dense", torch.bfloat16, None),
-                                                  ("dense", torch.float32, 4),
-                                                  ("moe", torch.bfloat16, 4)])
-def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size):
+@pytest.mark.parametrize("kind,dtype,page_size,fused_backend", [
+    ("dense", torch.bfloat16, None, None), ("dense", torch.float32, 4, None),
+    ("moe", torch.bfloat16, 4, None), ("dense", torch.float32, 4, "triton")])
+def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size, fused_backend):
     """Every tree node's verify logits == the logits of autoregressive decoding along its path
     (its ancestors committed at prefix .. prefix + depth - 1), bit for bit."""
     target = tiny_models(dtype=dtype)[0] if kind == "dense" else _moe_target(dtype)
+    target.fused_ops_backend = fused_backend
     gen = torch.Generator().manual_seed(7)
     p, n, v = 7, 12, target.config.vocab_size
     prompt = torch.randint(0, v, (1, p), generator=gen)
@@ -137,34 +138,53 @@ def test_exact_moe_speculative_equals_autoregressive():
 
 
 def test_exact_refusals(fp32_models):
-    import jetspec_kernels as jk
     target, head = fp32_models
     with pytest.raises(TypeError, match="exact must be a bool"):
         generate_ar(target, [[1, 2]], max_new_tokens=2, exact="yes")
-    prev = jk.get_backend()
-    jk.set_backend("triton")
-    try:
-        with pytest.raises(ExactModeError, match="on the 'triton' backend"):
-            generate(target, head, [[1, 2]], max_new_tokens=2, exact=True)
-    finally:
-        jk.set_backend(prev)
     target.fused_ops_backend = "cuda"
     try:
         with pytest.raises(ExactModeError, match="'cuda' backend"):
             generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True)
     finally:
         target.fused_ops_backend = None
+    moe = _moe_target(torch.float32)
+    moe.fused_ops_backend = "triton"
+    with pytest.raises(ExactModeError, match="MoE experts on triton"):
+        generate_ar(moe, [[1, 2]], max_new_tokens=2, exact=True)
 
 
-def test_cli_exact(capsys):
+def test_exact_triton_speculative_equals_autoregressive(fp32_models):
+    """The triton exact path (fixed-tile GEMMs, per-row norms, the logical-order attention in one
+    launch), under the interpreter: greedy speculative == autoregressive on the near-tie target,
+    a batch of two ragged prompts, paged, budget 16."""
+    target, head = fp32_models
+    prompts = _prompts(2, seed=4)        # a seed whose drafts get tokens accepted
+    target.fused_ops_backend = "triton"
+    try:
+        ar = generate_ar(target, prompts, max_new_tokens=8, page_size=4, exact=True).tokens
+        spec = generate(target, head, prompts, max_new_tokens=8, budget=16, page_size=4,
+                        exact=True)
+    finally:
+        target.fused_ops_backend = None
+    assert spec.tokens == ar
+    assert sum(spec.stats.accept_histogram[1:]) >= 1, "some draft token should be accepted"
+
+
+def test_cli_exact(capsys, monkeypatch):
     from jetspec_kernels.__main__ import main
+    from jetspec_kernels.ops import exact as ex
+    for backend in ("reference", "triton"):
+        rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
+                   "--budget", "16", "--ar", "--exact", "--backend", backend])
+        assert rc == 0 and "greedy outputs match" in capsys.readouterr().out, backend
+
+    def refuse(op, device, backend):
+        raise ExactModeError(f"exact mode: {op} on {device.type} is not shown row-invariant")
+    monkeypatch.setattr(ex, "exact_backend", refuse)
     rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
-               "--budget", "16", "--ar", "--exact", "--backend", "reference"])
-    assert rc == 0 and "greedy outputs match" in capsys.readouterr().out
-    rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
-               "--exact", "--backend", "triton"])
+               "--exact", "--backend", "reference"])
     err = capsys.readouterr().err
-    assert rc == 2 and "--exact: exact mode" in err and "'triton' backend" in err
+    assert rc == 2 and "--exact: exact mode" in err and "not shown row-invariant" in err
 
 
 def _sharp_models():

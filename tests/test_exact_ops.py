@@ -97,8 +97,8 @@ def test_exact_refuses_what_is_not_invariant():
     pl = torch.tensor([3], dtype=torch.int32)
     with pytest.raises(ex.ExactModeError, match="tree_attention on the 'cuda' backend"):
         jk.tree_attention(q, k, v, pl, exact=True, backend="cuda")
-    with pytest.raises(ex.ExactModeError, match="silu_mul on the 'triton' backend"):
-        ex.silu_mul(torch.randn(2, 8), backend="triton")
+    with pytest.raises(ex.ExactModeError, match="silu_mul on the 'cuda' backend"):
+        ex.silu_mul(torch.randn(2, 8), backend="cuda")
     with pytest.raises(ex.ExactModeError, match="rms_norm on the 'cuda' backend"):
         ex.rms_norm(torch.randn(2, 8), torch.ones(8), backend="cuda")
     with pytest.raises(TypeError, match="exact must be a bool"):
@@ -126,17 +126,52 @@ def test_per_row_keeps_shapes_of_empty_and_tuple_outputs():
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:1", "meta"])
-def test_exact_refuses_every_device_but_the_cpu(device):
-    """Only CPU paths are shown row-invariant: exact_backend and exact_scope refuse any other
-    device by name, whichever backend is asked for (a device, not a tensor: no GPU needed)."""
+def test_exact_on_a_gpu_only_where_shown(device, monkeypatch):
+    """A GPU runs the exact mode on triton only on a device model the hardware record lists (or
+    with JETSPEC_EXACT_UNVERIFIED=1); the reference on a GPU (torch's kernels) and any other
+    device are refused by name (a device, not a tensor: no GPU needed)."""
     dev = torch.device(device)
-    for backend in ("auto", "reference"):
-        with pytest.raises(ex.ExactModeError, match=f"rms_norm on {dev.type} "):
-            ex.exact_backend("rms_norm", dev, backend)
-    with pytest.raises(ex.ExactModeError, match=f"tree_attention on {dev.type} "):
-        ex.exact_backend("tree_attention", dev, "triton", shown=("triton",))
-    with pytest.raises(ex.ExactModeError, match=f"on {dev.type} "):
+    monkeypatch.delenv(ex.UNVERIFIED_ENV, raising=False)
+    if dev.type == "meta":
+        for backend in ("auto", "reference", "triton"):
+            with pytest.raises(ex.ExactModeError, match="rms_norm on meta "):
+                ex.exact_backend("rms_norm", dev, backend)
+        return
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 80GB HBM3")
+    with pytest.raises(ex.ExactModeError, match="rms_norm on cuda with the reference backend"):
+        ex.exact_backend("rms_norm", dev, "reference")
+    with pytest.raises(ex.ExactModeError, match="on cuda with the reference backend"):
         ex.exact_scope(True, dev, "reference")
+    for backend in ("auto", "triton"):
+        with pytest.raises(ex.ExactModeError,
+                           match=r"tree_attention on cuda \(NVIDIA H100 80GB HBM3\) is not shown"):
+            ex.exact_backend("tree_attention", dev, backend)
+    monkeypatch.setattr(ex, "exact_verified_devices", lambda: ("NVIDIA H100 80GB HBM3",))
+    assert ex.exact_backend("tree_attention", dev, "auto") == "triton"
+    monkeypatch.setattr(ex, "exact_verified_devices", lambda: ("NVIDIA H200",))
+    with pytest.raises(ex.ExactModeError, match="not shown"):
+        ex.exact_backend("linear", dev, "triton")
+    monkeypatch.setenv(ex.UNVERIFIED_ENV, "1")
+    assert ex.exact_backend("linear", dev, "triton") == "triton"
+
+
+def test_exact_verified_devices_reads_the_record(monkeypatch, tmp_path):
+    from jetspec_kernels import backend as bk
+    assert isinstance(ex.exact_verified_devices(), tuple)
+    for text, want in (('{"trusted": {}, "rows": []}', ()),
+                       ('{"exact": {"triton": ["NVIDIA H200"]}}', ("NVIDIA H200",))):
+        path = tmp_path / "record.json"
+        path.write_text(text)
+        monkeypatch.setattr(bk, "HARDWARE_RECORD", path)
+        ex.exact_verified_devices.cache_clear()
+        assert ex.exact_verified_devices() == want
+    path.write_text('{"exact": {"triton": "NVIDIA H200"}}')
+    ex.exact_verified_devices.cache_clear()
+    with pytest.raises(ValueError, match="must be a list of device names"):
+        ex.exact_verified_devices()
+    monkeypatch.undo()
+    ex.exact_verified_devices.cache_clear()
 
 
 def test_sample_at_positions_keys_each_draw_by_seed_and_position():

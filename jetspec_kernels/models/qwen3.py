@@ -224,12 +224,18 @@ class Qwen3:
     def _forward_exact(self, tokens, positions, cache, attn_prefix, write_start, tree_mask, taps):
         """:meth:`forward` in the exact mode (``ops.exact.exact_mode``): every row's bits depend
         only on its token, its position and the keys it sees in logical order, not on B, N, the
-        tree, the page size or the other rows. Norms, projections, the MLP (experts included)
-        run as one-row calls, attention as ``tree_attention(exact=True)``."""
+        tree, the page size or the other rows. On the reference norms, projections and the MLP
+        (experts included) run as one-row calls; on triton as one launch of the exact kernels
+        (dense MLPs only). Attention is ``tree_attention(exact=True)``."""
         cfg = self.config
         eps = cfg.rms_norm_eps
-        be = self.fused_ops_backend
-        exact_ops.exact_backend("Qwen3.forward", self.device, be)
+        be = exact_ops.exact_backend("Qwen3.forward", self.device, self.fused_ops_backend)
+        if be == "triton" and any("mlp.gate.weight" in w for w in self._run_layers):
+            raise exact_ops.ExactModeError(
+                "exact mode: Qwen3.forward's MoE experts on triton are not row-invariant yet "
+                "(routing and the per-expert GEMMs have no exact triton form); run a MoE target "
+                "exact on the CPU reference backend")
+        linear = functools.partial(exact_ops.linear, backend=be)
         # The row-parallel partial sums, summed per element in rank order (all_reduce's order may
         # depend on the message size, so on M).
         reduce = (lambda t: tp.all_reduce_in_rank_order(t, self.shard)) if self.shard.parallel else None
@@ -239,8 +245,15 @@ class Qwen3:
                 return exact_ops.rms_norm(x, weight, eps=eps, backend=be), x
             return exact_ops.rms_norm(x, weight, eps=eps, residual=residual, backend=be)
 
-        def mlp(a, w):      # the whole MLP on one row at a time: [1, H] -> [1, H]
-            return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
+        def mlp(a, w):
+            if be != "triton":      # the whole MLP on one row at a time: [1, H] -> [1, H]
+                return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
+            if "mlp.gate_up_proj.weight" in w:
+                gate_up = linear(a, w["mlp.gate_up_proj.weight"])
+            else:
+                gate_up = torch.cat([linear(a, w["mlp.gate_proj.weight"]),
+                                     linear(a, w["mlp.up_proj.weight"])], dim=-1)
+            return linear(exact_ops.silu_mul(gate_up, backend=be), w["mlp.down_proj.weight"])
 
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
@@ -252,13 +265,13 @@ class Qwen3:
                 q = exact_ops.qk_norm_rope_append(
                     q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
                     positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
-                    block_table=cache.block_table, cache_start=write_start)
+                    block_table=cache.block_table, cache_start=write_start, backend=be)
                 return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
-                                      block_table=cache.block_table, exact=True)
+                                      block_table=cache.block_table, exact=True, backend=be)
 
             out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
                                 reduce=reduce, residual=res, defer_add=li not in taps,
-                                linear=exact_ops.linear)
+                                linear=linear)
             if li in taps:
                 x = kept[li] = out
                 res = None
@@ -283,10 +296,10 @@ class Qwen3:
         return out.view_as(a)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] final hidden -> [..., V] logits (model dtype); in the exact mode one M = 1
-        GEMM per row."""
+        """[..., H] final hidden -> [..., V] logits (model dtype); in the exact mode
+        ``ops.exact.linear`` (rows independent of M)."""
         if exact_ops.exact_enabled():
-            return exact_ops.linear(hidden, self.lm_head_weight)
+            return exact_ops.linear(hidden, self.lm_head_weight, backend=self.fused_ops_backend)
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()   # integer tokens: no gradient, and max(out=) has no autograd

@@ -3,15 +3,22 @@
 A row's bits may depend on the launch around it: GEMM libraries pick kernels (and split-K) by M,
 vectorised loops give the last elements of a launch a scalar tail, attention reduces a tree
 node's keys in another order than a one-token decode step. The exact variants here remove that
-dependence by construction: every row is computed by a one-row call on a fresh contiguous copy
-of the row (the same launch shape, alignment and arguments for every row, so the same bits, on
-a backend whose calls are deterministic), and attention gathers a row's visible keys into
-logical order first (``python_ref.tree_attention.tree_attention_logical``). The price is one
-call per row (docs/perf/exact_mode.md).
+dependence by construction, on two paths:
 
-Only the CPU reference backend is shown invariant (tests/test_exact_*.py); an exact call that
-would run elsewhere (a CUDA tensor, the triton or cuda backend) raises :class:`ExactModeError`
-naming the op and the path, never silently computing a non-exact result.
+* **reference** (CPU only): every row is computed by a one-row call on a fresh contiguous copy
+  of the row (the same launch shape, alignment and arguments for every row, so the same bits),
+  and attention gathers a row's visible keys into logical order first
+  (``python_ref.tree_attention.tree_attention_logical``). The price is one call per row.
+* **triton**: kernels whose programs each own whole rows with sizes fixed by the row length,
+  never by M (rms_norm, silu_mul, qk_norm_rope_append as they are; the fixed-tile GEMM of
+  ``triton/exact_matmul.py``; the logical-order attention of ``triton/exact_attention.py``), so
+  one launch over all rows is exact. On the CPU it runs under the Triton interpreter; on a GPU
+  only on a device model the hardware record lists under ``exact`` (its invariance tests passed
+  there), or with ``JETSPEC_EXACT_UNVERIFIED=1`` (the device check, which shows it).
+
+Anything else (the cuda backend, torch's GPU kernels, a GPU not yet shown) raises
+:class:`ExactModeError` naming the op and the path, never silently computing a non-exact result.
+Costs: docs/perf/exact_mode.md.
 
 :func:`exact_mode` is the switch the models read (``Qwen3.forward`` runs its exact form inside
 it); ops take ``exact=`` or are called here explicitly, and never read the switch themselves, so
@@ -20,6 +27,9 @@ a draft head inside the same ``with`` keeps its fast path.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
+import os
 import threading
 
 import torch
@@ -30,9 +40,9 @@ from .qk_norm_rope_append import qk_norm_rope_append as _qk_norm_rope_append
 from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
-__all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope", "require_cpu",
-           "per_row", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
-           "sample_at_positions"]
+__all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
+           "exact_verified_devices", "UNVERIFIED_ENV", "per_row", "linear", "rms_norm", "silu_mul",
+           "qk_norm_rope_append", "argmax", "sample_at_positions"]
 
 
 class ExactModeError(NotImplementedError):
@@ -62,30 +72,49 @@ def exact_enabled() -> bool:
     return getattr(_STATE, "on", False)
 
 
-def require_cpu(what: str, t: torch.Tensor) -> None:
-    """Raise :class:`ExactModeError` unless ``t`` is a CPU tensor (``what`` names the op/path)."""
-    if t.device.type != "cpu":
-        raise ExactModeError(f"exact mode: {what} on {t.device.type} tensors is not shown "
-                             "row-invariant yet (only the CPU reference path is); run exact mode on "
-                             "the CPU or without exact")
+UNVERIFIED_ENV = "JETSPEC_EXACT_UNVERIFIED"     # "1": run the triton path on an unshown GPU
 
 
-def exact_backend(op: str, device: torch.device, backend: str | None,
-                  shown: tuple[str, ...] = ()) -> str:
-    """The backend an exact call of ``op`` runs on: the reference (``auto``, or the process
-    default ``auto``, resolves to it), or a backend named in ``shown`` (an exact variant of
-    ``op`` shown invariant on the CPU: the triton interpreter) when asked for by name. Another
-    backend, or a non-CPU device, raises :class:`ExactModeError` naming the op and the backend."""
+@functools.lru_cache(maxsize=None)
+def exact_verified_devices() -> tuple[str, ...]:
+    """The GPU models (``torch.cuda.get_device_name``) on which the triton exact path passed its
+    invariance tests: the hardware record's ``exact.triton`` list (empty until a run shows it)."""
+    record = json.loads(_backend.HARDWARE_RECORD.read_text())
+    devices = record.get("exact", {}).get("triton", [])
+    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        raise ValueError(f"hardware record {_backend.HARDWARE_RECORD}: 'exact.triton' must be a list "
+                         f"of device names, got {devices!r}")
+    return tuple(devices)
+
+
+def exact_backend(op: str, device: torch.device, backend: str | None) -> str:
+    """The backend an exact call of ``op`` on ``device`` runs on, or :class:`ExactModeError`.
+
+    ``backend`` (None: the process default) may be ``auto``, ``reference`` or ``triton``. On the
+    CPU ``auto`` resolves to the reference; on a GPU to triton, which runs there only on a device
+    model the hardware record lists (:func:`exact_verified_devices`) or with
+    ``JETSPEC_EXACT_UNVERIFIED=1``; the reference on a GPU (torch's kernels) is refused."""
     name = _backend.get_backend() if backend is None else backend
-    if name not in ("auto", "reference") + tuple(shown):
+    if name not in ("auto", "reference", "triton"):
         raise ExactModeError(f"exact mode: {op} on the {name!r} backend is not row-invariant yet "
-                             f"(exact variants: {', '.join(('reference',) + tuple(shown))}); pass "
-                             "backend='reference' or 'auto'")
-    if device.type != "cpu":
-        raise ExactModeError(f"exact mode: {op} on {device.type} (backend {name!r}) is not shown "
-                             "row-invariant yet (only CPU paths are: the reference backend"
-                             + (", the triton interpreter" if shown else "") + ")")
-    return "reference" if name == "auto" else name
+                             "(exact paths: reference on the CPU, triton); pass backend='triton', "
+                             "'reference' or 'auto'")
+    if device.type == "cpu":
+        return "reference" if name == "auto" else name
+    if device.type != "cuda":
+        raise ExactModeError(f"exact mode: {op} on {device.type} is not shown row-invariant "
+                             "(exact paths: the CPU reference, triton on the CPU or a CUDA GPU)")
+    if name == "reference":
+        raise ExactModeError(f"exact mode: {op} on cuda with the reference backend: torch's GPU "
+                             "kernels (cuBLAS GEMMs, reductions) are not row-invariant; pass "
+                             "backend='triton' or 'auto'")
+    shown = exact_verified_devices()
+    gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "no CUDA device"
+    if gpu not in shown and os.environ.get(UNVERIFIED_ENV) != "1":
+        raise ExactModeError(f"exact mode: {op} on cuda ({gpu}) is not shown row-invariant yet: "
+                             "the hardware record lists the triton exact path as passed on "
+                             f"{list(shown) or 'no GPU'}; {UNVERIFIED_ENV}=1 runs it unverified")
+    return "triton"
 
 
 def per_row(fn, x: torch.Tensor, *others: torch.Tensor):
@@ -108,43 +137,57 @@ def per_row(fn, x: torch.Tensor, *others: torch.Tensor):
     return torch.cat(outs, dim=0).reshape(*lead, -1)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` with every row computed as an M = 1 GEMM.
+def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """``F.linear(x, weight)`` with every row's bits independent of the other rows and of M.
 
     Parameters
     ----------
-    x : float [..., K] (CPU); weight : x.dtype [N, K]
+    x : float [..., K]; weight : x.dtype [N, K]; backend : see :func:`exact_backend`
 
     Returns
     -------
-    [..., N] in x.dtype; row r is ``F.linear(x_r [1, K], weight)`` bit for bit.
+    [..., N] in x.dtype: on the reference one M = 1 GEMM per row (row r is ``F.linear(x_r [1, K],
+    weight)`` bit for bit); on triton the fixed-tile GEMM (``triton.exact_matmul``).
     """
-    require_cpu("linear (torch.nn.functional.linear)", x)
+    if exact_backend("linear", x.device, backend) == "triton":
+        from ..triton.exact_matmul import exact_linear
+        unit = (lambda t: t if t.stride(-1) == 1 else t.contiguous())   # a copy: the same values
+        return exact_linear(unit(x), unit(weight))
     return per_row(lambda r: F.linear(r, weight), x)
 
 
 def rms_norm(x, weight, *, eps: float = 1e-6, residual=None, backend: str | None = None):
-    """:func:`jetspec_kernels.rms_norm` row by row (same arguments and results; the reference
-    backend only, see :func:`exact_backend`)."""
+    """:func:`jetspec_kernels.rms_norm`, exact (same arguments and results): row by row on the
+    reference; on triton one launch (a program per row, its block from H alone)."""
     be = exact_backend("rms_norm", x.device, backend)
+    if be == "triton":
+        return _rms_norm(x, weight, eps=eps, residual=residual, backend=be)
     if residual is None:
         return per_row(lambda r: _rms_norm(r, weight, eps=eps, backend=be), x)
     return per_row(lambda r, s: _rms_norm(r, weight, eps=eps, residual=s, backend=be), x, residual)
 
 
 def silu_mul(x, *, backend: str | None = None):
-    """:func:`jetspec_kernels.silu_mul` row by row (the reference backend only)."""
+    """:func:`jetspec_kernels.silu_mul`, exact: row by row on the reference; one launch on triton
+    (elementwise: a program per row and column block)."""
     be = exact_backend("silu_mul", x.device, backend)
+    if be == "triton":
+        return _silu_mul(x, backend=be)
     return per_row(lambda r: _silu_mul(r, backend=be), x)
 
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, *,
                         rope_theta: float, eps: float = 1e-6, block_table=None, cache_start=None,
                         rotary_dim: int | None = None, backend: str | None = None):
-    """:func:`jetspec_kernels.qk_norm_rope_append` token by token: one ``[1, 1]`` call per
-    (sequence, row), each with its own position and cache slot (the reference backend only).
-    Same arguments and results (``q`` required here)."""
+    """:func:`jetspec_kernels.qk_norm_rope_append`, exact: on the reference one ``[1, 1]`` call
+    per (sequence, row), each with its own position and cache slot; on triton one launch (a
+    program per token, its head tiles from the head counts alone). Same arguments and results
+    (``q`` required here)."""
     be = exact_backend("qk_norm_rope_append", k.device, backend)
+    if be == "triton":
+        return _qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache,
+                                    rope_theta=rope_theta, eps=eps, block_table=block_table,
+                                    cache_start=cache_start, rotary_dim=rotary_dim, backend=be)
     b, n = k.shape[:2]
     out = torch.empty_like(q)
     starts = positions if cache_start is None else cache_start[:, None] + torch.arange(
@@ -164,11 +207,13 @@ def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """int32 ``[...]``: argmax over the last dim of ``logits [..., V]`` row by row (ties to the
-    lower id). A row's argmax depends only on its values; the row loop keeps it so whatever
-    reduction scheme torch picks for the launch."""
-    require_cpu("argmax", logits)
-    return per_row(lambda r: torch.argmax(r, dim=-1, keepdim=True), logits)[..., 0].to(torch.int32)
+    """int32 ``[...]``: argmax over the last dim of ``logits [..., V]`` (ties to the lower id). A
+    row's argmax depends only on its values (a max is exact); on the CPU the row loop keeps it so
+    whatever reduction scheme torch picks for the launch, on a GPU torch's argmax (first index
+    of the max) is exact as it is."""
+    if logits.device.type == "cpu":
+        return per_row(lambda r: torch.argmax(r, dim=-1, keepdim=True), logits)[..., 0].to(torch.int32)
+    return torch.argmax(logits, dim=-1).to(torch.int32)
 
 
 def exact_scope(exact, device: torch.device, backend: str | None = None):

@@ -88,10 +88,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     out : [B, N, Hq, Dh] q.dtype, optional; written in place and returned.
     lse : float32 [B, Hq, N], optional; written in place (implies return_lse).
     exact : bool; compute every row as the one-token decode step at its logical position would
-        (``python_ref.tree_attention.tree_attention_logical``: its visible keys gathered in logical
-        order, one N = 1 call each), so a tree node's row is the same bits as the autoregressive
-        step's once its ancestors are committed. The reference backend only (``auto`` resolves to
-        it); another backend or a non-CPU device raises ``ExactModeError``.
+        (its visible keys reduced in logical order), so a tree node's row is the same bits as the
+        autoregressive step's once its ancestors are committed: the reference
+        (``python_ref.tree_attention.tree_attention_logical``, CPU) or triton
+        (``triton.exact_attention``, one launch); ``ops.exact.exact_backend`` says where each
+        runs, and raises ``ExactModeError`` elsewhere.
 
     Returns
     -------
@@ -122,7 +123,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
 def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, return_lse, out,
            lse, backend):
     """tree_attention(exact=True): the logical-order row form (reference, or triton when named)."""
-    name = exact_backend("tree_attention", q.device, backend, shown=("triton",))
+    name = exact_backend("tree_attention", q.device, backend)
     if name == "triton":
         _backend.resolve(q.device, "triton")      # BackendUnavailableError saying why, if it is not
         from ..triton.exact_attention import exact_tree_attention

@@ -41,10 +41,12 @@ ROWS_CHECKED = 6          # rows per case run alone (the first, the last, random
 
 def check_invariance(name: str, seed: int, engine: Engine, monkeypatch=None) -> str:
     op = name.removeprefix("exact_")
+    if op == "argmax" and engine.name != "reference":
+        return "not-applicable: torch's op, no backend to choose"
+    if op == "linear" and engine.name not in ("reference", "triton"):
+        return "not-applicable: the exact linear is torch's (reference) or triton's fixed-tile GEMM"
     if op in ("linear", "argmax"):
-        if engine.name != "reference":
-            return "not-applicable: torch's op on the CPU, no backend to choose"
-        return _TORCH_OPS[op](seed)
+        return _TORCH_OPS[op](seed, engine)
     case = make(op, seed)
     if "refuse" in case.meta:
         return "not-applicable: a call built to be refused (the differential check's case)"
@@ -172,7 +174,7 @@ _PUBLIC_OPS = {"rms_norm": _rms_norm, "silu_mul": _silu_mul,
                "qk_norm_rope_append": _qk_norm_rope_append, "tree_attention": _tree_attention}
 
 
-def _linear(seed):
+def _linear(seed, engine):
     r = random.Random(f"exact_linear:{seed}")
     g = torch.Generator().manual_seed(r.getrandbits(62))
     lead = [r.choice((1, 2, 3, 7, 16, 33)) for _ in range(r.randint(1, 2))]
@@ -181,14 +183,18 @@ def _linear(seed):
     mag = r.choice((1e-3, 1.0, 30.0))
     x = outer_layout(r, (torch.randn(*lead, k, generator=g) * mag).to(dtype))
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
-    full = ex.linear(x, w).reshape(-1, n)
+    if interpreted(engine) and dtype != F32:
+        return "unsupported: the Triton interpreter cannot run a 16-bit tl.dot"
+    x, w = x.to(engine.device), w.to(engine.device)
+    full = ex.linear(x, w, backend=engine.name).reshape(-1, n)
     xs = x.reshape(-1, k)
     for row in _rows(xs.shape[0], r):
-        _assert_row(full[row:row + 1], ex.linear(xs[row:row + 1].clone(), w), f"linear row {row}")
+        _assert_row(full[row:row + 1], ex.linear(xs[row:row + 1].clone(), w, backend=engine.name),
+                    f"linear row {row}")
     return "ok"
 
 
-def _argmax(seed):
+def _argmax(seed, engine):
     r = random.Random(f"exact_argmax:{seed}")
     g = torch.Generator().manual_seed(r.getrandbits(62))
     lead = [r.choice((1, 2, 5, 16)) for _ in range(r.randint(1, 2))]
