@@ -130,6 +130,30 @@ def _cases():
     yield ("tree_attention bfloat16 Dh128 N64 causal V padded",  # the most registers
            attn(bf16, 128, 64, "causal", False, 1, False, v_pad=16))
 
+    exact_attn = importlib.import_module("jetspec_kernels.triton.exact_attention")
+    exact_mm = importlib.import_module("jetspec_kernels.triton.exact_matmul")
+
+    def exact(dtype, dh, n, paged):          # the exact mode's attention: 8192 positions, 8 splits
+        b, length = 2, 8192
+        q = e(b, n, hq, dh, dtype=dtype)
+        kc = e(b * length // 16, 16, hkv, dh, dtype=dtype) if paged else e(b, length, hkv, dh, dtype=dtype)
+        table = e(b, length // 16, **i32) if paged else None
+        mask = torch.zeros(b, n, -(-n // 32), **i32)
+        return lambda: exact_attn.exact_tree_attention(
+            q, kc, kc, torch.zeros(b, **i32), mask, "causal", table, 0.088, torch.empty_like(q),
+            e(b, hq, n))
+
+    for dh in (64, 128, 256):
+        for paged in (False, True):
+            yield (f"exact tree_attention bfloat16 Dh{dh} N64{' paged' if paged else ''}",
+                   exact(bf16, dh, 64, paged))
+    for dh in (64, 128):    # float32 (the tests' dtype; its IEEE dots spill at Dh 256, any tile)
+        yield f"exact tree_attention float32 Dh{dh} N64", exact(torch.float32, dh, 64, False)
+    for dtype in (bf16, torch.float32):
+        yield (f"exact linear {str(dtype)[6:]} M64 K4096 N6144",
+               lambda dtype=dtype: exact_mm.exact_linear(e(64, 4096, dtype=dtype),
+                                                         e(6144, 4096, dtype=dtype)))
+
     v, d, k = 151936, 15, 8
     yield ("log_softmax_topk bf16 V151936",
            lambda: kernels.log_softmax_topk(e(1, d, v, dtype=bf16), k))

@@ -14,9 +14,10 @@ head dim alone, never of B, N, the page size, the tree or the SM count:
   ``k * BLOCK_N ..``), keys past L masked in the row's last block;
 * splits of ``SPLIT_KEYS`` logical keys; a row with more than one split combines them in split
   order (the combine kernel), a row with one writes its output directly;
-* one program shape (``BLOCK_M`` packed rows ``f = r * G + g``: R tree rows x the G query heads
-  of a kv head, zero rows padding a short tile, ``num_warps`` from the head dim): a row's dot
-  products are the same instruction sequence wherever it sits in the tile;
+* one program shape per head dim and dtype (``block_sizes``: BLOCK_M packed rows
+  ``f = r * G + g``, R tree rows x the G query heads of a kv head, zero rows padding a short
+  tile; BLOCK_N; num_warps): a row's dot products are the same instruction sequence wherever it
+  sits in the tile;
 * FMA contraction off (``enable_fp_fusion=False``): the block update is one helper, but the
   compiler may contract ``s * scale - m`` in one call site and not in another.
 
@@ -37,21 +38,23 @@ import triton
 import triton.language as tl
 
 from .sizes import cdiv, next_power_of_2
-from .tree_attention import _LN2, _LOG2E, _attend_block, _kv_offsets
+from .attention_steps import LN2, LOG2E, attend_block, kv_offsets
 
-__all__ = ["exact_tree_attention", "SPLIT_KEYS", "BLOCK_M", "block_n", "tail_order"]
+__all__ = ["exact_tree_attention", "SPLIT_KEYS", "block_sizes", "tail_order"]
 
-BLOCK_M = 64            # packed rows a program: fixed, never from N
 SPLIT_KEYS = 1024       # logical keys a split: fixed, never from B, N or the SM count
 
 
-def block_n(head_dim: int) -> int:
-    """Keys a block (a multiple dividing SPLIT_KEYS); from the head dim alone."""
-    return 64 if head_dim <= 128 else 32
-
-
-def _num_warps(head_dim: int) -> int:
-    return 4 if head_dim <= 64 else 8
+def block_sizes(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_M packed rows, BLOCK_N keys, num_warps) of a program: from the head dim and the
+    dtype alone, never from B, N or the device's SM count (the sizes that do not spill registers
+    on sm_90a: bench/triton_resources.py; float32, the tests' dtype, uses IEEE FMA dots and still
+    spills at Dh 256 with the smallest tiles). BLOCK_N divides SPLIT_KEYS."""
+    if dtype == torch.float32:
+        return (32, 32, 8) if head_dim <= 64 else (16, 16, 8)
+    if head_dim > 128:
+        return 32, 32, 8
+    return 64, 64, 4 if head_dim <= 64 else 8
 
 
 @triton.jit
@@ -101,13 +104,13 @@ def _exact_fwd(
     for start in range(lo, shared_end, BLOCK_N):           # the same keys for every row
         pos = start + offs_n
         key_ok = pos < shared_end                          # all true: below the prefix
-        k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
-                                   page_size, k_batch_stride, k_row_stride, k_head_stride,
-                                   v_batch_stride, v_row_stride, v_head_stride, PAGED,
-                                   SAME_KV_STRIDES)
+        k_off, v_off = kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
+                                  page_size, k_batch_stride, k_row_stride, k_head_stride,
+                                  v_batch_stride, v_row_stride, v_head_stride, PAGED,
+                                  SAME_KV_STRIDES)
         visible = row_ok[:, None] & (pos[None, :] < length[:, None])
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
-                                      visible, offs_d, qk_scale_log2, INPUT_PRECISION)
+        acc, m_i, l_i = attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
+                                     visible, offs_d, qk_scale_log2, INPUT_PRECISION)
 
     for start in range(shared_end, hi, BLOCK_N):           # each row's own keys
         t = start + offs_n
@@ -121,16 +124,16 @@ def _exact_fwd(
                     node = tl.load(order_ptr + (b.to(tl.int64) * N + rr) * N + (t - prefix),
                                    mask=in_tail, other=0)
                     pos = tl.where(t < prefix, t, prefix + node)
-                    k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr,
-                                               block_table_batch_stride, page_size,
-                                               k_batch_stride, k_row_stride, k_head_stride,
-                                               v_batch_stride, v_row_stride, v_head_stride,
-                                               PAGED, SAME_KV_STRIDES)
+                    k_off, v_off = kv_offsets(pos, key_ok, b, kv_head, bt_ptr,
+                                              block_table_batch_stride, page_size,
+                                              k_batch_stride, k_row_stride, k_head_stride,
+                                              v_batch_stride, v_row_stride, v_head_stride,
+                                              PAGED, SAME_KV_STRIDES)
                     mine = row_ok & (r_of == r)
                     visible = mine[:, None] & key_ok[None, :]
-                    acc2, m2, l2 = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off,
-                                                 key_ok, visible, offs_d, qk_scale_log2,
-                                                 INPUT_PRECISION)
+                    acc2, m2, l2 = attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off,
+                                                key_ok, visible, offs_d, qk_scale_log2,
+                                                INPUT_PRECISION)
                     acc = tl.where(mine[:, None], acc2, acc)
                     m_i = tl.where(mine, m2, m_i)
                     l_i = tl.where(mine, l2, l_i)
@@ -148,7 +151,7 @@ def _exact_fwd(
     if STORE_LSE:
         l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
             + row.to(tl.int64) * lse_row_stride
-        tl.store(lse_ptr + l_off, lse2 * _LN2, mask=direct)
+        tl.store(lse_ptr + l_off, lse2 * LN2, mask=direct)
     partial = row_ok & (splits > 1) & (this_split < splits)
     part_row = ((split * B + b).to(tl.int64) * N + row) * HQ + head      # [S, B, N, HQ] rows
     tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o,
@@ -201,7 +204,7 @@ def _exact_combine(
         lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
         l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
             + row_i.to(tl.int64) * lse_row_stride
-        tl.store(lse_ptr + l_off, lse2 * _LN2, mask=mine)
+        tl.store(lse_ptr + l_off, lse2 * LN2, mask=mine)
 
 
 def tail_order(b: int, n: int, tree_mask, tail: str, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,7 +247,8 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     dev = q.device
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    bm = max(BLOCK_M, next_power_of_2(G))
+    block_m, block_n, num_warps = block_sizes(D, q.dtype)
+    bm = max(block_m, next_power_of_2(G))
     rows_per_tile = bm // G
     max_splits = cdiv(max(capacity, 1), SPLIT_KEYS)
     depth, order = tail_order(B, N, tree_mask, tail, dev)
@@ -265,11 +269,11 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
         out.stride(0), out.stride(1), out.stride(2), *lse_strides,
-        B, N, HQ, HKV, G, rows_per_tile, scale * _LOG2E,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=block_n(D), SPLIT_KEYS=SPLIT_KEYS, PAGED=paged,
+        B, N, HQ, HKV, G, rows_per_tile, scale * LOG2E,
+        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=block_n, SPLIT_KEYS=SPLIT_KEYS, PAGED=paged,
         SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], STORE_LSE=store_lse,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=_num_warps(D), enable_fp_fusion=False,
+        num_warps=num_warps, enable_fp_fusion=False,
     )
     if max_splits > 1:
         rows = B * N * HQ

@@ -37,53 +37,10 @@ import triton
 import triton.language as tl
 
 from .. import launch_plan
+from .attention_steps import LN2, LOG2E, attend_block, kv_offsets
 from .sizes import cdiv, next_power_of_2
 
 __all__ = ["tree_attention", "launch_tree_attention"]
-
-_LOG2E = 1.4426950408889634
-_LN2 = tl.constexpr(0.6931471805599453)   # natural-log LSE = base-2 LSE * ln 2
-
-
-
-@triton.jit
-def _kv_offsets(pos, valid, b, kv_head, bt_ptr, block_table_batch_stride, page_size,
-                k_batch_stride, k_row_stride, k_head_stride,
-                v_batch_stride, v_row_stride, v_head_stride,
-                PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr):
-    """Element offsets of the key rows and of the value rows at logical positions ``pos`` of
-    sequence ``b`` (V's strides may differ from K's, e.g. V rows padded wider). A cache's batch
-    stride is its dim 0's: the sequence's, or the page's when paged."""
-    if PAGED:
-        c0 = tl.load(bt_ptr + b * block_table_batch_stride + pos // page_size, mask=valid,
-                     other=0).to(tl.int64)
-        c1 = (pos % page_size).to(tl.int64)
-    else:
-        c0 = b.to(tl.int64)
-        c1 = pos.to(tl.int64)
-    k_off = c0 * k_batch_stride + c1 * k_row_stride + kv_head * k_head_stride
-    if SAME_KV_STRIDES:     # the usual layouts: no second offset vector kept live
-        return k_off, k_off
-    v_off = c0 * v_batch_stride + c1 * v_row_stride + kv_head * v_head_stride
-    return k_off, v_off
-
-
-@triton.jit
-def _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok, visible, offs_d,
-                  qk_scale_log2, INPUT_PRECISION: tl.constexpr):
-    """One online-softmax step over a block of keys; ``visible`` is [BLOCK_M, BLOCK_N] bool."""
-    k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale_log2
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead to avoid inf - inf.
-    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_sub)
-    p = tl.exp2(s - m_sub[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -132,13 +89,13 @@ def _tree_attention_fwd(
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n
         key_ok = pos < hi
-        k_off, v_off = _kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
-                                   page_size, k_batch_stride, k_row_stride, k_head_stride,
-                                   v_batch_stride, v_row_stride, v_head_stride, PAGED,
-                                   SAME_KV_STRIDES)
+        k_off, v_off = kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
+                                  page_size, k_batch_stride, k_row_stride, k_head_stride,
+                                  v_batch_stride, v_row_stride, v_head_stride, PAGED,
+                                  SAME_KV_STRIDES)
         visible = row_ok[:, None] & key_ok[None, :]
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
-                                      visible, offs_d, qk_scale_log2, INPUT_PRECISION)
+        acc, m_i, l_i = attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
+                                     visible, offs_d, qk_scale_log2, INPUT_PRECISION)
 
     if split == num_splits - 1:
         tail_end = N
@@ -149,10 +106,10 @@ def _tree_attention_fwd(
         for j0 in range(0, tail_end, TAIL_N):
             j = j0 + offs_t
             key_ok = j < tail_end
-            k_off, v_off = _kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr,
-                                       block_table_batch_stride, page_size, k_batch_stride,
-                                       k_row_stride, k_head_stride, v_batch_stride, v_row_stride,
-                                       v_head_stride, PAGED, SAME_KV_STRIDES)
+            k_off, v_off = kv_offsets(prefix + j, key_ok, b, kv_head, bt_ptr,
+                                      block_table_batch_stride, page_size, k_batch_stride,
+                                      k_row_stride, k_head_stride, v_batch_stride, v_row_stride,
+                                      v_head_stride, PAGED, SAME_KV_STRIDES)
             both = row_ok[:, None] & key_ok[None, :]
             if TAIL_MODE == 0:
                 # TAIL_N is 32 here, so one mask word per row covers the block: a [BLOCK_M]
@@ -165,8 +122,8 @@ def _tree_attention_fwd(
                 visible = both & (j[None, :] <= row_i[:, None])
             else:
                 visible = both
-            acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
-                                          visible, offs_d, qk_scale_log2, INPUT_PRECISION)
+            acc, m_i, l_i = attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok,
+                                         visible, offs_d, qk_scale_log2, INPUT_PRECISION)
 
     # l_i == 0: no visible key (or only -inf scores); a NaN or +inf score left l_i NaN.
     no_key = l_i == 0.0
@@ -186,7 +143,7 @@ def _tree_attention_fwd(
         if STORE_LSE:
             l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
                 + row_i.to(tl.int64) * lse_row_stride
-            tl.store(lse_ptr + l_off, lse2 * _LN2, mask=row_ok)
+            tl.store(lse_ptr + l_off, lse2 * LN2, mask=row_ok)
 
 
 @triton.jit
@@ -228,7 +185,7 @@ def _merge_splits(
         lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
         l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
             + row_i.to(tl.int64) * lse_row_stride
-        tl.store(lse_ptr + l_off, lse2 * _LN2, mask=r_ok)
+        tl.store(lse_ptr + l_off, lse2 * LN2, mask=r_ok)
 
 
 def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int, int]:
@@ -290,7 +247,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, blo
         block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides,
-        B, N, HQ, HKV, G, num_splits, scale * _LOG2E,
+        B, N, HQ, HKV, G, num_splits, scale * LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n,
         TAIL_N=32 if tree_mask is not None else block_n, PAGED=paged,
         SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], TAIL_MODE=tail_mode,
