@@ -19,14 +19,14 @@ node and its work is matrix-matrix (tl.dot).
 Two launches after ``pack_mask`` (nodes in row blocks of BT = 16; a parent precedes its child, so
 the system is block lower-triangular):
 
-1. ``_pairs_kernel``, grid ``[B * Hv, NB (NB + 1) / 2]``: a program per sequence, v-head and block
+1. ``_gated_delta_pairs``, grid ``[B * Hv, NB (NB + 1) / 2]``: a program per sequence, v-head and block
    pair J <= I (everything that does not depend on U, all in parallel). C of both blocks from the
    bit-packed ancestor mask, k and q rows normalised (whole Dk rows in registers), then
    ``A_IJ`` and ``P_IJ = (D * Q K^T)_IJ`` into float32 scratch; a diagonal pair stores
    ``(I + A_II)^-1`` in place of A_II (``depth - 1`` Jacobi sweeps ``T <- I - A_II T`` from
    ``T = I``: A_II is nilpotent along the block's ancestor chains, so they give exactly forward
    substitution's inverse, depth being the most ancestors-or-self a row has in the block) and C.
-2. ``_solve_kernel``, grid ``[B * Hv, Dv / BV]``: a program per sequence, v-head and Dv tile holds
+2. ``_gated_delta_solve``, grid ``[B * Hv, Dv / BV]``: a program per sequence, v-head and Dv tile holds
    its S0 tile in registers and walks the row blocks in order (the one serial part): the right
    side ``beta (V_I - exp(C_I) K_I S0) - sum_{J<I} A_IJ U_J``, ``U_I = (I + A_II)^-1`` times it,
    ``O_I = exp(C_I) Q_I S0 + sum_{J<=I} P_IJ U_J``. U goes to float32 scratch for the later blocks
@@ -104,7 +104,7 @@ def _path_sums(mask_b, g_b, g_row_stride, rows, rvalid, num, W, BT: tl.constexpr
 
 
 @triton.jit
-def _pairs_kernel(
+def _gated_delta_pairs(
     q_ptr, k_ptr, g_ptr, beta_ptr, mask_ptr, num_ptr, a_ptr, p_ptr, c_ptr,
     N, W, HV, H_PER, DK, scale, NPAIR, NBT,
     q_batch_stride, q_row_stride, q_head_stride,
@@ -162,7 +162,7 @@ def _pairs_kernel(
 
 
 @triton.jit
-def _solve_kernel(
+def _gated_delta_solve(
     q_ptr, k_ptr, v_ptr, beta_ptr, num_ptr, state_ptr, slots_ptr, a_ptr, p_ptr, c_ptr, u_ptr,
     o_ptr,
     N, HV, H_PER, DK, DV, scale, NPAIR, NBT,
@@ -239,18 +239,20 @@ def _solve_kernel(
         tl.debug_barrier()   # this block's U, stored, before the later blocks load it
 
 
-# BT 16 rows a block (tl.dot's least); BV 32 Dv columns a solve program (docs/perf: at B 1 the
-# 32 v-heads give 128 programs); path sums in column chunks of CW; 4 warps. Resources at Qwen3.6's
-# shapes: docs/kernels.md, "Gated DeltaNet tree (Triton)".
-BT, MAX_BV, MAX_CW, NUM_WARPS = 16, 32, 128, 4
+# BT 16 rows a block (tl.dot's least); BV Dv columns a solve program: 32 with 16-bit inputs (at
+# B 1 the 32 v-heads give 128 programs), 16 with float32 ones (IEEE dots on CUDA cores: BV 32
+# spills); path sums in column chunks of CW; 4 warps. Resources at Qwen3.6's shapes
+# (bench/triton_resources.py): docs/kernels.md, "Gated DeltaNet tree (Triton)".
+BT, MAX_BV, MAX_BV_FP32, MAX_CW, NUM_WARPS = 16, 32, 16, 128, 4
 FP32_PRECISION = "ieee"
 
 
-def tile_sizes(n: int, dk: int, dv: int) -> tuple[int, int, int, int]:
+def tile_sizes(n: int, dk: int, dv: int, fp32: bool) -> tuple[int, int, int, int]:
     """(BT, DKP, BV, CW): node rows a block, Dk padded to a power of two, the Dv tile of a solve
-    program and the path sums' column chunk (tl.dot needs >= 16). From the shapes, never B."""
-    return BT, max(16, next_power_of_2(dk)), max(16, min(MAX_BV, next_power_of_2(dv))), \
-        max(16, min(MAX_CW, next_power_of_2(n)))
+    program (``fp32``: float32 inputs) and the path sums' column chunk (tl.dot needs >= 16).
+    From the shapes and dtype, never from B (a sequence's result must not depend on its batch)."""
+    bv = min(MAX_BV_FP32 if fp32 else MAX_BV, next_power_of_2(dv))
+    return BT, max(16, next_power_of_2(dk)), max(16, bv), max(16, min(MAX_CW, next_power_of_2(n)))
 
 
 def scratch_bytes(b: int, n: int, hv: int, dv: int) -> int:
@@ -277,7 +279,7 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
         return o
     num = torch.full((B,), N, dtype=torch.int32, device=dev) if num_nodes is None else num_nodes
     mask = pack_mask(parents, num)
-    bt, dkp, bv, cw = tile_sizes(N, DK, DV)
+    bt, dkp, bv, cw = tile_sizes(N, DK, DV, v.dtype == torch.float32)
     nb = cdiv(N, bt)
     npair, nbt = nb * (nb + 1) // 2, nb * bt
     pairs = torch.empty(2 * B * HV * npair * bt * bt, dtype=torch.float32, device=dev)
@@ -287,7 +289,7 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
     divide = scale is None
     scale = float(DK ** 0.5 if divide else scale)
     precision = FP32_PRECISION if v.dtype == torch.float32 else "tf32"
-    _pairs_kernel[(B * HV, npair)](
+    _gated_delta_pairs[(B * HV, npair)](
         q, k, g, beta, mask, num, a, p, c,
         N, mask.shape[2], HV, HV // H, DK, scale, npair, nbt,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -296,7 +298,7 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
         num_warps=NUM_WARPS,
     )
     slots = state_slots if state_slots is not None else num     # dummy pointer, never read
-    _solve_kernel[(B * HV, cdiv(DV, bv))](
+    _gated_delta_solve[(B * HV, cdiv(DV, bv))](
         q, k, v, beta, num, state, slots, a, p, c, u, o,
         N, HV, HV // H, DK, DV, scale, npair, nbt,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
