@@ -165,7 +165,7 @@ def _cases():
     yield ("silu_mul bf16 I12288", lambda: kernels.silu_mul(e(64, 2 * 12288, dtype=bf16)))
     # Qwen3.6-35B-A3B's Gated DeltaNet layers: 16 q/k heads, 32 v-heads, Dk = Dv = 128
     for dtype in (bf16, torch.float32):
-        for n in (64, 256):
+        for n in (16, 64, 256):
             yield (f"gated_delta_tree {str(dtype)[6:]} Dk128 N{n}",
                    lambda dtype=dtype, n=n: kernels.gated_delta_tree(
                        e(2, n, 16, 128, dtype=dtype), e(2, n, 16, 128, dtype=dtype),

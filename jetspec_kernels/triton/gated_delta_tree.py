@@ -16,22 +16,27 @@ still has children to come: 64 KiB a node and v-head in float32, 2 MiB a node ac
 work is matrix-vector (CUDA cores, 7 Dk Dv flops a node and head). This form keeps no state per
 node and its work is matrix-matrix (tl.dot).
 
-Two launches after ``pack_mask`` (nodes in row blocks of BT = 16; a parent precedes its child, so
-the system is block lower-triangular):
+After ``pack_mask``, nodes in row blocks of BT = 16 (a parent precedes its child, so the system
+is block lower-triangular; block pair (I, J), J <= I, is stored at ``I (I + 1) / 2 + J``):
 
-1. ``_gated_delta_pairs``, grid ``[B * Hv, NB (NB + 1) / 2]``: a program per sequence, v-head and block
-   pair J <= I (everything that does not depend on U, all in parallel). C of both blocks from the
-   bit-packed ancestor mask, k and q rows normalised (whole Dk rows in registers), then
-   ``A_IJ`` and ``P_IJ = (D * Q K^T)_IJ`` into float32 scratch; a diagonal pair stores
-   ``(I + A_II)^-1`` in place of A_II (``depth - 1`` Jacobi sweeps ``T <- I - A_II T`` from
-   ``T = I``: A_II is nilpotent along the block's ancestor chains, so they give exactly forward
-   substitution's inverse, depth being the most ancestors-or-self a row has in the block) and C.
-2. ``_gated_delta_solve``, grid ``[B * Hv, Dv / BV]``: a program per sequence, v-head and Dv tile holds
-   its S0 tile in registers and walks the row blocks in order (the one serial part): the right
-   side ``beta (V_I - exp(C_I) K_I S0) - sum_{J<I} A_IJ U_J``, ``U_I = (I + A_II)^-1`` times it,
-   ``O_I = exp(C_I) Q_I S0 + sum_{J<=I} P_IJ U_J``. U goes to float32 scratch for the later blocks
-   (a barrier orders the program's own stores and loads); only [BT, BT] x [BT, BV] products on
-   precomputed blocks and the two [BT, Dk] x [Dk, BV] products with S0 are on this path.
+1. ``_gated_delta_rows``, grid ``[B * Hv, NB]``: a program per sequence, v-head and row block I
+   computes the block row's pairs, all that does not depend on U, every block row in parallel:
+   ``beta_i (k_i . k_j)`` and ``q_i . k_j`` on the ancestor mask (0 off it) for J < I into
+   float32 scratch, undecayed; for J = I, C_I (g summed over the path: the bit-packed mask's row
+   times g), ``(I + A_II)^-1`` (``depth - 1`` Jacobi sweeps ``T <- I - A_II T`` from ``T = I``:
+   A_II is nilpotent along the block's ancestor chains, so they give exactly forward
+   substitution's inverse; depth: the most ancestors-or-self a row has in the block) and
+   ``P_II = (D * Q K^T)_II``.
+2. ``_gated_delta_solve``, grid ``[B * Hv, Dv / BV]``: a program per sequence, v-head and Dv tile
+   walks the row blocks in order (the one serial part): ``exp(C_i - C_j)`` on the stored pairs
+   gives ``A_IJ``, ``P_IJ``; the right side ``beta (V_I - exp(C_I) K_I S0) - sum_{J<I} A_IJ U_J``,
+   ``U_I = (I + A_II)^-1`` times it, ``O_I = exp(C_I) Q_I S0 + sum_{J<=I} P_IJ U_J``. U goes to
+   float32 scratch for the later blocks (a barrier orders the program's own stores and loads).
+   Only [BT, BT] x [BT, BV] products and the two [BT, Dk] x [Dk, BV] products with S0 are on
+   this path; with 16-bit inputs the S0 tile stays in registers.
+
+With one row block (N <= BT) the solve computes the block's own pair itself and the first launch
+and all scratch are skipped (a rule by N alone, never by B).
 
 Padding rows (``>= num_nodes``) load nothing (zeros) and store zeros; terms off the mask are
 selected away, never multiplied by 0, so an overflowing exp there stays out. Every scratch block
@@ -52,14 +57,51 @@ from .sizes import cdiv, next_power_of_2
 
 __all__ = ["gated_delta_tree", "MAX_HEAD_DIM", "tile_sizes", "scratch_bytes"]
 
-MAX_HEAD_DIM = 256   # Dk: whole rows in registers; longer ones would need chunks
+MAX_HEAD_DIM = 256   # Dk: longer q/k rows would still run, but are untested (and not compiled)
 L2NORM_EPS = 1e-6
 
 
 @triton.jit
+def _inv_norms(ptr, rows, valid, n_stride, DK, BT: tl.constexpr, KC: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """``[BT]``: 1 / sqrt(sum x^2 + eps) of rows of q or k (transformers' l2norm), or ones."""
+    if L2NORM:
+        ss = tl.zeros([BT], tl.float32)
+        for c in range(0, DK, KC):
+            offs = c + tl.arange(0, KC)
+            x = tl.load(ptr + rows[:, None].to(tl.int64) * n_stride + offs[None, :],
+                        mask=valid[:, None] & (offs < DK)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, 1)
+        return tl.math.rsqrt(ss + 1e-6)
+    else:
+        return tl.full([BT], 1.0, tl.float32)
+
+
+@triton.jit
+def _chunk(ptr, rows, valid, n_stride, c, DK, inv, KC: tl.constexpr):
+    """Columns ``c .. c + KC`` of rows of q or k, float32, times ``inv`` (zeros where not
+    ``valid`` or past Dk)."""
+    offs = c + tl.arange(0, KC)
+    x = tl.load(ptr + rows[:, None].to(tl.int64) * n_stride + offs[None, :],
+                mask=valid[:, None] & (offs < DK)[None, :], other=0.0).to(tl.float32)
+    return x * inv[:, None]
+
+
+@triton.jit
+def _q_chunk(ptr, rows, valid, n_stride, c, DK, inv, scale, KC: tl.constexpr,
+             DIVIDE: tl.constexpr):
+    """A chunk of q, normalised, then divided by sqrt(Dk) (``scale`` holds it) or scaled."""
+    x = _chunk(ptr, rows, valid, n_stride, c, DK, inv, KC)
+    if DIVIDE:
+        return tl.math.div_rn(x, tl.zeros_like(x) + scale)
+    else:
+        return x * scale
+
+
+@triton.jit
 def _rows(ptr, rows, valid, n_stride, DK, DKP: tl.constexpr, L2NORM: tl.constexpr):
-    """``[BT, DKP]`` float32: rows of q or k, l2-normalised when ``L2NORM`` (transformers'
-    ``x * rsqrt(sum x^2 + eps)``); zeros where not ``valid`` or past Dk."""
+    """``[BT, DKP]`` float32: whole rows of q or k, l2-normalised when ``L2NORM`` (zeros where
+    not ``valid`` or past Dk)."""
     offs = tl.arange(0, DKP)
     x = tl.load(ptr + rows[:, None].to(tl.int64) * n_stride + offs[None, :],
                 mask=valid[:, None] & (offs < DK)[None, :], other=0.0).to(tl.float32)
@@ -71,12 +113,29 @@ def _rows(ptr, rows, valid, n_stride, DK, DKP: tl.constexpr, L2NORM: tl.constexp
 @triton.jit
 def _q_rows(ptr, rows, valid, n_stride, DK, scale, DKP: tl.constexpr, L2NORM: tl.constexpr,
             DIVIDE: tl.constexpr):
-    """Rows of q as :func:`_rows`, then divided by sqrt(Dk) (``scale`` holds it) or scaled."""
+    """Whole rows of q as :func:`_rows`, then divided by sqrt(Dk) (``scale``) or scaled."""
     x = _rows(ptr, rows, valid, n_stride, DK, DKP, L2NORM)
     if DIVIDE:
         return tl.math.div_rn(x, tl.zeros_like(x) + scale)
     else:
         return x * scale
+
+
+@triton.jit
+def _gram(k_b, q_b, k_row_stride, q_row_stride, rows, rvalid, kn_i, qn_i, cols, cvalid, kn_j,
+          DK, scale, BT: tl.constexpr, KC: tl.constexpr, DIVIDE: tl.constexpr,
+          PRECISION: tl.constexpr):
+    """``(K_I K_J^T, Q_I K_J^T)`` ``[BT, BT]`` of normalised (q: and scaled) rows, Dk in chunks
+    of KC."""
+    kk = tl.zeros([BT, BT], tl.float32)
+    qk = tl.zeros([BT, BT], tl.float32)
+    for c in range(0, DK, KC):
+        k_c = _chunk(k_b, rows, rvalid, k_row_stride, c, DK, kn_i, KC)
+        q_c = _q_chunk(q_b, rows, rvalid, q_row_stride, c, DK, qn_i, scale, KC, DIVIDE)
+        kt = tl.trans(_chunk(k_b, cols, cvalid, k_row_stride, c, DK, kn_j, KC))
+        kk += tl.dot(k_c, kt, input_precision=PRECISION)
+        qk += tl.dot(q_c, kt, input_precision=PRECISION)
+    return kk, qk
 
 
 @triton.jit
@@ -104,75 +163,86 @@ def _path_sums(mask_b, g_b, g_row_stride, rows, rvalid, num, W, BT: tl.constexpr
 
 
 @triton.jit
-def _gated_delta_pairs(
+def _diagonal_block(kk, qk, beta_i, c_i, anc, rows, PRECISION: tl.constexpr):
+    """A row block's own pair from its Gram products ``kk``, ``qk`` and ancestor mask ``anc``:
+    ``(I + A_II)^-1`` by ``depth - 1`` Jacobi sweeps ``T <- I - A_II T`` from ``T = I`` (A_II is
+    nilpotent along the block's ancestor chains, so this is exactly forward substitution's
+    inverse; depth: the most ancestors-or-self a row has in the block), and ``P_II``."""
+    decay = tl.where(anc, tl.exp(c_i[:, None] - c_i[None, :]), 0.0)
+    eye = rows[:, None] == rows[None, :]
+    a = tl.where(anc & ~eye, beta_i[:, None] * decay * kk, 0.0)
+    one = tl.where(eye, 1.0, 0.0)
+    depth = tl.max(tl.sum(anc.to(tl.int32), 1), 0)
+    t = one
+    for _ in range(1, depth):
+        t = one - tl.dot(a, t, input_precision=PRECISION)
+    return t, tl.where(anc, decay * qk, 0.0)
+
+
+@triton.jit
+def _gated_delta_rows(
     q_ptr, k_ptr, g_ptr, beta_ptr, mask_ptr, num_ptr, a_ptr, p_ptr, c_ptr,
     N, W, HV, H_PER, DK, scale, NPAIR, NBT,
     q_batch_stride, q_row_stride, q_head_stride,
     k_batch_stride, k_row_stride, k_head_stride,
     g_batch_stride, g_row_stride, beta_batch_stride, beta_row_stride,
-    BT: tl.constexpr, DKP: tl.constexpr, CW: tl.constexpr, L2NORM: tl.constexpr,
+    BT: tl.constexpr, KC: tl.constexpr, CW: tl.constexpr, L2NORM: tl.constexpr,
     DIVIDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)       # b * HV + hv
-    pair = tl.program_id(1)
-    # (I, J) from pair = I (I + 1) / 2 + J, J <= I; the float root corrected to the exact one
-    bi = ((tl.sqrt((8 * pair + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
-    bi = tl.where(bi * (bi + 1) // 2 > pair, bi - 1, bi)
-    bi = tl.where((bi + 1) * (bi + 2) // 2 <= pair, bi + 1, bi)
-    bj = pair - bi * (bi + 1) // 2
+    bi = tl.program_id(1)                    # row block I
     b = bh // HV
     hv = bh % HV
     h = hv // H_PER
     num = tl.load(num_ptr + b)
     q_b = q_ptr + b * q_batch_stride + h * q_head_stride
     k_b = k_ptr + b * k_batch_stride + h * k_head_stride
-    g_b = g_ptr + b * g_batch_stride + hv
     mask_b = mask_ptr + b * N * W
+    # block pair (I, J), J <= I, at I (I + 1) / 2 + J, BT x BT floats each
+    blk = (bh * NPAIR + bi * (bi + 1) // 2) * (BT * BT) + tl.arange(0, BT)[:, None] * BT + \
+        tl.arange(0, BT)[None, :]
 
     rows = bi * BT + tl.arange(0, BT)
-    cols = bj * BT + tl.arange(0, BT)
     rvalid = rows < num
-    cvalid = cols < num
-    k_i = _rows(k_b, rows, rvalid, k_row_stride, DK, DKP, L2NORM)
-    q_i = _q_rows(q_b, rows, rvalid, q_row_stride, DK, scale, DKP, L2NORM, DIVIDE)
-    kt_j = tl.trans(_rows(k_b, cols, cvalid, k_row_stride, DK, DKP, L2NORM))
+    kn_i = _inv_norms(k_b, rows, rvalid, k_row_stride, DK, BT, KC, L2NORM)
+    qn_i = _inv_norms(q_b, rows, rvalid, q_row_stride, DK, BT, KC, L2NORM)
     beta_i = tl.load(beta_ptr + b * beta_batch_stride + hv + rows.to(tl.int64) * beta_row_stride,
                      mask=rvalid, other=0.0).to(tl.float32)
-    c_i = _path_sums(mask_b, g_b, g_row_stride, rows, rvalid, num, W, BT, CW)
-    c_j = _path_sums(mask_b, g_b, g_row_stride, cols, cvalid, num, W, BT, CW)
-    kk = tl.dot(k_i, kt_j, input_precision=PRECISION)
-    qk = tl.dot(q_i, kt_j, input_precision=PRECISION)
+    for bj in range(0, bi):
+        cols = bj * BT + tl.arange(0, BT)
+        cvalid = cols < num
+        kn_j = _inv_norms(k_b, cols, cvalid, k_row_stride, DK, BT, KC, L2NORM)
+        anc = _ancestors(mask_b, rows, cols, rvalid, cvalid, W)
+        kk, qk = _gram(k_b, q_b, k_row_stride, q_row_stride, rows, rvalid, kn_i, qn_i, cols,
+                       cvalid, kn_j, DK, scale, BT, KC, DIVIDE, PRECISION)
+        # undecayed (the solve applies exp(C_i - C_j)); exactly 0 off the ancestor mask
+        tl.store(a_ptr + blk + bj * (BT * BT), tl.where(anc, beta_i[:, None] * kk, 0.0))
+        tl.store(p_ptr + blk + bj * (BT * BT), tl.where(anc, qk, 0.0))
 
-    anc = _ancestors(mask_b, rows, cols, rvalid, cvalid, W)
-    decay = tl.where(anc, tl.exp(c_i[:, None] - c_j[None, :]), 0.0)
-    eye = rows[:, None] == cols[None, :]
-    a = tl.where(anc & ~eye, beta_i[:, None] * decay * kk, 0.0)
-    if bi == bj:
-        one = tl.where(eye, 1.0, 0.0)
-        depth = tl.max(tl.sum(anc.to(tl.int32), 1), 0)
-        t = one
-        for _ in range(1, depth):
-            t = one - tl.dot(a, t, input_precision=PRECISION)
-        a = t
-        tl.store(c_ptr + bh * NBT + rows, c_i)
-    blk = (bh * NPAIR + pair) * (BT * BT) + tl.arange(0, BT)[:, None] * BT + \
-        tl.arange(0, BT)[None, :]
-    tl.store(a_ptr + blk, a)
-    tl.store(p_ptr + blk, tl.where(anc, decay * qk, 0.0))
+    c_i = _path_sums(mask_b, g_ptr + b * g_batch_stride + hv, g_row_stride, rows, rvalid, num,
+                     W, BT, CW)
+    kk, qk = _gram(k_b, q_b, k_row_stride, q_row_stride, rows, rvalid, kn_i, qn_i, rows, rvalid,
+                   kn_i, DK, scale, BT, KC, DIVIDE, PRECISION)
+    t_ii, p_ii = _diagonal_block(kk, qk, beta_i, c_i,
+                                 _ancestors(mask_b, rows, rows, rvalid, rvalid, W), rows, PRECISION)
+    tl.store(a_ptr + blk + bi * (BT * BT), t_ii)
+    tl.store(p_ptr + blk + bi * (BT * BT), p_ii)
+    tl.store(c_ptr + bh * NBT + rows, c_i)
 
 
 @triton.jit
 def _gated_delta_solve(
-    q_ptr, k_ptr, v_ptr, beta_ptr, num_ptr, state_ptr, slots_ptr, a_ptr, p_ptr, c_ptr, u_ptr,
-    o_ptr,
-    N, HV, H_PER, DK, DV, scale, NPAIR, NBT,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, mask_ptr, num_ptr, state_ptr, slots_ptr, a_ptr, p_ptr,
+    c_ptr, u_ptr, o_ptr,
+    N, W, HV, H_PER, DK, DV, scale, NPAIR, NBT,
     q_batch_stride, q_row_stride, q_head_stride,
     k_batch_stride, k_row_stride, k_head_stride,
     v_batch_stride, v_row_stride, v_head_stride,
-    beta_batch_stride, beta_row_stride,
+    g_batch_stride, g_row_stride, beta_batch_stride, beta_row_stride,
     state_slot_stride, state_head_stride,
-    BT: tl.constexpr, DKP: tl.constexpr, BV: tl.constexpr, HAS_SLOTS: tl.constexpr,
-    L2NORM: tl.constexpr, DIVIDE: tl.constexpr, PRECISION: tl.constexpr,
+    BT: tl.constexpr, DKP: tl.constexpr, KC: tl.constexpr, KS: tl.constexpr, BV: tl.constexpr,
+    CW: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_SLOTS: tl.constexpr, L2NORM: tl.constexpr,
+    DIVIDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)       # b * HV + hv
     vt = tl.program_id(1)
@@ -186,52 +256,87 @@ def _gated_delta_solve(
 
     offs_v = vt * BV + tl.arange(0, BV)
     vmask = offs_v < DV
-    offs_k = tl.arange(0, DKP)
-    s0 = tl.load(state_ptr + slot * state_slot_stride + hv * state_head_stride
-                 + offs_k[:, None] * DV + offs_v[None, :],
-                 mask=(offs_k < DK)[:, None] & vmask[None, :], other=0.0)
+    s0_b = state_ptr + slot * state_slot_stride + hv * state_head_stride + offs_v[None, :]
+    if KS == DKP:     # whole Dk rows: the S0 tile stays in registers for every row block
+        offs_k = tl.arange(0, DKP)
+        s0 = tl.load(s0_b + offs_k[:, None] * DV, mask=(offs_k < DK)[:, None] & vmask[None, :],
+                     other=0.0)
     q_b = q_ptr + b * q_batch_stride + h * q_head_stride
     k_b = k_ptr + b * k_batch_stride + h * k_head_stride
     v_b = v_ptr + b * v_batch_stride + hv * v_head_stride
     beta_b = beta_ptr + b * beta_batch_stride + hv
     u_b = u_ptr + bh * NBT * DV + offs_v[None, :]
     o_b = o_ptr + b * N * HV * DV + hv * DV + offs_v[None, :]
-    blk = tl.arange(0, BT)[:, None] * BT + tl.arange(0, BT)[None, :]
-    pairs_b = bh * NPAIR * (BT * BT) + blk
+    pairs_b = bh * NPAIR * (BT * BT) + tl.arange(0, BT)[:, None] * BT + tl.arange(0, BT)[None, :]
 
     for i0 in range(0, N, BT):
         bi = i0 // BT
         rows = i0 + tl.arange(0, BT)
         rvalid = rows < num
-        # loads that do not wait for the earlier blocks' U first
-        k_i = _rows(k_b, rows, rvalid, k_row_stride, DK, DKP, L2NORM)
-        q_i = _q_rows(q_b, rows, rvalid, q_row_stride, DK, scale, DKP, L2NORM, DIVIDE)
+        if KS == DKP:
+            k_i = _rows(k_b, rows, rvalid, k_row_stride, DK, DKP, L2NORM)
+            q_i = _q_rows(q_b, rows, rvalid, q_row_stride, DK, scale, DKP, L2NORM, DIVIDE)
+        else:
+            kn_i = _inv_norms(k_b, rows, rvalid, k_row_stride, DK, BT, KS, L2NORM)
+            qn_i = _inv_norms(q_b, rows, rvalid, q_row_stride, DK, BT, KS, L2NORM)
         v_i = tl.load(v_b + rows[:, None].to(tl.int64) * v_row_stride + offs_v[None, :],
                       mask=rvalid[:, None] & vmask[None, :], other=0.0).to(tl.float32)
         beta_i = tl.load(beta_b + rows.to(tl.int64) * beta_row_stride, mask=rvalid,
                          other=0.0).to(tl.float32)
-        c_i = tl.load(c_ptr + bh * NBT + rows)
         row_pairs = pairs_b + (bi * (bi + 1) // 2) * (BT * BT)
-        t_ii = tl.load(a_ptr + row_pairs + bi * (BT * BT))
-        p_ii = tl.load(p_ptr + row_pairs + bi * (BT * BT))
+        if ONE_BLOCK:   # N <= BT: the block's own pair here, no first launch
+            c_i = _path_sums(mask_ptr + b * N * W, g_ptr + b * g_batch_stride + hv,
+                             g_row_stride, rows, rvalid, num, W, BT, CW)
+            mask_b = mask_ptr + b * N * W
+            if KS == DKP:
+                kk = tl.dot(k_i, tl.trans(k_i), input_precision=PRECISION)
+                qk = tl.dot(q_i, tl.trans(k_i), input_precision=PRECISION)
+            else:
+                kk, qk = _gram(k_b, q_b, k_row_stride, q_row_stride, rows, rvalid, kn_i, qn_i,
+                               rows, rvalid, kn_i, DK, scale, BT, KS, DIVIDE, PRECISION)
+            t_ii, p_ii = _diagonal_block(kk, qk, beta_i, c_i,
+                                         _ancestors(mask_b, rows, rows, rvalid, rvalid, W), rows,
+                                         PRECISION)
+        else:
+            c_i = tl.load(c_ptr + bh * NBT + rows)
+            t_ii = tl.load(a_ptr + row_pairs + bi * (BT * BT))
+            p_ii = tl.load(p_ptr + row_pairs + bi * (BT * BT))
 
-        # the earlier blocks' deltas: sum_J A_IJ U_J (right side) and P_IJ U_J (output)
+        # the earlier blocks' deltas: sum_J A_IJ U_J (right side) and P_IJ U_J (output), the
+        # decay exp(C_i - C_j) applied here (selected where the stored pair is not 0, which it
+        # is off the ancestor mask: an overflowing exp there stays out)
         au = tl.zeros([BT, BV], tl.float32)
         pu = tl.zeros([BT, BV], tl.float32)
         for bj in range(0, bi):
             u_j = tl.load(u_b + (bj * BT + tl.arange(0, BT))[:, None] * DV, mask=vmask[None, :],
                           other=0.0)
-            au += tl.dot(tl.load(a_ptr + row_pairs + bj * (BT * BT)), u_j,
-                         input_precision=PRECISION)
-            pu += tl.dot(tl.load(p_ptr + row_pairs + bj * (BT * BT)), u_j,
-                         input_precision=PRECISION)
+            c_j = tl.load(c_ptr + bh * NBT + bj * BT + tl.arange(0, BT))
+            bkk = tl.load(a_ptr + row_pairs + bj * (BT * BT))
+            qk = tl.load(p_ptr + row_pairs + bj * (BT * BT))
+            decay = tl.exp(c_i[:, None] - c_j[None, :])
+            au += tl.dot(tl.where(bkk != 0.0, decay * bkk, 0.0), u_j, input_precision=PRECISION)
+            pu += tl.dot(tl.where(qk != 0.0, decay * qk, 0.0), u_j, input_precision=PRECISION)
 
         e_i = tl.exp(c_i)
-        ks = tl.dot(k_i, s0, input_precision=PRECISION)
-        qs = tl.dot(q_i, s0, input_precision=PRECISION)
+        # K_I S0 and Q_I S0 (Dk in chunks of KS < Dk: S0's chunks re-read, from L1 / L2)
+        if KS == DKP:
+            ks = tl.dot(k_i, s0, input_precision=PRECISION)
+            qs = tl.dot(q_i, s0, input_precision=PRECISION)
+        else:
+            ks = tl.zeros([BT, BV], tl.float32)
+            qs = tl.zeros([BT, BV], tl.float32)
+            for c in range(0, DK, KS):
+                offs_k = c + tl.arange(0, KS)
+                s0_c = tl.load(s0_b + offs_k[:, None] * DV,
+                               mask=(offs_k < DK)[:, None] & vmask[None, :], other=0.0)
+                k_c = _chunk(k_b, rows, rvalid, k_row_stride, c, DK, kn_i, KS)
+                q_c = _q_chunk(q_b, rows, rvalid, q_row_stride, c, DK, qn_i, scale, KS, DIVIDE)
+                ks += tl.dot(k_c, s0_c, input_precision=PRECISION)
+                qs += tl.dot(q_c, s0_c, input_precision=PRECISION)
         r = beta_i[:, None] * (v_i - e_i[:, None] * ks) - au
         u = tl.dot(t_ii, r, input_precision=PRECISION)
-        tl.store(u_b + rows[:, None] * DV, u, mask=vmask[None, :])
+        if not ONE_BLOCK:
+            tl.store(u_b + rows[:, None] * DV, u, mask=vmask[None, :])
         o = e_i[:, None] * qs + pu + tl.dot(p_ii, u, input_precision=PRECISION)
         o = tl.where(rvalid[:, None], o, 0.0)
         tl.store(o_b + rows[:, None].to(tl.int64) * (HV * DV), o.to(o_ptr.dtype.element_ty),
@@ -239,27 +344,35 @@ def _gated_delta_solve(
         tl.debug_barrier()   # this block's U, stored, before the later blocks load it
 
 
-# BT 16 rows a block (tl.dot's least); BV Dv columns a solve program: 32 with 16-bit inputs (at
-# B 1 the 32 v-heads give 128 programs), 16 with float32 ones (IEEE dots on CUDA cores: BV 32
-# spills); path sums in column chunks of CW; 4 warps. Resources at Qwen3.6's shapes
-# (bench/triton_resources.py): docs/kernels.md, "Gated DeltaNet tree (Triton)".
-BT, MAX_BV, MAX_BV_FP32, MAX_CW, NUM_WARPS = 16, 32, 16, 128, 4
+# BT 16 rows a block (tl.dot's least). 16-bit inputs (tf32 dots): whole Dk rows (KC = Dk), the
+# S0 tile in registers, BV 32 Dv columns a solve program (at B 1 the 32 v-heads give 128
+# programs), 4 warps. float32 inputs (IEEE dots, on CUDA cores, whose operands hold all of K in
+# each thread): Dk in chunks of 32 and BV 16, or they spill. Path sums in column chunks of CW.
+# Resources at Qwen3.6's shapes (bench/triton_resources.py): docs/kernels.md.
+BT, MAX_CW, NUM_WARPS = 16, 128, 4
+MAX_BV, MAX_BV_FP32, KC, KC_FP32 = 32, 16, 32, 32
 FP32_PRECISION = "ieee"
 
 
-def tile_sizes(n: int, dk: int, dv: int, fp32: bool) -> tuple[int, int, int, int]:
-    """(BT, DKP, BV, CW): node rows a block, Dk padded to a power of two, the Dv tile of a solve
-    program (``fp32``: float32 inputs) and the path sums' column chunk (tl.dot needs >= 16).
-    From the shapes and dtype, never from B (a sequence's result must not depend on its batch)."""
-    bv = min(MAX_BV_FP32 if fp32 else MAX_BV, next_power_of_2(dv))
-    return BT, max(16, next_power_of_2(dk)), max(16, bv), max(16, min(MAX_CW, next_power_of_2(n)))
+def tile_sizes(n: int, dk: int, dv: int, fp32: bool) -> tuple[int, int, int, int, int, int]:
+    """(BT, DKP, KC, KS, BV, CW): node rows a block, Dk padded to a power of two, the Dk chunk of
+    a Gram product and of a product with S0, the Dv tile of a solve program and the path sums'
+    column chunk (tl.dot needs >= 16); ``fp32``: float32 inputs. From the shapes and dtype,
+    never from B (a sequence's result must not depend on how many share the launch)."""
+    dkp = max(16, next_power_of_2(dk))
+    kc = min(KC_FP32 if fp32 else KC, dkp)
+    ks = min(KC_FP32, dkp) if fp32 else dkp
+    bv = max(16, min(MAX_BV_FP32 if fp32 else MAX_BV, next_power_of_2(dv)))
+    return BT, dkp, kc, ks, bv, max(16, min(MAX_CW, next_power_of_2(n)))
 
 
 def scratch_bytes(b: int, n: int, hv: int, dv: int) -> int:
-    """Float32 scratch one call allocates: A (diagonal blocks inverted) and P per block pair,
-    C per row, U per row and Dv column."""
+    """Float32 scratch one call allocates: A (diagonal blocks inverted) and P per block pair, C
+    per row, U per row and Dv column; none for one row block (N <= BT)."""
     nb = cdiv(n, BT)
-    return 4 * b * hv * (2 * nb * (nb + 1) // 2 * BT * BT + nb * BT + nb * BT * dv)
+    if nb == 1:
+        return 4
+    return 4 * b * hv * (nb * (nb + 1) * BT * BT + nb * BT + nb * BT * dv)
 
 
 def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, scale,
@@ -279,32 +392,37 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
         return o
     num = torch.full((B,), N, dtype=torch.int32, device=dev) if num_nodes is None else num_nodes
     mask = pack_mask(parents, num)
-    bt, dkp, bv, cw = tile_sizes(N, DK, DV, v.dtype == torch.float32)
+    fp32 = v.dtype == torch.float32
+    bt, dkp, kc, ks, bv, cw = tile_sizes(N, DK, DV, fp32)
     nb = cdiv(N, bt)
     npair, nbt = nb * (nb + 1) // 2, nb * bt
-    pairs = torch.empty(2 * B * HV * npair * bt * bt, dtype=torch.float32, device=dev)
-    a, p = pairs[:pairs.numel() // 2], pairs[pairs.numel() // 2:]
-    c = torch.empty(B * HV * nbt, dtype=torch.float32, device=dev)
-    u = torch.empty(B * HV * nbt * DV, dtype=torch.float32, device=dev)
+    one_block = nb == 1
+    if one_block:      # nothing goes through scratch: one float32 as the unused pointers
+        a = p = c = u = torch.empty(1, dtype=torch.float32, device=dev)
+    else:              # A (diagonal blocks inverted) and P per block pair, C per row, U per row
+        sizes = [B * HV * npair * bt * bt] * 2 + [B * HV * nbt, B * HV * nbt * DV]
+        a, p, c, u = torch.empty(sum(sizes), dtype=torch.float32, device=dev).split(sizes)
     divide = scale is None
     scale = float(DK ** 0.5 if divide else scale)
-    precision = FP32_PRECISION if v.dtype == torch.float32 else "tf32"
-    _gated_delta_pairs[(B * HV, npair)](
-        q, k, g, beta, mask, num, a, p, c,
-        N, mask.shape[2], HV, HV // H, DK, scale, npair, nbt,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        BT=bt, DKP=dkp, CW=cw, L2NORM=bool(use_qk_l2norm), DIVIDE=divide, PRECISION=precision,
-        num_warps=NUM_WARPS,
-    )
+    precision = FP32_PRECISION if fp32 else "tf32"
+    if not one_block:
+        _gated_delta_rows[(B * HV, nb)](
+            q, k, g, beta, mask, num, a, p, c,
+            N, mask.shape[2], HV, HV // H, DK, scale, npair, nbt,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+            BT=bt, KC=kc, CW=cw, L2NORM=bool(use_qk_l2norm), DIVIDE=divide,
+            PRECISION=precision, num_warps=NUM_WARPS,
+        )
     slots = state_slots if state_slots is not None else num     # dummy pointer, never read
     _gated_delta_solve[(B * HV, cdiv(DV, bv))](
-        q, k, v, beta, num, state, slots, a, p, c, u, o,
-        N, HV, HV // H, DK, DV, scale, npair, nbt,
+        q, k, v, g, beta, mask, num, state, slots, a, p, c, u, o,
+        N, mask.shape[2], HV, HV // H, DK, DV, scale, npair, nbt,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), beta.stride(0), beta.stride(1),
-        state.stride(0), state.stride(1),
-        BT=bt, DKP=dkp, BV=bv, HAS_SLOTS=state_slots is not None, L2NORM=bool(use_qk_l2norm),
-        DIVIDE=divide, PRECISION=precision, num_warps=NUM_WARPS,
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
+        beta.stride(0), beta.stride(1), state.stride(0), state.stride(1),
+        BT=bt, DKP=dkp, KC=kc, KS=ks, BV=bv, CW=cw, ONE_BLOCK=one_block,
+        HAS_SLOTS=state_slots is not None, L2NORM=bool(use_qk_l2norm), DIVIDE=divide,
+        PRECISION=precision, num_warps=NUM_WARPS,
     )
     return o
