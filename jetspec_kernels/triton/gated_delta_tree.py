@@ -186,11 +186,19 @@ def _gated_delta_rows(
     q_batch_stride, q_row_stride, q_head_stride,
     k_batch_stride, k_row_stride, k_head_stride,
     g_batch_stride, g_row_stride, beta_batch_stride, beta_row_stride,
-    BT: tl.constexpr, KC: tl.constexpr, CW: tl.constexpr, L2NORM: tl.constexpr,
-    DIVIDE: tl.constexpr, PRECISION: tl.constexpr,
+    NB, BT: tl.constexpr, JC: tl.constexpr, KC: tl.constexpr, CW: tl.constexpr,
+    L2NORM: tl.constexpr, DIVIDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)       # b * HV + hv
-    bi = tl.program_id(1)                    # row block I
+    # (column chunk c, row block I >= c JC) from m = first(c) + I - c JC, with first(c) =
+    # c NB - JC c (c - 1) / 2 programs in the chunks before c; the float root corrected exactly
+    m = tl.program_id(1)
+    lead = (2 * NB + JC).to(tl.float32)
+    ch = ((lead - tl.sqrt(lead * lead - 8.0 * JC * m.to(tl.float32))) / (2 * JC)).to(tl.int32)
+    ch = tl.where(ch * NB - JC * ch * (ch - 1) // 2 > m, ch - 1, ch)
+    ch = tl.where((ch + 1) * NB - JC * (ch + 1) * ch // 2 <= m, ch + 1, ch)
+    bi = ch * JC + m - (ch * NB - JC * ch * (ch - 1) // 2)     # row block I
+    j_lo = ch * JC                           # this program's column blocks J: j_lo .. j_lo + JC
     b = bh // HV
     hv = bh % HV
     h = hv // H_PER
@@ -208,7 +216,7 @@ def _gated_delta_rows(
     qn_i = _inv_norms(q_b, rows, rvalid, q_row_stride, DK, BT, KC, L2NORM)
     beta_i = tl.load(beta_ptr + b * beta_batch_stride + hv + rows.to(tl.int64) * beta_row_stride,
                      mask=rvalid, other=0.0).to(tl.float32)
-    for bj in range(0, bi):
+    for bj in range(j_lo, tl.minimum(j_lo + JC, bi)):
         cols = bj * BT + tl.arange(0, BT)
         cvalid = cols < num
         kn_j = _inv_norms(k_b, cols, cvalid, k_row_stride, DK, BT, KC, L2NORM)
@@ -219,15 +227,17 @@ def _gated_delta_rows(
         tl.store(a_ptr + blk + bj * (BT * BT), tl.where(anc, beta_i[:, None] * kk, 0.0))
         tl.store(p_ptr + blk + bj * (BT * BT), tl.where(anc, qk, 0.0))
 
-    c_i = _path_sums(mask_b, g_ptr + b * g_batch_stride + hv, g_row_stride, rows, rvalid, num,
-                     W, BT, CW)
-    kk, qk = _gram(k_b, q_b, k_row_stride, q_row_stride, rows, rvalid, kn_i, qn_i, rows, rvalid,
-                   kn_i, DK, scale, BT, KC, DIVIDE, PRECISION)
-    t_ii, p_ii = _diagonal_block(kk, qk, beta_i, c_i,
-                                 _ancestors(mask_b, rows, rows, rvalid, rvalid, W), rows, PRECISION)
-    tl.store(a_ptr + blk + bi * (BT * BT), t_ii)
-    tl.store(p_ptr + blk + bi * (BT * BT), p_ii)
-    tl.store(c_ptr + bh * NBT + rows, c_i)
+    if bi < j_lo + JC:                       # the chunk that holds the diagonal pair
+        c_i = _path_sums(mask_b, g_ptr + b * g_batch_stride + hv, g_row_stride, rows, rvalid,
+                         num, W, BT, CW)
+        kk, qk = _gram(k_b, q_b, k_row_stride, q_row_stride, rows, rvalid, kn_i, qn_i, rows,
+                       rvalid, kn_i, DK, scale, BT, KC, DIVIDE, PRECISION)
+        t_ii, p_ii = _diagonal_block(kk, qk, beta_i, c_i,
+                                     _ancestors(mask_b, rows, rows, rvalid, rvalid, W), rows,
+                                     PRECISION)
+        tl.store(a_ptr + blk + bi * (BT * BT), t_ii)
+        tl.store(p_ptr + blk + bi * (BT * BT), p_ii)
+        tl.store(c_ptr + bh * NBT + rows, c_i)
 
 
 @triton.jit
@@ -314,8 +324,8 @@ def _gated_delta_solve(
             bkk = tl.load(a_ptr + row_pairs + bj * (BT * BT))
             qk = tl.load(p_ptr + row_pairs + bj * (BT * BT))
             decay = tl.exp(c_i[:, None] - c_j[None, :])
-            au += tl.dot(tl.where(bkk != 0.0, decay * bkk, 0.0), u_j, input_precision=PRECISION)
-            pu += tl.dot(tl.where(qk != 0.0, decay * qk, 0.0), u_j, input_precision=PRECISION)
+            au += tl.dot(tl.where(bkk != 0.0, decay, 0.0) * bkk, u_j, input_precision=PRECISION)
+            pu += tl.dot(tl.where(qk != 0.0, decay, 0.0) * qk, u_j, input_precision=PRECISION)
 
         e_i = tl.exp(c_i)
         # K_I S0 and Q_I S0 (Dk in chunks of KS < Dk: S0's chunks re-read, from L1 / L2)
@@ -350,6 +360,7 @@ def _gated_delta_solve(
 # each thread): Dk in chunks of 32 and BV 16, or they spill. Path sums in column chunks of CW.
 # Resources at Qwen3.6's shapes (bench/triton_resources.py): docs/kernels.md.
 BT, MAX_CW, NUM_WARPS = 16, 128, 4
+JC = 4   # column blocks a program of the first launch: a block row of up to 4 in one program
 MAX_BV, MAX_BV_FP32, KC, KC_FP32 = 32, 16, 32, 32
 FP32_PRECISION = "ieee"
 
@@ -406,12 +417,13 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
     scale = float(DK ** 0.5 if divide else scale)
     precision = FP32_PRECISION if fp32 else "tf32"
     if not one_block:
-        _gated_delta_rows[(B * HV, nb)](
+        nch = cdiv(nb, JC)
+        _gated_delta_rows[(B * HV, nch * nb - JC * nch * (nch - 1) // 2)](
             q, k, g, beta, mask, num, a, p, c,
             N, mask.shape[2], HV, HV // H, DK, scale, npair, nbt,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-            BT=bt, KC=kc, CW=cw, L2NORM=bool(use_qk_l2norm), DIVIDE=divide,
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), nb,
+            BT=bt, JC=JC, KC=kc, CW=cw, L2NORM=bool(use_qk_l2norm), DIVIDE=divide,
             PRECISION=precision, num_warps=NUM_WARPS,
         )
     slots = state_slots if state_slots is not None else num     # dummy pointer, never read
