@@ -354,14 +354,14 @@ def _gated_delta_solve(
         tl.debug_barrier()   # this block's U, stored, before the later blocks load it
 
 
-# BT 16 rows a block (tl.dot's least). 16-bit inputs (tf32 dots): whole Dk rows (KC = Dk), the
-# S0 tile in registers, BV 32 Dv columns a solve program (at B 1 the 32 v-heads give 128
-# programs), 4 warps. float32 inputs (IEEE dots, on CUDA cores, whose operands hold all of K in
-# each thread): Dk in chunks of 32 and BV 16, or they spill. Path sums in column chunks of CW.
-# Resources at Qwen3.6's shapes (bench/triton_resources.py): docs/kernels.md.
+# BT 16 rows a block (tl.dot's least). 16-bit inputs (tf32 dots): the Gram products over Dk
+# chunks of KC, the solve's rows whole (its S0 tile in registers), BV 64 Dv columns a solve
+# program, 4 warps. float32 inputs (IEEE dots, on CUDA cores, whose operands hold all of K in
+# each thread): Dk in chunks of 32 everywhere and BV 16, or they spill. Path sums in column
+# chunks of CW. Registers at Qwen3.6's shapes (bench/triton_resources.py): docs/kernels.md.
 BT, MAX_CW, NUM_WARPS = 16, 128, 4
 JC = 4   # column blocks a program of the first launch: a block row of up to 4 in one program
-MAX_BV, MAX_BV_FP32, KC, KC_FP32 = 32, 16, 32, 32
+MAX_BV, MAX_BV_FP32, KC, KC_FP32 = 64, 16, 32, 32
 FP32_PRECISION = "ieee"
 
 
