@@ -99,22 +99,27 @@ def _q_chunk(ptr, rows, valid, n_stride, c, DK, inv, scale, KC: tl.constexpr,
 
 
 @triton.jit
-def _rows(ptr, rows, valid, n_stride, DK, DKP: tl.constexpr, L2NORM: tl.constexpr):
-    """``[BT, DKP]`` float32: whole rows of q or k, l2-normalised when ``L2NORM`` (zeros where
-    not ``valid`` or past Dk)."""
+def _row_tile(ptr, rows, valid, n_stride, DK, DKP: tl.constexpr):
+    """``[BT, DKP]`` whole rows of q or k as stored (zeros where not ``valid`` or past Dk)."""
     offs = tl.arange(0, DKP)
-    x = tl.load(ptr + rows[:, None].to(tl.int64) * n_stride + offs[None, :],
-                mask=valid[:, None] & (offs < DK)[None, :], other=0.0).to(tl.float32)
+    return tl.load(ptr + rows[:, None].to(tl.int64) * n_stride + offs[None, :],
+                   mask=valid[:, None] & (offs < DK)[None, :], other=0.0)
+
+
+@triton.jit
+def _normalised(x, L2NORM: tl.constexpr):
+    """Rows in float32, l2-normalised when ``L2NORM`` (transformers' ``x * rsqrt(sum x^2 +
+    eps)``)."""
+    x = x.to(tl.float32)
     if L2NORM:
         x = x * tl.math.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
     return x
 
 
 @triton.jit
-def _q_rows(ptr, rows, valid, n_stride, DK, scale, DKP: tl.constexpr, L2NORM: tl.constexpr,
-            DIVIDE: tl.constexpr):
-    """Whole rows of q as :func:`_rows`, then divided by sqrt(Dk) (``scale``) or scaled."""
-    x = _rows(ptr, rows, valid, n_stride, DK, DKP, L2NORM)
+def _q_normalised(x, scale, L2NORM: tl.constexpr, DIVIDE: tl.constexpr):
+    """Rows of q as :func:`_normalised`, then divided by sqrt(Dk) (``scale``) or scaled."""
+    x = _normalised(x, L2NORM)
     if DIVIDE:
         return tl.math.div_rn(x, tl.zeros_like(x) + scale)
     else:
@@ -283,21 +288,47 @@ def _gated_delta_solve(
         bi = i0 // BT
         rows = i0 + tl.arange(0, BT)
         rvalid = rows < num
+        # this block's loads first, used only after the pair loop (their latency hides there)
         if KS == DKP:
-            k_i = _rows(k_b, rows, rvalid, k_row_stride, DK, DKP, L2NORM)
-            q_i = _q_rows(q_b, rows, rvalid, q_row_stride, DK, scale, DKP, L2NORM, DIVIDE)
+            k_raw = _row_tile(k_b, rows, rvalid, k_row_stride, DK, DKP)
+            q_raw = _row_tile(q_b, rows, rvalid, q_row_stride, DK, DKP)
+        v_raw = tl.load(v_b + rows[:, None].to(tl.int64) * v_row_stride + offs_v[None, :],
+                        mask=rvalid[:, None] & vmask[None, :], other=0.0)
+        beta_raw = tl.load(beta_b + rows.to(tl.int64) * beta_row_stride, mask=rvalid, other=0.0)
+        row_pairs = pairs_b + (bi * (bi + 1) // 2) * (BT * BT)
+        au = tl.zeros([BT, BV], tl.float32)
+        pu = tl.zeros([BT, BV], tl.float32)
+        if not ONE_BLOCK:
+            c_i = tl.load(c_ptr + bh * NBT + rows)
+            t_ii = tl.load(a_ptr + row_pairs + bi * (BT * BT))
+            p_ii = tl.load(p_ptr + row_pairs + bi * (BT * BT))
+            # the earlier blocks' deltas: sum_J A_IJ U_J (right side) and P_IJ U_J (output), the
+            # decay exp(C_i - C_j) applied here (selected where the stored pair is not 0, which
+            # it is off the ancestor mask: an overflowing exp there stays out)
+            for bj in range(0, bi):
+                u_j = tl.load(u_b + (bj * BT + tl.arange(0, BT))[:, None] * DV,
+                              mask=vmask[None, :], other=0.0)
+                c_j = tl.load(c_ptr + bh * NBT + bj * BT + tl.arange(0, BT))
+                bkk = tl.load(a_ptr + row_pairs + bj * (BT * BT))
+                qk = tl.load(p_ptr + row_pairs + bj * (BT * BT))
+                decay = tl.exp(c_i[:, None] - c_j[None, :])
+                au += tl.dot(tl.where(bkk != 0.0, decay, 0.0) * bkk, u_j,
+                             input_precision=PRECISION)
+                pu += tl.dot(tl.where(qk != 0.0, decay, 0.0) * qk, u_j,
+                             input_precision=PRECISION)
+
+        if KS == DKP:
+            k_i = _normalised(k_raw, L2NORM)
+            q_i = _q_normalised(q_raw, scale, L2NORM, DIVIDE)
         else:
             kn_i = _inv_norms(k_b, rows, rvalid, k_row_stride, DK, BT, KS, L2NORM)
             qn_i = _inv_norms(q_b, rows, rvalid, q_row_stride, DK, BT, KS, L2NORM)
-        v_i = tl.load(v_b + rows[:, None].to(tl.int64) * v_row_stride + offs_v[None, :],
-                      mask=rvalid[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-        beta_i = tl.load(beta_b + rows.to(tl.int64) * beta_row_stride, mask=rvalid,
-                         other=0.0).to(tl.float32)
-        row_pairs = pairs_b + (bi * (bi + 1) // 2) * (BT * BT)
+        v_i = v_raw.to(tl.float32)
+        beta_i = beta_raw.to(tl.float32)
         if ONE_BLOCK:   # N <= BT: the block's own pair here, no first launch
-            c_i = _path_sums(mask_ptr + b * N * W, g_ptr + b * g_batch_stride + hv,
-                             g_row_stride, rows, rvalid, num, W, BT, CW)
             mask_b = mask_ptr + b * N * W
+            c_i = _path_sums(mask_b, g_ptr + b * g_batch_stride + hv, g_row_stride, rows, rvalid,
+                             num, W, BT, CW)
             if KS == DKP:
                 kk = tl.dot(k_i, tl.trans(k_i), input_precision=PRECISION)
                 qk = tl.dot(q_i, tl.trans(k_i), input_precision=PRECISION)
@@ -307,25 +338,6 @@ def _gated_delta_solve(
             t_ii, p_ii = _diagonal_block(kk, qk, beta_i, c_i,
                                          _ancestors(mask_b, rows, rows, rvalid, rvalid, W), rows,
                                          PRECISION)
-        else:
-            c_i = tl.load(c_ptr + bh * NBT + rows)
-            t_ii = tl.load(a_ptr + row_pairs + bi * (BT * BT))
-            p_ii = tl.load(p_ptr + row_pairs + bi * (BT * BT))
-
-        # the earlier blocks' deltas: sum_J A_IJ U_J (right side) and P_IJ U_J (output), the
-        # decay exp(C_i - C_j) applied here (selected where the stored pair is not 0, which it
-        # is off the ancestor mask: an overflowing exp there stays out)
-        au = tl.zeros([BT, BV], tl.float32)
-        pu = tl.zeros([BT, BV], tl.float32)
-        for bj in range(0, bi):
-            u_j = tl.load(u_b + (bj * BT + tl.arange(0, BT))[:, None] * DV, mask=vmask[None, :],
-                          other=0.0)
-            c_j = tl.load(c_ptr + bh * NBT + bj * BT + tl.arange(0, BT))
-            bkk = tl.load(a_ptr + row_pairs + bj * (BT * BT))
-            qk = tl.load(p_ptr + row_pairs + bj * (BT * BT))
-            decay = tl.exp(c_i[:, None] - c_j[None, :])
-            au += tl.dot(tl.where(bkk != 0.0, decay, 0.0) * bkk, u_j, input_precision=PRECISION)
-            pu += tl.dot(tl.where(qk != 0.0, decay, 0.0) * qk, u_j, input_precision=PRECISION)
 
         e_i = tl.exp(c_i)
         # K_I S0 and Q_I S0 (Dk in chunks of KS < Dk: S0's chunks re-read, from L1 / L2)
