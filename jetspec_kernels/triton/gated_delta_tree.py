@@ -255,8 +255,8 @@ def _gated_delta_solve(
     v_batch_stride, v_row_stride, v_head_stride,
     g_batch_stride, g_row_stride, beta_batch_stride, beta_row_stride,
     state_slot_stride, state_head_stride,
-    BT: tl.constexpr, DKP: tl.constexpr, KC: tl.constexpr, KS: tl.constexpr, BV: tl.constexpr,
-    CW: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_SLOTS: tl.constexpr, L2NORM: tl.constexpr,
+    BT: tl.constexpr, DKP: tl.constexpr, KS: tl.constexpr, BV: tl.constexpr, CW: tl.constexpr,
+    ONE_BLOCK: tl.constexpr, HAS_SLOTS: tl.constexpr, L2NORM: tl.constexpr,
     DIVIDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)       # b * HV + hv
@@ -445,7 +445,7 @@ def gated_delta_tree(q, k, v, g, beta, parents, state, state_slots, num_nodes, s
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
         beta.stride(0), beta.stride(1), state.stride(0), state.stride(1),
-        BT=bt, DKP=dkp, KC=kc, KS=ks, BV=bv, CW=cw, ONE_BLOCK=one_block,
+        BT=bt, DKP=dkp, KS=ks, BV=bv, CW=cw, ONE_BLOCK=one_block,
         HAS_SLOTS=state_slots is not None, L2NORM=bool(use_qk_l2norm), DIVIDE=divide,
         PRECISION=precision, num_warps=NUM_WARPS,
     )
