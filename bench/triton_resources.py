@@ -187,6 +187,14 @@ def _cases():
                                                      e(64, h, dtype=bf16) if res else None,
                                                      e(h, dtype=bf16), 1e-6))
     yield ("silu_mul bf16 I12288", lambda: kernels.silu_mul(e(64, 2 * 12288, dtype=bf16)))
+    # Qwen3.6-35B-A3B's Gated DeltaNet layers: 16 q/k heads, 32 v-heads, Dk = Dv = 128
+    for dtype in (bf16, torch.float32):
+        for n in (16, 64, 256):
+            yield (f"gated_delta_tree {str(dtype)[6:]} Dk128 N{n}",
+                   lambda dtype=dtype, n=n: kernels.gated_delta_tree(
+                       e(2, n, 16, 128, dtype=dtype), e(2, n, 16, 128, dtype=dtype),
+                       e(2, n, 32, 128, dtype=dtype), e(2, n, 32), e(2, n, 32, dtype=dtype),
+                       e(2, n, **i32), e(4, 32, 128, 128), e(2, **i32), e(2, **i32), None, True))
     yield ("commit_kv bf16 Dh128 + hidden",
            lambda: kernels.commit_kv(e(2, 4096, hkv, 128, dtype=bf16),
                                      e(2, 4096, hkv, 128, dtype=bf16), e(2, **i32),

@@ -111,11 +111,11 @@ MUTATIONS = {
         "for _ in range(1, depth):", "for _ in range(2, depth):", GD_TREE),
     "gd_tree_interleaved_gqa_heads": (
         "wrong head mapping (GQA)", GDT,
-        "    h = hv // H_PER\n    num = tl.load(num_ptr + b)",
-        "    h = hv % H_PER\n    num = tl.load(num_ptr + b)", GD_TREE),
+        "    h = hv // H_PER\n    num = tl.load(num_ptr + b)\n    q_b",
+        "    h = hv % H_PER\n    num = tl.load(num_ptr + b)\n    q_b", GD_TREE),
     "gd_tree_state_slot_ignored": (
         "cache/state slot ignored", GDT,
-        "s0_b = state_ptr + slot * state_slot_stride", "s0_b = state_ptr + b * state_slot_stride",
+        "state_ptr + slot * state_slot_stride", "state_ptr + b * state_slot_stride",
         GD_TREE),
     "gd_tree_padding_row_valid": (
         "a check comparing the wrong side of a limit (num_nodes)", GDT,

@@ -153,6 +153,52 @@ def test_tree_shapes(backend, dev, shape):
     check(case, run(case, dev, backend.name), torch.float32)
 
 
+def block_crossing_parents(shape, B, N, gen):
+    """Parents whose ancestors lie in earlier row blocks of 16 (the triton kernel's block pairs):
+    every off-diagonal block pair carries weight, so a missing or misplaced pair shows."""
+    i = torch.arange(N, dtype=torch.int32)
+    if shape == "parent one block back":          # the diagonal blocks are the identity
+        parents = i - 16
+    elif shape == "parent two blocks back":
+        parents = i - 33
+    elif shape == "chain over four blocks":       # depth N - 1: every block sweeps 16 deep
+        parents = i - 1
+    else:                                         # random, from up to 40 nodes back
+        back = torch.randint(1, 41, (N,), generator=gen, dtype=torch.int32)
+        parents = i - back
+    return parents.clamp(min=-1).expand(B, N).contiguous()
+
+
+@backends("reference", "triton")
+@pytest.mark.parametrize("shape", ["parent one block back", "parent two blocks back",
+                                   "chain over four blocks", "random across blocks"])
+def test_ancestors_in_earlier_row_blocks(backend, dev, shape):
+    """N = 61 (four row blocks, the last partial); one sequence whole, one ending inside a block
+    (NaN padding rows after it), one ending on a block boundary; gates near 0 and betas near 1,
+    so an ancestor three blocks back still moves a node's output."""
+    gen = torch.Generator().manual_seed(11)
+    B, N = 3, 61
+    num = torch.tensor([N, 45, 32], dtype=torch.int32)
+    parents = block_crossing_parents(shape, B, N, gen)
+    case = make_case(B, N, 1, 2, 16, 24, gen, parents=parents, num_nodes=num,
+                     g_range=(-0.05, 0.0), beta_range=(0.5, 1.0))
+    check(case, run(case, dev, backend.name), torch.float32)
+
+
+@backends("reference", "triton")
+def test_many_row_blocks(backend, dev):
+    """N = 300: 19 row blocks, 190 block pairs (the triton kernel's pair index decoded past the
+    first few), ancestors up to 250 nodes back."""
+    gen = torch.Generator().manual_seed(12)
+    N = 300
+    i = torch.arange(N, dtype=torch.int32)
+    parents = torch.where(i % 5 == 0, i - 1, (i * 7) % 250 - 250 + i).clamp(min=-1)
+    parents = torch.minimum(parents, i - 1)[None].contiguous()
+    case = make_case(1, N, 1, 1, 16, 16, gen, parents=parents,
+                     num_nodes=torch.tensor([290], dtype=torch.int32), g_range=(-0.02, 0.0))
+    check(case, run(case, dev, backend.name), torch.float32)
+
+
 @backends("reference", "triton")
 @pytest.mark.parametrize("n", [512, MAX_BUDGET])
 def test_a_chain_up_to_the_limit_is_the_sequence(backend, dev, n):
