@@ -1,12 +1,12 @@
 """The Triton attention kernels' shared steps: where a key's K and V rows are (contiguous or paged
-caches), and one online-softmax update over a block of keys. ``tree_attention`` and the exact
+caches), one online-softmax update over a block of keys, and the combine of split-KV partials. ``tree_attention`` and the exact
 mode's ``exact_attention`` both run them, so a block is the same arithmetic in either."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["LOG2E", "LN2", "kv_offsets", "attend_block"]
+__all__ = ["LOG2E", "LN2", "kv_offsets", "attend_block", "merge_splits"]
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)   # natural-log LSE = base-2 LSE * ln 2
@@ -50,3 +50,45 @@ def attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off, key_ok, visible, 
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def merge_splits(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, r, mine, splits, rows, max_splits, N,
+                 HQ, o_batch_stride, o_row_stride, o_head_stride, lse_batch_stride,
+                 lse_head_stride, lse_row_stride, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                 STORE_LSE: tl.constexpr):
+    """Rows ``r = (b * N + i) * HQ + head`` where ``mine``: their first ``splits`` partials
+    (normalised output, base-2 LSE; ``[S, rows]``) combined in split order into ``out`` and
+    natural-log ``lse``. ``splits``: one count for all rows, or each row's own (a row's result
+    then does not depend on ``max_splits``, the loop's bound)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    w_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(0, max_splits):
+        take = mine & (s < splits)
+        row = r.to(tl.int64) + s * rows
+        lse_s = tl.load(part_lse_ptr + row, mask=take, other=float("-inf"))
+        o_s = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=take[:, None],
+                      other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_sub)
+        w = tl.exp2(lse_s - m_sub)
+        acc = tl.where(take[:, None], acc * alpha[:, None] + w[:, None] * o_s, acc)
+        w_sum = tl.where(take, w_sum * alpha + w, w_sum)
+        m = tl.where(take, m_new, m)
+    no_key = w_sum == 0.0       # NaN (a split's NaN lse) stays NaN
+    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, w_sum)[:, None])
+    head = r % HQ
+    row_i = (r // HQ) % N
+    b = r // (HQ * N)
+    o_off = (b.to(tl.int64) * o_batch_stride + row_i.to(tl.int64) * o_row_stride
+             + head.to(tl.int64) * o_head_stride)
+    tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=mine[:, None])
+    if STORE_LSE:
+        lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
+        l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
+            + row_i.to(tl.int64) * lse_row_stride
+        tl.store(lse_ptr + l_off, lse2 * LN2, mask=mine)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .sizes import cdiv, next_power_of_2
-from .attention_steps import LN2, LOG2E, attend_block, kv_offsets
+from .attention_steps import LN2, LOG2E, attend_block, kv_offsets, merge_splits
 
 __all__ = ["exact_tree_attention", "SPLIT_KEYS", "block_sizes", "tail_order"]
 
@@ -170,41 +170,14 @@ def _exact_combine(
     """Rows with more than one split: their partials combined in split order, each row over its
     own split count (a row's result does not depend on the launch's largest)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)     # r = (b * N + i) * HQ + head
-    head = r % HQ
     row_i = (r // HQ) % N
     b = r // (HQ * N)
     length = tl.load(prefix_ptr + b, mask=r < rows, other=0) \
         + tl.load(depth_ptr + b.to(tl.int64) * N + row_i, mask=r < rows, other=0)
     splits = tl.cdiv(length, SPLIT_KEYS)
-    mine = (r < rows) & (splits > 1)
-    offs_d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    w_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(0, max_splits):
-        take = mine & (s < splits)
-        row = r.to(tl.int64) + s * rows
-        lse_s = tl.load(part_lse_ptr + row, mask=take, other=float("-inf"))
-        o_s = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=take[:, None],
-                      other=0.0)
-        m_new = tl.maximum(m, lse_s)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_sub)
-        w = tl.exp2(lse_s - m_sub)
-        acc = tl.where(take[:, None], acc * alpha[:, None] + w[:, None] * o_s, acc)
-        w_sum = tl.where(take, w_sum * alpha + w, w_sum)
-        m = tl.where(take, m_new, m)
-    no_key = w_sum == 0.0
-    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, w_sum)[:, None])
-    o_off = (b.to(tl.int64) * o_batch_stride + row_i.to(tl.int64) * o_row_stride
-             + head.to(tl.int64) * o_head_stride)
-    tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=mine[:, None])
-    if STORE_LSE:
-        lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
-        l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
-            + row_i.to(tl.int64) * lse_row_stride
-        tl.store(lse_ptr + l_off, lse2 * LN2, mask=mine)
+    merge_splits(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, r, (r < rows) & (splits > 1), splits,
+                 rows, max_splits, N, HQ, o_batch_stride, o_row_stride, o_head_stride,
+                 lse_batch_stride, lse_head_stride, lse_row_stride, HEAD_DIM, BLOCK_R, STORE_LSE)
 
 
 def tail_order(b: int, n: int, tree_mask, tail: str, device) -> tuple[torch.Tensor, torch.Tensor]:

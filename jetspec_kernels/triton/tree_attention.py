@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .. import launch_plan
-from .attention_steps import LN2, LOG2E, attend_block, kv_offsets
+from .attention_steps import LN2, LOG2E, attend_block, kv_offsets, merge_splits
 from .sizes import cdiv, next_power_of_2
 
 __all__ = ["tree_attention", "launch_tree_attention"]
@@ -155,37 +155,9 @@ def _merge_splits(
 ):
     """Combine per-split (normalised output, base-2 LSE) pairs into ``out`` and natural-log ``lse``."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)     # r = (b * N + i) * HQ + head
-    r_ok = r < rows
-    offs_d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    w_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(0, num_splits):
-        row = r.to(tl.int64) + s * rows
-        lse_s = tl.load(part_lse_ptr + row, mask=r_ok, other=float("-inf"))
-        o_s = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=r_ok[:, None],
-                      other=0.0)
-        m_new = tl.maximum(m, lse_s)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_sub)
-        w = tl.exp2(lse_s - m_sub)
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        w_sum = w_sum * alpha + w
-        m = m_new
-    no_key = w_sum == 0.0       # NaN (a split's NaN lse) stays NaN
-    o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, w_sum)[:, None])
-    head = r % HQ
-    row_i = (r // HQ) % N
-    b = r // (HQ * N)
-    o_off = (b.to(tl.int64) * o_batch_stride + row_i.to(tl.int64) * o_row_stride
-             + head.to(tl.int64) * o_head_stride)
-    tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=r_ok[:, None])
-    if STORE_LSE:
-        lse2 = tl.where(no_key, float("-inf"), m + tl.log2(tl.where(no_key, 1.0, w_sum)))
-        l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
-            + row_i.to(tl.int64) * lse_row_stride
-        tl.store(lse_ptr + l_off, lse2 * LN2, mask=r_ok)
+    merge_splits(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, r, r < rows, tl.zeros_like(r) + num_splits,
+                 rows, num_splits, N, HQ, o_batch_stride, o_row_stride, o_head_stride, lse_batch_stride,
+                 lse_head_stride, lse_row_stride, HEAD_DIM, BLOCK_R, STORE_LSE)
 
 
 def _block_sizes(device: torch.device, rows: int, head_dim: int) -> tuple[int, int, int, int]:
