@@ -199,6 +199,22 @@ def test_many_row_blocks(backend, dev):
     check(case, run(case, dev, backend.name), torch.float32)
 
 
+
+@backends("triton")
+@pytest.mark.parametrize("N", [12, 40])
+def test_a_sequence_does_not_depend_on_its_batch(backend, dev, N):
+    """Batch invariance: each sequence's rows are bit for bit those of the sequence run alone
+    (the kernel's tiles and launches are chosen from N, Dk, Dv and the dtype, never from B).
+    float32 inputs and Dk 48: a Dk chunk chosen from B changes the sums' rounding there (with
+    bf16 inputs those sums are often exact, and such a choice would go unseen)."""
+    gen = torch.Generator().manual_seed(13)
+    case = make_case(3, N, 1, 2, 48, 24, gen)
+    o = run(case, dev, backend.name)
+    for b in range(3):
+        one = {key: (x[b:b + 1] if key not in ("state",) and torch.is_tensor(x) else x)
+               for key, x in case.items()}
+        assert torch.equal(run(one, dev, backend.name)[0], o[b])
+
 @backends("reference", "triton")
 @pytest.mark.parametrize("n", [512, MAX_BUDGET])
 def test_a_chain_up_to_the_limit_is_the_sequence(backend, dev, n):
