@@ -102,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the models' fused layer ops (rms_norm, silu_mul) on this backend "
                         "(default: as auto runs them; on a GPU the torch ops until each is "
                         "hardware-verified); the predictions follow")
+    p.add_argument("--exact", action="store_true",
+                   help="the target in the exact mode (jetspec_kernels.exact_mode; rows labelled "
+                        ":exact): on a GPU with --fused-ops-backend triton, and only on a GPU the "
+                        "hardware record lists or with JETSPEC_EXACT_UNVERIFIED=1")
     p.add_argument("--predict", action="store_true",
                    help="print the floors and predictions of the plan on an H200 and an H100; no run")
     return p
@@ -247,6 +251,13 @@ def main(argv=None) -> int:
         if path and not Path(path).is_dir():
             print(f"bench_decode: --{what} {path} is not a directory", file=sys.stderr)
             return 2
+    if args.exact:   # refused by name where the exact mode cannot run, before any model is built
+        from jetspec_kernels.ops.exact import ExactModeError, exact_backend
+        try:
+            exact_backend("bench_decode --exact", torch.device(opts.device), args.fused_ops_backend)
+        except ExactModeError as ex:
+            print(f"bench_decode: --exact: {ex}", file=sys.stderr)
+            return 2
     if args.predict:
         m = dc.Model.of_size(size)
         for ceiling in (dc.H200, dc.H100):
@@ -291,15 +302,17 @@ def main(argv=None) -> int:
     old_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
     import jetspec_kernels as jk
     jk.set_value_checks("never")     # as on CUDA tensors: no value check reads the host in a round
+    if args.exact:
+        table.header_lines.append("the target in the exact mode (rows :exact)")
     try:
         groups = list(dict.fromkeys((c.batch, c.prompt) for c in configs))
         for name in backends:
-            label = "" if len(backends) == 1 else f":{name}"
+            label = ("" if len(backends) == 1 else f":{name}") + (":exact" if args.exact else "")
             for b, p in groups:
                 if (b, p) in done:
                     continue
                 mine = [c for c in configs if (c.batch, c.prompt) == (b, p)]
-                with bc.using_backend(name):
+                with bc.using_backend(name), jk.exact_mode(args.exact):
                     failed |= run_group(table, target, head, cm, ceiling, mine, chunk, cuda, name,
                                         label, started, args.deadline)
     finally:

@@ -46,6 +46,8 @@
 #                  tree at B 1 and 16, graph-replayed, fused layer ops against torch ops
 #   decode_fused   when time allows (at most 70 s): the B1/p512/n64 round and AR step with the
 #                  models' fused layer ops on the cuda kernels
+#   decode_exact   when time allows (at most 90 s): bench_decode --exact at B1 and B16,
+#                  p512, n64, the target on the exact mode's triton path (unverified)
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (configs that do
 #                  not fit the card's memory, e.g. on an H100, are rows saying so)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -296,6 +298,12 @@ step draft_head 0 0 "$TO 60 '$PY' bench/bench_draft_head.py --quick --graphs --n
 # 8d. When time allows: decode's headline config with fused layer ops (against decode's own row).
 step decode_fused 0 0 "$TO 70 '$PY' bench/bench_decode.py --batches 1 --prompts 512 --budgets 64 \
   --fused-ops-backend cuda --deadline 60 --no-plot --out '$RES/decode_fused'"
+
+# The exact mode's round against the normal one (the decode step's rows at the same configs): the
+# target on the triton exact path, unverified on this GPU until the exact tests pass (step 3).
+step decode_exact 0 0 "$TO 90 env JETSPEC_EXACT_UNVERIFIED=1 '$PY' bench/bench_decode.py --exact \
+  --fused-ops-backend triton --batches 1,16 --prompts 512 --budgets 64 --deadline 80 --no-plot \
+  --out '$RES/decode_exact'"
 
 # 9. When time allows: the MoE round table (configs the card's memory cannot hold are rows saying
 #    so), a no-PDL rerun of failing cuda ops, Nsight Compute.

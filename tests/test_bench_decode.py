@@ -423,6 +423,23 @@ def test_quick_cpu_run_resume_and_missing_models(tmp_path, capsys):
     assert math.isfinite(float(rows[2]["floor_ms"]))
 
 
+def test_exact_rounds(tmp_path, capsys):
+    """--exact: the target in the exact mode (triton under the interpreter here), rows labelled
+    :exact, still one host read per round; a backend without an exact form exits 2 naming it."""
+    out = tmp_path / "x"
+    assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact", "--fused-ops-backend",
+                    "triton", "--out", str(out)]) == 0
+    with open(out / "decode.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["backend"] for r in rows] == ["prefill:exact", "ar:exact", "spec:exact", "spec:exact"]
+    assert all(r["status"] == "ok" for r in rows)
+    assert all(float(r["host_syncs_per_round"]) == 1.0 for r in rows[2:])
+    capsys.readouterr()
+    assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact", "--fused-ops-backend",
+                    "cuda", "--out", str(tmp_path / "y")]) == 2
+    assert "--exact: exact mode: bench_decode --exact on the 'cuda' backend" in capsys.readouterr().err
+
+
 def test_models_that_do_not_fit_are_skipped_with_a_row(tmp_path, monkeypatch):
     """On a GPU whose free memory cannot hold the weights (the MoE target on an H100), every
     config gets a skip row saying how much it needs, and the run succeeds (a fake CUDA device)."""

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "device_check.sh"
 ORDER = ["smi", "setup", "build", "gpu_tests_triton", "gpu_tests", "gpu_tests_hopper", "attention",
          "decode", "sanitizers", "small_ops", "attn_sweep", "hidden_topk", "draft_head",
-         "decode_fused", "moe", "gpu_tests_nopdl", "ncu"]
+         "decode_fused", "decode_exact", "moe", "gpu_tests_nopdl", "ncu"]
 PLAN = re.compile(r"^\[device_check\] plan (\S+) (\d+) (\d+) (required|optional|conditional): (.*)$")
 
 
@@ -73,6 +73,8 @@ def test_plan_order_and_limits():
     assert "--groups from_hidden --batches 1,4,16" in cmds["hidden_topk"]
     assert "bench_draft_head.py --quick --graphs" in cmds["draft_head"]
     assert "--fused-ops-backend cuda" in cmds["decode_fused"] and "--budgets 64" in cmds["decode_fused"]
+    assert kinds["decode_exact"] == "optional" and "--exact --fused-ops-backend triton" in cmds[
+        "decode_exact"] and "JETSPEC_EXACT_UNVERIFIED=1" in cmds["decode_exact"]
     assert "SOURCES.sha256" in cmds["setup"] and "make ext " in cmds["build"]
 
 
