@@ -149,10 +149,11 @@ def _cases():
                    exact(bf16, dh, 64, paged))
     for dh in (64, 128):    # float32 (the tests' dtype; its IEEE dots spill at Dh 256, any tile)
         yield f"exact tree_attention float32 Dh{dh} N64", exact(torch.float32, dh, 64, False)
-    for dtype in (bf16, torch.float32):
-        yield (f"exact linear {str(dtype)[6:]} M64 K4096 N6144",
-               lambda dtype=dtype: exact_mm.exact_linear(e(64, 4096, dtype=dtype),
-                                                         e(6144, 4096, dtype=dtype)))
+    for dtype in (bf16, torch.float16, torch.float32):
+        for m, k_dim, n_dim in ((64, 4096, 6144), (1, 12288, 4096)):
+            yield (f"exact linear {str(dtype)[6:]} M{m} K{k_dim} N{n_dim}",
+                   lambda dtype=dtype, m=m, k_dim=k_dim, n_dim=n_dim: exact_mm.exact_linear(
+                       e(m, k_dim, dtype=dtype), e(n_dim, k_dim, dtype=dtype)))
 
     v, d, k = 151936, 15, 8
     yield ("log_softmax_topk bf16 V151936",

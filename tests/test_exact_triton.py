@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 from bench.exact_invariance import tree_vs_decode_mismatches  # noqa: E402
 
 triton = pytest.importorskip("triton")
-from jetspec_kernels.triton.exact_matmul import BLOCK_M, exact_linear  # noqa: E402
+from jetspec_kernels.triton.exact_matmul import exact_linear, tiles  # noqa: E402
 
 from jetspec_kernels.ops.exact import UNVERIFIED_ENV  # noqa: E402
 
@@ -51,10 +51,11 @@ def _bits(t):
 def test_rows_are_launch_invariant(dtype, k, n, backend):
     gen = torch.Generator().manual_seed(k + n)
     w = torch.randn(n, k, generator=gen).to(dtype).to(DEV)
-    x = torch.randn(2 * BLOCK_M + 3, k, generator=gen).to(dtype).to(DEV)
+    block_m = tiles(dtype)[0]
+    x = torch.randn(2 * block_m + 3, k, generator=gen).to(dtype).to(DEV)
     full = exact_linear(x, w)
     other = torch.randn(x.shape, generator=gen).to(dtype).to(DEV)
-    for i in (0, 1, BLOCK_M - 1, BLOCK_M, 2 * BLOCK_M + 2):
+    for i in (0, 1, block_m - 1, block_m, 2 * block_m + 2):
         alone = exact_linear(x[i:i + 1].clone(), w)
         mixed = other.clone()
         mixed[i] = x[i]

@@ -3,16 +3,20 @@ is the same bits whatever M is and whatever the other rows hold.
 
 What makes a row's bits depend on the launch in a library GEMM is a choice made from M: another
 kernel, other tiles, split-K (partial sums of K slices added in another order). Here nothing
-depends on M: the tiles are fixed (``BLOCK_M x BLOCK_N x BLOCK_K``, constants of the module, not
+depends on M: the tiles are fixed (``BLOCK_M x BLOCK_N x BLOCK_K`` from the dtype alone, not
 autotuned), K is reduced by one program in one fixed order (k-blocks ascending, a float32
 accumulator, no split-K), and M is excluded from Triton's argument specialisation (an M of 1 or a
 multiple of 16 would otherwise compile another binary). A row's output element is then the same
 sequence of ``tl.dot`` steps over the same k-blocks in every launch; the other rows of its tile
 are other rows of the same dot (zeros past M).
 
-Not wired into the exact mode yet: the exact ops refuse the triton backend until a GPU run shows
-this kernel row-invariant there (docs/perf/exact_mode.md: what the interpreter can and
-cannot show, and the predicted cost at Qwen3-8B shapes).
+The tiles are a function of the dtype alone (:func:`tiles`). 16-bit inputs take 64 x 32 x 128:
+one M tile covers a B1 verify (M <= 64), so the weights stream once; 32 columns a program fill an
+H100 at the projections' N (o_proj's 4096: 128 programs) without split-K; the 64-row dot costs a
+decode step (M = 1) tensor-core work it has to spare (memory-bound). float32 (the tests' dtype,
+IEEE FMA dots) takes 16 x 64 x 64, which does not spill. ``ops.exact.linear`` runs it in the
+exact mode (docs/perf/exact_mode.md: what the interpreter can and cannot show, and the predicted
+cost at Qwen3-8B shapes).
 """
 from __future__ import annotations
 
@@ -22,9 +26,15 @@ import triton.language as tl
 
 from .sizes import cdiv
 
-__all__ = ["exact_linear", "BLOCK_M", "BLOCK_N", "BLOCK_K"]
+__all__ = ["exact_linear", "tiles"]
 
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64      # fixed: never chosen from M (or N or K)
+
+def tiles(dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for ``dtype``: fixed, never chosen from
+    M, N or K (no spills on sm_90a: bench/triton_resources.py)."""
+    if dtype == torch.float32:
+        return 16, 64, 64, 4, 3
+    return 64, 32, 128, 4, 4
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -73,8 +83,10 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
     if rows.shape[0] and n:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"   # tf32: ignored for 16-bit
-        grid = (cdiv(rows.shape[0], BLOCK_M), cdiv(n, BLOCK_N))
+        bm, bn, bk, warps, stages = tiles(x.dtype)
+        grid = (cdiv(rows.shape[0], bm), cdiv(n, bn))
         _fixed_tile_matmul[grid](rows, weight, out, rows.shape[0], n, k, rows.stride(0),
-                                 weight.stride(0), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                 BLOCK_K=BLOCK_K, INPUT_PRECISION=precision)
+                                 weight.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
+                                 BLOCK_K=bk, INPUT_PRECISION=precision, num_warps=warps,
+                                 num_stages=stages)
     return out.reshape(*x.shape[:-1], n)
