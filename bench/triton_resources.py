@@ -154,6 +154,11 @@ def _cases():
             yield (f"exact linear {str(dtype)[6:]} M{m} K{k_dim} N{n_dim}",
                    lambda dtype=dtype, m=m, k_dim=k_dim, n_dim=n_dim: exact_mm.exact_linear(
                        e(m, k_dim, dtype=dtype), e(n_dim, k_dim, dtype=dtype)))
+        # Qwen3-30B-A3B's experts (128 of them, top-8, H 2048, I 768): gate_up at T 64
+        yield (f"exact grouped linear {str(dtype)[6:]} T64 k8 E128 K2048 N1536",
+               lambda dtype=dtype: exact_mm.exact_grouped_linear(
+                   e(64, 2048, dtype=dtype), e(128, 1536, 2048, dtype=dtype),
+                   torch.zeros(64, 8, dtype=torch.int64), per_token=8))
 
     v, d, k = 151936, 15, 8
     yield ("log_softmax_topk bf16 V151936",

@@ -124,8 +124,8 @@ def _parser() -> Parser:
     p.add_argument("--ar", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--exact", action="store_true",
                    help="exact mode: the verify pass's rows are the same bits as autoregressive "
-                        "decoding's, so greedy output equals the baseline's bit for bit (CPU "
-                        "reference backend)")
+                        "decoding's, so greedy output equals the baseline's bit for bit (the "
+                        "reference backend on the CPU, or --backend triton)")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
     p.add_argument("--tp", type=int_at_least(1), default=1,

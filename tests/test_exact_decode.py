@@ -94,7 +94,8 @@ def _tree(parents, tokens):
 
 @pytest.mark.parametrize("kind,dtype,page_size,fused_backend", [
     ("dense", torch.bfloat16, None, None), ("dense", torch.float32, 4, None),
-    ("moe", torch.bfloat16, 4, None), ("dense", torch.float32, 4, "triton")])
+    ("moe", torch.bfloat16, 4, None), ("dense", torch.float32, 4, "triton"),
+    ("moe", torch.float32, None, "triton")])
 def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size, fused_backend):
     """Every tree node's verify logits == the logits of autoregressive decoding along its path
     (its ancestors committed at prefix .. prefix + depth - 1), bit for bit."""
@@ -147,17 +148,17 @@ def test_exact_refusals(fp32_models):
             generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True)
     finally:
         target.fused_ops_backend = None
-    moe = _moe_target(torch.float32)
-    moe.fused_ops_backend = "triton"
-    with pytest.raises(ExactModeError, match="MoE experts on triton"):
-        generate_ar(moe, [[1, 2]], max_new_tokens=2, exact=True)
 
 
-def test_exact_triton_speculative_equals_autoregressive(fp32_models):
-    """The triton exact path (fixed-tile GEMMs, per-row norms, the logical-order attention in one
-    launch), under the interpreter: greedy speculative == autoregressive on the near-tie target,
-    a batch of two ragged prompts, paged, budget 16."""
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_exact_triton_speculative_equals_autoregressive(fp32_models, kind):
+    """The triton exact path (fixed-tile GEMMs, grouped for the experts, per-row norms, the
+    logical-order attention in one launch), under the interpreter: greedy speculative ==
+    autoregressive on the near-tie target, a batch of two ragged prompts, paged, budget 16."""
     target, head = fp32_models
+    if kind == "moe":
+        target = _moe_target(torch.float32)
+        near_tie(target)
     prompts = _prompts(2, seed=4)        # a seed whose drafts get tokens accepted
     target.fused_ops_backend = "triton"
     try:

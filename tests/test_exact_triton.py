@@ -23,7 +23,8 @@ if str(ROOT) not in sys.path:
 from bench.exact_invariance import tree_vs_decode_mismatches  # noqa: E402
 
 triton = pytest.importorskip("triton")
-from jetspec_kernels.triton.exact_matmul import exact_linear, tiles  # noqa: E402
+from jetspec_kernels.triton.exact_matmul import (  # noqa: E402
+    exact_grouped_linear, exact_linear, expert_tiles, tiles)
 
 from jetspec_kernels.ops.exact import UNVERIFIED_ENV  # noqa: E402
 
@@ -78,6 +79,54 @@ def test_shapes_and_bad_arguments(backend):
         exact_linear(torch.randn(2, 40, device=DEV).to(torch.int32), w)
     with pytest.raises(ValueError, match="contiguous"):
         exact_linear(torch.randn(40, 2, device=DEV).T, w)
+
+
+def test_expert_tiles_cover_every_entry_once():
+    gen = torch.Generator().manual_seed(2)
+    for t, k, e, bm in ((7, 2, 5, 4), (33, 3, 4, 16), (1, 1, 3, 16), (40, 2, 9, 8)):
+        experts = torch.randint(0, e, (t, k), generator=gen)
+        experts[0, 0] = e - 1                              # the last expert has a row
+        order, expert, first, rows = expert_tiles(experts, e, bm)
+        assert expert.numel() == -(-t * k // bm) + e
+        seen = []
+        for tile in range(expert.numel()):
+            if int(expert[tile]) == e:
+                assert int(rows[tile]) == 0
+                continue
+            assert 0 < int(rows[tile]) <= bm
+            entries = order[int(first[tile]):int(first[tile]) + int(rows[tile])].long()
+            assert (experts.flatten()[entries] == expert[tile]).all()
+            seen += entries.tolist()
+        assert sorted(seen) == list(range(t * k))
+        assert (expert[:-1] <= expert[1:]).all()           # experts in order, empty tiles last
+
+
+@TRITON
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grouped_rows_depend_on_their_row_and_expert_alone(dtype, backend):
+    """Every (token, choice) row of the grouped GEMM is the bits of the dense fixed-tile GEMM of
+    its row by its expert's matrix, whatever the other tokens are and where they are routed."""
+    gen = torch.Generator().manual_seed(9)
+    t, k, e, h, n = 37, 2, 5, 80, 48
+    x = torch.randn(t, h, generator=gen).to(dtype).to(DEV)
+    w = (torch.randn(e, n, h, generator=gen) / h ** 0.5).to(dtype).to(DEV)
+    experts = torch.randint(0, e, (t, k), generator=gen).to(DEV)
+    full = exact_grouped_linear(x, w, experts, per_token=k)
+    for tok in (0, 5, t - 1):
+        for j in range(k):
+            alone = exact_linear(x[tok:tok + 1].clone(), w[int(experts[tok, j])])
+            assert torch.equal(_bits(full[tok * k + j]), _bits(alone[0])), (tok, j)
+        one = exact_grouped_linear(x[tok:tok + 1].clone(), w, experts[tok:tok + 1].clone(), k)
+        assert torch.equal(_bits(one), _bits(full[tok * k:(tok + 1) * k]))
+    h2 = torch.randn(t * k, h, generator=gen).to(dtype).to(DEV)     # a row per entry
+    per_entry = exact_grouped_linear(h2, w, experts, per_token=1)
+    want = torch.stack([h2[i].double() @ w[int(experts.flatten()[i])].double().T
+                        for i in range(t * k)])
+    assert rel_l2(per_entry.double().cpu(), want.cpu()) < _tol(dtype)
+    with pytest.raises(ValueError, match="rows"):
+        exact_grouped_linear(x[:5], w, experts, per_token=k)
+    with pytest.raises(ValueError, match="weight"):
+        exact_grouped_linear(x, w[..., :10], experts, per_token=k)
 
 
 @attention_here

@@ -95,7 +95,9 @@ def generate(target, head, prompt_ids, *, max_new_tokens: int, budget=64, topk: 
     exact : bool; run the target in the exact mode (``jetspec_kernels.exact_mode``): every
         verified row is the same bits as the autoregressive step's at its logical position, so
         greedy output equals ``generate_ar(..., exact=True)``'s bit for bit (DESIGN.md, "Exact
-        mode"). CPU reference backend, any tp (the same tp for both); elsewhere ``ExactModeError``
+        mode"). The reference backend on the CPU or the target's ``fused_ops_backend="triton"``
+        (a GPU only where the hardware record lists it), any tp (the same tp for both);
+        elsewhere ``ExactModeError``
 
     Returns
     -------

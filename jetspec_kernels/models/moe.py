@@ -89,11 +89,45 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
     weights : [T, k] in x.dtype     the chosen experts' probabilities (renormalised when asked)
     experts : int64 [T, k]          expert ids, most probable first
     """
-    probs = torch.softmax(F.linear(x, router_weight), dim=-1, dtype=torch.float32)
+    return route_logits(F.linear(x, router_weight), top_k, norm_topk_prob)
+
+
+def route_logits(logits: torch.Tensor, top_k: int,
+                 norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`route` from the router's logits ``[T, E]`` (its results in the logits' dtype).
+    Each row alone: a softmax and a top-k over one row's E values."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(x.dtype), experts
+    return weights.to(logits.dtype), experts
+
+
+def exact_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                  gate_up: torch.Tensor, down: torch.Tensor, act) -> torch.Tensor:
+    """:func:`grouped_experts` for the exact mode on triton: every (token, choice) row through its
+    expert by the fixed-tile grouped GEMM (``triton.exact_matmul.exact_grouped_linear``), so a
+    token's output depends on its row and its experts alone; the k choices are weighted in the
+    model dtype and summed in choice order in float32, rounded once. No host sync.
+
+    Parameters
+    ----------
+    x : [T, H]; weights : [T, k] (x.dtype); experts : int64 [T, k]; gate_up : [E, 2I, H];
+    down : [E, H, I]; act : ``[rows, 2I] -> [rows, I]`` (the exact silu_mul)
+
+    Returns
+    -------
+    [T, H] in x.dtype.
+    """
+    from ..triton.exact_matmul import exact_grouped_linear
+    t, k = experts.shape
+    h = act(exact_grouped_linear(x, gate_up, experts, per_token=k))
+    y = exact_grouped_linear(h, down, experts, per_token=1).view(t, k, -1)
+    y = y * weights[..., None]
+    total = y[:, 0].float()
+    for j in range(1, k):
+        total = total + y[:, j].float()
+    return total.to(x.dtype)
 
 
 def grouped_mm_impl():

@@ -28,7 +28,7 @@ from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, Qwen3MoeConfig, read_config
 from .init import target_layer_shapes
 from .kv_cache import KVCache
-from .moe import fuse_expert_weights, grouped_experts, route
+from .moe import exact_experts, fuse_expert_weights, grouped_experts, route, route_logits
 from .norm import layer_norm
 from .projections import fused_layers
 from .sharding import check_tp, local_heads, shard_layer
@@ -226,15 +226,10 @@ class Qwen3:
         only on its token, its position and the keys it sees in logical order, not on B, N, the
         tree, the page size or the other rows. On the reference norms, projections and the MLP
         (experts included) run as one-row calls; on triton as one launch of the exact kernels
-        (dense MLPs only). Attention is ``tree_attention(exact=True)``."""
+        (routed experts by the grouped fixed-tile GEMM). Attention is ``tree_attention(exact=True)``."""
         cfg = self.config
         eps = cfg.rms_norm_eps
         be = exact_ops.exact_backend("Qwen3.forward", self.device, self.fused_ops_backend)
-        if be == "triton" and any("mlp.gate.weight" in w for w in self._run_layers):
-            raise exact_ops.ExactModeError(
-                "exact mode: Qwen3.forward's MoE experts on triton are not row-invariant yet "
-                "(routing and the per-expert GEMMs have no exact triton form); run a MoE target "
-                "exact on the CPU reference backend")
         linear = functools.partial(exact_ops.linear, backend=be)
         # The row-parallel partial sums, summed per element in rank order (all_reduce's order may
         # depend on the message size, so on M).
@@ -248,6 +243,14 @@ class Qwen3:
         def mlp(a, w):
             if be != "triton":      # the whole MLP on one row at a time: [1, H] -> [1, H]
                 return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
+            if "mlp.gate.weight" in w:          # routed experts: the grouped fixed-tile GEMM
+                flat = a.reshape(-1, a.shape[-1])
+                weights, experts = route_logits(linear(flat, w["mlp.gate.weight"]),
+                                                cfg.num_experts_per_tok, cfg.norm_topk_prob)
+                out = exact_experts(flat, weights, experts, w["mlp.experts.gate_up_proj"],
+                                    w["mlp.experts.down_proj"],
+                                    functools.partial(exact_ops.silu_mul, backend=be))
+                return out.view_as(a)
             if "mlp.gate_up_proj.weight" in w:
                 gate_up = linear(a, w["mlp.gate_up_proj.weight"])
             else:

@@ -14,7 +14,7 @@ The tiles are a function of the dtype alone (:func:`tiles`). 16-bit inputs take 
 one M tile covers a B1 verify (M <= 64), so the weights stream once; 32 columns a program fill an
 H100 at the projections' N (o_proj's 4096: 128 programs) without split-K; the 64-row dot costs a
 decode step (M = 1) tensor-core work it has to spare (memory-bound). float32 (the tests' dtype,
-IEEE FMA dots) takes 16 x 64 x 64, which does not spill. ``ops.exact.linear`` runs it in the
+IEEE FMA dots) takes 16 x 64 x 32, which does not spill (x 64 did in the grouped kernel). ``ops.exact.linear`` runs it in the
 exact mode (docs/perf/exact_mode.md: what the interpreter can and cannot show, and the predicted
 cost at Qwen3-8B shapes).
 """
@@ -26,15 +26,31 @@ import triton.language as tl
 
 from .sizes import cdiv
 
-__all__ = ["exact_linear", "tiles"]
+__all__ = ["exact_linear", "exact_grouped_linear", "expert_tiles", "tiles"]
 
 
 def tiles(dtype: torch.dtype) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for ``dtype``: fixed, never chosen from
     M, N or K (no spills on sm_90a: bench/triton_resources.py)."""
     if dtype == torch.float32:
-        return 16, 64, 64, 4, 3
+        return 16, 64, 32, 4, 3
     return 64, 32, 128, 4, 4
+
+
+@triton.jit
+def _k_loop(x_ptr, row_off, row_ok, w_ptr, cols, N, K, stride_wn, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] float32: rows (element offsets ``row_off``) of x times columns ``cols``
+    of w, K reduced by this program in ascending k-blocks (no split-K)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + row_off[:, None] + ks[None, :],
+                    mask=row_ok[:, None] & (ks[None, :] < K), other=0.0)
+        b = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
+                    mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -43,16 +59,34 @@ def _fixed_tile_matmul(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, str
                        INPUT_PRECISION: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):          # one program, k-blocks ascending: no split-K
-        ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
-                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
-        b = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
-                    mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    acc = _k_loop(x_ptr, rows * stride_xm, rows < M, w_ptr, cols, N, K, stride_wn, BLOCK_M,
+                  BLOCK_N, BLOCK_K, INPUT_PRECISION)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _grouped_fixed_tile_matmul(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_first_ptr,
+                               tile_rows_ptr, order_ptr, num_experts, per_token, N, K, stride_xm,
+                               stride_we, stride_wn, stride_om, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               INPUT_PRECISION: tl.constexpr):
+    """A tile of one expert's rows: entry ``order[first + i]`` (a (token, choice) row) reads x's
+    row ``entry // per_token`` and writes out's row ``entry``."""
+    t = tl.program_id(0)
+    expert = tl.load(tile_expert_ptr + t)
+    if expert < num_experts:                 # tiles past the last expert's are empty
+        first = tl.load(tile_first_ptr + t)
+        count = tl.load(tile_rows_ptr + t)
+        i = tl.arange(0, BLOCK_M)
+        ok = i < count
+        entry = tl.load(order_ptr + first + i, mask=ok, other=0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _k_loop(x_ptr, (entry // per_token) * stride_xm, ok,
+                      w_ptr + expert.to(tl.int64) * stride_we, cols, N, K, stride_wn, BLOCK_M,
+                      BLOCK_N, BLOCK_K, INPUT_PRECISION)
+        tl.store(out_ptr + entry[:, None] * stride_om + cols[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols[None, :] < N))
 
 
 def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -90,3 +124,69 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
                                  BLOCK_K=bk, INPUT_PRECISION=precision, num_warps=warps,
                                  num_stages=stages)
     return out.reshape(*x.shape[:-1], n)
+
+
+def expert_tiles(experts: torch.Tensor, num_experts: int, block_m: int):
+    """The tiles of a grouped GEMM over the ``(token, choice)`` rows of ``experts`` (int [T, k]):
+    each expert's rows (in (token, choice) order) cut into tiles of ``block_m``.
+
+    Returns (order int32 [T*k]: the entries sorted by expert, stably; tile_expert, tile_first,
+    tile_rows int32 [cdiv(T*k, block_m) + num_experts]: per tile its expert (``num_experts`` past
+    the last tile), its first position in ``order`` and its row count). Device ops, no host sync:
+    the tile count is the bound, not the count."""
+    flat = experts.reshape(-1)
+    dev = flat.device
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    tiles_e = (counts + block_m - 1) // block_m
+    tile_end = torch.cumsum(tiles_e, 0)                          # one past each expert's last tile
+    bound = cdiv(flat.numel(), block_m) + num_experts
+    t = torch.arange(bound, device=dev)
+    expert = torch.searchsorted(tile_end, t, right=True)         # num_experts past the end
+    e = expert.clamp(max=num_experts - 1)
+    within = t - (tile_end[e] - tiles_e[e])                      # the tile's index in its expert
+    seg_start = torch.cumsum(counts, 0) - counts
+    first = seg_start[e] + within * block_m
+    rows = (counts[e] - within * block_m).clamp(min=0, max=block_m)
+    rows = torch.where(expert < num_experts, rows, torch.zeros_like(rows))
+    return (order.to(torch.int32), expert.to(torch.int32), first.to(torch.int32),
+            rows.to(torch.int32))
+
+
+def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor,
+                         per_token: int) -> torch.Tensor:
+    """Every ``(token, choice)`` row through its expert's matrix, with the dense kernel's tiles
+    and k order, so a row's bits depend on its input row and its expert alone.
+
+    Parameters
+    ----------
+    x : float16/bfloat16/float32 [T * k / per_token, K], last dim contiguous: entry e's input is
+        row ``e // per_token`` (``per_token = k``: the tokens' hidden states; 1: a row per entry)
+    weight : x.dtype [E, N, K], last dim contiguous
+    experts : int [T, k], values in [0, E) (entry ``e`` is ``experts.flatten()[e]``)
+
+    Returns
+    -------
+    [T * k, N] in x.dtype: row e is ``x[e // per_token] @ weight[experts.flatten()[e]].T``.
+    """
+    if weight.dim() != 3 or weight.dtype != x.dtype or weight.shape[2] != x.shape[-1] \
+            or weight.stride(2) != 1 or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be [R, K] and weight x.dtype [E, N, K], both contiguous in K, got "
+                         f"x {x.dtype} {list(x.shape)}, weight {weight.dtype} {list(weight.shape)}")
+    if per_token < 1 or x.shape[0] * per_token != experts.numel():
+        raise ValueError(f"x must have experts.numel() / per_token = {experts.numel()} / {per_token} "
+                         f"rows, got {x.shape[0]}")
+    num_experts, n, k = weight.shape
+    entries = experts.numel()
+    out = torch.empty(entries, n, dtype=x.dtype, device=x.device)
+    if entries == 0 or n == 0:
+        return out
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    bm, bn, bk, warps, stages = tiles(x.dtype)
+    order, tile_expert, tile_first, tile_rows = expert_tiles(experts, num_experts, bm)
+    grid = (tile_expert.numel(), cdiv(n, bn))
+    _grouped_fixed_tile_matmul[grid](
+        x, weight, out, tile_expert, tile_first, tile_rows, order, num_experts, per_token, n, k,
+        x.stride(0), weight.stride(0), weight.stride(1), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, INPUT_PRECISION=precision, num_warps=warps, num_stages=stages)
+    return out
