@@ -104,8 +104,9 @@ def parser() -> argparse.ArgumentParser:
                         "hardware-verified); the predictions follow")
     p.add_argument("--exact", action="store_true",
                    help="the target in the exact mode (jetspec_kernels.exact_mode; rows labelled "
-                        ":exact): on a GPU with --fused-ops-backend triton, and only on a GPU the "
-                        "hardware record lists or with JETSPEC_EXACT_UNVERIFIED=1")
+                        ":exact): on a GPU its triton path (--fused-ops-backend triton, or auto), "
+                        "only on a GPU the hardware record lists or with "
+                        "JETSPEC_EXACT_UNVERIFIED=1")
     p.add_argument("--predict", action="store_true",
                    help="print the floors and predictions of the plan on an H200 and an H100; no run")
     return p
@@ -253,8 +254,11 @@ def main(argv=None) -> int:
             return 2
     if args.exact:   # refused by name where the exact mode cannot run, before any model is built
         from jetspec_kernels.ops.exact import ExactModeError, exact_backend
+        names = [b.strip() for b in args.backends.split(",")] if args.backends else ["auto"]
         try:
-            exact_backend("bench_decode --exact", torch.device(opts.device), args.fused_ops_backend)
+            for name in names:      # the target's ops follow --fused-ops-backend, else the backend
+                exact_backend("bench_decode --exact", torch.device(opts.device),
+                              args.fused_ops_backend or name)
         except ExactModeError as ex:
             print(f"bench_decode: --exact: {ex}", file=sys.stderr)
             return 2

@@ -133,12 +133,12 @@ def _cases():
     exact_attn = importlib.import_module("jetspec_kernels.triton.exact_attention")
     exact_mm = importlib.import_module("jetspec_kernels.triton.exact_matmul")
 
-    def exact(dtype, dh, n, paged):          # the exact mode's attention: 8192 positions, 8 splits
+    def exact(dtype, dh, n, paged, masked=True):   # the exact attention: 8192 positions, 8 splits
         b, length = 2, 8192
         q = e(b, n, hq, dh, dtype=dtype)
         kc = e(b * length // 16, 16, hkv, dh, dtype=dtype) if paged else e(b, length, hkv, dh, dtype=dtype)
         table = e(b, length // 16, **i32) if paged else None
-        mask = torch.zeros(b, n, -(-n // 32), **i32)
+        mask = torch.zeros(b, n, -(-n // 32), **i32) if masked else None
         return lambda: exact_attn.exact_tree_attention(
             q, kc, kc, torch.zeros(b, **i32), mask, "causal", table, 0.088, torch.empty_like(q),
             e(b, hq, n))
@@ -147,6 +147,9 @@ def _cases():
         for paged in (False, True):
             yield (f"exact tree_attention bfloat16 Dh{dh} N64{' paged' if paged else ''}",
                    exact(bf16, dh, 64, paged))
+    for dh in (64, 128, 256):               # no mask: a prefill chunk, a decode step
+        yield (f"exact tree_attention bfloat16 Dh{dh} N512 causal",
+               exact(bf16, dh, 512, False, masked=False))
     for dh in (64, 128):    # float32 (the tests' dtype; its IEEE dots spill at Dh 256, any tile)
         yield f"exact tree_attention float32 Dh{dh} N64", exact(torch.float32, dh, 64, False)
     for dtype in (bf16, torch.float16, torch.float32):

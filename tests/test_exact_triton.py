@@ -127,6 +127,8 @@ def test_grouped_rows_depend_on_their_row_and_expert_alone(dtype, backend):
         exact_grouped_linear(x[:5], w, experts, per_token=k)
     with pytest.raises(ValueError, match="weight"):
         exact_grouped_linear(x, w[..., :10], experts, per_token=k)
+    with pytest.raises(ValueError, match="experts must be int32 or int64"):
+        exact_grouped_linear(x, w, experts.float(), per_token=k)
 
 
 @attention_here
@@ -217,6 +219,55 @@ def test_exact_triton_without_a_mask_and_strided_q(tail, backend):
     want, want_lse = jk.tree_attention(q, k, v, pl, tail=tail, return_lse=True, backend="reference")
     assert rel_l2(got.cpu().double(), want.double()) < 1e-5
     assert rel_l2(got_lse.cpu().double(), want_lse.double()) < 1e-5
+
+
+@attention_here
+@TRITON
+@pytest.mark.parametrize("tail,prefix", [("causal", 0), ("causal", 45), ("full", 30)])
+def test_exact_triton_rows_without_a_mask_equal_their_decode_steps(tail, prefix, backend):
+    """Causal and full tails (a prefill chunk, a draft block): row i == the one-token call over its
+    keys in place (causal: prefix + i + 1 keys; full: all prefix + N), bitwise; 70 rows in several
+    tiles, so most blocks are shared by a tile's rows and the last ones run row by row."""
+    import jetspec_kernels as jk
+    gen = torch.Generator().manual_seed(prefix + 1)
+    n, hq, hkv, dh = 70, 4, 2, 16
+    k = torch.randn(2, prefix + n + 3, hkv, dh, generator=gen).to(DEV)
+    v = torch.randn(2, prefix + n + 3, hkv, dh, generator=gen).to(DEV)
+    q = torch.randn(2, n, hq, dh, generator=gen).to(DEV)
+    pl = torch.tensor([prefix, prefix], dtype=torch.int32, device=DEV)
+    full, full_lse = jk.tree_attention(q, k, v, pl, tail=tail, return_lse=True, exact=True,
+                                       backend=backend)
+    for i in (0, 1, 17, n - 1):
+        seen = prefix + (i + 1 if tail == "causal" else n)
+        one, one_lse = jk.tree_attention(q[1:2, i:i + 1].clone(), k[1:2, :seen].clone(),
+                                         v[1:2, :seen].clone(), pl[:1] * 0 + seen - 1,
+                                         return_lse=True, exact=True, backend=backend)
+        assert torch.equal(_bits(one[0, 0]), _bits(full[1, i])), i
+        assert torch.equal(_bits(one_lse[0, :, 0]), _bits(full_lse[1, :, i])), i
+
+
+@attention_here
+def test_exact_triton_edge_calls():
+    """A row that sees no key is written as 0 / -inf (not left as it was); zero query heads
+    return; a head dim the kernels do not take is refused by name."""
+    import jetspec_kernels as jk
+    from jetspec_kernels.triton.exact_attention import exact_tree_attention
+    q = torch.randn(1, 2, 2, 16, device=DEV)
+    k = v = torch.randn(1, 4, 1, 16, device=DEV)
+    mask = torch.tensor([[[1], [0]]], dtype=torch.int32, device=DEV)      # row 1: no bit at all
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 2), 7.0, device=DEV)
+    exact_tree_attention(q, k, v, torch.zeros(1, dtype=torch.int32, device=DEV), mask, "causal",
+                         None, 0.25, out, lse)
+    assert torch.equal(out[0, 1].cpu(), torch.zeros(2, 16)) and (lse[0, :, 1] == float("-inf")).all()
+    assert torch.isfinite(out[0, 0]).all() and torch.isfinite(lse[0, :, 0]).all()
+    empty = torch.empty(1, 2, 0, 16, device=DEV)
+    exact_tree_attention(empty, k, v, torch.zeros(1, dtype=torch.int32, device=DEV), None,
+                         "causal", None, 0.25, empty.clone(), None)
+    q48, k48 = torch.randn(1, 2, 2, 48, device=DEV), torch.randn(1, 4, 1, 48, device=DEV)
+    with pytest.raises(jk.BackendUnavailableError, match="head dim"):
+        jk.tree_attention(q48, k48, k48, torch.ones(1, dtype=torch.int32, device=DEV), exact=True,
+                          backend="triton")
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="the interpreter's power check")

@@ -7,6 +7,8 @@ import torch
 
 from .. import backend as _backend
 from .. import checks
+from ..backend_error import BackendUnavailableError
+from ..device_guard import cuda_device_guard
 from ..python_ref.tree_attention import tree_attention_logical
 from ..tree import mask_words
 from .exact import exact_backend
@@ -91,7 +93,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
         (its visible keys reduced in logical order), so a tree node's row is the same bits as the
         autoregressive step's once its ancestors are committed: the reference
         (``python_ref.tree_attention.tree_attention_logical``, CPU) or triton
-        (``triton.exact_attention``, one launch); ``ops.exact.exact_backend`` says where each
+        (``triton.exact_attention``, no per-row launches); ``ops.exact.exact_backend`` says where each
         runs, and raises ``ExactModeError`` elsewhere.
 
     Returns
@@ -103,7 +105,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
     if exact is not False:          # no call on the normal path (the host-call budget)
         checks.flag("exact", exact)
         return _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
-                      return_lse, out, lse, backend)
+                      return_lse, out, lse, backend, key)
     if prefix_lens.dtype != torch.int32:  # int64 (checks.LENGTH_DTYPES): the backends take int32
         prefix_lens = prefix_lens.to(torch.int32)
     impl = _backend.select(q.device, "tree_attention", backend,
@@ -121,16 +123,22 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask=None, *, tail: st
 
 
 def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale, return_lse, out,
-           lse, backend):
+           lse, backend, key):
     """tree_attention(exact=True): the logical-order row form (reference, or triton when named)."""
     name = exact_backend("tree_attention", q.device, backend)
     if name == "triton":
         _backend.resolve(q.device, "triton")      # BackendUnavailableError saying why, if it is not
+        reason = _backend.supports("triton", "tree_attention", q=q, k_cache=k_cache,
+                                   v_cache=v_cache, block_table=block_table, signature=key)
+        if reason is not None:                    # e.g. a head dim the kernels do not take
+            raise BackendUnavailableError(f"backend 'triton' is not available: {reason}")
         from ..triton.exact_attention import exact_tree_attention
         o = torch.empty_like(q)
         l = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
-        exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
-                             1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale), o, l)
+        with cuda_device_guard(q.device):         # Triton launches on the current device
+            exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
+                                 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
+                                 o, l)
     else:
         o, l = tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
                                       block_table, scale)

@@ -1,6 +1,7 @@
 """Triton ``tree_attention(exact=True)``: every query row reduced over its visible keys in logical
 order, in blocks and splits fixed by logical position, so a tree node's row is the same bits as
-the one-token decode step's at its position (its ancestors committed), in one launch.
+the one-token decode step's at its position (its ancestors committed): one launch, and a combine
+launch when the cache holds more than SPLIT_KEYS positions.
 
 A row's logical keys are ``t = 0 .. L - 1`` with ``L = prefix + depth`` (depth: the row's
 visible tail keys, itself included): key ``t < prefix`` is cache position t; key
@@ -21,13 +22,17 @@ head dim alone, never of B, N, the page size, the tree or the SM count:
 * FMA contraction off (``enable_fp_fusion=False``): the block update is one helper, but the
   compiler may contract ``s * scale - m`` in one call site and not in another.
 
-Work sharing: blocks wholly below the prefix hold the same keys for every row of the sequence, so
-a tile reads them once and runs one dot for its R rows (the rows are independent rows of the
-dot). The blocks from the prefix's last whole block on hold each row's own ancestors, so there the
-tile loops over its rows, gathering each row's keys and keeping only that row's results (the
-same dot and update, so a row's bits do not depend on which path ran a block: the decode step
-meets as shared a block the tree row meets as its own). Blocks past a row's L are skipped for that
-row, never applied as an empty update (``-0.0 + 0.0`` would turn a negative zero positive).
+Work sharing: blocks every row of a tile sees whole, with the same keys, are read once and run
+one dot for the tile's rows (rows of a dot are independent): under a tree mask the blocks below
+the prefix, without one (causal or full tails: tail key d sits at prefix + d for every row) the
+blocks below the tile's shortest row. From there on the tile loops over its rows, gathering each
+row's keys (loads masked at the row's own length) and keeping only that row's results, with the
+same dot and update, so a block gives the same bits whichever path runs it (the decode step
+meets as shared a block the tree node meets as its own). Blocks past a row's length are skipped
+for it, never applied as an empty update (``-0.0 + 0.0`` would turn a negative zero positive).
+
+The kernels are compiled with B, N and the strides that follow N unspecialised, so a tree launch
+and its decode steps (N = 1) run one binary.
 
 What the interpreter can and cannot show, and the predicted cost on a GPU: docs/perf/exact_mode.md.
 """
@@ -47,17 +52,30 @@ SPLIT_KEYS = 1024       # logical keys a split: fixed, never from B, N or the SM
 
 def block_sizes(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_M packed rows, BLOCK_N keys, num_warps) of a program: from the head dim and the
-    dtype alone, never from B, N or the device's SM count (the sizes that do not spill registers
+    dtype alone (the launcher raises BLOCK_M to the GQA group size G where G is larger), never
+    from B, N or the device's SM count (the sizes that do not spill registers
     on sm_90a: bench/triton_resources.py; float32, the tests' dtype, uses IEEE FMA dots and still
     spills at Dh 256 with the smallest tiles). BLOCK_N divides SPLIT_KEYS."""
     if dtype == torch.float32:
         return (32, 32, 8) if head_dim <= 64 else (16, 16, 8)
     if head_dim > 128:
         return 32, 32, 8
-    return 64, 64, 4 if head_dim <= 64 else 8
+    return (64, 64, 4) if head_dim <= 64 else (64, 32, 8)
 
 
 @triton.jit
+def _depths(depth_ptr, b, row, ok, N, TAIL_MODE: tl.constexpr):
+    """Visible tail nodes of rows ``row`` of sequence b (0 where not ``ok``): the tree's counts
+    (TAIL_MODE 0), row + 1 (1: causal) or N (2: full)."""
+    if TAIL_MODE == 0:
+        return tl.load(depth_ptr + b.to(tl.int64) * N + row, mask=ok, other=0)
+    elif TAIL_MODE == 1:
+        return tl.where(ok, row + 1, 0)
+    else:
+        return tl.where(ok, tl.zeros_like(row) + N, 0)
+
+
+@triton.jit(do_not_specialize=["B", "N", "lse_batch_stride", "lse_head_stride"])
 def _exact_fwd(
     q_ptr, k_ptr, v_ptr, prefix_ptr, depth_ptr, order_ptr, bt_ptr, out_ptr, lse_ptr,
     part_o_ptr, part_lse_ptr,
@@ -70,9 +88,10 @@ def _exact_fwd(
     B, N, HQ, HKV, G, R, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_KEYS: tl.constexpr, PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr,
-    STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr, TAIL_MODE: tl.constexpr,
 ):
-    """One (tile of R rows, sequence x kv head, split) program."""
+    """One (tile of R rows, sequence x kv head, split) program. TAIL_MODE: 0 tree mask (a row's
+    tail keys from ``order``), 1 causal, 2 full (tail key d at position prefix + d)."""
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -91,8 +110,7 @@ def _exact_fwd(
              + head.to(tl.int64) * q_head_stride)
     q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     prefix = tl.load(prefix_ptr + b)
-    depth = tl.load(depth_ptr + b.to(tl.int64) * N + row, mask=row_ok, other=0)
-    length = tl.where(row_ok, prefix + depth, 0)            # each packed row's L
+    length = tl.where(row_ok, prefix + _depths(depth_ptr, b, row, row_ok, N, TAIL_MODE), 0)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -100,10 +118,18 @@ def _exact_fwd(
 
     lo = split * SPLIT_KEYS
     hi = tl.minimum(lo + SPLIT_KEYS, tl.max(length, 0))
-    shared_end = tl.maximum(tl.minimum((prefix // BLOCK_N) * BLOCK_N, hi), lo)
-    for start in range(lo, shared_end, BLOCK_N):           # the same keys for every row
+    # Blocks every row sees whole, with the same keys: below the prefix under a tree mask; below
+    # the tile's shortest row without one (tail key d sits at prefix + d for every row).
+    if TAIL_MODE == 0:
+        same = prefix
+    elif TAIL_MODE == 1:
+        same = prefix + tile * R + 1                       # the tile's first row is its shortest
+    else:
+        same = prefix + N
+    shared_end = tl.maximum(tl.minimum((same // BLOCK_N) * BLOCK_N, hi), lo)
+    for start in range(lo, shared_end, BLOCK_N):
         pos = start + offs_n
-        key_ok = pos < shared_end                          # all true: below the prefix
+        key_ok = pos < shared_end                          # all true: every row sees them
         k_off, v_off = kv_offsets(pos, key_ok, b, kv_head, bt_ptr, block_table_batch_stride,
                                   page_size, k_batch_stride, k_row_stride, k_head_stride,
                                   v_batch_stride, v_row_stride, v_head_stride, PAGED,
@@ -117,13 +143,20 @@ def _exact_fwd(
         for r in range(0, R):
             rr = tile * R + r
             if rr < N:
-                row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)
+                if TAIL_MODE == 0:
+                    row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)
+                elif TAIL_MODE == 1:
+                    row_len = prefix + rr + 1
+                else:
+                    row_len = prefix + N
                 if start < row_len:
                     key_ok = t < row_len
-                    in_tail = key_ok & (t >= prefix)
-                    node = tl.load(order_ptr + (b.to(tl.int64) * N + rr) * N + (t - prefix),
-                                   mask=in_tail, other=0)
-                    pos = tl.where(t < prefix, t, prefix + node)
+                    if TAIL_MODE == 0:
+                        node = tl.load(order_ptr + (b.to(tl.int64) * N + rr) * N + (t - prefix),
+                                       mask=key_ok & (t >= prefix), other=0)
+                        pos = tl.where(t < prefix, t, prefix + node)
+                    else:
+                        pos = t
                     k_off, v_off = kv_offsets(pos, key_ok, b, kv_head, bt_ptr,
                                               block_table_batch_stride, page_size,
                                               k_batch_stride, k_row_stride, k_head_stride,
@@ -141,7 +174,7 @@ def _exact_fwd(
     no_key = l_i == 0.0
     o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, l_i)[:, None])
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
-    splits = tl.cdiv(length, SPLIT_KEYS)
+    splits = tl.maximum(tl.cdiv(length, SPLIT_KEYS), 1)    # a row with no key: written as 0, -inf
     this_split = tl.zeros_like(splits) + split
     direct = row_ok & (splits == 1) & (this_split == 0)
     o_off = (b.to(tl.int64) * o_batch_stride + row.to(tl.int64) * o_row_stride
@@ -159,13 +192,14 @@ def _exact_fwd(
     tl.store(part_lse_ptr + part_row, lse2, mask=partial)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "rows", "o_batch_stride", "lse_batch_stride",
+                               "lse_head_stride"])
 def _exact_combine(
     part_o_ptr, part_lse_ptr, prefix_ptr, depth_ptr, out_ptr, lse_ptr,
     o_batch_stride, o_row_stride, o_head_stride, lse_batch_stride, lse_head_stride, lse_row_stride,
     N, HQ, rows, max_splits,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-    STORE_LSE: tl.constexpr,
+    STORE_LSE: tl.constexpr, TAIL_MODE: tl.constexpr,
 ):
     """Rows with more than one split: their partials combined in split order, each row over its
     own split count (a row's result does not depend on the launch's largest)."""
@@ -173,23 +207,20 @@ def _exact_combine(
     row_i = (r // HQ) % N
     b = r // (HQ * N)
     length = tl.load(prefix_ptr + b, mask=r < rows, other=0) \
-        + tl.load(depth_ptr + b.to(tl.int64) * N + row_i, mask=r < rows, other=0)
+        + _depths(depth_ptr, b, row_i, r < rows, N, TAIL_MODE)
     splits = tl.cdiv(length, SPLIT_KEYS)
     merge_splits(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, r, (r < rows) & (splits > 1), splits,
                  rows, max_splits, N, HQ, o_batch_stride, o_row_stride, o_head_stride,
                  lse_batch_stride, lse_head_stride, lse_row_stride, HEAD_DIM, BLOCK_R, STORE_LSE)
 
 
-def tail_order(b: int, n: int, tree_mask, tail: str, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(depth int32 [B, N], order int32 [B, N, N]): each row's visible tail nodes counted, and
-    listed ascending (``order[b, i, :depth]``; the rest is unused). Device ops, no host sync."""
+def tail_order(tree_mask: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth int32 [B, N], order int32 [B, N, N]) of a packed tree mask ``[B, N, W]``: each row's
+    visible tail nodes counted, and listed ascending (``order[b, i, :depth]``; the rest unused).
+    Device ops, no host sync."""
+    b, n = tree_mask.shape[:2]
     j = torch.arange(n, device=device)
-    if tree_mask is not None:
-        bits = ((tree_mask[..., j // 32] >> (j % 32).to(tree_mask.dtype)) & 1) != 0
-    elif tail == "causal":
-        bits = (j[None, :] <= j[:, None]).expand(b, n, n)
-    else:
-        bits = torch.ones(b, n, n, dtype=torch.bool, device=device)
+    bits = ((tree_mask[..., j // 32] >> (j % 32).to(tree_mask.dtype)) & 1) != 0
     depth = bits.sum(-1, dtype=torch.int32)
     order = torch.argsort((~bits).to(torch.uint8), dim=-1, stable=True).to(torch.int32)
     return depth.contiguous(), order.contiguous()
@@ -214,9 +245,9 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     """
     B, N, HQ, D = q.shape
     HKV = k_cache.shape[2]
-    G = HQ // HKV
-    if B * N == 0:
+    if q.numel() == 0:
         return
+    G = HQ // HKV
     dev = q.device
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
@@ -224,8 +255,12 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     bm = max(block_m, next_power_of_2(G))
     rows_per_tile = bm // G
     max_splits = cdiv(max(capacity, 1), SPLIT_KEYS)
-    depth, order = tail_order(B, N, tree_mask, tail, dev)
     prefix_lens = prefix_lens.to(torch.int32)
+    tail_mode = 0 if tree_mask is not None else (1 if tail == "causal" else 2)
+    if tail_mode == 0:
+        depth, order = tail_order(tree_mask, dev)
+    else:
+        depth = order = prefix_lens              # dummy pointers: the kernel computes them
     store_lse = lse is not None
     lse_arg = lse if store_lse else out
     lse_strides = (lse.stride(0), lse.stride(1), lse.stride(2)) if store_lse else (0, 0, 0)
@@ -245,7 +280,7 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
         B, N, HQ, HKV, G, rows_per_tile, scale * LOG2E,
         HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=block_n, SPLIT_KEYS=SPLIT_KEYS, PAGED=paged,
         SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], STORE_LSE=store_lse,
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TAIL_MODE=tail_mode,
         num_warps=num_warps, enable_fp_fusion=False,
     )
     if max_splits > 1:
@@ -256,5 +291,5 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
             out.stride(0), out.stride(1), out.stride(2), *lse_strides,
             N, HQ, rows, max_splits,
             HEAD_DIM=D, BLOCK_R=block_r, SPLIT_KEYS=SPLIT_KEYS, STORE_LSE=store_lse,
-            num_warps=4, enable_fp_fusion=False,
+            TAIL_MODE=tail_mode, num_warps=4, enable_fp_fusion=False,
         )

@@ -137,7 +137,10 @@ def expert_tiles(experts: torch.Tensor, num_experts: int, block_m: int):
     flat = experts.reshape(-1)
     dev = flat.device
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    # Rows per expert from the sorted ids (bincount would read its maximum on the host).
+    ids = torch.arange(num_experts, device=dev, dtype=flat.dtype)
+    sorted_ids = flat[order]
+    counts = torch.searchsorted(sorted_ids, ids, right=True) - torch.searchsorted(sorted_ids, ids)
     tiles_e = (counts + block_m - 1) // block_m
     tile_end = torch.cumsum(tiles_e, 0)                          # one past each expert's last tile
     bound = cdiv(flat.numel(), block_m) + num_experts
@@ -163,7 +166,9 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
     x : float16/bfloat16/float32 [T * k / per_token, K], last dim contiguous: entry e's input is
         row ``e // per_token`` (``per_token = k``: the tokens' hidden states; 1: a row per entry)
     weight : x.dtype [E, N, K], last dim contiguous
-    experts : int [T, k], values in [0, E) (entry ``e`` is ``experts.flatten()[e]``)
+    experts : int32/int64 [T, k] on x's device, values in [0, E) (entry ``e`` is
+        ``experts.flatten()[e]``; the values are not checked, which would read them on the host:
+        an entry of another id is left unwritten)
 
     Returns
     -------
@@ -173,6 +178,10 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
             or weight.stride(2) != 1 or x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [R, K] and weight x.dtype [E, N, K], both contiguous in K, got "
                          f"x {x.dtype} {list(x.shape)}, weight {weight.dtype} {list(weight.shape)}")
+    if experts.dtype not in (torch.int32, torch.int64) or experts.device != x.device:
+        raise ValueError(f"experts must be int32 or int64 on {x.device} (values in [0, "
+                         f"{weight.shape[0]}): not checked, a row of another id is left unwritten), "
+                         f"got {experts.dtype} on {experts.device}")
     if per_token < 1 or x.shape[0] * per_token != experts.numel():
         raise ValueError(f"x must have experts.numel() / per_token = {experts.numel()} / {per_token} "
                          f"rows, got {x.shape[0]}")
