@@ -48,7 +48,8 @@ test: $(TEST_STAMP)
 	  --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS) tests
 
 # The tests marked slow (minutes on 2 cores): the Hopper attention gates, which build the sweep
-# harness (bench/attn_sweep) for sm_90a and read its ptxas reports and SASS.
+# harness (bench/attn_sweep) for sm_90a and read its ptxas reports and SASS; the exact mode's
+# largest end-to-end cases on the triton interpreter (B 16 / budget 64, B 1 / budget 256).
 test-slow: $(TEST_STAMP)
 	$(PY) -m pytest -q --benchmark-disable -m slow --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS) tests
 

@@ -171,6 +171,24 @@ def test_exact_triton_speculative_equals_autoregressive(fp32_models, kind):
     assert sum(spec.stats.accept_histogram[1:]) >= 1, "some draft token should be accepted"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,budget,page_size", [(16, 64, 8), (1, 256, 16)])
+def test_exact_triton_large_batches_and_budgets(fp32_models, batch, budget, page_size):
+    """The issue's largest cases on the triton exact path (minutes under the interpreter: make
+    test-slow): B 16 at budget 64 and B 1 at budget 256, paged; greedy speculative ==
+    autoregressive on the near-tie target."""
+    target, head = fp32_models
+    prompts = _prompts(batch, seed=4)
+    target.fused_ops_backend = "triton"
+    try:
+        ar = generate_ar(target, prompts, max_new_tokens=6, page_size=page_size, exact=True).tokens
+        spec = generate(target, head, prompts, max_new_tokens=6, budget=budget,
+                        page_size=page_size, exact=True)
+    finally:
+        target.fused_ops_backend = None
+    assert spec.tokens == ar
+
+
 def test_cli_exact(capsys, monkeypatch):
     from jetspec_kernels.__main__ import main
     from jetspec_kernels.ops import exact as ex
