@@ -205,3 +205,38 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     out = torch.empty_like(y)
     out[order] = y                     # back to (token, choice) order: deterministic, no atomics
     return out.view(t, k, -1).sum(dim=1)
+
+
+def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor,
+              down: torch.Tensor, top_k: int, norm_topk_prob: bool,
+              backend: str | None = None) -> torch.Tensor:
+    """A sparse layer's MLP in the exact mode: every token's output row the same bits whatever
+    the other tokens are and where they are routed.
+
+    On the reference backend (the CPU) the whole block (routing, experts, the weighted sum) runs
+    on one token at a time; on triton the router's logits by the fixed-tile GEMM, then
+    :func:`route_logits` and :func:`exact_experts` (one launch per GEMM, no host sync). Other
+    backends and devices: ``ExactModeError`` (``ops.exact.exact_backend``).
+
+    Parameters
+    ----------
+    x : [T, H]; router_weight : [E, H]; gate_up : [E, 2I, H]; down : [E, H, I]
+
+    Returns
+    -------
+    [T, H] in x.dtype.
+    """
+    from ..ops import exact as ex
+    from ..ops.silu_mul import silu_mul as silu_mul_op
+    be = ex.exact_backend("MoE experts", x.device, backend)
+    if be == "triton":
+        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,
+                                        norm_topk_prob)
+        return exact_experts(x, weights, experts, gate_up, down,
+                             functools.partial(ex.silu_mul, backend=be))
+    act = functools.partial(silu_mul_op, backend=be)
+
+    def one(row):
+        weights, experts = route(row, router_weight, top_k, norm_topk_prob)
+        return grouped_experts(row, weights, experts, gate_up, down, grouped_mm=False, act=act)
+    return ex.per_row(one, x)

@@ -28,7 +28,7 @@ from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, Qwen3MoeConfig, read_config
 from .init import target_layer_shapes
 from .kv_cache import KVCache
-from .moe import exact_experts, fuse_expert_weights, grouped_experts, route, route_logits
+from .moe import exact_moe, fuse_expert_weights, grouped_experts, route
 from .norm import layer_norm
 from .projections import fused_layers
 from .sharding import check_tp, local_heads, shard_layer
@@ -241,16 +241,12 @@ class Qwen3:
             return exact_ops.rms_norm(x, weight, eps=eps, residual=residual, backend=be)
 
         def mlp(a, w):
+            if "mlp.gate.weight" in w:          # routed experts
+                return exact_moe(a.reshape(-1, a.shape[-1]), w["mlp.gate.weight"],
+                                 w["mlp.experts.gate_up_proj"], w["mlp.experts.down_proj"],
+                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, be).view_as(a)
             if be != "triton":      # the whole MLP on one row at a time: [1, H] -> [1, H]
                 return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
-            if "mlp.gate.weight" in w:          # routed experts: the grouped fixed-tile GEMM
-                flat = a.reshape(-1, a.shape[-1])
-                weights, experts = route_logits(linear(flat, w["mlp.gate.weight"]),
-                                                cfg.num_experts_per_tok, cfg.norm_topk_prob)
-                out = exact_experts(flat, weights, experts, w["mlp.experts.gate_up_proj"],
-                                    w["mlp.experts.down_proj"],
-                                    functools.partial(exact_ops.silu_mul, backend=be))
-                return out.view_as(a)
             if "mlp.gate_up_proj.weight" in w:
                 gate_up = linear(a, w["mlp.gate_up_proj.weight"])
             else:

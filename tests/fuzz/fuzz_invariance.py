@@ -35,17 +35,18 @@ if str(ROOT) not in sys.path:
 from bench.exact_invariance import same_bits  # noqa: E402
 
 INVARIANCE_OPS = ("exact_rms_norm", "exact_silu_mul", "exact_qk_norm_rope_append",
-                  "exact_tree_attention", "exact_linear", "exact_argmax")
+                  "exact_tree_attention", "exact_linear", "exact_argmax", "exact_moe",
+                  "exact_embedding")
 ROWS_CHECKED = 6          # rows per case run alone (the first, the last, random others)
 
 
 def check_invariance(name: str, seed: int, engine: Engine, monkeypatch=None) -> str:
     op = name.removeprefix("exact_")
-    if op == "argmax" and engine.name != "reference":
+    if op in ("argmax", "embedding") and engine.name != "reference":
         return "not-applicable: torch's op, no backend to choose"
-    if op == "linear" and engine.name not in ("reference", "triton"):
-        return "not-applicable: the exact linear is torch's (reference) or triton's fixed-tile GEMM"
-    if op in ("linear", "argmax"):
+    if op in ("linear", "moe") and engine.name not in ("reference", "triton"):
+        return f"not-applicable: the exact {op} is the reference's or triton's"
+    if op in _TORCH_OPS:
         return _TORCH_OPS[op](seed, engine)
     case = make(op, seed)
     if "refuse" in case.meta:
@@ -214,4 +215,51 @@ def _argmax(seed, engine):
     return "ok"
 
 
-_TORCH_OPS = {"linear": _linear, "argmax": _argmax}
+def _moe(seed, engine):
+    """A sparse layer's MLP (``models.moe.exact_moe``): router, top-k, experts, weighted sum."""
+    from jetspec_kernels.models.moe import exact_moe
+    r = random.Random(f"exact_moe:{seed}")
+    g = torch.Generator().manual_seed(r.getrandbits(62))
+    t, h, inter = r.choice((1, 2, 5, 17, 40)), r.choice((16, 48, 64)), r.choice((8, 32))
+    e = r.choice((2, 4, 9))
+    k = r.randint(1, min(e, 4))
+    dtype = F32 if interpreted(engine) else r.choice((F32, F16, BF16))
+    mag = r.choice((1e-2, 1.0, 20.0))
+    x = (torch.randn(t, h, generator=g) * mag).to(dtype)
+    if r.random() < 0.3 and t > 1:
+        x[r.randrange(t)] = x[0]                           # two tokens alike: routing ties their picks
+    router = (torch.randn(e, h, generator=g) / h ** 0.5).to(dtype)
+    if r.random() < 0.3:
+        router[-1] = router[0]                             # two experts tie for every token
+    gate_up = (torch.randn(e, 2 * inter, h, generator=g) / h ** 0.5).to(dtype)
+    down = (torch.randn(e, h, inter, generator=g) / inter ** 0.5).to(dtype)
+    dev = engine.device
+    args = [a.to(dev) for a in (router, gate_up, down)]
+    norm = r.random() < 0.5
+    try:
+        full = exact_moe(x.to(dev), *args, k, norm, backend=engine.name)
+        for row in _rows(t, r):
+            alone = exact_moe(x[row:row + 1].clone().to(dev), *args, k, norm, backend=engine.name)
+            _assert_row(full[row:row + 1], alone, f"moe row {row}")
+    except (ex.ExactModeError, jk.BackendUnavailableError) as err:
+        return f"unsupported: {err}"
+    return "ok"
+
+
+def _embedding(seed, engine):
+    """The embedding (a gather: exact by nature, checked like the others)."""
+    r = random.Random(f"exact_embedding:{seed}")
+    g = torch.Generator().manual_seed(r.getrandbits(62))
+    v, h = r.choice((3, 97, 259)), r.choice((8, 192))
+    table = torch.randn(v, h, generator=g).to(r.choice((F32, F16, BF16)))
+    tokens = torch.randint(0, v, (r.choice((1, 2, 16)), r.choice((1, 7, 33))), generator=g)
+    full = torch.nn.functional.embedding(tokens, table).reshape(-1, h)
+    flat = tokens.reshape(-1)
+    for row in _rows(flat.numel(), r):
+        _assert_row(full[row:row + 1],
+                    torch.nn.functional.embedding(flat[row:row + 1].clone(), table),
+                    f"embedding row {row}")
+    return "ok"
+
+
+_TORCH_OPS = {"linear": _linear, "argmax": _argmax, "moe": _moe, "embedding": _embedding}

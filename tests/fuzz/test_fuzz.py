@@ -46,11 +46,12 @@ def test_fuzz_regressions(op, seed, found, engine, monkeypatch):
         pytest.skip(status)
 
 
-# argmax is torch's op (the reference engine runs it); linear is torch's or triton's GEMM.
+# argmax and the embedding are torch's ops (the reference engine runs them); linear and the MoE
+# block are the reference's or triton's.
 INVARIANCE_CASES = [pytest.param(n, s, e, id=f"{n}-{s}-{e.name}") for e in engines_here()
                     for n in INVARIANCE_OPS for s in range(INVARIANCE_SEEDS)
-                    if e.name == "reference" or n != "exact_argmax"
-                    and (e.name == "triton" or n != "exact_linear")]
+                    if e.name == "reference" or n not in ("exact_argmax", "exact_embedding")
+                    and (e.name == "triton" or n not in ("exact_linear", "exact_moe"))]
 
 
 @pytest.mark.parametrize("name,seed,engine", INVARIANCE_CASES)
@@ -61,7 +62,8 @@ def test_exact_invariance_slice(name, seed, engine, monkeypatch):
 
 
 def test_exact_invariance_catches_the_normal_forms(monkeypatch):
-    """The property's power: with the normal float32 GEMM in place of ops.exact.linear, or the
+    """The property's power: with the normal float32 GEMM in place of ops.exact.linear, the
+    normal MoE block (its experts' GEMMs over all their rows) in place of the exact one, or the
     normal tree attention in place of the exact one, some case of the slice fails it."""
     import jetspec_kernels as jk
     import torch.nn.functional as F
@@ -80,6 +82,14 @@ def test_exact_invariance_catches_the_normal_forms(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(ex, "linear", lambda x, w, backend=None: F.linear(x, w))
         assert fails("exact_linear", range(20))
+    from jetspec_kernels.models import moe
+
+    def normal_moe(x, router, gate_up, down, top_k, norm, backend=None):
+        weights, experts = moe.route(x, router, top_k, norm)
+        return moe.grouped_experts(x, weights, experts, gate_up, down, grouped_mm=False)
+    with monkeypatch.context() as m:
+        m.setattr(moe, "exact_moe", normal_moe)
+        assert fails("exact_moe", range(20))
     normal = jk.tree_attention
     monkeypatch.setattr(jk, "tree_attention", lambda *a, exact=False, **k: normal(*a, **k))
     assert fails("exact_tree_attention", range(20))
