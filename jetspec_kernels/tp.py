@@ -142,12 +142,10 @@ def all_reduce_in_rank_order(x: torch.Tensor, shard: Shard) -> torch.Tensor:
     algorithm and order are the backend's choice per message): the exact mode's reduction."""
     if not shard.parallel:
         return x
+    from .ops.exact import sum_in_order
     parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(shard.size)]
     dist.all_gather(parts, x.contiguous(), group=shard.group)
-    total = parts[0].float()
-    for part in parts[1:]:
-        total = total + part.float()
-    return total.to(x.dtype)
+    return sum_in_order(parts)
 
 
 def broadcast_first(x: torch.Tensor, shard: Shard) -> torch.Tensor:

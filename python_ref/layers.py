@@ -22,7 +22,7 @@ def layer_weights(weights, prefix):
     return {k[n:]: t for k, t in weights.items() if k.startswith(prefix)}
 
 
-def swiglu(x, w, act=None):
+def swiglu(x, w, act=None, linear=F.linear):
     """SwiGLU MLP ``down(silu(gate(x)) * up(x))``.
 
     Parameters
@@ -33,17 +33,19 @@ def swiglu(x, w, act=None):
     act : callable ``[..., 2I] -> [..., I]`` on the gate/up GEMM's output (the models pass the
         fused ``silu_mul`` op; used with ``mlp.gate_up_proj.weight``), or None:
         :func:`silu_mul` in x's dtype
+    linear : callable ``(x, weight) -> x @ weight.T`` for the three projections (the exact mode
+        passes its row-invariant GEMM)
 
     Returns
     -------
     ``[..., H]``
     """
     if "mlp.gate_up_proj.weight" in w:                   # gate rows, then up rows: one GEMM
-        gate_up = F.linear(x, w["mlp.gate_up_proj.weight"])
+        gate_up = linear(x, w["mlp.gate_up_proj.weight"])
         h = silu_mul(gate_up, gate_up.dtype) if act is None else act(gate_up)
     else:
-        h = F.silu(F.linear(x, w["mlp.gate_proj.weight"])) * F.linear(x, w["mlp.up_proj.weight"])
-    return F.linear(h, w["mlp.down_proj.weight"])
+        h = F.silu(linear(x, w["mlp.gate_proj.weight"])) * linear(x, w["mlp.up_proj.weight"])
+    return linear(h, w["mlp.down_proj.weight"])
 
 
 def qk_norm_rope(q, k, w, eps, q_positions, k_positions, theta):

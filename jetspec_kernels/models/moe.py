@@ -119,15 +119,12 @@ def exact_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     -------
     [T, H] in x.dtype.
     """
+    from ..ops.exact import sum_in_order
     from ..triton.exact_matmul import exact_grouped_linear
     t, k = experts.shape
     h = act(exact_grouped_linear(x, gate_up, experts, per_token=k))
-    y = exact_grouped_linear(h, down, experts, per_token=1).view(t, k, -1)
-    y = y * weights[..., None]
-    total = y[:, 0].float()
-    for j in range(1, k):
-        total = total + y[:, j].float()
-    return total.to(x.dtype)
+    y = exact_grouped_linear(h, down, experts, per_token=1).view(t, k, -1) * weights[..., None]
+    return sum_in_order(y.unbind(1))
 
 
 def grouped_mm_impl():

@@ -247,12 +247,9 @@ class Qwen3:
                                  cfg.num_experts_per_tok, cfg.norm_topk_prob, be).view_as(a)
             if be != "triton":      # the whole MLP on one row at a time: [1, H] -> [1, H]
                 return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
-            if "mlp.gate_up_proj.weight" in w:
-                gate_up = linear(a, w["mlp.gate_up_proj.weight"])
-            else:
-                gate_up = torch.cat([linear(a, w["mlp.gate_proj.weight"]),
-                                     linear(a, w["mlp.up_proj.weight"])], dim=-1)
-            return linear(exact_ops.silu_mul(gate_up, backend=be), w["mlp.down_proj.weight"])
+            # the run layers hold gate and up fused (models/projections.py): one GEMM, exact silu
+            return swiglu(a, w, act=functools.partial(exact_ops.silu_mul, backend=be),
+                          linear=linear)
 
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}

@@ -41,7 +41,8 @@ from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
-           "exact_verified_devices", "UNVERIFIED_ENV", "per_row", "linear", "rms_norm", "silu_mul",
+           "exact_verified_devices", "UNVERIFIED_ENV", "per_row", "sum_in_order", "linear",
+           "rms_norm", "silu_mul",
            "qk_norm_rope_append", "argmax", "sample_at_positions"]
 
 
@@ -135,6 +136,16 @@ def per_row(fn, x: torch.Tensor, *others: torch.Tensor):
     if isinstance(outs[0], tuple):
         return tuple(torch.cat(col, dim=0).reshape(*lead, -1) for col in zip(*outs))
     return torch.cat(outs, dim=0).reshape(*lead, -1)
+
+
+def sum_in_order(parts) -> torch.Tensor:
+    """The exact mode's sum of same-shape tensors: element by element in the given order, in
+    float32, rounded once to the parts' dtype (each element's bits depend only on the parts'
+    values at that element, never on the tensors' size, as a reduction kernel's order may)."""
+    total = parts[0].float()
+    for part in parts[1:]:
+        total = total + part.float()
+    return total.to(parts[0].dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:

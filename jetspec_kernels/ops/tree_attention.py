@@ -7,7 +7,6 @@ import torch
 
 from .. import backend as _backend
 from .. import checks
-from ..backend_error import BackendUnavailableError
 from ..device_guard import cuda_device_guard
 from ..python_ref.tree_attention import tree_attention_logical
 from ..tree import mask_words
@@ -126,24 +125,26 @@ def _exact(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale
            lse, backend, key):
     """tree_attention(exact=True): the logical-order row form (reference, or triton when named)."""
     name = exact_backend("tree_attention", q.device, backend)
+    return_lse = return_lse or lse is not None
     if name == "triton":
-        _backend.resolve(q.device, "triton")      # BackendUnavailableError saying why, if it is not
-        reason = _backend.supports("triton", "tree_attention", q=q, k_cache=k_cache,
-                                   v_cache=v_cache, block_table=block_table, signature=key)
-        if reason is not None:                    # e.g. a head dim the kernels do not take
-            raise BackendUnavailableError(f"backend 'triton' is not available: {reason}")
+        # The normal triton kernel's availability and support checks (head dims, layouts): the
+        # same refusals as a normal call; its implementation is not the one run here.
+        _backend.select(q.device, "tree_attention", "triton",
+                        dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                             signature=key))
         from ..triton.exact_attention import exact_tree_attention
-        o = torch.empty_like(q)
-        l = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+        out = torch.empty_like(q) if out is None else out
+        if return_lse and lse is None:
+            lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
+                              device=q.device)
         with cuda_device_guard(q.device):         # Triton launches on the current device
             exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
                                  1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
-                                 o, l)
-    else:
-        o, l = tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail,
-                                      block_table, scale)
+                                 out, lse)
+        return (out, lse) if return_lse else out
+    o, l = tree_attention_logical(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table,
+                                  scale)
     out = o.to(q.dtype) if out is None else out.copy_(o)
-    return_lse = return_lse or lse is not None
     if not return_lse:
         return out
     lse = l.to(torch.float32) if lse is None else lse.copy_(l)
