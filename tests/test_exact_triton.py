@@ -270,6 +270,33 @@ def test_exact_triton_edge_calls():
                           backend="triton")
 
 
+@attention_here
+def test_tail_order_once_per_mask_inside_a_forward_scope(monkeypatch):
+    """Inside ops.exact.forward_scope the tree's tail order is computed once per mask tensor (a
+    forward's layers share it); outside, and for another mask, it is computed again; the rows
+    are the same bits either way."""
+    import jetspec_kernels as jk
+    from jetspec_kernels.ops.exact import forward_scope
+    from jetspec_kernels.triton import exact_attention as ea
+    calls = []
+    real = ea.tail_order
+    monkeypatch.setattr(ea, "tail_order", lambda *a: calls.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, pl, mask, table = _ragged_batch(gen, torch.float32)
+
+    def run(m):
+        return jk.tree_attention(q, k, v, pl, m, block_table=table, exact=True, backend="triton")
+    alone = run(mask)
+    with forward_scope("triton"):
+        first, again = run(mask), run(mask)
+        assert len(calls) == 2                         # one outside the scope, one inside
+        run(mask.clone())
+        assert len(calls) == 3
+    run(mask)
+    assert len(calls) == 4
+    assert torch.equal(_bits(first), _bits(alone)) and torch.equal(_bits(again), _bits(alone))
+
+
 @pytest.mark.skipif(DEV == "cuda", reason="the interpreter's power check")
 def test_normal_triton_tree_row_differs_from_decode_row():
     gen = torch.Generator().manual_seed(11)

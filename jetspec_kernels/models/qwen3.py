@@ -254,25 +254,26 @@ class Qwen3:
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x, res = F.embedding(tokens.long(), self.embed_weight), None     # a gather: exact
-        for li, w in enumerate(self._run_layers):
-            kc, vc = cache.layer(li)
+        with exact_ops.forward_scope(be):       # the tree's attention tables once, not per layer
+            for li, w in enumerate(self._run_layers):
+                kc, vc = cache.layer(li)
 
-            def attend(q, k, v, lw):
-                q = exact_ops.qk_norm_rope_append(
-                    q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
-                    positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
-                    block_table=cache.block_table, cache_start=write_start, backend=be)
-                return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
-                                      block_table=cache.block_table, exact=True, backend=be)
+                def attend(q, k, v, lw):
+                    q = exact_ops.qk_norm_rope_append(
+                        q, k, v, lw["self_attn.q_norm.weight"], lw["self_attn.k_norm.weight"],
+                        positions, kc, vc, rope_theta=cfg.rope_theta, eps=eps,
+                        block_table=cache.block_table, cache_start=write_start, backend=be)
+                    return tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
+                                          block_table=cache.block_table, exact=True, backend=be)
 
-            out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
-                                reduce=reduce, residual=res, defer_add=li not in taps,
-                                linear=linear)
-            if li in taps:
-                x = kept[li] = out
-                res = None
-            else:
-                x, res = out
+                out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
+                                    reduce=reduce, residual=res, defer_add=li not in taps,
+                                    linear=linear)
+                if li in taps:
+                    x = kept[li] = out
+                    res = None
+                else:
+                    x, res = out
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
         return norm(x, self.norm_weight, res)[0], tapped
 

@@ -41,7 +41,8 @@ from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
-           "exact_verified_devices", "UNVERIFIED_ENV", "per_row", "sum_in_order", "linear",
+           "exact_verified_devices", "UNVERIFIED_ENV", "forward_scope", "per_row", "sum_in_order",
+           "linear",
            "rms_norm", "silu_mul",
            "qk_norm_rope_append", "argmax", "sample_at_positions"]
 
@@ -136,6 +137,16 @@ def per_row(fn, x: torch.Tensor, *others: torch.Tensor):
     if isinstance(outs[0], tuple):
         return tuple(torch.cat(col, dim=0).reshape(*lead, -1) for col in zip(*outs))
     return torch.cat(outs, dim=0).reshape(*lead, -1)
+
+
+def forward_scope(backend: str):
+    """The context one exact forward runs its layers in: on triton, the attention's per-tree
+    tables (``triton.exact_attention.tail_order``) computed once for all the layers that share a
+    tree mask, not once a layer; a no-op on the reference."""
+    if backend != "triton":
+        return contextlib.nullcontext()
+    from ..triton.exact_attention import tail_order_scope
+    return tail_order_scope()
 
 
 def sum_in_order(parts) -> torch.Tensor:

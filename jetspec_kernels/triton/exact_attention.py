@@ -38,6 +38,9 @@ What the interpreter can and cannot show, and the predicted cost on a GPU: docs/
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -45,7 +48,7 @@ import triton.language as tl
 from .sizes import cdiv, next_power_of_2
 from .attention_steps import LN2, LOG2E, attend_block, kv_offsets, merge_splits
 
-__all__ = ["exact_tree_attention", "SPLIT_KEYS", "block_sizes", "tail_order"]
+__all__ = ["exact_tree_attention", "SPLIT_KEYS", "block_sizes", "tail_order", "tail_order_scope"]
 
 SPLIT_KEYS = 1024       # logical keys a split: fixed, never from B, N or the SM count
 
@@ -214,6 +217,34 @@ def _exact_combine(
                  lse_batch_stride, lse_head_stride, lse_row_stride, HEAD_DIM, BLOCK_R, STORE_LSE)
 
 
+_SCOPE = threading.local()
+
+
+@contextlib.contextmanager
+def tail_order_scope():
+    """Inside the block, :func:`exact_tree_attention` computes a tree mask's ``tail_order`` once
+    and reuses it for every later call with the same mask tensor (a forward's layers share one
+    mask, which does not change within the forward). Thread-local; the memo ends with the block.
+    Inside CUDA-graph capture the first call's kernels are captured and the others reuse their
+    outputs, so a replay recomputes the order from the mask once."""
+    before = getattr(_SCOPE, "memo", None)
+    _SCOPE.memo = {}
+    try:
+        yield
+    finally:
+        _SCOPE.memo = before
+
+
+def _tail_order_of(tree_mask: torch.Tensor, device):
+    memo = getattr(_SCOPE, "memo", None)
+    if memo is None:
+        return tail_order(tree_mask, device)
+    hit = memo.get(id(tree_mask))
+    if hit is None or hit[0] is not tree_mask:
+        hit = memo[id(tree_mask)] = (tree_mask, *tail_order(tree_mask, device))
+    return hit[1], hit[2]
+
+
 def tail_order(tree_mask: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(depth int32 [B, N], order int32 [B, N, N]) of a packed tree mask ``[B, N, W]``: each row's
     visible tail nodes counted, and listed ascending (``order[b, i, :depth]``; the rest unused).
@@ -258,7 +289,7 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     prefix_lens = prefix_lens.to(torch.int32)
     tail_mode = 0 if tree_mask is not None else (1 if tail == "causal" else 2)
     if tail_mode == 0:
-        depth, order = tail_order(tree_mask, dev)
+        depth, order = _tail_order_of(tree_mask, dev)
     else:
         depth = order = prefix_lens              # dummy pointers: the kernel computes them
     store_lse = lse is not None
