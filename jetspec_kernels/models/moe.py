@@ -120,10 +120,12 @@ def exact_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     [T, H] in x.dtype.
     """
     from ..ops.exact import sum_in_order
-    from ..triton.exact_matmul import exact_grouped_linear
+    from ..triton.exact_matmul import exact_grouped_linear, expert_tiles, tiles
     t, k = experts.shape
-    h = act(exact_grouped_linear(x, gate_up, experts, per_token=k))
-    y = exact_grouped_linear(h, down, experts, per_token=1).view(t, k, -1) * weights[..., None]
+    plan = expert_tiles(experts, gate_up.shape[0], tiles(x.dtype)[0])      # both GEMMs' tiles
+    h = act(exact_grouped_linear(x, gate_up, experts, per_token=k, plan=plan))
+    y = exact_grouped_linear(h, down, experts, per_token=1, plan=plan).view(t, k, -1) \
+        * weights[..., None]
     return sum_in_order(y.unbind(1))
 
 

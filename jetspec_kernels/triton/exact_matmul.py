@@ -157,7 +157,7 @@ def expert_tiles(experts: torch.Tensor, num_experts: int, block_m: int):
 
 
 def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor,
-                         per_token: int) -> torch.Tensor:
+                         per_token: int, plan=None) -> torch.Tensor:
     """Every ``(token, choice)`` row through its expert's matrix, with the dense kernel's tiles
     and k order, so a row's bits depend on its input row and its expert alone.
 
@@ -169,6 +169,9 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
     experts : int32/int64 [T, k] on x's device, values in [0, E) (entry ``e`` is
         ``experts.flatten()[e]``; the values are not checked, which would read them on the host:
         an entry of another id is left unwritten)
+
+    plan : ``expert_tiles(experts, E, tiles(x.dtype)[0])``, or None to compute it here (a MoE
+        layer's two GEMMs share one)
 
     Returns
     -------
@@ -192,7 +195,8 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
         return out
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     bm, bn, bk, warps, stages = tiles(x.dtype)
-    order, tile_expert, tile_first, tile_rows = expert_tiles(experts, num_experts, bm)
+    order, tile_expert, tile_first, tile_rows = (
+        expert_tiles(experts, num_experts, bm) if plan is None else plan)
     grid = (tile_expert.numel(), cdiv(n, bn))
     _grouped_fixed_tile_matmul[grid](
         x, weight, out, tile_expert, tile_first, tile_rows, order, num_experts, per_token, n, k,
