@@ -75,17 +75,38 @@ def test_sampling_follows_the_target_law():
         check_sampling_law(name, tokens, target)
 
 
-def test_cli_runs_a_hybrid_target(tmp_path, capsys):
+def test_exact_mode_is_refused_on_a_hybrid_target(hybrid):
+    """The hybrid layers have no row-invariant form: exact=True is refused by name before any
+    token (it used to run the normal forward silently, with only the lm_head exact)."""
+    target, head, _ = hybrid
+    with pytest.raises(jk.ExactModeError, match="hybrid target"):
+        generate(target, head, PROMPTS, max_new_tokens=4, budget=8, topk=2, exact=True)
+    with pytest.raises(jk.ExactModeError, match="hybrid target"):
+        generate_ar(target, PROMPTS, max_new_tokens=4, exact=True)
+
+
+def _saved_hybrid(tmp_path):
     cfg = tiny_qwen3_5_config()
     save_qwen3_5(cfg, random_qwen3_5_weights(cfg, seed=2), str(tmp_path / "target"), multimodal=True)
-    target = load_target(str(tmp_path / "target"))
-    assert isinstance(target, Qwen3_5)
     dcfg = tiny_draft_config(cfg, target_layer_ids=[1, 3])
     save_draft_head(dcfg, random_draft_weights(dcfg, seed=1), str(tmp_path / "head"))
-    rc = package_main(["generate", "--target", str(tmp_path / "target"), "--head",
-                       str(tmp_path / "head"), "--prompt", "5 6 7", "--max-new-tokens", "6",
-                       "--budget", "8", "--ar", "--backend", "reference"])
+    return ["generate", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "head"),
+            "--prompt", "5 6 7", "--max-new-tokens", "6", "--budget", "8", "--ar",
+            "--backend", "reference"]
+
+
+def test_cli_runs_a_hybrid_target(tmp_path, capsys):
+    argv = _saved_hybrid(tmp_path)
+    target = load_target(str(tmp_path / "target"))
+    assert isinstance(target, Qwen3_5)
+    rc = package_main(argv)
     out = capsys.readouterr().out
     assert rc == 0 and "greedy outputs match" in out
     want = generate_ar(target, [[5, 6, 7]], max_new_tokens=6).tokens[0]
     assert " ".join(map(str, want)) in out
+
+
+def test_cli_refuses_exact_on_a_hybrid_target(tmp_path, capsys):
+    rc = package_main(_saved_hybrid(tmp_path) + ["--exact"])
+    captured = capsys.readouterr()
+    assert rc != 0 and "hybrid target" in captured.err and "Traceback" not in captured.err

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import tp
+from ..ops.exact import ExactModeError, exact_enabled
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import swiglu
@@ -295,7 +296,12 @@ class Qwen3_5:
         ``cache.pending`` for :meth:`commit_states`.
 
         Returns ``(hidden [B, N, H] final-normed, tapped [B, N, len(taps) * H] or None)``.
+        Inside ``exact_mode()``: ``ExactModeError`` (no exact form of these layers yet).
         """
+        if exact_enabled():
+            raise ExactModeError("exact mode: the hybrid target's forward (Qwen3_5: Gated DeltaNet "
+                                 "and gated attention layers) has no row-invariant form yet; the "
+                                 "exact mode runs Qwen3 dense and MoE targets")
         if (prompt_lens is None) == (parents is None):
             raise ValueError("forward: give exactly one of prompt_lens (a prompt) and parents (a tree)")
         cfg = self._local
