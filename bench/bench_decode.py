@@ -107,6 +107,9 @@ def parser() -> argparse.ArgumentParser:
                         ":exact): on a GPU its triton path (--fused-ops-backend triton, or auto), "
                         "only on a GPU the hardware record lists or with "
                         "JETSPEC_EXACT_UNVERIFIED=1")
+    p.add_argument("--exact-tile", choices=["narrow", "wide"], default=None,
+                   help="with --exact: the target's exact GEMM tile (exact_gemm_tile; default "
+                        "narrow); rows labelled :exact-<tile>")
     p.add_argument("--predict", action="store_true",
                    help="print the floors and predictions of the plan on an H200 and an H100; no run")
     return p
@@ -252,6 +255,9 @@ def main(argv=None) -> int:
         if path and not Path(path).is_dir():
             print(f"bench_decode: --{what} {path} is not a directory", file=sys.stderr)
             return 2
+    if args.exact_tile and not args.exact:
+        print("bench_decode: --exact-tile needs --exact", file=sys.stderr)
+        return 2
     if args.exact:   # refused by name where the exact mode cannot run, before any model is built
         from jetspec_kernels.ops.exact import ExactModeError, exact_backend
         names = [b.strip() for b in args.backends.split(",")] if args.backends else ["auto"]
@@ -291,6 +297,8 @@ def main(argv=None) -> int:
         return 2
     target, head = m.target, m.head
     target.fused_ops_backend = head.fused_ops_backend = args.fused_ops_backend
+    if args.exact_tile:
+        target.exact_gemm_tile = args.exact_tile
     from jetspec_kernels.models.moe import grouped_mm_impl
     if getattr(target.config, "num_experts", 0) and grouped_mm_impl() is not None:
         target.experts_grouped_mm = True     # the GPU's bf16 path; on the CPU the loop would sync
@@ -306,12 +314,14 @@ def main(argv=None) -> int:
     old_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
     import jetspec_kernels as jk
     jk.set_value_checks("never")     # as on CUDA tensors: no value check reads the host in a round
+    exact_label = (":exact" + (f"-{args.exact_tile}" if args.exact_tile else "")) if args.exact else ""
     if args.exact:
-        table.header_lines.append("the target in the exact mode (rows :exact)")
+        table.header_lines.append(f"the target in the exact mode (rows {exact_label}), GEMM tile "
+                                  f"{args.exact_tile or 'narrow'}")
     try:
         groups = list(dict.fromkeys((c.batch, c.prompt) for c in configs))
         for name in backends:
-            label = ("" if len(backends) == 1 else f":{name}") + (":exact" if args.exact else "")
+            label = ("" if len(backends) == 1 else f":{name}") + exact_label
             for b, p in groups:
                 if (b, p) in done:
                     continue

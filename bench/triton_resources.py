@@ -153,10 +153,12 @@ def _cases():
     for dh in (64, 128):    # float32 (the tests' dtype; its IEEE dots spill at Dh 256, any tile)
         yield f"exact tree_attention float32 Dh{dh} N64", exact(torch.float32, dh, 64, False)
     for dtype in (bf16, torch.float16, torch.float32):
-        for m, k_dim, n_dim in ((64, 4096, 6144), (1, 12288, 4096)):
-            yield (f"exact linear {str(dtype)[6:]} M{m} K{k_dim} N{n_dim}",
-                   lambda dtype=dtype, m=m, k_dim=k_dim, n_dim=n_dim: exact_mm.exact_linear(
-                       e(m, k_dim, dtype=dtype), e(n_dim, k_dim, dtype=dtype)))
+        for tile, m, k_dim, n_dim in (("narrow", 64, 4096, 6144), ("narrow", 1, 12288, 4096),
+                                      ("wide", 1024, 4096, 6144), ("wide", 16, 12288, 4096)):
+            yield (f"exact linear {tile} {str(dtype)[6:]} M{m} K{k_dim} N{n_dim}",
+                   lambda dtype=dtype, m=m, k_dim=k_dim, n_dim=n_dim, tile=tile:
+                   exact_mm.exact_linear(e(m, k_dim, dtype=dtype), e(n_dim, k_dim, dtype=dtype),
+                                         tile))
         # Qwen3-30B-A3B's experts (128 of them, top-8, H 2048, I 768): gate_up at T 64
         yield (f"exact grouped linear {str(dtype)[6:]} T64 k8 E128 K2048 N1536",
                lambda dtype=dtype: exact_mm.exact_grouped_linear(

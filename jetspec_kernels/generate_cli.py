@@ -126,6 +126,9 @@ def _parser() -> Parser:
                    help="exact mode: the verify pass's rows are the same bits as autoregressive "
                         "decoding's, so greedy output equals the baseline's bit for bit (the "
                         "reference backend on the CPU, or --backend triton)")
+    p.add_argument("--exact-tile", choices=("narrow", "wide"), default=None,
+                   help="with --exact: the exact GEMM tile on triton (narrow for small batches, "
+                        "the default; wide for large ones); speculative and --ar runs share it")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
     p.add_argument("--tp", type=int_at_least(1), default=1,
@@ -400,7 +403,11 @@ def _decode(args, shard, device) -> int:
         reason = None if args.backend == "auto" else jk.available_backends(device)[args.backend]
         if reason is not None:
             raise UsageError(f"--backend {args.backend}: not available on {device}: {reason}")
+    if args.exact_tile and not args.exact:
+        raise UsageError("--exact-tile needs --exact")
     target, head, codec, target_dir, identity = _load_models(args, DTYPES[args.dtype], device, shard)
+    if args.exact_tile:
+        target.exact_gemm_tile = args.exact_tile
     if args.token_ids:
         codec = None
     if codec is not None:

@@ -438,6 +438,28 @@ def test_exact_rounds(tmp_path, capsys):
     assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact", "--fused-ops-backend",
                     "cuda", "--out", str(tmp_path / "y")]) == 2
     assert "--exact: exact mode: bench_decode --exact on the 'cuda' backend" in capsys.readouterr().err
+    assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact-tile", "wide",
+                    "--out", str(tmp_path / "z")]) == 2
+    assert "--exact-tile needs --exact" in capsys.readouterr().err
+
+
+def test_exact_rounds_wide_tile(tmp_path, monkeypatch):
+    """--exact-tile wide: the target runs the wide GEMM tile (every exact GEMM call sees it),
+    rows labelled :exact-wide."""
+    from jetspec_kernels.triton import exact_matmul
+    seen = []
+    real = exact_matmul.exact_linear
+    monkeypatch.setattr(exact_matmul, "exact_linear",
+                        lambda x, w, tile="narrow": seen.append(tile) or real(x, w, tile))
+    out = tmp_path / "x"
+    assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact", "--exact-tile", "wide",
+                    "--fused-ops-backend", "triton", "--out", str(out)]) == 0
+    with open(out / "decode.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["backend"] for r in rows] == ["prefill:exact-wide", "ar:exact-wide",
+                                            "spec:exact-wide", "spec:exact-wide"]
+    assert all(r["status"] == "ok" for r in rows)
+    assert seen and set(seen) == {"wide"}
 
 
 def test_models_that_do_not_fit_are_skipped_with_a_row(tmp_path, monkeypatch):

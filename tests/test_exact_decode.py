@@ -92,15 +92,17 @@ def _tree(parents, tokens):
                 ref.pack_mask(parents, num).to(torch.int32), int(depths.max()))
 
 
-@pytest.mark.parametrize("kind,dtype,page_size,fused_backend", [
-    ("dense", torch.bfloat16, None, None), ("dense", torch.float32, 4, None),
-    ("moe", torch.bfloat16, 4, None), ("dense", torch.float32, 4, "triton"),
-    ("moe", torch.float32, None, "triton")])
-def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size, fused_backend):
+@pytest.mark.parametrize("kind,dtype,page_size,fused_backend,tile", [
+    ("dense", torch.bfloat16, None, None, "narrow"), ("dense", torch.float32, 4, None, "narrow"),
+    ("moe", torch.bfloat16, 4, None, "narrow"), ("dense", torch.float32, 4, "triton", "narrow"),
+    ("dense", torch.float32, None, "triton", "wide"), ("moe", torch.float32, None, "triton", "narrow")])
+def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size, fused_backend,
+                                                          tile):
     """Every tree node's verify logits == the logits of autoregressive decoding along its path
     (its ancestors committed at prefix .. prefix + depth - 1), bit for bit."""
     target = tiny_models(dtype=dtype)[0] if kind == "dense" else _moe_target(dtype)
     target.fused_ops_backend = fused_backend
+    target.exact_gemm_tile = tile
     gen = torch.Generator().manual_seed(7)
     p, n, v = 7, 12, target.config.vocab_size
     prompt = torch.randint(0, v, (1, p), generator=gen)
@@ -129,6 +131,30 @@ def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size,
     assert torch.equal(greedy, torch.argmax(want, dim=-1).to(torch.int32))
 
 
+def test_exact_gemm_tile_reaches_every_gemm():
+    """The target's ``exact_gemm_tile`` is the tile its exact forward runs (the narrow and wide
+    tiles give other bits), and the lm_head alone already shows it."""
+    target = tiny_models(dtype=torch.float32)[0]
+    target.fused_ops_backend = "triton"
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, target.config.vocab_size, (1, 9), generator=gen)
+    pos = torch.arange(9, dtype=torch.int32)[None]
+    zero = torch.zeros(1, dtype=torch.int32)
+    out = {}
+    for tile in ("narrow", "wide"):
+        target.exact_gemm_tile = tile
+        with exact_mode():
+            hidden, _ = target.forward(tokens, pos, target.new_cache(1, 16), zero)
+            out[tile] = (hidden, target.logits(hidden[0, -1:]))
+    wide_head = out["wide"][1]
+    target.exact_gemm_tile = "narrow"
+    with exact_mode():
+        narrow_head = target.logits(out["wide"][0][0, -1:])     # the wide hidden, narrow lm_head
+    assert not torch.equal(out["narrow"][0], out["wide"][0])
+    assert not torch.equal(narrow_head, wide_head)
+    torch.testing.assert_close(out["narrow"][1], out["wide"][1], rtol=1e-4, atol=1e-4)
+
+
 def test_exact_moe_speculative_equals_autoregressive():
     target = _moe_target(torch.bfloat16)
     near_tie(target)
@@ -142,6 +168,12 @@ def test_exact_refusals(fp32_models):
     target, head = fp32_models
     with pytest.raises(TypeError, match="exact must be a bool"):
         generate_ar(target, [[1, 2]], max_new_tokens=2, exact="yes")
+    target.exact_gemm_tile = "square"
+    try:
+        with pytest.raises(ValueError, match="exact_gemm_tile must be one of"):
+            generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True)
+    finally:
+        del target.exact_gemm_tile
     target.fused_ops_backend = "cuda"
     try:
         with pytest.raises(ExactModeError, match="'cuda' backend"):
@@ -150,23 +182,26 @@ def test_exact_refusals(fp32_models):
         target.fused_ops_backend = None
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_exact_triton_speculative_equals_autoregressive(fp32_models, kind):
+@pytest.mark.parametrize("kind,tile", [("dense", "narrow"), ("dense", "wide"), ("moe", "narrow")])
+def test_exact_triton_speculative_equals_autoregressive(fp32_models, kind, tile):
     """The triton exact path (fixed-tile GEMMs, grouped for the experts, per-row norms, the
     logical-order attention in one launch), under the interpreter: greedy speculative ==
-    autoregressive on the near-tie target, a batch of two ragged prompts, paged, budget 16."""
+    autoregressive on the near-tie target, a batch of two ragged prompts, paged, budget 16;
+    with either GEMM tile the engine fixes."""
     target, head = fp32_models
     if kind == "moe":
         target = _moe_target(torch.float32)
         near_tie(target)
     prompts = _prompts(2, seed=4)        # a seed whose drafts get tokens accepted
     target.fused_ops_backend = "triton"
+    target.exact_gemm_tile = tile
     try:
         ar = generate_ar(target, prompts, max_new_tokens=8, page_size=4, exact=True).tokens
         spec = generate(target, head, prompts, max_new_tokens=8, budget=16, page_size=4,
                         exact=True)
     finally:
         target.fused_ops_backend = None
+        del target.exact_gemm_tile
     assert spec.tokens == ar
     assert sum(spec.stats.accept_histogram[1:]) >= 1, "some draft token should be accepted"
 
@@ -192,10 +227,20 @@ def test_exact_triton_large_batches_and_budgets(fp32_models, batch, budget, page
 def test_cli_exact(capsys, monkeypatch):
     from jetspec_kernels.__main__ import main
     from jetspec_kernels.ops import exact as ex
-    for backend in ("reference", "triton"):
+    from jetspec_kernels.triton import exact_matmul
+    seen = []
+    real = exact_matmul.exact_linear
+    monkeypatch.setattr(exact_matmul, "exact_linear",
+                        lambda x, w, tile="narrow": seen.append(tile) or real(x, w, tile))
+    for backend, tile in (("reference", None), ("triton", None), ("triton", "wide")):
+        seen.clear()
         rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
-                   "--budget", "16", "--ar", "--exact", "--backend", backend])
+                   "--budget", "16", "--ar", "--exact", "--backend", backend]
+                  + (["--exact-tile", tile] if tile else []))
         assert rc == 0 and "greedy outputs match" in capsys.readouterr().out, backend
+        assert set(seen) == (set() if backend == "reference" else {tile or "narrow"}), seen
+    rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--exact-tile", "wide"])
+    assert rc == 2 and "--exact-tile needs --exact" in capsys.readouterr().err
 
     def refuse(op, device, backend):
         raise ExactModeError(f"exact mode: {op} on {device.type} is not shown row-invariant")

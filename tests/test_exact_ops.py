@@ -103,6 +103,9 @@ def test_exact_refuses_what_is_not_invariant():
         ex.rms_norm(torch.randn(2, 8), torch.ones(8), backend="cuda")
     with pytest.raises(TypeError, match="exact must be a bool"):
         jk.tree_attention(q, k, v, pl, exact=1)
+    for backend in ("reference", "triton"):     # a tile name is checked on every path
+        with pytest.raises(ValueError, match="tile must be one of"):
+            ex.linear(torch.randn(2, 8), torch.randn(4, 8), backend=backend, tile="square")
     with pytest.raises(TypeError, match="enabled must be a bool"):
         with ex.exact_mode("yes"):
             pass

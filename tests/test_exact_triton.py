@@ -47,25 +47,42 @@ def _bits(t):
 
 
 @TRITON
+@pytest.mark.parametrize("tile", ["narrow", "wide"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("k,n", [(64, 64), (80, 96), (200, 130)])
-def test_rows_are_launch_invariant(dtype, k, n, backend):
+def test_rows_are_launch_invariant(dtype, k, n, tile, backend):
     gen = torch.Generator().manual_seed(k + n)
     w = torch.randn(n, k, generator=gen).to(dtype).to(DEV)
-    block_m = tiles(dtype)[0]
+    block_m = tiles(dtype, tile)[0]
     x = torch.randn(2 * block_m + 3, k, generator=gen).to(dtype).to(DEV)
-    full = exact_linear(x, w)
+    full = exact_linear(x, w, tile)
     other = torch.randn(x.shape, generator=gen).to(dtype).to(DEV)
     for i in (0, 1, block_m - 1, block_m, 2 * block_m + 2):
-        alone = exact_linear(x[i:i + 1].clone(), w)
+        alone = exact_linear(x[i:i + 1].clone(), w, tile)
         mixed = other.clone()
         mixed[i] = x[i]
         assert torch.equal(_bits(full[i]), _bits(alone[0])), i
-        assert torch.equal(_bits(full[i]), _bits(exact_linear(mixed, w)[i])), i
-        mixed5 = exact_linear(mixed[i - min(i, 4):i + 1].clone(), w)      # a 1..5-row launch
+        assert torch.equal(_bits(full[i]), _bits(exact_linear(mixed, w, tile)[i])), i
+        mixed5 = exact_linear(mixed[i - min(i, 4):i + 1].clone(), w, tile)   # a 1..5-row launch
         assert torch.equal(_bits(full[i]), _bits(mixed5[-1])), i
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert rel_l2(full.double(), F.linear(x.double(), w.double())) < tol
+
+
+@TRITON
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_tile_is_part_of_a_rows_bits(dtype, backend):
+    """Narrow and wide tiles step through K in other blocks, so a row's bits differ between them
+    (why decode and verify must run one tile, fixed by the engine, never chosen by M); each is
+    the product to rounding."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 200, generator=gen).to(dtype).to(DEV)
+    w = torch.randn(130, 200, generator=gen).to(dtype).to(DEV)
+    assert tiles(dtype, "narrow") != tiles(dtype, "wide")
+    narrow, wide = exact_linear(x, w, "narrow"), exact_linear(x, w, "wide")
+    assert not torch.equal(_bits(narrow), _bits(wide))
+    want = F.linear(x.double(), w.double())
+    assert rel_l2(narrow.double(), want) < _tol(dtype) and rel_l2(wide.double(), want) < _tol(dtype)
 
 
 @TRITON
@@ -79,6 +96,8 @@ def test_shapes_and_bad_arguments(backend):
         exact_linear(torch.randn(2, 40, device=DEV).to(torch.int32), w)
     with pytest.raises(ValueError, match="contiguous"):
         exact_linear(torch.randn(40, 2, device=DEV).T, w)
+    with pytest.raises(ValueError, match="tile must be one of"):
+        exact_linear(torch.randn(2, 40, device=DEV), w, "square")
 
 
 def test_expert_tiles_cover_every_entry_once():

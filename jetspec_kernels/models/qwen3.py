@@ -68,10 +68,16 @@ class Qwen3:
         The backend of the model's fused layer ops, its ``rms_norm`` and ``silu_mul`` calls
         (None: the process default; ``auto`` runs each as torch ops on a GPU until a GPU backend
         of it passes on hardware). Benches set it to time the fused kernels before that.
+    exact_gemm_tile : str
+        The exact mode's GEMM tile on triton (``ops.exact.GEMM_TILES``): ``"narrow"`` (small
+        batches) or ``"wide"`` (large ones: a B16 verify). An engine sets it once for its
+        configuration; generate and generate_ar on the same target then run the same tile, which
+        their bit equality needs. The MoE block's GEMMs keep the narrow tile either way.
     """
 
     experts_grouped_mm: bool | None = None
     fused_ops_backend: str | None = None
+    exact_gemm_tile: str = "narrow"
 
     def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3",
                  group=None):
@@ -230,7 +236,10 @@ class Qwen3:
         cfg = self.config
         eps = cfg.rms_norm_eps
         be = exact_ops.exact_backend("Qwen3.forward", self.device, self.fused_ops_backend)
-        linear = functools.partial(exact_ops.linear, backend=be)
+        if self.exact_gemm_tile not in exact_ops.GEMM_TILES:
+            raise ValueError(f"exact_gemm_tile must be one of {exact_ops.GEMM_TILES}, got "
+                             f"{self.exact_gemm_tile!r}")
+        linear = functools.partial(exact_ops.linear, backend=be, tile=self.exact_gemm_tile)
         # The row-parallel partial sums, summed per element in rank order (all_reduce's order may
         # depend on the message size, so on M).
         reduce = (lambda t: tp.all_reduce_in_rank_order(t, self.shard)) if self.shard.parallel else None
@@ -296,7 +305,8 @@ class Qwen3:
         """[..., H] final hidden -> [..., V] logits (model dtype); in the exact mode
         ``ops.exact.linear`` (rows independent of M)."""
         if exact_ops.exact_enabled():
-            return exact_ops.linear(hidden, self.lm_head_weight, backend=self.fused_ops_backend)
+            return exact_ops.linear(hidden, self.lm_head_weight, backend=self.fused_ops_backend,
+                                    tile=self.exact_gemm_tile)
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()   # integer tokens: no gradient, and max(out=) has no autograd

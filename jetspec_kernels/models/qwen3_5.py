@@ -189,6 +189,7 @@ class Qwen3_5:
 
     experts_grouped_mm: bool | None = None
     fused_ops_backend: str | None = None      # read by the loops; the hybrid's norms are torch
+    exact_gemm_tile: str = "narrow"           # read by the shared Qwen3.logits in exact mode
 
     def __init__(self, config: Qwen3_5Config, weights: dict[str, torch.Tensor], *,
                  where: str = "Qwen3_5", group=None):

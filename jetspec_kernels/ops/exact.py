@@ -41,10 +41,9 @@ from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
-           "exact_verified_devices", "UNVERIFIED_ENV", "forward_scope", "per_row", "sum_in_order",
-           "linear",
-           "rms_norm", "silu_mul",
-           "qk_norm_rope_append", "argmax", "sample_at_positions"]
+           "exact_verified_devices", "GEMM_TILES", "UNVERIFIED_ENV", "forward_scope", "per_row",
+           "sum_in_order", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
+           "sample_at_positions"]
 
 
 class ExactModeError(NotImplementedError):
@@ -75,6 +74,9 @@ def exact_enabled() -> bool:
 
 
 UNVERIFIED_ENV = "JETSPEC_EXACT_UNVERIFIED"     # "1": run the triton path on an unshown GPU
+# The exact GEMM's tile shapes (triton.exact_matmul.tiles): narrow for small batches, wide for
+# large ones; an engine fixes one for all its calls (a model's ``exact_gemm_tile``).
+GEMM_TILES = ("narrow", "wide")
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,22 +161,28 @@ def sum_in_order(parts) -> torch.Tensor:
     return total.to(parts[0].dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None,
+           tile: str = "narrow") -> torch.Tensor:
     """``F.linear(x, weight)`` with every row's bits independent of the other rows and of M.
 
     Parameters
     ----------
     x : float [..., K]; weight : x.dtype [N, K]; backend : see :func:`exact_backend`
+    tile : the triton GEMM's tile shape, ``"narrow"`` or ``"wide"`` (``triton.exact_matmul.tiles``:
+        an engine's choice, fixed for all its calls; a row's bits depend on it). The reference
+        computes every row alone whatever the tile, so its rows are the same bits under both.
 
     Returns
     -------
     [..., N] in x.dtype: on the reference one M = 1 GEMM per row (row r is ``F.linear(x_r [1, K],
     weight)`` bit for bit); on triton the fixed-tile GEMM (``triton.exact_matmul``).
     """
+    if tile not in GEMM_TILES:
+        raise ValueError(f"tile must be one of {GEMM_TILES}, got {tile!r}")
     if exact_backend("linear", x.device, backend) == "triton":
         from ..triton.exact_matmul import exact_linear
         unit = (lambda t: t if t.stride(-1) == 1 else t.contiguous())   # a copy: the same values
-        return exact_linear(unit(x), unit(weight))
+        return exact_linear(unit(x), unit(weight), tile)
     return per_row(lambda r: F.linear(r, weight), x)
 
 

@@ -10,13 +10,19 @@ multiple of 16 would otherwise compile another binary). A row's output element i
 sequence of ``tl.dot`` steps over the same k-blocks in every launch; the other rows of its tile
 are other rows of the same dot (zeros past M).
 
-The tiles are a function of the dtype alone (:func:`tiles`). 16-bit inputs take 64 x 32 x 128:
-one M tile covers a B1 verify (M <= 64), so the weights stream once; 32 columns a program fill an
-H100 at the projections' N (o_proj's 4096: 128 programs) without split-K; the 64-row dot costs a
-decode step (M = 1) tensor-core work it has to spare (memory-bound). float32 (the tests' dtype,
-IEEE FMA dots) takes 16 x 64 x 32, which does not spill (x 64 did in the grouped kernel). ``ops.exact.linear`` runs it in the
-exact mode (docs/perf/exact_mode.md: what the interpreter can and cannot show, and the predicted
-cost at Qwen3-8B shapes).
+The tiles are a function of the dtype and of a tile shape the *engine* fixes once (``tile``:
+``"narrow"`` or ``"wide"``, the target's ``exact_gemm_tile``), never of the call's M
+(:func:`tiles`). Narrow, 16-bit: 64 x 32 x 128, sized for small batches: one M tile covers a B1
+verify (M <= 64), so the weights stream once, and 32 columns a program fill an H100 at the
+projections' N (o_proj's 4096: 128 programs) without split-K. Wide, 16-bit: 128 x 256 x 64
+with 8 warps and 3 stages, sized for large batches: a B16 verify's M of about 1024 is
+compute-bound, and the narrow tile re-reads the activations for every 32 columns and runs small
+wgmma shapes; the wide one is the large-GEMM shape common on Hopper, at 1 program an SM.
+Decode and verify must run the same tile (a row's k-steps differ between tiles), so an engine
+picks one for its configuration and keeps it. float32 (the tests' dtype, IEEE FMA dots) takes
+16 x 64 x 32 narrow and 32 x 64 x 64 wide (another k step, so the tests can tell the tiles
+apart). ``ops.exact.linear`` runs it in the exact mode (docs/perf/exact_mode.md: what the
+interpreter can and cannot show, and the predicted cost at Qwen3-8B shapes).
 """
 from __future__ import annotations
 
@@ -24,17 +30,21 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops.exact import GEMM_TILES
 from .sizes import cdiv
 
 __all__ = ["exact_linear", "exact_grouped_linear", "expert_tiles", "tiles"]
 
 
-def tiles(dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for ``dtype``: fixed, never chosen from
-    M, N or K (no spills on sm_90a: bench/triton_resources.py)."""
+def tiles(dtype: torch.dtype, shape: str = "narrow") -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for ``dtype`` and the tile ``shape``
+    (one of ``ops.exact.GEMM_TILES``): fixed, never chosen from M, N or K (no spills on sm_90a:
+    bench/triton_resources.py)."""
+    if shape not in GEMM_TILES:
+        raise ValueError(f"tile must be one of {GEMM_TILES}, got {shape!r}")
     if dtype == torch.float32:
-        return 16, 64, 32, 4, 3
-    return 64, 32, 128, 4, 4
+        return (16, 64, 32, 4, 3) if shape == "narrow" else (32, 64, 64, 4, 3)
+    return (64, 32, 128, 4, 4) if shape == "narrow" else (128, 256, 64, 8, 3)
 
 
 @triton.jit
@@ -89,13 +99,15 @@ def _grouped_fixed_tile_matmul(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_firs
                  acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols[None, :] < N))
 
 
-def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def exact_linear(x: torch.Tensor, weight: torch.Tensor, tile: str = "narrow") -> torch.Tensor:
     """``torch.nn.functional.linear(x, weight)`` with M-independent tiles (see the module doc).
 
     Parameters
     ----------
     x : float16/bfloat16/float32 [..., K], last dim contiguous
     weight : x.dtype [N, K], last dim contiguous
+    tile : one of ``ops.exact.GEMM_TILES``: the engine's tile shape; a row's bits depend on it,
+        so every call whose rows must agree (decode and verify) passes the same one
 
     Returns
     -------
@@ -112,12 +124,12 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
     if x.dim() < 1 or x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must be contiguous in their last dimension")
+    bm, bn, bk, warps, stages = tiles(x.dtype, tile)
     k, n = weight.shape[1], weight.shape[0]
     rows = x.reshape(-1, k)
     out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
     if rows.shape[0] and n:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"   # tf32: ignored for 16-bit
-        bm, bn, bk, warps, stages = tiles(x.dtype)
         grid = (cdiv(rows.shape[0], bm), cdiv(n, bn))
         _fixed_tile_matmul[grid](rows, weight, out, rows.shape[0], n, k, rows.stride(0),
                                  weight.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
@@ -158,8 +170,9 @@ def expert_tiles(experts: torch.Tensor, num_experts: int, block_m: int):
 
 def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor,
                          per_token: int, plan=None) -> torch.Tensor:
-    """Every ``(token, choice)`` row through its expert's matrix, with the dense kernel's tiles
-    and k order, so a row's bits depend on its input row and its expert alone.
+    """Every ``(token, choice)`` row through its expert's matrix, with the dense kernel's narrow
+    tiles and k order, so a row's bits depend on its input row and its expert alone (always the
+    narrow tile: an expert's share of even a B16 verify is tens of rows).
 
     Parameters
     ----------
