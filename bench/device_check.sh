@@ -44,10 +44,15 @@
 #                  against method="gemm" (cuda and triton) at B 1, 4, 16, graph-replayed
 #   draft_head     when time allows (at most 60 s): the draft head's forward and the fused
 #                  tree at B 1 and 16, graph-replayed, fused layer ops against torch ops
+#   gated_delta    when time allows (at most 60 s): one Gated DeltaNet layer's tree verify and
+#                  commit at Qwen3.6-35B-A3B's sizes, B 1/16, budgets 16/64/256, triton
+#                  against the reference (auto's pick until triton passes), graph-replayed
 #   decode_fused   when time allows (at most 70 s): the B1/p512/n64 round and AR step with the
 #                  models' fused layer ops on the cuda kernels
 #   decode_exact   when time allows (at most 90 s): bench_decode --exact at B1 and B16,
 #                  p512, n64, the target on the exact mode's triton path (unverified)
+#   decode_exact_wide  when time allows (at most 70 s): the same at B16 with the wide GEMM
+#                  tile (--exact-tile wide), the large-batch engine's choice
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (configs that do
 #                  not fit the card's memory, e.g. on an H100, are rows saying so)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -295,6 +300,11 @@ step hidden_topk 0 0 "$TO 60 '$PY' bench/bench_draft_tree.py --quick --graphs --
 step draft_head 0 0 "$TO 60 '$PY' bench/bench_draft_head.py --quick --graphs --no-plot \
   --out '$RES/draft_head'"
 
+# 8c'. When time allows: the hybrid target's tree verify, one Gated DeltaNet layer
+#      (docs/perf/gated_delta_tree.md predicts each shape), replayed from CUDA graphs.
+step gated_delta 0 0 "$TO 60 '$PY' bench/bench_gated_delta.py --graphs --no-plot \
+  --out '$RES/gated_delta'"
+
 # 8d. When time allows: decode's headline config with fused layer ops (against decode's own row).
 step decode_fused 0 0 "$TO 70 '$PY' bench/bench_decode.py --batches 1 --prompts 512 --budgets 64 \
   --fused-ops-backend cuda --deadline 60 --no-plot --out '$RES/decode_fused'"
@@ -304,6 +314,9 @@ step decode_fused 0 0 "$TO 70 '$PY' bench/bench_decode.py --batches 1 --prompts 
 step decode_exact 0 0 "$TO 90 env JETSPEC_EXACT_UNVERIFIED=1 '$PY' bench/bench_decode.py --exact \
   --fused-ops-backend triton --batches 1,16 --prompts 512 --budgets 64 --deadline 80 --no-plot \
   --out '$RES/decode_exact'"
+step decode_exact_wide 0 0 "$TO 70 env JETSPEC_EXACT_UNVERIFIED=1 '$PY' bench/bench_decode.py --exact \
+  --exact-tile wide --fused-ops-backend triton --batches 16 --prompts 512 --budgets 64 --deadline 60 \
+  --no-plot --out '$RES/decode_exact_wide'"
 
 # 9. When time allows: the MoE round table (configs the card's memory cannot hold are rows saying
 #    so), a no-PDL rerun of failing cuda ops, Nsight Compute.

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "device_check.sh"
 ORDER = ["smi", "setup", "build", "gpu_tests_triton", "gpu_tests", "gpu_tests_hopper", "attention",
          "decode", "sanitizers", "small_ops", "attn_sweep", "hidden_topk", "draft_head",
-         "decode_fused", "decode_exact", "moe", "gpu_tests_nopdl", "ncu"]
+         "gated_delta", "decode_fused", "decode_exact", "decode_exact_wide", "moe",
+         "gpu_tests_nopdl", "ncu"]
 PLAN = re.compile(r"^\[device_check\] plan (\S+) (\d+) (\d+) (required|optional|conditional): (.*)$")
 
 
@@ -72,9 +73,13 @@ def test_plan_order_and_limits():
     assert "host_overhead.py --gpu" in cmds["small_ops"]
     assert "--groups from_hidden --batches 1,4,16" in cmds["hidden_topk"]
     assert "bench_draft_head.py --quick --graphs" in cmds["draft_head"]
+    assert kinds["gated_delta"] == "optional" and "bench_gated_delta.py --graphs" in cmds[
+        "gated_delta"]
     assert "--fused-ops-backend cuda" in cmds["decode_fused"] and "--budgets 64" in cmds["decode_fused"]
     assert kinds["decode_exact"] == "optional" and "--exact --fused-ops-backend triton" in cmds[
         "decode_exact"] and "JETSPEC_EXACT_UNVERIFIED=1" in cmds["decode_exact"]
+    assert kinds["decode_exact_wide"] == "optional" and "--exact-tile wide" in cmds[
+        "decode_exact_wide"] and "JETSPEC_EXACT_UNVERIFIED=1" in cmds["decode_exact_wide"]
     assert "SOURCES.sha256" in cmds["setup"] and "make ext " in cmds["build"]
 
 
