@@ -186,12 +186,14 @@ def _linear(seed, engine):
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
     if interpreted(engine) and dtype != F32:
         return "unsupported: the Triton interpreter cannot run a 16-bit tl.dot"
+    tile = r.choice(ex.GEMM_TILES)
     x, w = x.to(engine.device), w.to(engine.device)
-    full = ex.linear(x, w, backend=engine.name).reshape(-1, n)
+    full = ex.linear(x, w, backend=engine.name, tile=tile).reshape(-1, n)
     xs = x.reshape(-1, k)
     for row in _rows(xs.shape[0], r):
-        _assert_row(full[row:row + 1], ex.linear(xs[row:row + 1].clone(), w, backend=engine.name),
-                    f"linear row {row}")
+        _assert_row(full[row:row + 1],
+                    ex.linear(xs[row:row + 1].clone(), w, backend=engine.name, tile=tile),
+                    f"linear row {row} ({tile} tile)")
     return "ok"
 
 
