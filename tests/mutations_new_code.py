@@ -53,6 +53,23 @@ CUSTOM_OP = ["tests/test_host_overhead.py", "tests/ops/test_every_op.py", "tests
 REFERENCE_FAKES = ["tests/test_compile.py", "-k", "not cuda"]
 CUDA_FAKES = ["tests/ops/test_every_op.py", "tests/test_compile.py", "-k", "opcheck or cuda"]
 
+# The second round (triton/exact_attention.py, attention_steps.py, exact_matmul.py's grouped
+# GEMM, models/moe.py's exact MoE, ops/exact.py's forward_scope and sum_in_order): CONTRIBUTING's
+# rows for them less test_exact_decode.py (its triton tests take 8.5 min here; each of its exact
+# properties is also asked by a faster test of the files kept), test_triton_sm90_resources.py
+# (register counts, not values) and test_tp.py (ranks in subprocesses). -k "exact" keeps every
+# test of test_exact_*.py and fuzz/test_fuzz.py's exact properties; ops/test_tree_attention.py's
+# triton tests (attention_steps) are kept by "triton and not test_fuzz".
+EXACT_TRITON = ["tests/test_exact_triton.py", "tests/test_exact_ops.py", "tests/fuzz/test_fuzz.py",
+                "-k", "exact"]
+ATTN_TRITON = ["tests/test_exact_triton.py", "tests/test_exact_ops.py", "tests/ops/test_tree_attention.py",
+               "tests/fuzz/test_fuzz.py", "-k", "exact or (triton and not test_fuzz)"]
+# models/moe.py: the models/** row's MoE file (route_logits is the normal block's too) and row 360
+MOE = ["tests/test_exact_triton.py", "tests/test_exact_ops.py", "tests/fuzz/test_fuzz.py",
+       "tests/test_models_qwen3_moe.py", "-k", "exact or moe"]
+EXACT_FAST = ["tests/test_exact_triton.py", "tests/test_exact_ops.py", "tests/fuzz/test_fuzz.py",
+              "-k", "exact"]
+
 EXACT_PY = "jetspec_kernels/ops/exact.py"
 GDT = "jetspec_kernels/triton/gated_delta_tree.py"
 GDC = "jetspec_kernels/triton/gated_delta_commit.py"
@@ -60,14 +77,18 @@ CCT = "jetspec_kernels/triton/causal_conv1d_tree.py"
 CCC = "jetspec_kernels/triton/causal_conv1d_commit.py"
 CUSTOM_OP_PY = "jetspec_kernels/cuda/custom_op.py"
 REFERENCE_PY = "jetspec_kernels/ops/_reference.py"
+EXACT_ATT = "jetspec_kernels/triton/exact_attention.py"
+STEPS = "jetspec_kernels/triton/attention_steps.py"
+EXACT_MM = "jetspec_kernels/triton/exact_matmul.py"
+MOE_PY = "jetspec_kernels/models/moe.py"
 
 # name: (class, file, old, new, tests)
 MUTATIONS = {
     # ------------------------------------------------------------ the exact mode
     "exact_backend_lets_cuda_through": (
         "exact mode silently on a path not shown invariant", EXACT_PY,
-        '    if device.type != "cpu":\n        raise ExactModeError(f"exact mode: {op} on',
-        '    if device.type not in ("cpu", "cuda"):\n        raise ExactModeError(f"exact mode: {op} on',
+        "if gpu not in shown and os.environ.get(UNVERIFIED_ENV) != \"1\":",
+        "if not shown and os.environ.get(UNVERIFIED_ENV) != \"1\":",
         EXACT),
     "per_row_other_rows_from_row_0": (
         "a row reads its neighbour", EXACT_PY,
@@ -85,22 +106,26 @@ MUTATIONS = {
         EXACT),
     "exact_matmul_grid_one_short": (
         "off-by-one at a limit (grid)", "jetspec_kernels/triton/exact_matmul.py",
-        "grid = (cdiv(rows.shape[0], BLOCK_M), cdiv(n, BLOCK_N))",
-        "grid = (cdiv(rows.shape[0] - 1, BLOCK_M), cdiv(n, BLOCK_N))", EXACT_MATMUL),
+        "grid = (cdiv(rows.shape[0], bm), cdiv(n, bn))",
+        "grid = (cdiv(rows.shape[0] - 1, bm), cdiv(n, bn))", EXACT_MATMUL),
     "exact_attention_lse_not_written": (
         "an output not written back on one path", "jetspec_kernels/ops/tree_attention.py",
-        "    out = o.to(q.dtype) if out is None else out.copy_(o)\n    return_lse = return_lse or lse is not None\n",
-        "    out = o.to(q.dtype) if out is None else out.copy_(o)\n", TREE_ATTENTION_EXACT),
+        '    name = exact_backend("tree_attention", q.device, backend)\n'
+        "    return_lse = return_lse or lse is not None\n",
+        '    name = exact_backend("tree_attention", q.device, backend)\n', TREE_ATTENTION_EXACT),
     "exact_triton_rows_values_from_keys": (
-        "swapped operand (V gathered from the K cache)", "jetspec_kernels/ops/tree_attention.py",
-        "vc = vals[slots.to(q.device)]", "vc = keys[slots.to(q.device)]", TREE_ATTENTION_EXACT),
+        "swapped operand (V gathered from the K cache)", "jetspec_kernels/triton/exact_attention.py",
+        "acc2, m2, l2 = attend_block(acc, m_i, l_i, q, k_ptr, v_ptr, k_off, v_off,",
+        "acc2, m2, l2 = attend_block(acc, m_i, l_i, q, k_ptr, k_ptr, k_off, k_off,", ATTN_TRITON),
     "logical_rows_ignore_the_tree_mask": (
         "wrong mask/ancestor condition", "python_ref/tree_attention.py",
-        "kc = keys[slots].reshape(1, length, Hkv, Dh)", "kc = keys[:length].reshape(1, length, Hkv, Dh)",
+        "yield (b, i, keys[slots].reshape(1, length, Hkv, Dh)",
+        "yield (b, i, keys[:length].reshape(1, length, Hkv, Dh)",
         REF_ATTENTION_LOGICAL),
     "qwen3_exact_attention_not_exact": (
         "exact mode silently falling back to the non-exact path", "jetspec_kernels/models/qwen3.py",
-        "block_table=cache.block_table, exact=True)", "block_table=cache.block_table)", QWEN3_EXACT),
+        "block_table=cache.block_table, exact=True, backend=be)",
+        "block_table=cache.block_table, backend=be)", QWEN3_EXACT),
     "generate_ar_exact_key_one_position_late": (
         "off-by-one (sampling key position)", "jetspec_kernels/decode/loop.py",
         "token = sample_at_positions(logits[:, None], prefix[:, None], seed_t,",
@@ -142,7 +167,7 @@ MUTATIONS = {
         "from_state = (cols * 0 + src) < W - 1", "from_state = (cols * 0 + src) <= W - 1", CONV_COMMIT),
     # ------------------------------------------------------------ hybrid ops: argument checks
     "gd_tree_checks_a_padding_row_parent": (
-        "a check comparing the wrong side of a limit (num_nodes)", "jetspec_kernels/ops/gated_delta_tree.py",
+        "a check comparing the wrong side of a limit (num_nodes)", "jetspec_kernels/checks.py",
         "valid = idx[None, :] < (n if num_nodes is None else num_nodes[:, None])",
         "valid = idx[None, :] <= (n if num_nodes is None else num_nodes[:, None])", GD_OPS),
     "gd_commit_last_path_entry_unchecked": (
@@ -186,6 +211,99 @@ MUTATIONS = {
         "fake returning the wrong strides", "jetspec_kernels/cuda/qk_norm_rope_append.py",
         "return torch.empty_like(q, memory_format=torch.contiguous_format)",
         "return torch.empty_like(q)", CUDA_FAKES),
+    # ------------------------------------------------------------ exact mode on triton (second round)
+    "ea_tree_shared_blocks_one_past_the_prefix": (
+        "the shared-block bound off by one (tree mask)", EXACT_ATT,
+        "    if TAIL_MODE == 0:\n        same = prefix\n",
+        "    if TAIL_MODE == 0:\n        same = prefix + 1\n", ATTN_TRITON),
+    "ea_order_without_the_batch_stride": (
+        "wrong stride (a row's tail order of sequence 0's rows)", EXACT_ATT,
+        "node = tl.load(order_ptr + (b.to(tl.int64) * N + rr) * N + (t - prefix),",
+        "node = tl.load(order_ptr + (b.to(tl.int64) + rr) * N + (t - prefix),", ATTN_TRITON),
+    "ea_tree_row_length_causal": (
+        "wrong mask condition (a tree row's length as a causal row's)", EXACT_ATT,
+        "row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)",
+        "row_len = prefix + rr + 1", ATTN_TRITON),
+    "ea_combine_splits_one_short": (
+        "off-by-one at a split boundary (combine)", EXACT_ATT,
+        "    splits = tl.cdiv(length, SPLIT_KEYS)\n    merge_splits(",
+        "    splits = tl.cdiv(length - 1, SPLIT_KEYS)\n    merge_splits(", ATTN_TRITON),
+    "ea_no_key_row_not_written": (
+        "a value not written on one path (a row with no key)", EXACT_ATT,
+        "splits = tl.maximum(tl.cdiv(length, SPLIT_KEYS), 1)",
+        "splits = tl.cdiv(length, SPLIT_KEYS)", ATTN_TRITON),
+    "ea_memo_keyed_by_shape": (
+        "a memo keyed wrongly (a second mask reuses the first's tables)", EXACT_ATT,
+        "    hit = memo.get(id(tree_mask))\n    if hit is None or hit[0] is not tree_mask:\n"
+        "        hit = memo[id(tree_mask)] = ",
+        "    hit = memo.get(tree_mask.shape)\n    if hit is None:\n"
+        "        hit = memo[tree_mask.shape] = ", ATTN_TRITON),
+    "ea_memo_outlives_its_scope": (
+        "a state not restored (the memo kept after the forward)", EXACT_ATT,
+        "    finally:\n        _SCOPE.memo = before\n",
+        "    finally:\n        _SCOPE.memo = _SCOPE.memo if before is None else before\n", ATTN_TRITON),
+    "steps_merge_partials_row_major": (
+        "wrong stride (split partials read [rows, S] for [S, rows])", STEPS,
+        "row = r.to(tl.int64) + s * rows", "row = r.to(tl.int64) * max_splits + s", ATTN_TRITON),
+    "steps_v_head_stride_from_k": (
+        "wrong stride (V's head offset from K's strides)", STEPS,
+        "v_off = c0 * v_batch_stride + c1 * v_row_stride + kv_head * v_head_stride",
+        "v_off = c0 * v_batch_stride + c1 * v_row_stride + kv_head * k_head_stride", ATTN_TRITON),
+    # ------------------------------------------------------------ the grouped GEMM and the MoE block
+    "expert_tiles_expert_of_a_tile_left": (
+        "off-by-one at a limit (a tile at an expert's first tile)", EXACT_MM,
+        "expert = torch.searchsorted(tile_end, t, right=True)",
+        "expert = torch.searchsorted(tile_end, t)", EXACT_TRITON),
+    "grouped_tile_one_row_past_its_count": (
+        "a grouped tile's row count off by one", EXACT_MM,
+        "        ok = i < count\n", "        ok = i <= count\n", EXACT_TRITON),
+    "exact_experts_tiles_of_block_n": (
+        "wrong tile size for the plan (BLOCK_N for BLOCK_M)", MOE_PY,
+        "plan = expert_tiles(experts, gate_up.shape[0], tiles(x.dtype)[0])",
+        "plan = expert_tiles(experts, gate_up.shape[0], tiles(x.dtype)[1])", MOE),
+    "exact_moe_triton_ignores_norm_topk_prob": (
+        "a flag not passed on one path (renormalised top-k)", MOE_PY,
+        "        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,\n"
+        "                                        norm_topk_prob)",
+        "        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,\n"
+        "                                        False)", MOE),
+    "route_logits_topk_of_the_logits": (
+        "swapped operand (top-k weights from the logits, not the probabilities)", MOE_PY,
+        "weights, experts = torch.topk(probs, top_k, dim=-1)",
+        "weights, experts = torch.topk(logits.float(), top_k, dim=-1)", MOE),
+    "sum_in_order_drops_the_last_part": (
+        "off-by-one at a limit (the last choice / rank not summed)", EXACT_PY,
+        "    for part in parts[1:]:\n", "    for part in parts[1:-1]:\n", EXACT_FAST),
+    "forward_scope_inverted": (
+        "a check on the wrong side (the memo scope on the reference, not triton)", EXACT_PY,
+        '    if backend != "triton":\n        return contextlib.nullcontext()',
+        '    if backend == "triton":\n        return contextlib.nullcontext()', EXACT_FAST),
+    # ------------------------------------------------------------ the split gated_delta_tree kernels
+    "gd_rows_skips_the_block_before_the_diagonal": (
+        "off-by-one at a block boundary (pairs of the previous row block)", GDT,
+        "for bj in range(j_lo, tl.minimum(j_lo + JC, bi)):",
+        "for bj in range(j_lo, tl.minimum(j_lo + JC, bi - 1)):", GD_TREE),
+    "gd_path_sums_strict_ancestors": (
+        "wrong ancestor condition (C summed without the node's own g)", GDT,
+        "c += tl.sum(tl.where(anc, g_j[None, :], 0.0), 1)",
+        "c += tl.sum(tl.where(anc & (cols[None, :] != rows[:, None]), g_j[None, :], 0.0), 1)",
+        GD_TREE),
+    "gd_diagonal_beta_of_the_column": (
+        "swapped operand (beta_j for beta_i in A_II)", GDT,
+        "a = tl.where(anc & ~eye, beta_i[:, None] * decay * kk, 0.0)",
+        "a = tl.where(anc & ~eye, beta_i[None, :] * decay * kk, 0.0)", GD_TREE),
+    "gd_p_ii_without_the_diagonal": (
+        "wrong mask (P_II on strict ancestors)", GDT,
+        "return t, tl.where(anc, decay * qk, 0.0)", "return t, tl.where(anc & ~eye, decay * qk, 0.0)",
+        GD_TREE),
+    "gd_rows_pairs_scratch_per_sequence": (
+        "scratch layout (pairs per sequence, not per sequence and v-head)", GDT,
+        "blk = (bh * NPAIR + bi * (bi + 1) // 2) * (BT * BT)",
+        "blk = (b * NPAIR + bi * (bi + 1) // 2) * (BT * BT)", GD_TREE),
+    "gd_one_block_qk_transposed": (
+        "swapped operands on the one-launch path (K Q^T for Q K^T)", GDT,
+        "qk = tl.dot(q_i, tl.trans(k_i), input_precision=PRECISION)",
+        "qk = tl.dot(k_i, tl.trans(q_i), input_precision=PRECISION)", GD_TREE),
 }
 
 

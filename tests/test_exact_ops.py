@@ -202,3 +202,20 @@ def test_sample_at_positions_keys_each_draw_by_seed_and_position():
     assert (shifted[1] != base[1]).nonzero().flatten().tolist() == [4]
     for i in range(8):
         assert torch.equal(draw(seed, pos[:, i:i + 1], logits[:, i:i + 1])[:, 0], base[:, i])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sum_in_order_adds_every_part_in_the_given_order_rounding_once(dtype):
+    """ops.exact.sum_in_order (the tp rank-order reduction, the MoE choices): float32 sums left to
+    right over all the parts, one rounding to the parts' dtype; for float32 parts another order
+    gives other bits (the check's power)."""
+    gen = torch.Generator().manual_seed(6)
+    parts = [(torch.randn(5, 7, generator=gen) * s).to(dtype) for s in (1e7, 1.0, -1e7, 1e-3)]
+    got = ex.sum_in_order(parts)
+    total = parts[0].float()
+    for p in parts[1:]:
+        total = total + p.float()
+    assert got.dtype == dtype and torch.equal(got, total.to(dtype))
+    if dtype == torch.float32:
+        assert not torch.equal(total, parts[3] + parts[2] + parts[1] + parts[0])
+    assert torch.equal(ex.sum_in_order(parts[:1]), parts[0])

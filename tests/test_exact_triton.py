@@ -344,3 +344,53 @@ def test_exact_triton_attention_agrees_with_the_reference(backend, monkeypatch):
     got, got_lse = jk.tree_attention(q.to(DEV), k.to(DEV), v.to(DEV), pl.to(DEV),
                                      return_lse=True, exact=True, backend=backend)
     assert rel_l2(got.cpu(), want) < 1e-5 and rel_l2(got_lse.cpu(), want_lse) < 1e-5
+
+
+@attention_here
+@TRITON
+@pytest.mark.parametrize("page_size", [None, 8])
+def test_exact_triton_forest_with_the_prefix_one_short_of_a_key_block(page_size, backend):
+    """A forest (nodes 0, 2, 4 and 8 children of the prefix) whose prefix ends one key short of
+    a key block: that block holds each row's first tail key, which is another node for each
+    tree, so it is the rows' own, not shared (a single-rooted tree, node 0 first for every row,
+    cannot tell)."""
+    from jetspec_kernels.triton.exact_attention import block_sizes
+    dh = 16 if DEV == "cpu" else 128
+    parents = torch.tensor([[-1, 0, -1, 2, -1, 1, 3, 4, -1]], dtype=torch.int32)
+    for dtype in DTYPES:
+        prefix = block_sizes(dh, dtype)[1] - 1
+        gen = torch.Generator().manual_seed(8)
+        assert tree_vs_decode_mismatches(prefix, parents.shape[1], dtype, gen, exact=True,
+                                         heads=(4, 2), page_size=page_size, dh=dh,
+                                         backend=backend, parents=parents, device=DEV) == 0, dtype
+
+
+@TRITON
+@pytest.mark.parametrize("norm", [False, True])
+def test_exact_moe_on_triton_is_the_sparse_mlp(norm, backend):
+    """models.moe.exact_moe on triton (the router by the fixed-tile GEMM, route_logits, the
+    grouped GEMMs, the k choices summed in order) is the sparse MLP, within float32 rounding of
+    a float64 loop over tokens and choices: the invariance properties alone pass a block that
+    is consistently wrong (a flag dropped, a choice not summed)."""
+    from jetspec_kernels.models.moe import exact_moe
+    gen = torch.Generator().manual_seed(31)
+    t, h, inter, e, k = 40, 48, 32, 4, 3         # 30 rows an expert: tiles of 16 and 64 differ
+    x = torch.randn(t, h, generator=gen)
+    router = torch.randn(e, h, generator=gen) / h ** 0.5
+    gate_up = torch.randn(e, 2 * inter, h, generator=gen) / h ** 0.5
+    down = torch.randn(e, h, inter, generator=gen) / inter ** 0.5
+    probs = torch.softmax(x.double() @ router.double().T, dim=-1)
+    top = probs.topk(k + 1, dim=-1).values
+    assert (top[:, k - 1] - top[:, k]).min() > 1e-4          # no near-tie: the same experts
+    weights, ids = probs.topk(k, dim=-1)
+    if norm:
+        weights = weights / weights.sum(-1, keepdim=True)
+    want = torch.zeros(t, h, dtype=torch.float64)
+    for i in range(t):
+        for j in range(k):
+            gu = gate_up[ids[i, j]].double() @ x[i].double()
+            want[i] += weights[i, j] * (down[ids[i, j]].double() @ (F.silu(gu[:inter]) * gu[inter:]))
+    got = exact_moe(x.to(DEV), router.to(DEV), gate_up.to(DEV), down.to(DEV), k, norm,
+                    backend=backend)
+    assert got.dtype == torch.float32 and got.shape == (t, h)
+    assert rel_l2(got.cpu().double(), want) < 1e-5
