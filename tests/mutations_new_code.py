@@ -108,6 +108,11 @@ MUTATIONS = {
         "off-by-one at a limit (grid)", "jetspec_kernels/triton/exact_matmul.py",
         "grid = (cdiv(rows.shape[0], bm), cdiv(n, bn))",
         "grid = (cdiv(rows.shape[0] - 1, bm), cdiv(n, bn))", EXACT_MATMUL),
+    "exact_matmul_tile_chosen_by_rows": (
+        "a launch choice made from M (the GEMM tile)", "jetspec_kernels/triton/exact_matmul.py",
+        "bm, bn, bk, warps, stages = tiles(x.dtype, tile)",
+        "bm, bn, bk, warps, stages = tiles(x.dtype, \"wide\" if x.numel() > 8 * x.shape[-1] else tile)",
+        EXACT_MATMUL),
     "exact_attention_lse_not_written": (
         "an output not written back on one path", "jetspec_kernels/ops/tree_attention.py",
         '    name = exact_backend("tree_attention", q.device, backend)\n'
