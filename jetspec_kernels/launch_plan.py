@@ -115,6 +115,20 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
     return max(1, min(want, by_length, TRITON_MAX_SPLITS))
 
 
+def exact_attention_row_groups(base_programs: int, rows: int, sms: int) -> int:
+    """Row groups a tile of the exact attention (triton/exact_attention.py) is split into: each
+    group's program runs the tile's shared blocks and the per-row blocks of its own rows, so the
+    per-row chain, the latency of a small launch, shortens. About two programs per SM.
+
+    ``base_programs`` = tiles x B x Hkv x splits, the grid without groups; ``rows`` the tree rows
+    a tile holds (at most N). Scheduling only: a row runs the same dots in the same order in any
+    group, so unlike the exact kernel's block and split sizes this may follow B, N and the SM
+    count. Returns an int in [1, max(rows, 1)].
+    """
+    want = -(-2 * sms // max(1, base_programs))
+    return max(1, min(want, rows))
+
+
 # ----------------------------------------------------------------------------------------------
 # Hidden top-K: the fused kernel or a GEMM plus log_softmax_topk
 # ----------------------------------------------------------------------------------------------

@@ -225,6 +225,50 @@ def test_exact_triton_sequence_alone_equals_in_a_batch(dtype, backend):
 
 @attention_here
 @TRITON
+@pytest.mark.parametrize("case", ["tree paged", "causal across the split", "full"])
+def test_exact_triton_row_groups_and_chunks_change_no_bit(case, backend, monkeypatch):
+    """A tile's rows split over 1, 2, 3, 4 or every-row programs, and the rows launched in chunks
+    of whole tiles (a long prefill's bound on the split partials): scheduling choices that follow
+    B, N and the SM count. out and lse the same bits, every row written (outputs poisoned)."""
+    from jetspec_kernels.triton import exact_attention
+    from jetspec_kernels.triton.exact_attention import SPLIT_KEYS, exact_tree_attention
+    gen = torch.Generator().manual_seed(8)
+    if case == "tree paged":
+        q, k, v, pl, mask, table = _ragged_batch(gen, torch.float32)
+        tail = "causal"
+    else:
+        across = case.startswith("causal")
+        n, hkv, cap = 40, 2, (SPLIT_KEYS + 80 if across else 120)
+        q = torch.randn(2, n, 4, 16, generator=gen).to(DEV)
+        k, v = (torch.randn(2, cap, hkv, 16, generator=gen).to(DEV) for _ in range(2))
+        pl = torch.tensor([SPLIT_KEYS - 20 if across else 70, 7], dtype=torch.int32, device=DEV)
+        mask = table = None
+        tail = "causal" if across else "full"
+    results = []
+    for groups, workspace in ((1, None), (2, None), (3, None), (4, None), (q.shape[1], None),
+                              (None, 20000), (2, 1)):
+        if workspace is not None:      # chunks of one tile (16 rows here), or of the most tiles
+            monkeypatch.setattr(exact_attention, "WORKSPACE_BYTES", workspace)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=DEV)
+        exact_tree_attention(q, k, v, pl, mask, tail, table, 0.25, out, lse, row_groups=groups)
+        assert not out.isnan().any() and not lse.isnan().any(), (groups, workspace)
+        results.append(((groups, workspace), out, lse))
+    for groups, out, lse in results[1:]:
+        assert torch.equal(_bits(out), _bits(results[0][1])), groups
+        assert torch.equal(_bits(lse), _bits(results[0][2])), groups
+
+
+def test_exact_attention_row_groups_plan():
+    from jetspec_kernels import launch_plan
+    assert launch_plan.exact_attention_row_groups(32, 16, 132) == 9       # B1 N64 p512, 8 kv heads
+    assert launch_plan.exact_attention_row_groups(512, 16, 132) == 1      # B16: filled already
+    assert launch_plan.exact_attention_row_groups(4, 1, 132) == 1         # a decode step: one row
+    assert launch_plan.exact_attention_row_groups(0, 0, 132) == 1
+
+
+@attention_here
+@TRITON
 @pytest.mark.parametrize("tail", ["causal", "full"])
 def test_exact_triton_without_a_mask_and_strided_q_and_v(tail, backend):
     import jetspec_kernels as jk

@@ -31,6 +31,12 @@ same dot and update, so a block gives the same bits whichever path runs it (the 
 meets as shared a block the tree node meets as its own). Blocks past a row's length are skipped
 for it, never applied as an empty update (``-0.0 + 0.0`` would turn a negative zero positive).
 
+Row groups: a tile's per-row blocks run serially, so where the grid is small (B 1: a few tiles a
+kv head) a tile's rows are split over several programs, each running the tile's shared blocks
+and its own rows' blocks and storing its own rows (``launch_plan.exact_attention_row_groups``,
+about two programs an SM). A row runs the same dots in the same order in any group, so the
+count may follow B, N and the SM count, unlike the block and split sizes.
+
 The kernels are compiled with B, N and the strides that follow N unspecialised, so a tree launch
 and its decode steps (N = 1) run one binary.
 
@@ -45,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import launch_plan
 from .sizes import cdiv, next_power_of_2
 from .attention_steps import LN2, LOG2E, attend_block, kv_offsets, merge_splits
 
@@ -78,7 +85,8 @@ def _depths(depth_ptr, b, row, ok, N, TAIL_MODE: tl.constexpr):
         return tl.where(ok, tl.zeros_like(row) + N, 0)
 
 
-@triton.jit(do_not_specialize=["B", "N", "lse_batch_stride", "lse_head_stride"])
+@triton.jit(do_not_specialize=["B", "N", "lse_batch_stride", "lse_head_stride", "GROUPS",
+                               "RG", "ROW0", "NC"])
 def _exact_fwd(
     q_ptr, k_ptr, v_ptr, prefix_ptr, depth_ptr, order_ptr, bt_ptr, out_ptr, lse_ptr,
     part_o_ptr, part_lse_ptr,
@@ -88,14 +96,19 @@ def _exact_fwd(
     block_table_batch_stride, page_size,
     o_batch_stride, o_row_stride, o_head_stride,
     lse_batch_stride, lse_head_stride, lse_row_stride,
-    B, N, HQ, HKV, G, R, qk_scale_log2,
+    B, N, HQ, HKV, G, R, GROUPS, RG, ROW0, NC, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_KEYS: tl.constexpr, PAGED: tl.constexpr, SAME_KV_STRIDES: tl.constexpr,
     STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr, TAIL_MODE: tl.constexpr,
 ):
-    """One (tile of R rows, sequence x kv head, split) program. TAIL_MODE: 0 tree mask (a row's
-    tail keys from ``order``), 1 causal, 2 full (tail key d at position prefix + d)."""
-    tile = tl.program_id(0)
+    """One (tile of R rows and group of RG of them, sequence x kv head, split) program: the
+    tile's shared blocks for all its rows, the per-row blocks and the stores for its group's
+    rows alone (a row's arithmetic does not depend on the group). Rows ``ROW0 ..`` (a chunk of
+    NC rows, a multiple of R: the partials hold NC rows). TAIL_MODE: 0 tree mask (a row's tail
+    keys from ``order``), 1 causal, 2 full (tail key d at position prefix + d)."""
+    tile = tl.program_id(0) // GROUPS
+    r_lo = (tl.program_id(0) % GROUPS) * RG
+    r_hi = tl.minimum(r_lo + RG, R)
     bh = tl.program_id(1)
     split = tl.program_id(2)
     b = bh // HKV
@@ -103,7 +116,7 @@ def _exact_fwd(
 
     f = tl.arange(0, BLOCK_M)
     r_of = f // G
-    row = tile * R + r_of
+    row = ROW0 + tile * R + r_of
     row_ok = (r_of < R) & (row < N)
     head = kv_head * G + f % G
     offs_d = tl.arange(0, HEAD_DIM)
@@ -126,7 +139,7 @@ def _exact_fwd(
     if TAIL_MODE == 0:
         same = prefix
     elif TAIL_MODE == 1:
-        same = prefix + tile * R + 1                       # the tile's first row is its shortest
+        same = prefix + ROW0 + tile * R + 1                # the tile's first row is its shortest
     else:
         same = prefix + N
     shared_end = tl.maximum(tl.minimum((same // BLOCK_N) * BLOCK_N, hi), lo)
@@ -143,8 +156,8 @@ def _exact_fwd(
 
     for start in range(shared_end, hi, BLOCK_N):           # each row's own keys
         t = start + offs_n
-        for r in range(0, R):
-            rr = tile * R + r
+        for r in range(r_lo, r_hi):
+            rr = ROW0 + tile * R + r
             if rr < N:
                 if TAIL_MODE == 0:
                     row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)
@@ -179,7 +192,8 @@ def _exact_fwd(
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
     splits = tl.maximum(tl.cdiv(length, SPLIT_KEYS), 1)    # a row with no key: written as 0, -inf
     this_split = tl.zeros_like(splits) + split
-    direct = row_ok & (splits == 1) & (this_split == 0)
+    ours = row_ok & (r_of >= r_lo) & (r_of < r_hi)          # the group's rows
+    direct = ours & (splits == 1) & (this_split == 0)
     o_off = (b.to(tl.int64) * o_batch_stride + row.to(tl.int64) * o_row_stride
              + head.to(tl.int64) * o_head_stride)
     tl.store(out_ptr + o_off[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
@@ -188,32 +202,33 @@ def _exact_fwd(
         l_off = b.to(tl.int64) * lse_batch_stride + head.to(tl.int64) * lse_head_stride \
             + row.to(tl.int64) * lse_row_stride
         tl.store(lse_ptr + l_off, lse2 * LN2, mask=direct)
-    partial = row_ok & (splits > 1) & (this_split < splits)
-    part_row = ((split * B + b).to(tl.int64) * N + row) * HQ + head      # [S, B, N, HQ] rows
+    partial = ours & (splits > 1) & (this_split < splits)
+    part_row = ((split * B + b).to(tl.int64) * NC + row - ROW0) * HQ + head  # [S, B, NC, HQ]
     tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o,
              mask=partial[:, None])
     tl.store(part_lse_ptr + part_row, lse2, mask=partial)
 
 
 @triton.jit(do_not_specialize=["N", "rows", "o_batch_stride", "lse_batch_stride",
-                               "lse_head_stride"])
+                               "lse_head_stride", "ROW0", "NC"])
 def _exact_combine(
     part_o_ptr, part_lse_ptr, prefix_ptr, depth_ptr, out_ptr, lse_ptr,
     o_batch_stride, o_row_stride, o_head_stride, lse_batch_stride, lse_head_stride, lse_row_stride,
-    N, HQ, rows, max_splits,
+    N, HQ, rows, max_splits, ROW0, NC,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     STORE_LSE: tl.constexpr, TAIL_MODE: tl.constexpr,
 ):
     """Rows with more than one split: their partials combined in split order, each row over its
-    own split count (a row's result does not depend on the launch's largest)."""
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)     # r = (b * N + i) * HQ + head
-    row_i = (r // HQ) % N
-    b = r // (HQ * N)
+    own split count (a row's result does not depend on the launch's largest). The chunk of NC
+    rows from ROW0 (``out_ptr``, ``lse_ptr`` point at row ROW0)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)     # r = (b * NC + i) * HQ + head
+    row_i = ROW0 + (r // HQ) % NC
+    b = r // (HQ * NC)
     length = tl.load(prefix_ptr + b, mask=r < rows, other=0) \
         + _depths(depth_ptr, b, row_i, r < rows, N, TAIL_MODE)
     splits = tl.cdiv(length, SPLIT_KEYS)
     merge_splits(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, r, (r < rows) & (splits > 1), splits,
-                 rows, max_splits, N, HQ, o_batch_stride, o_row_stride, o_head_stride,
+                 rows, max_splits, NC, HQ, o_batch_stride, o_row_stride, o_head_stride,
                  lse_batch_stride, lse_head_stride, lse_row_stride, HEAD_DIM, BLOCK_R, STORE_LSE)
 
 
@@ -257,8 +272,21 @@ def tail_order(tree_mask: torch.Tensor, device) -> tuple[torch.Tensor, torch.Ten
     return depth.contiguous(), order.contiguous()
 
 
+# The split partials one launch may hold; a longer query (a long prefill) runs in row chunks.
+WORKSPACE_BYTES = 256 << 20
+
+
+def _row_chunk(n: int, rows_per_tile: int, bytes_per_row: int) -> int:
+    """Rows a launch takes: all N, or the most whole tiles whose split partials (``bytes_per_row``
+    a query row over the batch, heads and splits) fit WORKSPACE_BYTES, at least one tile.
+    Scheduling only: a tile's rows and their arithmetic are the same in any chunk."""
+    if n * bytes_per_row <= WORKSPACE_BYTES:
+        return max(n, 1)
+    return max(1, WORKSPACE_BYTES // (bytes_per_row * rows_per_tile)) * rows_per_tile
+
+
 def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, block_table, scale,
-                         out, lse) -> None:
+                         out, lse, row_groups: int | None = None) -> None:
     """``tree_attention(exact=True)`` on triton: fills ``out`` (and ``lse`` when given).
 
     Parameters
@@ -269,6 +297,8 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     prefix_lens : int32 [B]; tree_mask : int32 [B, N, ceil(N/32)] or None; tail : "causal" | "full"
     block_table : int32 [B, max_pages] or None; scale : float
     out : q.dtype [B, N, Hq, Dh], last dim contiguous; lse : float32 [B, Hq, N] or None
+    row_groups : programs a tile's rows are split over (None:
+        ``launch_plan.exact_attention_row_groups``); the results are the same bits for any
 
     Arguments were validated by ``jetspec_kernels.ops.tree_attention``. Row (b, i) of ``out`` is
     the same bits as the N = 1 call at prefix ``prefix_lens[b] + depth - 1`` over the row's keys
@@ -295,32 +325,42 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     store_lse = lse is not None
     lse_arg = lse if store_lse else out
     lse_strides = (lse.stride(0), lse.stride(1), lse.stride(2)) if store_lse else (0, 0, 0)
+    chunk = _row_chunk(N, rows_per_tile, B * HQ * (D + 1) * 4 * max_splits if max_splits > 1 else 0)
     if max_splits > 1:
-        part_o = torch.empty(max_splits, B, N, HQ, D, device=dev, dtype=torch.float32)
-        part_lse = torch.empty(max_splits, B, N, HQ, device=dev, dtype=torch.float32)
+        part_o = torch.empty(max_splits, B, chunk, HQ, D, device=dev, dtype=torch.float32)
+        part_lse = torch.empty(max_splits, B, chunk, HQ, device=dev, dtype=torch.float32)
     else:
         part_o = part_lse = out                  # never written: no row has two splits
     bt_arg = block_table if paged else prefix_lens
-    _exact_fwd[(cdiv(N, rows_per_tile), B * HKV, max_splits)](
-        q, k_cache, v_cache, prefix_lens, depth, order, bt_arg, out, lse_arg, part_o, part_lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
-        out.stride(0), out.stride(1), out.stride(2), *lse_strides,
-        B, N, HQ, HKV, G, rows_per_tile, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=block_n, SPLIT_KEYS=SPLIT_KEYS, PAGED=paged,
-        SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], STORE_LSE=store_lse,
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TAIL_MODE=tail_mode,
-        num_warps=num_warps, enable_fp_fusion=False,
-    )
-    if max_splits > 1:
-        rows = B * N * HQ
-        block_r = 16 if D >= 128 else 32
-        _exact_combine[(cdiv(rows, block_r),)](
-            part_o, part_lse, prefix_lens, depth, out, lse_arg,
+    rows_here = min(rows_per_tile, N)
+    if row_groups is None:
+        row_groups = launch_plan.exact_attention_row_groups(
+            cdiv(chunk, rows_per_tile) * B * HKV * max_splits, rows_here, launch_plan.sm_count(dev))
+    rg = cdiv(rows_here, max(1, min(row_groups, rows_here)))
+    groups = cdiv(rows_here, rg)
+    for row0 in range(0, N, chunk):
+        nc = min(chunk, N - row0)
+        _exact_fwd[(cdiv(nc, rows_per_tile) * groups, B * HKV, max_splits)](
+            q, k_cache, v_cache, prefix_lens, depth, order, bt_arg, out, lse_arg, part_o, part_lse,
+            q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 1,
             out.stride(0), out.stride(1), out.stride(2), *lse_strides,
-            N, HQ, rows, max_splits,
-            HEAD_DIM=D, BLOCK_R=block_r, SPLIT_KEYS=SPLIT_KEYS, STORE_LSE=store_lse,
-            TAIL_MODE=tail_mode, num_warps=4, enable_fp_fusion=False,
+            B, N, HQ, HKV, G, rows_per_tile, groups, rg, row0, nc, scale * LOG2E,
+            HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=block_n, SPLIT_KEYS=SPLIT_KEYS, PAGED=paged,
+            SAME_KV_STRIDES=k_cache.stride()[:3] == v_cache.stride()[:3], STORE_LSE=store_lse,
+            INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TAIL_MODE=tail_mode,
+            num_warps=num_warps, enable_fp_fusion=False,
         )
+        if max_splits > 1:
+            rows = B * nc * HQ
+            block_r = 16 if D >= 128 else 32
+            _exact_combine[(cdiv(rows, block_r),)](
+                part_o, part_lse, prefix_lens, depth, out[:, row0:],
+                lse_arg[:, :, row0:] if store_lse else out,
+                out.stride(0), out.stride(1), out.stride(2), *lse_strides,
+                N, HQ, rows, max_splits, row0, nc,
+                HEAD_DIM=D, BLOCK_R=block_r, SPLIT_KEYS=SPLIT_KEYS, STORE_LSE=store_lse,
+                TAIL_MODE=tail_mode, num_warps=4, enable_fp_fusion=False,
+            )
