@@ -106,6 +106,19 @@ def test_exact_refuses_what_is_not_invariant():
     for backend in ("reference", "triton"):     # a tile name is checked on every path
         with pytest.raises(ValueError, match="tile must be one of"):
             ex.linear(torch.randn(2, 8), torch.randn(4, 8), backend=backend, tile="square")
+
+
+def test_exact_triton_on_cpu_tensors_needs_the_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET the exact GEMM (which launches its kernel itself) refuses as the
+    ops behind backend.select do, with BackendUnavailableError, not triton's driver error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(jk.BackendUnavailableError, match="exact mode: linear on the 'triton' "
+                                                         "backend is not available: CPU tensors"):
+        ex.linear(x, w, backend="triton")
+    with pytest.raises(jk.BackendUnavailableError, match="TRITON_INTERPRET"):
+        ex.rms_norm(x, torch.ones(8), backend="triton")
+    assert ex.linear(x, w, backend="reference").shape == (2, 4)
     with pytest.raises(TypeError, match="enabled must be a bool"):
         with ex.exact_mode("yes"):
             pass

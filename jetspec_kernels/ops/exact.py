@@ -104,7 +104,7 @@ def exact_backend(op: str, device: torch.device, backend: str | None) -> str:
                              "(exact paths: reference on the CPU, triton); pass backend='triton', "
                              "'reference' or 'auto'")
     if device.type == "cpu":
-        return "reference" if name == "auto" else name
+        return "reference" if name == "auto" else _runnable(op, name, device)
     if device.type != "cuda":
         raise ExactModeError(f"exact mode: {op} on {device.type} is not shown row-invariant "
                              "(exact paths: the CPU reference, triton on the CPU or a CUDA GPU)")
@@ -118,7 +118,18 @@ def exact_backend(op: str, device: torch.device, backend: str | None) -> str:
         raise ExactModeError(f"exact mode: {op} on cuda ({gpu}) is not shown row-invariant yet: "
                              "the hardware record lists the triton exact path as passed on "
                              f"{list(shown) or 'no GPU'}; {UNVERIFIED_ENV}=1 runs it unverified")
-    return "triton"
+    return _runnable(op, "triton", device)
+
+
+def _runnable(op: str, name: str, device: torch.device) -> str:
+    """``name``, or BackendUnavailableError saying why it cannot run on ``device`` (triton
+    without its interpreter on CPU tensors, triton not importable), as ``backend.select`` says
+    for the ops that go through it."""
+    reason = _backend.unavailable_reason(name, device)
+    if reason is not None:
+        raise _backend.BackendUnavailableError(f"exact mode: {op} on the {name!r} backend is not "
+                                               f"available: {reason}")
+    return name
 
 
 def per_row(fn, x: torch.Tensor, *others: torch.Tensor):
