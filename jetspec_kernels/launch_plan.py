@@ -118,14 +118,16 @@ def triton_attention_splits(base_programs: int, max_prefix: int, sms: int, min_k
 def exact_attention_row_groups(base_programs: int, rows: int, sms: int) -> int:
     """Row groups a tile of the exact attention (triton/exact_attention.py) is split into: each
     group's program runs the tile's shared blocks and the per-row blocks of its own rows, so the
-    per-row chain, the latency of a small launch, shortens. About two programs per SM.
+    per-row chain, the latency of a small launch, shortens. One wave: the kernel holds one
+    program an SM at bf16 Dh 128 (243 registers x 256 threads), and a second wave would add its
+    whole chain again.
 
     ``base_programs`` = tiles x B x Hkv x splits, the grid without groups; ``rows`` the tree rows
     a tile holds (at most N). Scheduling only: a row runs the same dots in the same order in any
     group, so unlike the exact kernel's block and split sizes this may follow B, N and the SM
     count. Returns an int in [1, max(rows, 1)].
     """
-    want = -(-2 * sms // max(1, base_programs))
+    want = -(-sms // max(1, base_programs))
     return max(1, min(want, rows))
 
 

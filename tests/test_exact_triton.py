@@ -261,7 +261,8 @@ def test_exact_triton_row_groups_and_chunks_change_no_bit(case, backend, monkeyp
 
 def test_exact_attention_row_groups_plan():
     from jetspec_kernels import launch_plan
-    assert launch_plan.exact_attention_row_groups(32, 16, 132) == 9       # B1 N64 p512, 8 kv heads
+    assert launch_plan.exact_attention_row_groups(32, 16, 132) == 5       # B1 N64 p512, 8 kv heads
+    assert launch_plan.exact_attention_row_groups(4, 16, 132) == 16       # never more than the rows
     assert launch_plan.exact_attention_row_groups(512, 16, 132) == 1      # B16: filled already
     assert launch_plan.exact_attention_row_groups(4, 1, 132) == 1         # a decode step: one row
     assert launch_plan.exact_attention_row_groups(0, 0, 132) == 1
