@@ -358,7 +358,8 @@ def _cost_key(args, target, head, prompts, device, shard, identity, sizes) -> di
             "head_config": config_identity(head.config), "device": _device_name(device),
             "dtype": args.dtype, "batch": len(prompts), "sizes": list(sizes), "topk": args.topk,
             "greedy": args.temperature == 0.0, "page_size": args.page_size, "tp": shard.size,
-            "tp_rank": shard.rank, "backends": backends}
+            "tp_rank": shard.rank, "backends": backends,
+            "exact": target.exact_gemm_tile if args.exact else False}
 
 
 def _round_costs(args, target, head, prompts, device, shard, identity, spec, kw):
@@ -366,6 +367,7 @@ def _round_costs(args, target, head, prompts, device, shard, identity, spec, kw)
     ``--no-cache``) measured and stored; prints the sizes and their costs."""
     from .adaptive.budget import parse_budget
     from .decode import measure_round_costs
+    from .ops.exact import exact_scope
 
     sizes, _ = parse_budget(args.budget, topk=args.topk, depth=head.block_size - 1)
     key = _cost_key(args, target, head, prompts, device, shard, identity, sizes)
@@ -378,10 +380,11 @@ def _round_costs(args, target, head, prompts, device, shard, identity, spec, kw)
         print(f"[budget] measuring the round costs of tree sizes {', '.join(map(str, sizes))} "
               "(once for these models, device, dtype and batch) ...", flush=True)
         start = time.perf_counter()
-        model = measure_round_costs(target, head, prompts, sizes, topk=args.topk,
-                                    temperature=kw["temperature"], top_k=kw["top_k"],
-                                    top_p=kw["top_p"], seed=kw["seed"],
-                                    page_size=kw["page_size"], group=shard)
+        with exact_scope(args.exact, device, target.fused_ops_backend):  # the rounds that will run
+            model = measure_round_costs(target, head, prompts, sizes, topk=args.topk,
+                                        temperature=kw["temperature"], top_k=kw["top_k"],
+                                        top_p=kw["top_p"], seed=kw["seed"],
+                                        page_size=kw["page_size"], group=shard)
         try:
             store_costs(key, model, directory)
             kept = f"kept in {path}"
@@ -424,10 +427,10 @@ def _decode(args, shard, device) -> int:
         check_generate_args(target, head, prompts, **spec, **kw)
     except (TypeError, ValueError) as e:
         raise _as_option_error(e, bool(args.eos)) from None
-    if not isinstance(args.budget, int):
-        spec["cost_model"] = _round_costs(args, target, head, prompts, device, shard, identity,
-                                          spec, kw)
     try:
+        if not isinstance(args.budget, int):
+            spec["cost_model"] = _round_costs(args, target, head, prompts, device, shard,
+                                              identity, spec, kw)
         out = generate(target, head, prompts, **spec, **kw, exact=args.exact)
         base = generate_ar(target, prompts, **kw, exact=args.exact) if args.ar else None
     except jk.BackendUnavailableError as e:

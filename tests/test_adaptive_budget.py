@@ -503,6 +503,15 @@ def test_default_cost_model_is_measured_once_and_kept(monkeypatch):
         "cuda" if fn == "silu_mul" else real_resolve(device, backend, fn)))
     generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4])
     assert len(calls) == 3
+    # the exact mode's rounds cost other times: their own measurement, per GEMM tile
+    generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4], exact=True)
+    assert len(calls) == 4
+    target.exact_gemm_tile = "wide"
+    try:
+        generate(target, head, prompts[:1], max_new_tokens=6, budget=[2, 4], exact=True)
+    finally:
+        del target.exact_gemm_tile
+    assert len(calls) == 5
     kept = kept_for(target, head)[("calibrator", True)]     # (calibrator, greedy)
     assert float(kept.predicted.sum()) > 0          # the kept calibrator learned from the calls
 

@@ -122,7 +122,7 @@ def test_cli_measures_once_then_reads_the_cache(measured, capsys, tmp_path):
 
 @pytest.mark.parametrize("change", [["--prompt", "4 5"], ["--dtype", "bfloat16"], ["--topk", "2"],
                                     ["--budget", "4,16"], ["--temperature", "0.5"],
-                                    ["--page-size", "4"]])
+                                    ["--page-size", "4"], ["--exact"]])
 def test_cli_miss_on_what_changes_a_round(measured, capsys, change):
     assert _generate("--budget", "4,8") == 0
     argv = ["--budget", "4,8", *change] if change[0] != "--budget" else change
@@ -145,3 +145,21 @@ def test_cli_fixed_budget_reads_no_costs(measured, capsys, tmp_path):
     out = capsys.readouterr().out
     assert measured == [] and "[budget]" not in out and "tree sizes chosen" not in out
     assert not (tmp_path / "xdg").exists()
+
+
+def test_cli_measures_exact_rounds_in_the_exact_mode(monkeypatch, tmp_path, capsys):
+    """--exact --budget a,b: the round costs are measured with the target in the exact mode (the
+    rounds that will run), under their own cache key (the GEMM tile included)."""
+    from jetspec_kernels.ops import exact as ex
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    seen = []
+
+    def fake(target, head, prompt_ids, sizes, **kw):
+        seen.append(ex.exact_enabled())
+        return CostModel({n: 1e-3 * (1 + n / 8) for n in sizes})
+
+    monkeypatch.setattr(decode_mod, "measure_round_costs", fake)
+    assert _generate("--budget", "4,8", "--exact") == 0
+    assert _generate("--budget", "4,8", "--exact", "--exact-tile", "wide") == 0
+    assert _generate("--budget", "4,8") == 0
+    assert seen == [True, True, False]
