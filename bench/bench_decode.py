@@ -108,8 +108,8 @@ def parser() -> argparse.ArgumentParser:
                         "only on a GPU the hardware record lists or with "
                         "JETSPEC_EXACT_UNVERIFIED=1")
     p.add_argument("--exact-tile", choices=["narrow", "wide"], default=None,
-                   help="with --exact: the target's exact GEMM tile (exact_gemm_tile; default "
-                        "narrow); rows labelled :exact-<tile>")
+                   help="with --exact: the target's exact GEMM tile on triton (exact_gemm_tile; "
+                        "default narrow); wide rows are labelled :exact-wide")
     p.add_argument("--predict", action="store_true",
                    help="print the floors and predictions of the plan on an H200 and an H100; no run")
     return p
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
     old_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
     import jetspec_kernels as jk
     jk.set_value_checks("never")     # as on CUDA tensors: no value check reads the host in a round
-    exact_label = (":exact" + (f"-{args.exact_tile}" if args.exact_tile else "")) if args.exact else ""
+    exact_label = (":exact" + ("-wide" if args.exact_tile == "wide" else "")) if args.exact else ""
     if args.exact:
         table.header_lines.append(f"the target in the exact mode (rows {exact_label}), GEMM tile "
                                   f"{args.exact_tile or 'narrow'}")

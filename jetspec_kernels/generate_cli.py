@@ -128,7 +128,8 @@ def _parser() -> Parser:
                         "reference backend on the CPU, or --backend triton)")
     p.add_argument("--exact-tile", choices=("narrow", "wide"), default=None,
                    help="with --exact: the exact GEMM tile on triton (narrow for small batches, "
-                        "the default; wide for large ones); speculative and --ar runs share it")
+                        "the default; wide for large ones); speculative and --ar runs share it. "
+                        "The reference backend computes every row alone: no tile there")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
     p.add_argument("--tp", type=int_at_least(1), default=1,

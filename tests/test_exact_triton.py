@@ -440,3 +440,27 @@ def test_exact_moe_on_triton_is_the_sparse_mlp(norm, backend):
                     backend=backend)
     assert got.dtype == torch.float32 and got.shape == (t, h)
     assert rel_l2(got.cpu().double(), want) < 1e-5
+
+
+@TRITON
+def test_exact_moe_normalises_the_choices_in_a_fixed_order(backend, monkeypatch):
+    """The exact MoE's norm_topk_prob sums the k chosen probabilities with ops.exact.sum_in_order
+    (torch's sum may pick its reduction by T on a GPU), rounding once, in float32."""
+    from jetspec_kernels.models import moe
+    from jetspec_kernels.ops import exact as ex
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 6, generator=gen)
+    w, e = moe.route_logits(logits, 3, True, sum_fn=ex.sum_in_order)
+    probs = torch.softmax(logits, -1)
+    top, idx = torch.topk(probs, 3, dim=-1)
+    want = top / ((top[:, 0] + top[:, 1]) + top[:, 2])[:, None]
+    assert torch.equal(e, idx) and torch.equal(_bits(w), _bits(want))
+    seen = []
+    real = moe.route_logits
+    monkeypatch.setattr(moe, "route_logits", lambda *a, **k: seen.append(k.get("sum_fn")) or
+                        real(*a, **k))
+    x = torch.randn(3, 8, generator=gen).to(DEV)
+    moe.exact_moe(x, torch.randn(6, 8, generator=gen).to(DEV),
+                  torch.randn(6, 10, 8, generator=gen).to(DEV),
+                  torch.randn(6, 8, 5, generator=gen).to(DEV), 2, True, backend)
+    assert seen == [ex.sum_in_order]

@@ -92,14 +92,18 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
     return route_logits(F.linear(x, router_weight), top_k, norm_topk_prob)
 
 
-def route_logits(logits: torch.Tensor, top_k: int,
-                 norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route_logits(logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
+                 sum_fn=None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`route` from the router's logits ``[T, E]`` (its results in the logits' dtype).
-    Each row alone: a softmax and a top-k over one row's E values."""
+    Each row alone: a softmax and a top-k over one row's E values. ``sum_fn``: how the k chosen
+    probabilities are summed for ``norm_topk_prob`` (None: torch's sum, as transformers; the
+    exact mode passes ``ops.exact.sum_in_order``, a fixed order whatever T is)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        total = weights.sum(dim=-1, keepdim=True) if sum_fn is None else \
+            sum_fn(weights.unbind(-1))[..., None]
+        weights = weights / total
     return weights.to(logits.dtype), experts
 
 
@@ -230,7 +234,7 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     be = ex.exact_backend("MoE experts", x.device, backend)
     if be == "triton":
         weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,
-                                        norm_topk_prob)
+                                        norm_topk_prob, sum_fn=ex.sum_in_order)
         return exact_experts(x, weights, experts, gate_up, down,
                              functools.partial(ex.silu_mul, backend=be))
     act = functools.partial(silu_mul_op, backend=be)
