@@ -92,3 +92,13 @@ def test_every_narrowing_conversion_rounds_to_nearest(rows):
                     "cvt.rn.sat.f16.f32", "cvt.rn.ftz.f32.f64", "cvt.rz.f16x2.f32"):
         m = narrowing.search(planted + " %r1, %f1;")
         assert m is not None and m.group(0) not in ok, planted
+
+
+def test_rms_norm_contracts_no_multiply_into_an_add(rows):
+    """The norm's two compiled forms (with and without the residual add) must do one row's
+    arithmetic alike (the exact mode meets both): compiled without FMA contraction, so no
+    fma.rn in their PTX (the interpreter cannot show it)."""
+    ptx = [r["ptx"] for r in rows if r["kernel"] in ("_rms_norm_one_pass", "_rms_norm_two_pass")]
+    assert ptx
+    for text in ptx:
+        assert "fma.rn.f32" not in text

@@ -3,7 +3,10 @@
 One program per row. A row of at most ``ONE_PASS_MAX`` elements is held in registers (one read
 of x and the residual, one write of each output); a longer one is read in ``CHUNK`` pieces twice
 (the second pass reads back the total it wrote, or x). The sum of squares is in float32; the
-roundings are the reference's (python_ref.add_rms_norm with ``dtype=x.dtype``).
+roundings are the reference's (python_ref.add_rms_norm with ``dtype=x.dtype``). FMA contraction
+is off: a row normed after its residual add here and a row whose add torch did before must get
+the same bits (the exact mode meets both forms of one row), so neither variant may fuse
+differently.
 """
 from __future__ import annotations
 
@@ -90,7 +93,7 @@ def launch(x, residual, weight, eps, *, one_pass_max: int = ONE_PASS_MAX, chunk:
     has_res = residual is not None
     kernel[(r,)](x, x.stride(0), residual if has_res else x, residual.stride(0) if has_res else 0,
                  weight, out, total if has_res else out, h, eps, HAS_RES=has_res, BLOCK=block,
-                 num_warps=warps)
+                 num_warps=warps, enable_fp_fusion=False)
     return out, total
 
 
