@@ -6,3 +6,8 @@ checks that ``_C.LIMITS`` agrees.
 
 MAX_BUDGET = 4096  # draft tree capacity N: the topn key packs a parent position in 12 bits
 MAX_TOPK = 64      # children per node K: the topn key packs a rank in 6 bits
+
+# The exact mode's GEMM tile shapes (triton/exact_matmul.py's ``tiles``; Python only, not in
+# limits.h): narrow for small batches, wide for large ones; an engine fixes one for all its calls
+# (a model's exact_gemm_tile).
+EXACT_GEMM_TILES = ("narrow", "wide")

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import backend as _backend
+from ..limits import EXACT_GEMM_TILES
 from .qk_norm_rope_append import qk_norm_rope_append as _qk_norm_rope_append
 from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
@@ -74,9 +75,7 @@ def exact_enabled() -> bool:
 
 
 UNVERIFIED_ENV = "JETSPEC_EXACT_UNVERIFIED"     # "1": run the triton path on an unshown GPU
-# The exact GEMM's tile shapes (triton.exact_matmul.tiles): narrow for small batches, wide for
-# large ones; an engine fixes one for all its calls (a model's ``exact_gemm_tile``).
-GEMM_TILES = ("narrow", "wide")
+GEMM_TILES = EXACT_GEMM_TILES      # the exact GEMM's tile shapes (limits.py)
 
 
 @functools.lru_cache(maxsize=None)

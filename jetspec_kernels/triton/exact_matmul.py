@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops.exact import GEMM_TILES
+from ..limits import EXACT_GEMM_TILES as GEMM_TILES
 from .sizes import cdiv
 
 __all__ = ["exact_linear", "exact_grouped_linear", "expert_tiles", "tiles"]
@@ -38,7 +38,7 @@ __all__ = ["exact_linear", "exact_grouped_linear", "expert_tiles", "tiles"]
 
 def tiles(dtype: torch.dtype, shape: str = "narrow") -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for ``dtype`` and the tile ``shape``
-    (one of ``ops.exact.GEMM_TILES``): fixed, never chosen from M, N or K (no spills on sm_90a:
+    (one of ``limits.EXACT_GEMM_TILES``): fixed, never chosen from M, N or K (no spills on sm_90a:
     bench/triton_resources.py)."""
     if shape not in GEMM_TILES:
         raise ValueError(f"tile must be one of {GEMM_TILES}, got {shape!r}")
@@ -106,7 +106,7 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor, tile: str = "narrow") ->
     ----------
     x : float16/bfloat16/float32 [..., K], last dim contiguous
     weight : x.dtype [N, K], last dim contiguous
-    tile : one of ``ops.exact.GEMM_TILES``: the engine's tile shape; a row's bits depend on it,
+    tile : one of ``limits.EXACT_GEMM_TILES``: the engine's tile shape; a row's bits depend on it,
         so every call whose rows must agree (decode and verify) passes the same one
 
     Returns
