@@ -259,6 +259,7 @@ def main(argv=None) -> int:
         print("bench_decode: --exact-tile needs --exact", file=sys.stderr)
         return 2
     if args.exact:   # refused by name where the exact mode cannot run, before any model is built
+        from jetspec_kernels import BackendUnavailableError
         from jetspec_kernels.ops.exact import ExactModeError, exact_backend
         names = [b.strip() for b in args.backends.split(",")] if args.backends else ["auto"]
         try:
@@ -268,6 +269,10 @@ def main(argv=None) -> int:
         except ExactModeError as ex:
             print(f"bench_decode: --exact: {ex}", file=sys.stderr)
             return 2
+        except BackendUnavailableError as ex:   # not on this machine: predictions need no run
+            if not args.predict:
+                print(f"bench_decode: --exact: {ex}", file=sys.stderr)
+                return 2
     if args.predict:
         m = dc.Model.of_size(size)
         for ceiling in (dc.H200, dc.H100):

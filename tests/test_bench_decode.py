@@ -443,6 +443,18 @@ def test_exact_rounds(tmp_path, capsys):
     assert "--exact-tile needs --exact" in capsys.readouterr().err
 
 
+def test_exact_on_a_backend_this_machine_cannot_run(tmp_path, monkeypatch, capsys):
+    """--exact with triton where it cannot run (CPU tensors without the interpreter): a run exits 2
+    naming why, --predict still prints the predictions (it runs nothing)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    argv = ["--quick", "--device", "cpu", "--no-plot", "--exact", "--backends", "triton",
+            "--out", str(tmp_path / "x")]
+    assert bd.main(argv) == 2
+    assert "--exact: exact mode: bench_decode --exact on the 'triton' backend is not available" \
+        in capsys.readouterr().err
+    assert bd.main(argv + ["--predict"]) == 0
+
+
 def test_exact_rounds_wide_tile(tmp_path, monkeypatch):
     """--exact-tile wide: the target runs the wide GEMM tile (every exact GEMM call sees it),
     rows labelled :exact-wide."""

@@ -225,38 +225,50 @@ def test_exact_triton_sequence_alone_equals_in_a_batch(dtype, backend):
 
 @attention_here
 @TRITON
-@pytest.mark.parametrize("case", ["tree paged", "causal across the split", "full"])
+@pytest.mark.parametrize("case", ["tree paged", "causal", "full"])
 def test_exact_triton_row_groups_and_chunks_change_no_bit(case, backend, monkeypatch):
-    """A tile's rows split over 1, 2, 3, 4 or every-row programs, and the rows launched in chunks
-    of whole tiles (a long prefill's bound on the split partials): scheduling choices that follow
-    B, N and the SM count. out and lse the same bits, every row written (outputs poisoned)."""
+    """A tile's rows split over 1, 2, 3 or every-row programs, and the rows launched in chunks of
+    one or two whole tiles (a long prefill's bound on the split partials), with and without lse:
+    scheduling choices that follow B, N and the SM count. Rows of sequence 0 end on both sides of
+    the split at SPLIT_KEYS, N 40 is three tiles of 16 (fp32, G 2): out and lse the same bits,
+    every row written (outputs poisoned)."""
+    from bench.exact_invariance import random_tree_mask
     from jetspec_kernels.triton import exact_attention
     from jetspec_kernels.triton.exact_attention import SPLIT_KEYS, exact_tree_attention
     gen = torch.Generator().manual_seed(8)
+    n, hkv, cap = 40, 2, SPLIT_KEYS + 48
+    q = torch.randn(2, n, 4, 16, generator=gen).to(DEV)
+    k, v = (torch.randn(2, cap, hkv, 16, generator=gen).to(DEV) for _ in range(2))
+    pl = torch.tensor([SPLIT_KEYS - 20, 7], dtype=torch.int32, device=DEV)
+    mask = table = None
     if case == "tree paged":
-        q, k, v, pl, mask, table = _ragged_batch(gen, torch.float32)
-        tail = "causal"
-    else:
-        across = case.startswith("causal")
-        n, hkv, cap = 40, 2, (SPLIT_KEYS + 80 if across else 120)
-        q = torch.randn(2, n, 4, 16, generator=gen).to(DEV)
-        k, v = (torch.randn(2, cap, hkv, 16, generator=gen).to(DEV) for _ in range(2))
-        pl = torch.tensor([SPLIT_KEYS - 20 if across else 70, 7], dtype=torch.int32, device=DEV)
-        mask = table = None
-        tail = "causal" if across else "full"
+        mask = torch.cat([random_tree_mask(n, gen)[2], random_tree_mask(n, gen, pad=3)[2]]).to(DEV)
+        table = torch.randperm(2 * cap // 8, generator=gen).to(torch.int32).view(2, -1).to(DEV)
+        k, v = (t.reshape(-1, 8, hkv, 16) for t in (k, v))
+    tail = "full" if case == "full" else "causal"
+    # bytes a row of partials: B 2 x Hq 4 x (Dh + 1) 17 x 4 x 2 splits = 1088; a tile 16 rows
     results = []
-    for groups, workspace in ((1, None), (2, None), (3, None), (4, None), (q.shape[1], None),
-                              (None, 20000), (2, 1)):
-        if workspace is not None:      # chunks of one tile (16 rows here), or of the most tiles
-            monkeypatch.setattr(exact_attention, "WORKSPACE_BYTES", workspace)
+    for groups, workspace, with_lse in ((1, None, True), (2, None, True), (3, None, True),
+                                        (n, None, True), (None, 20000, True), (2, 40000, True),
+                                        (1, 20000, False)):
+        monkeypatch.setattr(exact_attention, "WORKSPACE_BYTES", workspace or 256 << 20)
         out = torch.full_like(q, float("nan"))
-        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=DEV)
+        lse = torch.full((2, 4, n), float("nan"), device=DEV) if with_lse else None
         exact_tree_attention(q, k, v, pl, mask, tail, table, 0.25, out, lse, row_groups=groups)
-        assert not out.isnan().any() and not lse.isnan().any(), (groups, workspace)
+        assert not out.isnan().any() and (lse is None or not lse.isnan().any()), (groups, workspace)
         results.append(((groups, workspace), out, lse))
-    for groups, out, lse in results[1:]:
-        assert torch.equal(_bits(out), _bits(results[0][1])), groups
-        assert torch.equal(_bits(lse), _bits(results[0][2])), groups
+    for what, out, lse in results[1:]:
+        assert torch.equal(_bits(out), _bits(results[0][1])), what
+        assert lse is None or torch.equal(_bits(lse), _bits(results[0][2])), what
+    want = _reference_attention(q, k, v, pl, mask, tail, table)
+    assert rel_l2(results[0][1].cpu().double(), want.double()) < 1e-5
+
+
+def _reference_attention(q, k, v, pl, mask, tail, table):
+    import jetspec_kernels as jk
+    return jk.tree_attention(*(t.cpu() for t in (q, k, v, pl)), None if mask is None else mask.cpu(),
+                             tail=tail, block_table=None if table is None else table.cpu(),
+                             scale=0.25, backend="reference")
 
 
 def test_exact_attention_row_groups_plan():

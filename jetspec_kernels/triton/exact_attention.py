@@ -1,7 +1,8 @@
 """Triton ``tree_attention(exact=True)``: every query row reduced over its visible keys in logical
 order, in blocks and splits fixed by logical position, so a tree node's row is the same bits as
 the one-token decode step's at its position (its ancestors committed): one launch, and a combine
-launch when the cache holds more than SPLIT_KEYS positions.
+launch when the cache holds more than SPLIT_KEYS positions (a pair per chunk of rows when the
+split partials of all rows would pass WORKSPACE_BYTES).
 
 A row's logical keys are ``t = 0 .. L - 1`` with ``L = prefix + depth`` (depth: the row's
 visible tail keys, itself included): key ``t < prefix`` is cache position t; key
@@ -34,7 +35,7 @@ for it, never applied as an empty update (``-0.0 + 0.0`` would turn a negative z
 Row groups: a tile's per-row blocks run serially, so where the grid is small (B 1: a few tiles a
 kv head) a tile's rows are split over several programs, each running the tile's shared blocks
 and its own rows' blocks and storing its own rows (``launch_plan.exact_attention_row_groups``,
-about two programs an SM). A row runs the same dots in the same order in any group, so the
+one wave). A row runs the same dots in the same order in any group, so the
 count may follow B, N and the SM count, unlike the block and split sizes.
 
 The kernels are compiled with B, N and the strides that follow N unspecialised, so a tree launch
@@ -272,7 +273,8 @@ def tail_order(tree_mask: torch.Tensor, device) -> tuple[torch.Tensor, torch.Ten
     return depth.contiguous(), order.contiguous()
 
 
-# The split partials one launch may hold; a longer query (a long prefill) runs in row chunks.
+# The split partials one launch may hold (at least one tile's, whatever this says); a longer
+# query (a long prefill) runs in row chunks.
 WORKSPACE_BYTES = 256 << 20
 
 
@@ -298,7 +300,7 @@ def exact_tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, tail, bloc
     block_table : int32 [B, max_pages] or None; scale : float
     out : q.dtype [B, N, Hq, Dh], last dim contiguous; lse : float32 [B, Hq, N] or None
     row_groups : programs a tile's rows are split over (None:
-        ``launch_plan.exact_attention_row_groups``); the results are the same bits for any
+        ``launch_plan.exact_attention_row_groups``); the results are the same bits for any count
 
     Arguments were validated by ``jetspec_kernels.ops.tree_attention``. Row (b, i) of ``out`` is
     the same bits as the N = 1 call at prefix ``prefix_lens[b] + depth - 1`` over the row's keys
