@@ -47,6 +47,7 @@ from bench import decode_costs as dc
 from bench import decode_round as dr
 from bench import model_setup as ms
 from jetspec_kernels.generate_cli import int_at_least
+from jetspec_kernels.limits import EXACT_GEMM_TILES
 
 BASELINES: list[str] = []
 # JetSpec paper, Qwen3-8B on an H100: mean tokens emitted per round at a budget.
@@ -107,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
                         ":exact): on a GPU its triton path (--fused-ops-backend triton, or auto), "
                         "only on a GPU the hardware record lists or with "
                         "JETSPEC_EXACT_UNVERIFIED=1")
-    p.add_argument("--exact-tile", choices=["narrow", "wide"], default=None,
+    p.add_argument("--exact-tile", choices=EXACT_GEMM_TILES, default=None,
                    help="with --exact: the target's exact GEMM tile on triton (exact_gemm_tile; "
                         "default narrow); wide rows are labelled :exact-wide")
     p.add_argument("--predict", action="store_true",

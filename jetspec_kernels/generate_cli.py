@@ -42,7 +42,7 @@ import torch
 from .adaptive.cost_cache import (cache_dir, checkpoint_identity, config_identity, cost_file,
                                   load_costs, store_costs)
 from .cli_common import PROG, Parser, UsageError, int_at_least, report  # noqa: F401 (re-exported)
-from .limits import MAX_BUDGET
+from .limits import EXACT_GEMM_TILES, MAX_BUDGET
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUDGET_FORMAT = (f"an int in [1, {MAX_BUDGET}], 'auto', or comma-separated sizes in [1, {MAX_BUDGET}] "
@@ -126,7 +126,7 @@ def _parser() -> Parser:
                    help="exact mode: the verify pass's rows are the same bits as autoregressive "
                         "decoding's, so greedy output equals the baseline's bit for bit (the "
                         "reference backend on the CPU, or --backend triton)")
-    p.add_argument("--exact-tile", choices=("narrow", "wide"), default=None,
+    p.add_argument("--exact-tile", choices=EXACT_GEMM_TILES, default=None,
                    help="with --exact: the exact GEMM tile on triton (narrow for small batches, "
                         "the default; wide for large ones); speculative and --ar runs share it. "
                         "The reference backend computes every row alone: no tile there")

@@ -160,12 +160,7 @@ def _exact_fwd(
         for r in range(r_lo, r_hi):
             rr = ROW0 + tile * R + r
             if rr < N:
-                if TAIL_MODE == 0:
-                    row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)
-                elif TAIL_MODE == 1:
-                    row_len = prefix + rr + 1
-                else:
-                    row_len = prefix + N
+                row_len = prefix + _depths(depth_ptr, b, rr, True, N, TAIL_MODE)
                 if start < row_len:
                     key_ok = t < row_len
                     if TAIL_MODE == 0:
