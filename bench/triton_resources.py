@@ -159,12 +159,20 @@ def _cases():
                    lambda dtype=dtype, m=m, k_dim=k_dim, n_dim=n_dim, tile=tile:
                    exact_mm.exact_linear(e(m, k_dim, dtype=dtype), e(n_dim, k_dim, dtype=dtype),
                                          tile))
+        # exact_k_parts 8 (tp-invariant mode): o_proj's K in 8 parts, then the tree kernel
+        yield (f"exact linear parts 8 narrow {str(dtype)[6:]} M64 K4096 N4096",
+               lambda dtype=dtype: exact_mm.exact_linear_parts(
+                   e(64, 4096, dtype=dtype), e(4096, 4096, dtype=dtype), 8))
+        yield (f"exact k parts tree 8 -> {str(dtype)[6:]} M64 N4096",
+               lambda dtype=dtype: exact_mm.sum_parts_pairwise(e(8, 64, 4096), dtype))
         # Qwen3-30B-A3B's experts (128 of them, top-8, H 2048, I 768): gate_up at T 64
         yield (f"exact grouped linear {str(dtype)[6:]} T64 k8 E128 K2048 N1536",
                lambda dtype=dtype: exact_mm.exact_grouped_linear(
                    e(64, 2048, dtype=dtype), e(128, 1536, 2048, dtype=dtype),
                    torch.zeros(64, 8, dtype=torch.int64), per_token=8))
 
+    yield ("exact k parts tree 64 (the limit) -> bfloat16 M64 N4096",
+           lambda: exact_mm.sum_parts_pairwise(e(64, 64, 4096), bf16))
     v, d, k = 151936, 15, 8
     yield ("log_softmax_topk bf16 V151936",
            lambda: kernels.log_softmax_topk(e(1, d, v, dtype=bf16), k))

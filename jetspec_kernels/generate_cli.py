@@ -130,6 +130,11 @@ def _parser() -> Parser:
                    help="with --exact: the exact GEMM tile on triton (narrow for small batches, "
                         "the default; wide for large ones); speculative and --ar runs share it. "
                         "The reference backend computes every row alone: no tile there")
+    p.add_argument("--exact-k-parts", type=int_at_least(1), default=None,
+                   help="with --exact: K of the row-parallel GEMMs (o_proj, down) in this many "
+                        "fixed parts (a power of two that --tp divides): every --tp dividing it "
+                        "gives the same bits, --tp 1 included (default: --tp parts, so each tp's "
+                        "bits are its own)")
     p.add_argument("--token-ids", action="store_true",
                    help="prompts (and the printed output) are token ids even with a tokenizer")
     p.add_argument("--tp", type=int_at_least(1), default=1,
@@ -360,7 +365,8 @@ def _cost_key(args, target, head, prompts, device, shard, identity, sizes) -> di
             "dtype": args.dtype, "batch": len(prompts), "sizes": list(sizes), "topk": args.topk,
             "greedy": args.temperature == 0.0, "page_size": args.page_size, "tp": shard.size,
             "tp_rank": shard.rank, "backends": backends,
-            "exact": target.exact_gemm_tile if args.exact else False}
+            "exact": ([target.exact_gemm_tile, getattr(target, "exact_k_parts", None)]
+                      if args.exact else False)}
 
 
 def _round_costs(args, target, head, prompts, device, shard, identity, spec, kw):
@@ -407,11 +413,19 @@ def _decode(args, shard, device) -> int:
         reason = None if args.backend == "auto" else jk.available_backends(device)[args.backend]
         if reason is not None:
             raise UsageError(f"--backend {args.backend}: not available on {device}: {reason}")
-    if args.exact_tile and not args.exact:
-        raise UsageError("--exact-tile needs --exact")
+    for flag, value in (("--exact-tile", args.exact_tile), ("--exact-k-parts", args.exact_k_parts)):
+        if value and not args.exact:
+            raise UsageError(f"{flag} needs --exact")
     target, head, codec, target_dir, identity = _load_models(args, DTYPES[args.dtype], device, shard)
     if args.exact_tile:
         target.exact_gemm_tile = args.exact_tile
+    if args.exact_k_parts:
+        target.exact_k_parts = args.exact_k_parts
+        try:
+            if hasattr(target, "resolved_exact_k_parts"):   # hybrid targets refuse --exact itself
+                target.resolved_exact_k_parts()
+        except (ValueError, ExactModeError) as e:
+            raise UsageError(f"--exact-k-parts: {e}") from None
     if args.token_ids:
         codec = None
     if codec is not None:

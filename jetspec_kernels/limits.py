@@ -11,3 +11,6 @@ MAX_TOPK = 64      # children per node K: the topn key packs a rank in 6 bits
 # limits.h): narrow for small batches, wide for large ones; an engine fixes one for all its calls
 # (a model's exact_gemm_tile).
 EXACT_GEMM_TILES = ("narrow", "wide")
+# The most parts the exact mode splits a GEMM's K into (ops.exact.linear's ``parts``, a model's
+# exact_k_parts; powers of two): the tree kernel holds a block of every part's values at once.
+EXACT_MAX_K_PARTS = 64

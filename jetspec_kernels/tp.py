@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Shard", "ALONE", "CHECK_ENV", "default_group", "shard_of", "colwise", "rowwise",
-           "all_reduce", "all_reduce_in_rank_order", "broadcast_first", "check_same", "fingerprint",
+           "all_reduce", "all_reduce_pairwise", "broadcast_first", "check_same", "fingerprint",
            "checks_requested"]
 
 # JETSPEC_TP_CHECK=1: generate / generate_ar compare their emitted tokens across ranks once per run.
@@ -134,18 +134,22 @@ def all_reduce(x: torch.Tensor, shard: Shard) -> torch.Tensor:
     return x
 
 
-def all_reduce_in_rank_order(x: torch.Tensor, shard: Shard) -> torch.Tensor:
-    """Sum ``x`` over the ranks element by element in rank order (rank 0's value, plus rank 1's,
-    ...; float32, rounded once to ``x.dtype``) after gathering every rank's ``x``: a new tensor
-    (``x`` itself when alone), the same bits on every rank. Each element's bits depend only on the
-    ranks' values at that element, never on the tensor's size, as ``all_reduce``'s may (its
-    algorithm and order are the backend's choice per message): the exact mode's reduction."""
+def all_reduce_pairwise(x: torch.Tensor, shard: Shard, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Sum ``x`` over the ranks element by element along a fixed pairwise tree in rank order
+    (``ops.exact.sum_pairwise``: rank 0 + rank 1, rank 2 + rank 3, then those sums in pairs), in
+    float32, rounded once to ``dtype`` (None: x.dtype), after gathering every rank's ``x``: a new
+    tensor, the same bits on every rank (alone: ``x`` rounded to ``dtype``). Each element's bits
+    depend only on the ranks' values at that element, never on the tensor's size, as
+    ``all_reduce``'s may (its algorithm and order are the backend's choice per message): the
+    exact mode's reduction. With float32 partials over whole K parts (``ops.exact.linear``'s
+    ``parts``), the tree over the ranks continues each rank's tree over its parts."""
+    out = x.dtype if dtype is None else dtype
     if not shard.parallel:
-        return x
-    from .ops.exact import sum_in_order
+        return x.to(out)
+    from .ops.exact import sum_pairwise
     parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(shard.size)]
     dist.all_gather(parts, x.contiguous(), group=shard.group)
-    return sum_in_order(parts)
+    return sum_pairwise(parts, out)
 
 
 def broadcast_first(x: torch.Tensor, shard: Shard) -> torch.Tensor:

@@ -589,3 +589,16 @@ def assert_silu_mul(out, x):
         ok = same(out, p_lo) | same(out, p_hi)
     assert ok.all(), (ok.logical_not().nonzero()[:4].tolist(), out[~ok][:6], p_lo[~ok][:6],
                       p_hi[~ok][:6])
+
+
+def k_parts_as_ranks(linear, x, w, parts, ranks):
+    """``linear(x, w, parts=parts)`` as ``ranks`` tensor-parallel ranks compute it: rank r takes
+    the r-th slice of K of x and w (contiguous copies, as ``tp.rowwise``), reduces its
+    ``parts / ranks`` parts unrounded (``partial=True``), and the ranks' float32 shares are summed
+    along ``ops.exact.sum_pairwise``'s tree, rounded once to x.dtype."""
+    from jetspec_kernels.ops.exact import sum_pairwise
+    k = x.shape[-1] // ranks
+    shares = [linear(x[..., r * k:(r + 1) * k].contiguous(), w[:, r * k:(r + 1) * k].contiguous(),
+                     parts=parts // ranks, partial=True) for r in range(ranks)]
+    assert all(s.dtype == torch.float32 for s in shares)
+    return sum_pairwise(shares, x.dtype)

@@ -81,6 +81,14 @@ EXACT_ATT = "jetspec_kernels/triton/exact_attention.py"
 STEPS = "jetspec_kernels/triton/attention_steps.py"
 EXACT_MM = "jetspec_kernels/triton/exact_matmul.py"
 MOE_PY = "jetspec_kernels/models/moe.py"
+QWEN3_PY = "jetspec_kernels/models/qwen3.py"
+TP_PY = "jetspec_kernels/tp.py"
+# The third round (exact_k_parts: tp t == tp 1): the files' rows, narrowed to the tests that
+# reach the new code (-k), since each row's full selection takes minutes here
+K_PARTS_TRITON = ["tests/test_exact_triton.py", "-k", "k_parts or tree_kernel"]
+K_PARTS_OPS = ["tests/test_exact_ops.py", "-k", "pairwise or parts"]
+K_PARTS_MODEL = ["tests/test_exact_decode.py", "-k", "k_parts"]
+K_PARTS_TP = ["tests/test_tp.py", "-k", "k_parts"]
 
 # name: (class, file, old, new, tests)
 MUTATIONS = {
@@ -106,8 +114,8 @@ MUTATIONS = {
         EXACT),
     "exact_matmul_grid_one_short": (
         "off-by-one at a limit (grid)", "jetspec_kernels/triton/exact_matmul.py",
-        "grid = (cdiv(rows.shape[0], bm), cdiv(n, bn))",
-        "grid = (cdiv(rows.shape[0] - 1, bm), cdiv(n, bn))", EXACT_MATMUL),
+        "grid = (cdiv(rows.shape[0], bm), cdiv(n, bn), parts)",
+        "grid = (cdiv(rows.shape[0] - 1, bm), cdiv(n, bn), parts)", EXACT_MATMUL),
     "exact_matmul_tile_chosen_by_rows": (
         "a launch choice made from M (the GEMM tile)", "jetspec_kernels/triton/exact_matmul.py",
         "bm, bn, bk, warps, stages = tiles(x.dtype, tile)",
@@ -227,7 +235,7 @@ MUTATIONS = {
         "node = tl.load(order_ptr + (b.to(tl.int64) + rr) * N + (t - prefix),", ATTN_TRITON),
     "ea_tree_row_length_causal": (
         "wrong mask condition (a tree row's length as a causal row's)", EXACT_ATT,
-        "row_len = prefix + tl.load(depth_ptr + b.to(tl.int64) * N + rr)",
+        "row_len = prefix + _depths(depth_ptr, b, rr, True, N, TAIL_MODE)",
         "row_len = prefix + rr + 1", ATTN_TRITON),
     "ea_combine_splits_one_short": (
         "off-by-one at a split boundary (combine)", EXACT_ATT,
@@ -269,9 +277,9 @@ MUTATIONS = {
     "exact_moe_triton_ignores_norm_topk_prob": (
         "a flag not passed on one path (renormalised top-k)", MOE_PY,
         "        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,\n"
-        "                                        norm_topk_prob)",
+        "                                        norm_topk_prob, sum_fn=ex.sum_in_order)",
         "        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,\n"
-        "                                        False)", MOE),
+        "                                        False, sum_fn=ex.sum_in_order)", MOE),
     "route_logits_topk_of_the_logits": (
         "swapped operand (top-k weights from the logits, not the probabilities)", MOE_PY,
         "weights, experts = torch.topk(probs, top_k, dim=-1)",
@@ -283,6 +291,39 @@ MUTATIONS = {
         "a check on the wrong side (the memo scope on the reference, not triton)", EXACT_PY,
         '    if backend != "triton":\n        return contextlib.nullcontext()',
         '    if backend == "triton":\n        return contextlib.nullcontext()', EXACT_FAST),
+    # ------------------------------------------------------------ exact_k_parts (tp t == tp 1)
+    "k_part_starts_at_zero": (
+        "wrong offset (every K part reads the first slice)", EXACT_MM,
+        "    k_lo = part * K_PART\n", "    k_lo = part * 0\n", K_PARTS_TRITON),
+    "tree_kernel_last_element_unwritten": (
+        "off-by-one at a limit (the tree kernel's last element)", EXACT_MM,
+        "    ok = offs < numel\n    p = tl.arange(0, PARTS)",
+        "    ok = offs < numel - 1\n    p = tl.arange(0, PARTS)", K_PARTS_TRITON),
+    "sum_pairwise_left_to_right": (
+        "another association (a left-to-right sum for the pairwise tree)", EXACT_PY,
+        "        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i]\n"
+        "                 for i in range(0, len(level), 2)]",
+        "        level = [level[0] + level[1]] + level[2:]", K_PARTS_OPS),
+    "reference_parts_all_the_first_slice": (
+        "wrong offset (the reference's row slices)", EXACT_PY,
+        "F.linear(r[:, p * step:(p + 1) * step].float().contiguous(), w_parts[p])",
+        "F.linear(r[:, :step].float().contiguous(), w_parts[p])", K_PARTS_OPS),
+    "rank_share_rounded": (
+        "a rounding too early (a rank's share rounded before the ranks' sum)", QWEN3_PY,
+        "row_linear = functools.partial(linear, parts=local, partial=self.shard.parallel)",
+        "row_linear = functools.partial(linear, parts=local, partial=False)", K_PARTS_TP),
+    "down_projection_not_in_parts": (
+        "a setting not passed on one path (the MLP's down)", QWEN3_PY,
+        "return row_linear(act(linear(a, w[\"mlp.gate_up_proj.weight\"])), w[\"mlp.down_proj.weight\"])",
+        "return linear(act(linear(a, w[\"mlp.gate_up_proj.weight\"])), w[\"mlp.down_proj.weight\"])",
+        K_PARTS_MODEL),
+    "k_parts_tp_check_inverted": (
+        "a check on the wrong side (tp must divide the parts)", QWEN3_PY,
+        "        if parts % size:\n", "        if size % parts:\n", K_PARTS_TP),
+    "ranks_summed_left_to_right": (
+        "another association (the ranks summed left to right)", TP_PY,
+        "    return sum_pairwise(parts, out)",
+        "    return torch.stack([p.float() for p in parts]).cumsum(0)[-1].to(out)", K_PARTS_TP),
     # ------------------------------------------------------------ the split gated_delta_tree kernels
     "gd_rows_skips_the_block_before_the_diagonal": (
         "off-by-one at a block boundary (pairs of the previous row block)", GDT,

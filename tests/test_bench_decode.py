@@ -462,7 +462,7 @@ def test_exact_rounds_wide_tile(tmp_path, monkeypatch):
     seen = []
     real = exact_matmul.exact_linear
     monkeypatch.setattr(exact_matmul, "exact_linear",
-                        lambda x, w, tile="narrow": seen.append(tile) or real(x, w, tile))
+                        lambda x, w, tile="narrow", **kw: seen.append(tile) or real(x, w, tile, **kw))
     out = tmp_path / "x"
     assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact", "--exact-tile", "wide",
                     "--fused-ops-backend", "triton", "--out", str(out)]) == 0

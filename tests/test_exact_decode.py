@@ -92,17 +92,21 @@ def _tree(parents, tokens):
                 ref.pack_mask(parents, num).to(torch.int32), int(depths.max()))
 
 
-@pytest.mark.parametrize("kind,dtype,page_size,fused_backend,tile", [
-    ("dense", torch.bfloat16, None, None, "narrow"), ("dense", torch.float32, 4, None, "narrow"),
-    ("moe", torch.bfloat16, 4, None, "narrow"), ("dense", torch.float32, 4, "triton", "narrow"),
-    ("dense", torch.float32, None, "triton", "wide"), ("moe", torch.float32, None, "triton", "narrow")])
+@pytest.mark.parametrize("kind,dtype,page_size,fused_backend,tile,k_parts", [
+    ("dense", torch.bfloat16, None, None, "narrow", None),
+    ("dense", torch.float32, 4, None, "narrow", None), ("moe", torch.bfloat16, 4, None, "narrow", None),
+    ("dense", torch.float32, 4, "triton", "narrow", None),
+    ("dense", torch.float32, None, "triton", "wide", None),
+    ("moe", torch.float32, None, "triton", "narrow", None),
+    ("dense", torch.bfloat16, 4, None, "narrow", 4), ("dense", torch.float32, None, "triton", "narrow", 2)])
 def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size, fused_backend,
-                                                          tile):
+                                                          tile, k_parts):
     """Every tree node's verify logits == the logits of autoregressive decoding along its path
     (its ancestors committed at prefix .. prefix + depth - 1), bit for bit."""
     target = tiny_models(dtype=dtype)[0] if kind == "dense" else _moe_target(dtype)
     target.fused_ops_backend = fused_backend
     target.exact_gemm_tile = tile
+    target.exact_k_parts = k_parts
     gen = torch.Generator().manual_seed(7)
     p, n, v = 7, 12, target.config.vocab_size
     prompt = torch.randint(0, v, (1, p), generator=gen)
@@ -153,6 +157,61 @@ def test_exact_gemm_tile_reaches_every_gemm():
     assert not torch.equal(out["narrow"][0], out["wide"][0])
     assert not torch.equal(narrow_head, wide_head)
     torch.testing.assert_close(out["narrow"][1], out["wide"][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_exact_k_parts_reach_the_row_parallel_gemms(backend, monkeypatch):
+    """``exact_k_parts`` splits K of o_proj and the MLP's down (the row-parallel GEMMs, whose
+    tensor-parallel shares are summed) and of nothing else; alone the sum is rounded in the op
+    (no float32 share leaves it); the split changes the forward's bits (the power)."""
+    from jetspec_kernels.ops import exact as ex
+    target = tiny_models(dtype=torch.float32)[0]
+    target.fused_ops_backend = backend
+    cfg = target.config
+    row_parallel = {(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim),
+                    (cfg.hidden_size, cfg.intermediate_size)}
+    seen, real = [], ex.linear
+    monkeypatch.setattr(ex, "linear", lambda x, w, **kw: seen.append(
+        (tuple(w.shape), kw.get("parts", 1), kw.get("partial", False))) or real(x, w, **kw))
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 5), generator=gen)
+    pos = torch.arange(5, dtype=torch.int32)[None]
+    zero = torch.zeros(1, dtype=torch.int32)
+    hidden = {}
+    for parts in (None, 4):
+        seen.clear()
+        target.exact_k_parts = parts
+        with exact_mode():
+            hidden[parts], _ = target.forward(tokens, pos, target.new_cache(1, 8), zero)
+        assert len(seen) == 4 * cfg.num_hidden_layers           # qkv, o, gate_up, down
+        assert {(s, p) for s, p, _ in seen} == {(s, (parts or 1) if s in row_parallel else 1)
+                                                for s, _, _ in seen}
+        assert not any(partial for _, _, partial in seen)
+    assert not torch.equal(hidden[None], hidden[4])
+
+
+def test_exact_k_parts_limits_and_refusals():
+    """exact_k_parts: a power of two up to limits.EXACT_MAX_K_PARTS (64 runs, 128 is refused), a
+    K that is not whole parts named, a MoE target asked for more parts than tp refused."""
+    target = tiny_models(dtype=torch.float32)[0]      # o_proj K 64, down K 128
+    for bad, match in ((3, "power of two"), (True, "power of two"), (0, "power of two"),
+                       (128, "power of two <= 64, got 128")):
+        target.exact_k_parts = bad
+        with pytest.raises(ValueError, match=match):
+            generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True)
+    target.exact_k_parts = 64
+    assert generate_ar(target, [[1, 2]], max_new_tokens=2, exact=True).tokens
+    cfg = tiny_qwen3_config(intermediate_size=96)
+    odd = Qwen3(cfg, random_qwen3_weights(cfg, 0))
+    odd.exact_k_parts = 64
+    with pytest.raises(ValueError, match=r"K of mlp.down_proj.weight \(96\) is not 64 equal parts"):
+        generate_ar(odd, [[1, 2]], max_new_tokens=2, exact=True)
+    moe = _moe_target(torch.float32)
+    moe.exact_k_parts = 2
+    with pytest.raises(ExactModeError, match="exact_k_parts 2 on a MoE target"):
+        generate_ar(moe, [[1, 2]], max_new_tokens=2, exact=True)
+    moe.exact_k_parts = 1                             # tp itself: allowed
+    assert generate_ar(moe, [[1, 2]], max_new_tokens=2, exact=True).tokens
 
 
 def test_exact_moe_speculative_equals_autoregressive():
@@ -231,7 +290,7 @@ def test_cli_exact(capsys, monkeypatch):
     seen = []
     real = exact_matmul.exact_linear
     monkeypatch.setattr(exact_matmul, "exact_linear",
-                        lambda x, w, tile="narrow": seen.append(tile) or real(x, w, tile))
+                        lambda x, w, tile="narrow", **kw: seen.append(tile) or real(x, w, tile, **kw))
     for backend, tile in (("reference", None), ("triton", None), ("triton", "wide")):
         seen.clear()
         rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4",
@@ -241,6 +300,15 @@ def test_cli_exact(capsys, monkeypatch):
         assert set(seen) == (set() if backend == "reference" else {tile or "narrow"}), seen
     rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--exact-tile", "wide"])
     assert rc == 2 and "--exact-tile needs --exact" in capsys.readouterr().err
+    rc = main(["generate", "--random-tiny", "--prompt", "1 2 3", "--exact-k-parts", "2"])
+    assert rc == 2 and "--exact-k-parts needs --exact" in capsys.readouterr().err
+    exact_k = ["generate", "--random-tiny", "--prompt", "1 2 3", "--max-new-tokens", "4", "--exact",
+               "--backend", "reference", "--ar", "--exact-k-parts"]
+    assert main(exact_k + ["2"]) == 0 and "greedy outputs match" in capsys.readouterr().out
+    assert main(exact_k + ["3"]) == 2
+    assert ("--exact-k-parts: exact_k_parts must be None or a power of two <= 64, got 3"
+            in capsys.readouterr().err)
+    assert main(exact_k + ["0"]) == 2 and "must be an int >= 1" in capsys.readouterr().err
 
     def refuse(op, device, backend):
         raise ExactModeError(f"exact mode: {op} on {device.type} is not shown row-invariant")

@@ -17,6 +17,7 @@ import jetspec_kernels as jk  # noqa: E402
 from bench.exact_invariance import (op_cases, row_mismatches, same_bits,  # noqa: E402
                                     tree_vs_decode_mismatches)
 from jetspec_kernels.ops import exact as ex  # noqa: E402
+from helpers import rel_l2  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -232,3 +233,63 @@ def test_sum_in_order_adds_every_part_in_the_given_order_rounding_once(dtype):
     if dtype == torch.float32:
         assert not torch.equal(total, parts[3] + parts[2] + parts[1] + parts[0])
     assert torch.equal(ex.sum_in_order(parts[:1]), parts[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sum_pairwise_is_one_fixed_tree_that_nests(dtype):
+    """ops.exact.sum_pairwise (the tensor-parallel reduction, K parts): (0+1)+(2+3) in float32,
+    an odd last part carried up, rounded once; the tree over 8 parts is the tree over two runs of
+    4 (a rank's parts), and over four runs of 2; a left-to-right sum gives other bits (the power)."""
+    gen = torch.Generator().manual_seed(7)
+    parts = [(torch.randn(6, 9, generator=gen) * s).to(dtype)
+             for s in (1e7, 1.0, -1e7, 1e-3, 3e5, -2.0, 1e-6, -3e5)]
+    f = [p.float() for p in parts]
+    assert torch.equal(ex.sum_pairwise(parts[:4]), (f[0] + f[1]) + (f[2] + f[3]))
+    assert torch.equal(ex.sum_pairwise(parts[:3]), (f[0] + f[1]) + f[2])
+    assert torch.equal(ex.sum_pairwise(parts[:5]), ((f[0] + f[1]) + (f[2] + f[3])) + f[4])
+    assert torch.equal(ex.sum_pairwise(parts[:1], dtype), parts[0])
+    whole = ex.sum_pairwise(parts)
+    assert whole.dtype == torch.float32
+    assert torch.equal(whole, ex.sum_pairwise([ex.sum_pairwise(parts[:4]), ex.sum_pairwise(parts[4:])]))
+    assert torch.equal(whole, ex.sum_pairwise([ex.sum_pairwise(parts[i:i + 2]) for i in range(0, 8, 2)]))
+    assert torch.equal(ex.sum_pairwise(parts, dtype), whole.to(dtype))
+    left = f[0]
+    for p in f[1:]:
+        left = left + p
+    assert not torch.equal(left, whole)
+    with pytest.raises(ValueError, match="at least one"):
+        ex.sum_pairwise([])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_in_k_parts_equals_ranks_holding_them(dtype):
+    """ops.exact.linear(parts=P) on the reference: tp ranks (1, 2, 4, ... dividing P) each
+    reducing their slices' parts unrounded and summed along the pairwise tree give the one-rank
+    result bit for bit (what lets tp t equal tp 1); rows stay launch-invariant; the split is part
+    of a row's bits (parts 4's float32 sums differ from parts 1's: the power)."""
+    from helpers import k_parts_as_ranks
+    gen = torch.Generator().manual_seed(8)
+    x = (torch.randn(5, 256, generator=gen) * torch.logspace(-2, 2, 256)).to(dtype)
+    w = torch.randn(48, 256, generator=gen).to(dtype)
+    for parts in (1, 2, 4, 8):
+        full = ex.linear(x, w, parts=parts)
+        assert full.dtype == dtype
+        for ranks in (r for r in (2, 4, 8) if parts % r == 0):
+            assert same_bits(k_parts_as_ranks(ex.linear, x, w, parts, ranks), full), (parts, ranks)
+        for i in (0, 4):
+            assert same_bits(ex.linear(x[i:i + 1].clone(), w, parts=parts)[0], full[i])
+        assert rel_l2(full.double(), F.linear(x.double(), w.double())) < (1e-5 if dtype == torch.float32 else 1e-2)
+    # unrounded (16-bit outputs round most float32 differences away)
+    assert not torch.equal(ex.linear(x, w, parts=4, partial=True), ex.linear(x, w, partial=True))
+    assert torch.equal(ex.linear(x, w, parts=2, partial=True).to(dtype), ex.linear(x, w, parts=2))
+
+
+def test_linear_parts_limits_and_bad_arguments():
+    """parts: a power of two up to limits.EXACT_MAX_K_PARTS (64) dividing K; 128, 3, 8 not
+    dividing 12, 0, floats and bools refused by name."""
+    x, w = torch.randn(2, 128), torch.randn(8, 128)
+    assert same_bits(ex.linear(x, w, parts=64), ex.linear(x, w, parts=64))
+    torch.testing.assert_close(ex.linear(x, w, parts=64), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    for parts, k in ((128, 128), (3, 12), (8, 12), (0, 12), (2.0, 12), (True, 12)):
+        with pytest.raises(ValueError, match=f"parts must be a power of two <= 64 dividing K = {k}"):
+            ex.linear(torch.randn(2, k), torch.randn(8, k), parts=parts)

@@ -7,8 +7,10 @@ decode step's. On a GPU the tests run in bf16 and fp16 too; the exact attention 
 with JETSPEC_EXACT_UNVERIFIED=1 (the device check's exact step, which shows it) and is refused
 otherwise until the hardware record lists the GPU. The attention tests take ``backend`` as a
 parameter so that the device check's triton step runs them."""
+import functools
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from bench.exact_invariance import tree_vs_decode_mismatches  # noqa: E402
 
 triton = pytest.importorskip("triton")
 from jetspec_kernels.triton.exact_matmul import (  # noqa: E402
-    exact_grouped_linear, exact_linear, expert_tiles, tiles)
+    exact_grouped_linear, exact_linear, exact_linear_parts, expert_tiles, sum_parts_pairwise, tiles)
 
 from jetspec_kernels.ops.exact import UNVERIFIED_ENV  # noqa: E402
 
@@ -83,6 +85,77 @@ def test_the_tile_is_part_of_a_rows_bits(dtype, backend):
     assert not torch.equal(_bits(narrow), _bits(wide))
     want = F.linear(x.double(), w.double())
     assert rel_l2(narrow.double(), want) < _tol(dtype) and rel_l2(wide.double(), want) < _tol(dtype)
+
+
+@TRITON
+@pytest.mark.parametrize("tile", ["narrow", "wide"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_k_parts_equal_ranks_holding_them(dtype, tile, backend, monkeypatch):
+    """The fixed split of K (ops.exact.linear(parts=P) on triton: exact_linear_parts, then the
+    pairwise tree): ranks 2, 4, 8 each reducing their K slices' parts unrounded and summed along
+    the tree give the one-rank bits (tp t == tp 1), including parts whose length is not a whole
+    k block (K 200: parts of 100, 50, 25); rows launch-invariant; parts change the float32 sums
+    (the power)."""
+    from helpers import k_parts_as_ranks
+    from jetspec_kernels.ops import exact as ex
+    monkeypatch.setenv(UNVERIFIED_ENV, "1")      # the check that shows it, on a GPU too
+    gen = torch.Generator().manual_seed(9)
+    linear = functools.partial(ex.linear, backend=backend, tile=tile)
+    for k in (512, 200):
+        w = torch.randn(72, k, generator=gen).to(dtype).to(DEV)
+        x = torch.randn(tiles(dtype, tile)[0] + 3, k, generator=gen).to(dtype).to(DEV)
+        for parts in (1, 2, 4, 8):
+            full = linear(x, w, parts=parts)
+            for ranks in (r for r in (2, 4, 8) if parts % r == 0):
+                got = k_parts_as_ranks(linear, x, w, parts, ranks)
+                assert torch.equal(_bits(got), _bits(full)), (k, parts, ranks)
+            for i in (0, x.shape[0] - 1):
+                assert torch.equal(_bits(linear(x[i:i + 1].clone(), w, parts=parts)[0]), _bits(full[i]))
+            assert rel_l2(full.double(), F.linear(x.double(), w.double())) < _tol(dtype)
+        assert not torch.equal(linear(x, w, parts=4, partial=True), linear(x, w, partial=True))
+
+
+@TRITON
+def test_k_parts_shapes_and_bad_arguments(backend):
+    w = torch.randn(24, 40, device=DEV)
+    x = torch.randn(2, 3, 40, device=DEV)
+    parts = exact_linear_parts(x, w, 4)
+    assert parts.shape == (4, 2, 3, 24) and parts.dtype == torch.float32
+    assert torch.equal(exact_linear(x[..., 10:20].contiguous(), w[:, 10:20].contiguous(),
+                                    out_dtype=torch.float32), parts[1])
+    assert exact_linear(x, w, out_dtype=torch.float32).dtype == torch.float32
+    assert exact_linear_parts(torch.randn(0, 40, device=DEV), w, 2).shape == (2, 0, 24)
+    for bad in (0, 3, 2.5):
+        with pytest.raises(ValueError, match="parts must be a positive int dividing K = 40"):
+            exact_linear_parts(x, w, bad)
+
+
+@TRITON
+@pytest.mark.parametrize("out", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_the_tree_kernel_is_sum_pairwise(out, backend):
+    """sum_parts_pairwise (one launch) == ops.exact.sum_pairwise (the tree the tensor-parallel
+    ranks continue) bit for bit, parts 2 to 64 (the limit), sizes not a multiple of its block,
+    magnitudes 1e-6 to 1e6 (float16 overflows to inf alike); 3 parts and 16-bit parts refused.
+    bfloat16 on a GPU only: the interpreter truncates float32 to bfloat16 where the GPU rounds
+    to nearest even (torch's rounding)."""
+    from jetspec_kernels.ops.exact import sum_pairwise
+    if out == torch.bfloat16 and DEV == "cpu":
+        pytest.skip("the interpreter truncates float32 -> bfloat16 (a GPU rounds to nearest even)")
+    gen = torch.Generator().manual_seed(11)
+    for count in (2, 4, 8, 64):
+        parts = torch.randn(count, 37, 29, generator=gen) * torch.logspace(-6, 6, count)[:, None, None]
+        parts = parts.to(DEV)
+        want = sum_pairwise(parts.unbind(0), out)
+        with warnings.catch_warnings():          # the interpreter's numpy cast to float16 at inf
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = sum_parts_pairwise(parts, out)
+        assert got.dtype == out and got.shape == (37, 29)
+        assert torch.equal(_bits(got), _bits(want)), count
+    assert sum_parts_pairwise(torch.zeros(4, 0, device=DEV), out).shape == (0,)
+    for bad in (torch.zeros(3, 5, device=DEV), torch.zeros(4, 5, device=DEV).half(),
+                torch.zeros(5, 4, device=DEV).T):
+        with pytest.raises(ValueError, match="parts must be contiguous float32"):
+            sum_parts_pairwise(bad, out)
 
 
 @TRITON

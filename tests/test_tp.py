@@ -98,6 +98,42 @@ def _greedy(full, split):
                    generate_ar(t2, PROMPTS, max_new_tokens=12).tokens)}
 
 
+def _exact_logits(target):
+    """The exact mode's prefill, decode and tree-verify logits of ``target`` on fixed inputs."""
+    from jetspec_kernels.ops.exact import exact_mode
+    gen = torch.Generator().manual_seed(5)
+    v = target.config.vocab_size
+    tokens = torch.randint(0, v - 1, (2, 6), generator=gen)
+    lens = torch.tensor([6, 4], dtype=torch.int32)
+    cache = target.new_cache(2, 32, page_size=4)
+    with exact_mode():
+        last, _ = target.prefill(tokens, lens, cache)
+        step = target.decode(tokens[:, 0].contiguous(), lens, cache)
+        tree = jk.draft_tree(torch.randn(2, 3, v, generator=gen), tokens[:, 1].contiguous(),
+                             budget=7, topk=2)
+        verified, _ = target.verify(tree, lens + 1, cache)
+    return {"prefill": last, "decode": step, "verify": verified}
+
+
+def _k_parts_logits(cfg, seed, parts):
+    """:func:`_exact_logits` split over the group and alone, both with ``exact_k_parts = parts``
+    (the claim: the same bits; float32 and bfloat16, where a rank's share must stay unrounded),
+    and split with the default (tp's own parts) beside alone with one part (the power: they
+    differ)."""
+    out = {}
+    for name, group, k_parts in (("split", None, parts), ("alone", tp.ALONE, parts),
+                                 ("split default", None, None), ("alone default", tp.ALONE, None)):
+        weights = random_qwen3_weights(cfg, seed)
+        target = Qwen3(cfg, weights, group=group)
+        target.exact_k_parts = k_parts
+        out[name] = _exact_logits(target)
+        if k_parts is not None:
+            target = Qwen3(cfg, {k: t.to(torch.bfloat16) for k, t in weights.items()}, group=group)
+            target.exact_k_parts = k_parts
+            out[name].update({f"{k} bf16": t for k, t in _exact_logits(target).items()})
+    return out
+
+
 def _errors(fn):
     try:
         fn()
@@ -169,6 +205,9 @@ def scenario_four(rank, world):
     exact = dict(max_new_tokens=6, group=None, exact=True)
     out["exact"] = (generate(*split, PROMPTS, budget=8, topk=3, **exact).tokens,
                     generate_ar(split[0], PROMPTS, **exact).tokens)
+    out["k_parts"] = _k_parts_logits(cfg, 2, 4)
+    split[0].exact_k_parts = 2       # tp 4 does not divide it
+    out["k_parts_2"] = _errors(lambda: generate_ar(split[0], PROMPTS, **exact))
     # Two tp groups of two ranks (as beside data parallelism): each has its own first rank.
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     shard = tp.shard_of(groups[rank // 2])
@@ -180,13 +219,13 @@ def scenario_four(rank, world):
 
 def _reduce_row_mismatches(rank, shard):
     """Rows of a [M, H] sum over the ranks whose bits differ from the same row summed alone
-    ([1, H]): (tp.all_reduce's, tp.all_reduce_in_rank_order's), and the latter's result."""
+    ([1, H]): (tp.all_reduce's, tp.all_reduce_pairwise's), and the latter's result."""
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(16, 64, generator=gen) * torch.logspace(-3, 3, 64)
-    full, ordered = tp.all_reduce(x.clone(), shard), tp.all_reduce_in_rank_order(x, shard)
+    full, ordered = tp.all_reduce(x.clone(), shard), tp.all_reduce_pairwise(x, shard)
     plain = sum(not torch.equal(tp.all_reduce(x[i:i + 1].clone(), shard)[0], full[i])
                 for i in range(16))
-    mine = sum(not torch.equal(tp.all_reduce_in_rank_order(x[i:i + 1].clone(), shard)[0],
+    mine = sum(not torch.equal(tp.all_reduce_pairwise(x[i:i + 1].clone(), shard)[0],
                                ordered[i]) for i in range(16))
     return plain, mine, ordered
 
@@ -246,7 +285,21 @@ def scenario_exact(rank, world):
             spec = generate(target, head, prompts, max_new_tokens=10, budget=16, exact=exact,
                             group=group).tokens
             out[f"{name} {mode}"] = (spec, ar)
+        target.exact_k_parts = 4        # two parts a rank split, four alone: the same bits
+        out[f"{name} k_parts"] = (
+            generate(target, head, prompts, max_new_tokens=10, budget=16, exact=True,
+                     group=group).tokens,
+            generate_ar(target, prompts, max_new_tokens=10, exact=True, group=group).tokens)
+    out["k_parts"] = _k_parts_logits(tiny_qwen3_config(), 0, 4)
+    out["k_parts_cli"] = _cli(rank, K_PARTS_CLI + ["--tp", str(world)],
+                              dict(RANK=str(rank), WORLD_SIZE=str(world)))
     return out
+
+
+# tp 2 and tp 1 print the same tokens with these (the test compares them)
+K_PARTS_CLI = ["generate", "--tiny", "--prompt", "def f(x):", "--prompt", "x = 1",
+               "--max-new-tokens", "8", "--budget", "6", "--device", "cpu", "--backend",
+               "reference", "--exact", "--exact-k-parts", "2", "--ar"]
 
 
 SCENARIOS = {"two": scenario_two, "four": scenario_four, "death": scenario_death, "cli": scenario_cli,
@@ -327,17 +380,78 @@ def test_greedy_output_tp4_equals_tp1(four):
             assert split == alone, loop
 
 
-def test_exact_mode_tp2_speculative_equals_autoregressive(tmp_path):
-    """The exact mode at tp 2 (row-parallel sums gathered and added in rank order): greedy
-    speculative output equals greedy autoregressive output, token for token, on every rank, on the
-    near-tie target where the normal mode's differ."""
-    results = _spawn(tmp_path, 2, "exact", timeout_s=300)
+@pytest.fixture(scope="module")
+def exact_two(tmp_path_factory):
+    return _spawn(tmp_path_factory.mktemp("tp2exact"), 2, "exact", timeout_s=300)
+
+
+def test_exact_mode_tp2_speculative_equals_autoregressive(exact_two):
+    """The exact mode at tp 2 (row-parallel sums gathered and added along the pairwise tree):
+    greedy speculative output equals greedy autoregressive output, token for token, on every
+    rank, on the near-tie target where the normal mode's differ."""
+    results = [{k: v for k, v in res.items() if k not in ("k_parts", "k_parts_cli")}
+               for res in exact_two]
     _no_errors(results)
     assert results[0] == results[1]
     spec, ar = results[0]["split exact"]
     assert spec == ar
     normal_spec, normal_ar = results[0]["split normal"]
     assert normal_spec != normal_ar, "the near-tie target no longer separates the modes at tp 2"
+
+
+def _same_bits(a, b):
+    bits = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
+
+
+def _assert_k_parts_logits(results):
+    """Split == alone bit for bit with exact_k_parts on every rank (prefill, decode, tree verify);
+    split with tp's own parts != alone with one (the power)."""
+    _no_errors(results)
+    for res in results:
+        got = res["k_parts"]
+        assert len(got["split"]) == 6
+        for what in got["split"]:
+            assert _same_bits(got["split"][what], got["alone"][what]), what
+        assert any(not _same_bits(got["split default"][w], got["alone default"][w])
+                   for w in ("prefill", "decode", "verify"))
+
+
+def test_exact_k_parts_tp2_equals_tp1(exact_two):
+    """exact_k_parts 4 at tp 2 (two parts a rank, then the ranks' tree) and alone (four parts):
+    the same logits bit for bit, and the same greedy speculative and autoregressive tokens on the
+    near-tie target."""
+    _assert_k_parts_logits(exact_two)
+    for res in exact_two:
+        assert res["split k_parts"] == res["alone k_parts"]
+        spec, ar = res["split k_parts"]
+        assert spec == ar
+
+
+def test_cli_exact_k_parts_tp2_prints_tp1s_tokens(exact_two):
+    """``jetspec generate --exact --exact-k-parts 2 --ar`` under tp 2 (gloo) prints the tokens the
+    same command prints alone, and its speculative output matches its baseline."""
+    import contextlib
+    import io
+
+    from jetspec_kernels.__main__ import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(K_PARTS_CLI) == 0
+
+    def tokens(text):
+        lines = text.splitlines()
+        return [lines[i + 1] for i, line in enumerate(lines) if line.startswith("--- prompt")]
+    rc, printed, err = exact_two[0]["k_parts_cli"]
+    assert rc == 0, err
+    assert "greedy outputs match" in printed and "greedy outputs match" in out.getvalue()
+    assert len(tokens(printed)) == 2 and tokens(printed) == tokens(out.getvalue())
+
+
+def test_exact_k_parts_tp4_equals_tp1(four):
+    _assert_k_parts_logits(four)
+    assert all(res["k_parts_2"] == "ValueError: exact_k_parts (2) must be a multiple of tp (4): "
+               "every rank reduces whole parts of K" for res in four)
 
 
 def test_rank_order_reduction_is_row_invariant(four):

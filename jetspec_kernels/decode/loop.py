@@ -172,7 +172,8 @@ def _adaptive_defaults(target, head, prompt_ids, args, calibrator, cost_model, *
                cuda_graphs, _backend.resolve(target.device),
                *(_backend.resolve(target.device, fn=fn) for fn in _backend.REFERENCE_UNTIL_VERIFIED),
                target.fused_ops_backend, head.fused_ops_backend,
-               exact_enabled() and getattr(target, "exact_gemm_tile", "narrow"))
+               exact_enabled() and (getattr(target, "exact_gemm_tile", "narrow"),
+                                    getattr(target, "exact_k_parts", None)))
         if key not in kept:
             kept[key] = measure_round_costs(target, head, prompt_ids, args.sizes, topk=topk,
                                             temperature=temperature, top_k=top_k, top_p=top_p,

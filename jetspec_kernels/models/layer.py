@@ -21,7 +21,7 @@ def _identity(x):
 
 
 def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, norm=None,
-                  residual=None, defer_add=False, linear=F.linear):
+                  residual=None, defer_add=False, linear=F.linear, row_linear=None):
     """One pre-norm Qwen3 decoder layer: ``h += o_proj(attend(q, k, v))``, then
     ``h += mlp(post_attention_layernorm(h))``.
 
@@ -48,6 +48,8 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, nor
         layer's input norm (or the final norm) adds them; False: their sum
     linear : callable ``(x [B, N, K], weight [M, K]) -> [B, N, M]`` for the q/k/v and o
         projections (the exact mode passes ``ops.exact.linear``, one M = 1 GEMM per row)
+    row_linear : the same for the o projection, the row-parallel one whose output ``reduce``
+        sums (the exact mode's splits K in fixed parts), or None: ``linear``
 
     Returns
     -------
@@ -67,7 +69,8 @@ def decoder_layer(h, w, attend, eps, *, mlp=swiglu, dtype=None, reduce=None, nor
     else:
         q, k, v = (linear(a, w[f"self_attn.{p}_proj.weight"]).unflatten(-1, (-1, dh))
                    for p in "qkv")
-    attn = reduce(linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
+    row_linear = linear if row_linear is None else row_linear
+    attn = reduce(row_linear(attend(q, k, v, w).flatten(-2), w["self_attn.o_proj.weight"]))
     a, h = norm(attn, w["post_attention_layernorm.weight"], h)   # h + attn, then its norm
     out = reduce(mlp(a, w))
     return (out, h) if defer_add else h + out

@@ -23,6 +23,7 @@ from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import swiglu
 from .layer import decoder_layer
 from .. import launch_plan, tp
+from ..limits import EXACT_MAX_K_PARTS
 from ..tree import Tree
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3Config, Qwen3MoeConfig, read_config
@@ -73,11 +74,21 @@ class Qwen3:
         batches) or ``"wide"`` (large ones: a B16 verify). An engine sets it once for its
         configuration; generate and generate_ar on the same target then run the same tile, which
         their bit equality needs. The MoE block's GEMMs keep the narrow tile either way.
+    exact_k_parts : int or None
+        The exact mode's split of K in the row-parallel GEMMs (o_proj, the MLP's down): K
+        reduced in this many equal parts (at most ``limits.EXACT_MAX_K_PARTS``), their float32 products added along a fixed pairwise
+        tree and rounded once (``ops.exact.linear``'s ``parts``, ``tp.all_reduce_pairwise``
+        across the ranks). A power of two that tp divides; every tp dividing it gives the same
+        bits (tp 1 included), since each rank reduces whole parts and the tree over the ranks
+        continues the tree over its parts. None: tp itself (each rank one part; tp t's bits are
+        then its own). Targets with MoE layers take None or tp only (the experts' down
+        projection is not split in parts: ``ExactModeError``).
     """
 
     experts_grouped_mm: bool | None = None
     fused_ops_backend: str | None = None
     exact_gemm_tile: str = "narrow"
+    exact_k_parts: int | None = None
 
     def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3",
                  group=None):
@@ -240,9 +251,14 @@ class Qwen3:
             raise ValueError(f"exact_gemm_tile must be one of {exact_ops.GEMM_TILES}, got "
                              f"{self.exact_gemm_tile!r}")
         linear = functools.partial(exact_ops.linear, backend=be, tile=self.exact_gemm_tile)
-        # The row-parallel partial sums, summed per element in rank order (all_reduce's order may
-        # depend on the message size, so on M).
-        reduce = (lambda t: tp.all_reduce_in_rank_order(t, self.shard)) if self.shard.parallel else None
+        # The row-parallel GEMMs' K in fixed parts, each rank reducing its own whole parts, summed
+        # across the ranks along the same pairwise tree (all_reduce's order may depend on the
+        # message size, so on M).
+        local = self.resolved_exact_k_parts() // self.shard.size
+        row_linear = functools.partial(linear, parts=local, partial=self.shard.parallel)
+        reduce = ((lambda t: tp.all_reduce_pairwise(t, self.shard, self.dtype))
+                  if self.shard.parallel else None)
+        act = functools.partial(exact_ops.silu_mul, backend=be)
 
         def norm(x, weight, residual):
             if residual is None:
@@ -254,11 +270,8 @@ class Qwen3:
                 return exact_moe(a.reshape(-1, a.shape[-1]), w["mlp.gate.weight"],
                                  w["mlp.experts.gate_up_proj"], w["mlp.experts.down_proj"],
                                  cfg.num_experts_per_tok, cfg.norm_topk_prob, be).view_as(a)
-            if be != "triton":      # the whole MLP on one row at a time: [1, H] -> [1, H]
-                return exact_ops.per_row(lambda r: self._mlp(r[None], w, grouped_mm=False)[0], a)
-            # the run layers hold gate and up fused (models/projections.py): one GEMM, exact silu
-            return swiglu(a, w, act=functools.partial(exact_ops.silu_mul, backend=be),
-                          linear=linear)
+            # the run layers hold gate and up fused (models/projections.py): one GEMM
+            return row_linear(act(linear(a, w["mlp.gate_up_proj.weight"])), w["mlp.down_proj.weight"])
 
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
@@ -277,7 +290,7 @@ class Qwen3:
 
                 out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
                                     reduce=reduce, residual=res, defer_add=li not in taps,
-                                    linear=linear)
+                                    linear=linear, row_linear=row_linear)
                 if li in taps:
                     x = kept[li] = out
                     res = None
@@ -285,6 +298,31 @@ class Qwen3:
                     x, res = out
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
         return norm(x, self.norm_weight, res)[0], tapped
+
+    def resolved_exact_k_parts(self) -> int:
+        """The exact mode's parts of K in the row-parallel GEMMs (``exact_k_parts``, None: tp),
+        checked: ``ValueError`` naming it when it is not a power of two that tp divides or a
+        rank's K is not whole parts, ``ExactModeError`` on a MoE target asked for more than tp."""
+        parts, size = self.exact_k_parts, self.shard.size
+        if parts is None:
+            return size
+        if (not isinstance(parts, int) or isinstance(parts, bool) or parts < 1 or parts & (parts - 1)
+                or parts > EXACT_MAX_K_PARTS):
+            raise ValueError(f"exact_k_parts must be None or a power of two <= {EXACT_MAX_K_PARTS}, "
+                             f"got {parts!r}")
+        if parts % size:
+            raise ValueError(f"exact_k_parts ({parts}) must be a multiple of tp ({size}): every "
+                             "rank reduces whole parts of K")
+        if parts > size and any("mlp.gate.weight" in w for w in self._run_layers):
+            raise exact_ops.ExactModeError(
+                f"exact mode: exact_k_parts {parts} on a MoE target (tp {size}): the experts' "
+                "down projection is not split in parts yet; use None or the tp size")
+        for key in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            k = next((w[key].shape[-1] for w in self._run_layers if key in w), None)
+            if k is not None and k % (parts // size):
+                raise ValueError(f"exact_k_parts ({parts}) at tp {size}: this rank's K of "
+                                 f"{key} ({k}) is not {parts // size} equal parts")
+        return parts
 
     def _mlp(self, a: torch.Tensor, w: dict, grouped_mm: bool | None = None) -> torch.Tensor:
         """A layer's MLP on normed [B, N, H] input: SwiGLU, or routed experts in a sparse layer

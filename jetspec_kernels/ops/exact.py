@@ -36,14 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from .. import backend as _backend
-from ..limits import EXACT_GEMM_TILES
+from ..limits import EXACT_GEMM_TILES, EXACT_MAX_K_PARTS
 from .qk_norm_rope_append import qk_norm_rope_append as _qk_norm_rope_append
 from .rms_norm import rms_norm as _rms_norm
 from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
            "exact_verified_devices", "GEMM_TILES", "UNVERIFIED_ENV", "forward_scope", "per_row",
-           "sum_in_order", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
+           "sum_in_order", "sum_pairwise", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
            "sample_at_positions"]
 
 
@@ -171,8 +171,23 @@ def sum_in_order(parts) -> torch.Tensor:
     return total.to(parts[0].dtype)
 
 
+def sum_pairwise(parts, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Same-shape tensors summed element by element along a fixed pairwise tree, in float32,
+    rounded once to ``dtype`` (None: float32): parts 0 + 1, 2 + 3, ..., then those sums in pairs
+    likewise, an odd last one carried to the next level. For 2^a parts the tree over any aligned
+    run of 2^b of them is that run's own tree, so a sum of per-rank sums (each rank holding a
+    run) is the sum of the whole: the exact mode's tensor-parallel reduction."""
+    level = [p.float() for p in parts]
+    if not level:
+        raise ValueError("parts must hold at least one tensor")
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i]
+                 for i in range(0, len(level), 2)]
+    return level[0] if dtype is None else level[0].to(dtype)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None,
-           tile: str = "narrow") -> torch.Tensor:
+           tile: str = "narrow", parts: int = 1, partial: bool = False) -> torch.Tensor:
     """``F.linear(x, weight)`` with every row's bits independent of the other rows and of M.
 
     Parameters
@@ -181,19 +196,43 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None,
     tile : the triton GEMM's tile shape, ``"narrow"`` or ``"wide"`` (``triton.exact_matmul.tiles``:
         an engine's choice, fixed for all its calls; a row's bits depend on it). The reference
         computes every row alone whatever the tile, so its rows are the same bits under both.
+    parts : K reduced in this many equal slices (a power of two dividing K, at most
+        ``limits.EXACT_MAX_K_PARTS``), each alone, their float32 products added by
+        :func:`sum_pairwise`'s tree: a fixed split of K chosen by the engine (the target's
+        ``exact_k_parts``), never by M. With ``parts`` > 1 or ``partial`` the reference
+        computes every part in float32 (exact products of 16-bit inputs).
+    partial : return the float32 sum unrounded (a tensor-parallel rank's share, added across the
+        ranks by ``tp.all_reduce_pairwise`` before one rounding), else rounded to x.dtype
 
     Returns
     -------
-    [..., N] in x.dtype: on the reference one M = 1 GEMM per row (row r is ``F.linear(x_r [1, K],
-    weight)`` bit for bit); on triton the fixed-tile GEMM (``triton.exact_matmul``).
+    [..., N], x.dtype (float32 with ``partial``): on the reference one M = 1 GEMM per row and
+    part (row r of the one-part form is ``F.linear(x_r [1, K], weight)`` bit for bit); on triton
+    the fixed-tile GEMM (``triton.exact_matmul``).
     """
     if tile not in GEMM_TILES:
         raise ValueError(f"tile must be one of {GEMM_TILES}, got {tile!r}")
+    k = weight.shape[-1]
+    if (not isinstance(parts, int) or isinstance(parts, bool) or parts < 1 or parts & (parts - 1)
+            or parts > EXACT_MAX_K_PARTS or k % parts):
+        raise ValueError(f"parts must be a power of two <= {EXACT_MAX_K_PARTS} dividing K = {k}, "
+                         f"got {parts!r}")
+    out_dtype = torch.float32 if partial else x.dtype
     if exact_backend("linear", x.device, backend) == "triton":
-        from ..triton.exact_matmul import exact_linear
+        from ..triton.exact_matmul import exact_linear, exact_linear_parts, sum_parts_pairwise
         unit = (lambda t: t if t.stride(-1) == 1 else t.contiguous())   # a copy: the same values
-        return exact_linear(unit(x), unit(weight), tile)
-    return per_row(lambda r: F.linear(r, weight), x)
+        if parts == 1:
+            return exact_linear(unit(x), unit(weight), tile, out_dtype=out_dtype)
+        return sum_parts_pairwise(exact_linear_parts(unit(x), unit(weight), parts, tile), out_dtype)
+    if parts == 1 and not partial:
+        return per_row(lambda r: F.linear(r, weight), x)
+    # Each part's slice as a fresh contiguous float32 tensor: a rank holding that slice of K
+    # alone (tp.rowwise's copy) makes the same GEMM call on the same values.
+    step = k // parts
+    w_parts = [weight[:, p * step:(p + 1) * step].float().contiguous() for p in range(parts)]
+    return per_row(lambda r: sum_pairwise(
+        [F.linear(r[:, p * step:(p + 1) * step].float().contiguous(), w_parts[p])
+         for p in range(parts)], out_dtype), x)
 
 
 def rms_norm(x, weight, *, eps: float = 1e-6, residual=None, backend: str | None = None):

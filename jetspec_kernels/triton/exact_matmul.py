@@ -5,10 +5,12 @@ What makes a row's bits depend on the launch in a library GEMM is a choice made 
 kernel, other tiles, split-K (partial sums of K slices added in another order). Here nothing
 depends on M: the tiles are fixed (``BLOCK_M x BLOCK_N x BLOCK_K`` from the dtype alone, not
 autotuned), K is reduced by one program in one fixed order (k-blocks ascending, a float32
-accumulator, no split-K), and M is excluded from Triton's argument specialisation (an M of 1 or a
+accumulator, no split-K chosen from M), and M is excluded from Triton's argument specialisation (an M of 1 or a
 multiple of 16 would otherwise compile another binary). A row's output element is then the same
 sequence of ``tl.dot`` steps over the same k-blocks in every launch; the other rows of its tile
-are other rows of the same dot (zeros past M).
+are other rows of the same dot (zeros past M). A split of K into parts fixed by the engine
+(:func:`exact_linear_parts`, for tensor parallelism: every rank's K slice is whole parts) keeps
+this: each part is its own k loop from its own first k, in any launch.
 
 The tiles are a function of the dtype and of a tile shape the *engine* fixes once (``tile``:
 ``"narrow"`` or ``"wide"``, the target's ``exact_gemm_tile``), never of the call's M
@@ -33,7 +35,7 @@ import triton.language as tl
 from ..limits import EXACT_GEMM_TILES as GEMM_TILES
 from .sizes import cdiv
 
-__all__ = ["exact_linear", "exact_grouped_linear", "expert_tiles", "tiles"]
+__all__ = ["exact_linear", "exact_linear_parts", "sum_parts_pairwise", "exact_grouped_linear", "expert_tiles", "tiles"]
 
 
 def tiles(dtype: torch.dtype, shape: str = "narrow") -> tuple[int, int, int, int, int]:
@@ -48,30 +50,34 @@ def tiles(dtype: torch.dtype, shape: str = "narrow") -> tuple[int, int, int, int
 
 
 @triton.jit
-def _k_loop(x_ptr, row_off, row_ok, w_ptr, cols, N, K, stride_wn, BLOCK_M: tl.constexpr,
+def _k_loop(x_ptr, row_off, row_ok, w_ptr, cols, N, k_lo, k_hi, stride_wn, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """[BLOCK_M, BLOCK_N] float32: rows (element offsets ``row_off``) of x times columns ``cols``
-    of w, K reduced by this program in ascending k-blocks (no split-K)."""
+    of w over k in [k_lo, k_hi), reduced by this program in ascending k-blocks from k_lo."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + row_off[:, None] + ks[None, :],
-                    mask=row_ok[:, None] & (ks[None, :] < K), other=0.0)
+                    mask=row_ok[:, None] & (ks[None, :] < k_hi), other=0.0)
         b = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
-                    mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)
+                    mask=(cols[None, :] < N) & (ks[:, None] < k_hi), other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     return acc
 
 
 @triton.jit(do_not_specialize=["M"])
-def _fixed_tile_matmul(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       INPUT_PRECISION: tl.constexpr):
+def _fixed_tile_matmul(x_ptr, w_ptr, out_ptr, M, N, K_PART, stride_xm, stride_wn, stride_om,
+                       stride_op, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Program (i, j, p): rows tile i, columns tile j, K part p (k in [p K_PART, (p+1) K_PART)),
+    written to ``out + p * stride_op``."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _k_loop(x_ptr, rows * stride_xm, rows < M, w_ptr, cols, N, K, stride_wn, BLOCK_M,
-                  BLOCK_N, BLOCK_K, INPUT_PRECISION)
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+    part = tl.program_id(2)
+    k_lo = part * K_PART
+    acc = _k_loop(x_ptr, rows * stride_xm, rows < M, w_ptr, cols, N, k_lo, k_lo + K_PART,
+                  stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
+    tl.store(out_ptr + part.to(tl.int64) * stride_op + rows[:, None] * stride_om + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
@@ -93,26 +99,47 @@ def _grouped_fixed_tile_matmul(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_firs
         entry = tl.load(order_ptr + first + i, mask=ok, other=0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _k_loop(x_ptr, (entry // per_token) * stride_xm, ok,
-                      w_ptr + expert.to(tl.int64) * stride_we, cols, N, K, stride_wn, BLOCK_M,
+                      w_ptr + expert.to(tl.int64) * stride_we, cols, N, 0, K, stride_wn, BLOCK_M,
                       BLOCK_N, BLOCK_K, INPUT_PRECISION)
         tl.store(out_ptr + entry[:, None] * stride_om + cols[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols[None, :] < N))
 
 
-def exact_linear(x: torch.Tensor, weight: torch.Tensor, tile: str = "narrow") -> torch.Tensor:
-    """``torch.nn.functional.linear(x, weight)`` with M-independent tiles (see the module doc).
+@triton.jit
+def _sum_parts_pairwise(parts_ptr, out_ptr, numel, stride_p, PARTS: tl.constexpr,
+                        LEVELS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[e] = the pairwise tree over the parts of element e ((0 + 1) + (2 + 3), ...), float32
+    adds, one rounding at the store. Elementwise: BLOCK does not change a bit."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    p = tl.arange(0, PARTS).to(tl.int64)
+    x = tl.load(parts_ptr + offs[:, None] + p[None, :] * stride_p, mask=ok[:, None], other=0.0)
+    for level in tl.static_range(LEVELS):       # adjacent pairs, row-major: parts 2i and 2i + 1
+        a, b = tl.split(tl.reshape(x, (BLOCK, PARTS >> (level + 1), 2)))
+        x = a + b
+    tl.store(out_ptr + offs, tl.reshape(x, (BLOCK,)).to(out_ptr.dtype.element_ty,
+                                                       fp_downcast_rounding="rtne"), mask=ok)
 
-    Parameters
-    ----------
-    x : float16/bfloat16/float32 [..., K], last dim contiguous
-    weight : x.dtype [N, K], last dim contiguous
-    tile : one of ``limits.EXACT_GEMM_TILES``: the engine's tile shape; a row's bits depend on it,
-        so every call whose rows must agree (decode and verify) passes the same one
 
-    Returns
-    -------
-    [..., N] in x.dtype, accumulated in float32 (float32 inputs: IEEE products, no TF32).
-    """
+def sum_parts_pairwise(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``parts`` float32 [P, ...] (P a power of two, contiguous) summed over P along the pairwise
+    tree of ``ops.exact.sum_pairwise`` (parts 0 + 1, 2 + 3, then pairs of those), in float32,
+    rounded once to ``dtype``: one launch. Returns [...] in ``dtype``."""
+    count = parts.shape[0]
+    if parts.dtype != torch.float32 or not parts.is_contiguous() or count < 1 or count & (count - 1):
+        raise ValueError(f"parts must be contiguous float32 [P, ...] with P a power of two, got "
+                         f"{parts.dtype} {list(parts.shape)}")
+    out = torch.empty(parts.shape[1:], dtype=dtype, device=parts.device)
+    numel = out.numel()
+    if numel:
+        block = min(1024, max(64, 8192 // count))
+        _sum_parts_pairwise[(cdiv(numel, block),)](parts, out, numel, parts.stride(0), PARTS=count,
+                                                   LEVELS=count.bit_length() - 1, BLOCK=block,
+                                                   num_warps=4)
+    return out
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise TypeError("x and weight must be tensors")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -124,18 +151,68 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor, tile: str = "narrow") ->
         raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
     if x.dim() < 1 or x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must be contiguous in their last dimension")
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, tile: str, parts: int,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """out_dtype [parts, M, N]: part p is rows of x times weight over k in [p K/parts, (p+1) K/parts)."""
     bm, bn, bk, warps, stages = tiles(x.dtype, tile)
     k, n = weight.shape[1], weight.shape[0]
     rows = x.reshape(-1, k)
-    out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
+    out = torch.empty(parts, rows.shape[0], n, dtype=out_dtype, device=x.device)
     if rows.shape[0] and n:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"   # tf32: ignored for 16-bit
-        grid = (cdiv(rows.shape[0], bm), cdiv(n, bn))
-        _fixed_tile_matmul[grid](rows, weight, out, rows.shape[0], n, k, rows.stride(0),
-                                 weight.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
-                                 BLOCK_K=bk, INPUT_PRECISION=precision, num_warps=warps,
-                                 num_stages=stages)
-    return out.reshape(*x.shape[:-1], n)
+        grid = (cdiv(rows.shape[0], bm), cdiv(n, bn), parts)
+        _fixed_tile_matmul[grid](rows, weight, out, rows.shape[0], n, k // parts, rows.stride(0),
+                                 weight.stride(0), out.stride(1), out.stride(0), BLOCK_M=bm,
+                                 BLOCK_N=bn, BLOCK_K=bk, INPUT_PRECISION=precision,
+                                 num_warps=warps, num_stages=stages)
+    return out
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor, tile: str = "narrow", *,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.nn.functional.linear(x, weight)`` with M-independent tiles (see the module doc).
+
+    Parameters
+    ----------
+    x : float16/bfloat16/float32 [..., K], last dim contiguous
+    weight : x.dtype [N, K], last dim contiguous
+    tile : one of ``limits.EXACT_GEMM_TILES``: the engine's tile shape; a row's bits depend on it,
+        so every call whose rows must agree (decode and verify) passes the same one
+    out_dtype : the output's dtype (None: x.dtype); float32 keeps the accumulator unrounded (a
+        tensor-parallel rank's partial sum, added across ranks before one rounding)
+
+    Returns
+    -------
+    [..., N] in out_dtype, accumulated in float32 (float32 inputs: IEEE products, no TF32).
+    """
+    _check(x, weight)
+    out = _launch(x, weight, tile, 1, x.dtype if out_dtype is None else out_dtype)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def exact_linear_parts(x: torch.Tensor, weight: torch.Tensor, parts: int,
+                       tile: str = "narrow") -> torch.Tensor:
+    """The products of :func:`exact_linear` over ``parts`` equal slices of K, each reduced alone
+    from its own first k (a fixed split-K chosen by the engine, never by M), unsummed. Slice p of
+    ``x`` and ``weight`` gives the same bits as :func:`exact_linear` (``out_dtype=float32``) of
+    those slices alone, so a tensor-parallel rank holding slices p.. computes the same parts.
+
+    Parameters
+    ----------
+    x, weight, tile : as :func:`exact_linear`; parts : int >= 1 dividing K
+
+    Returns
+    -------
+    float32 [parts, ..., N]: part p is ``x[..., s] @ weight[:, s].T``, s the p-th slice of K.
+    """
+    _check(x, weight)
+    k = weight.shape[1]
+    if not isinstance(parts, int) or parts < 1 or k % parts:
+        raise ValueError(f"parts must be a positive int dividing K = {k}, got {parts!r}")
+    out = _launch(x, weight, tile, parts, torch.float32)
+    return out.reshape(parts, *x.shape[:-1], weight.shape[0])
 
 
 def expert_tiles(experts: torch.Tensor, num_experts: int, block_m: int):

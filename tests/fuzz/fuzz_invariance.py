@@ -187,13 +187,22 @@ def _linear(seed, engine):
     if interpreted(engine) and dtype != F32:
         return "unsupported: the Triton interpreter cannot run a 16-bit tl.dot"
     tile = r.choice(ex.GEMM_TILES)
+    parts = r.choice([p for p in (1, 1, 2, 4, 8) if k % p == 0])     # an engine's exact_k_parts
     x, w = x.to(engine.device), w.to(engine.device)
-    full = ex.linear(x, w, backend=engine.name, tile=tile).reshape(-1, n)
+    kw = dict(backend=engine.name, tile=tile, parts=parts)
+    full = ex.linear(x, w, **kw).reshape(-1, n)
     xs = x.reshape(-1, k)
     for row in _rows(xs.shape[0], r):
-        _assert_row(full[row:row + 1],
-                    ex.linear(xs[row:row + 1].clone(), w, backend=engine.name, tile=tile),
-                    f"linear row {row} ({tile} tile)")
+        _assert_row(full[row:row + 1], ex.linear(xs[row:row + 1].clone(), w, **kw),
+                    f"linear row {row} ({tile} tile, {parts} K parts)")
+    if parts > 1:       # tp ranks each reducing their K slice's parts: the one-rank bits
+        ranks = r.choice([t for t in (2, 4, 8) if parts % t == 0])
+        step = k // ranks
+        shares = [ex.linear(x[..., i * step:(i + 1) * step].contiguous(),
+                            w[:, i * step:(i + 1) * step].contiguous(), backend=engine.name,
+                            tile=tile, parts=parts // ranks, partial=True) for i in range(ranks)]
+        _assert_row(full, ex.sum_pairwise(shares, dtype).reshape(-1, n),
+                    f"linear: {ranks} ranks' shares of {parts} K parts ({tile} tile)")
     return "ok"
 
 
