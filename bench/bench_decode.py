@@ -111,6 +111,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exact-tile", choices=EXACT_GEMM_TILES, default=None,
                    help="with --exact: the target's exact GEMM tile on triton (exact_gemm_tile; "
                         "default narrow); wide rows are labelled :exact-wide")
+    p.add_argument("--exact-k-parts", type=int, default=None,
+                   help="with --exact: the target's exact_k_parts (K of o_proj and down in this "
+                        "many fixed parts, the tp-invariant mode); rows labelled :exact-k<S>")
     p.add_argument("--predict", action="store_true",
                    help="print the floors and predictions of the plan on an H200 and an H100; no run")
     return p
@@ -256,9 +259,10 @@ def main(argv=None) -> int:
         if path and not Path(path).is_dir():
             print(f"bench_decode: --{what} {path} is not a directory", file=sys.stderr)
             return 2
-    if args.exact_tile and not args.exact:
-        print("bench_decode: --exact-tile needs --exact", file=sys.stderr)
-        return 2
+    for flag, value in (("--exact-tile", args.exact_tile), ("--exact-k-parts", args.exact_k_parts)):
+        if value and not args.exact:
+            print(f"bench_decode: {flag} needs --exact", file=sys.stderr)
+            return 2
     if args.exact:   # refused by name where the exact mode cannot run, before any model is built
         from jetspec_kernels import BackendUnavailableError
         from jetspec_kernels.ops.exact import ExactModeError, exact_backend
@@ -305,6 +309,13 @@ def main(argv=None) -> int:
     target.fused_ops_backend = head.fused_ops_backend = args.fused_ops_backend
     if args.exact_tile:
         target.exact_gemm_tile = args.exact_tile
+    if args.exact_k_parts:
+        target.exact_k_parts = args.exact_k_parts
+        try:
+            target.resolved_exact_k_parts()
+        except (ValueError, NotImplementedError) as ex:     # ExactModeError is one
+            print(f"bench_decode: --exact-k-parts: {ex}", file=sys.stderr)
+            return 2
     from jetspec_kernels.models.moe import grouped_mm_impl
     if getattr(target.config, "num_experts", 0) and grouped_mm_impl() is not None:
         target.experts_grouped_mm = True     # the GPU's bf16 path; on the CPU the loop would sync
@@ -320,10 +331,12 @@ def main(argv=None) -> int:
     old_checks = os.environ.get("JETSPEC_VALUE_CHECKS", "cpu")
     import jetspec_kernels as jk
     jk.set_value_checks("never")     # as on CUDA tensors: no value check reads the host in a round
-    exact_label = (":exact" + ("-wide" if args.exact_tile == "wide" else "")) if args.exact else ""
+    exact_label = (":exact" + ("-wide" if args.exact_tile == "wide" else "")
+                   + (f"-k{args.exact_k_parts}" if args.exact_k_parts else "")) if args.exact else ""
     if args.exact:
         table.header_lines.append(f"the target in the exact mode (rows {exact_label}), GEMM tile "
-                                  f"{args.exact_tile or 'narrow'}")
+                                  f"{args.exact_tile or 'narrow'}, K parts "
+                                  f"{args.exact_k_parts or 'tp'}")
     try:
         groups = list(dict.fromkeys((c.batch, c.prompt) for c in configs))
         for name in backends:

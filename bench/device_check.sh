@@ -53,6 +53,8 @@
 #                  p512, n64, the target on the exact mode's triton path (unverified)
 #   decode_exact_wide  when time allows (at most 70 s): the same at B16 with the wide GEMM
 #                  tile (--exact-tile wide), the large-batch engine's choice
+#   decode_exact_kparts  when time allows (at most 60 s): the same at B1 with K of o_proj and
+#                  down in 8 parts (--exact-k-parts 8, the tp-invariant mode)
 #   moe            when time allows: bench_decode --model moe at B 1 and 16 (configs that do
 #                  not fit the card's memory, e.g. on an H100, are rows saying so)
 #   gpu_tests_nopdl  when time allows and gpu_tests failed: the cuda ops without PDL
@@ -317,6 +319,9 @@ step decode_exact 0 0 "$TO 90 env JETSPEC_EXACT_UNVERIFIED=1 '$PY' bench/bench_d
 step decode_exact_wide 0 0 "$TO 70 env JETSPEC_EXACT_UNVERIFIED=1 '$PY' bench/bench_decode.py --exact \
   --exact-tile wide --fused-ops-backend triton --batches 16 --prompts 512 --budgets 64 --deadline 60 \
   --no-plot --out '$RES/decode_exact_wide'"
+step decode_exact_kparts 0 0 "$TO 60 env JETSPEC_EXACT_UNVERIFIED=1 '$PY' bench/bench_decode.py --exact \
+  --exact-k-parts 8 --fused-ops-backend triton --batches 1 --prompts 512 --budgets 64 --deadline 50 \
+  --no-plot --out '$RES/decode_exact_kparts'"
 
 # 9. When time allows: the MoE round table (configs the card's memory cannot hold are rows saying
 #    so), a no-PDL rerun of failing cuda ops, Nsight Compute.

@@ -474,6 +474,31 @@ def test_exact_rounds_wide_tile(tmp_path, monkeypatch):
     assert seen and set(seen) == {"wide"}
 
 
+def test_exact_rounds_k_parts(tmp_path, monkeypatch, capsys):
+    """--exact-k-parts 4: the target's row-parallel GEMMs run 4 K parts (the tp-invariant mode),
+    rows labelled :exact-k4; a value the target refuses, or the flag without --exact, exits 2."""
+    from jetspec_kernels.ops import exact as ex
+    seen = []
+    real = ex.linear
+    monkeypatch.setattr(ex, "linear", lambda x, w, **kw: seen.append(kw.get("parts", 1))
+                        or real(x, w, **kw))
+    out = tmp_path / "x"
+    assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--exact", "--exact-k-parts", "4",
+                    "--out", str(out)]) == 0
+    with open(out / "decode.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["backend"] for r in rows] == ["prefill:exact-k4", "ar:exact-k4", "spec:exact-k4",
+                                            "spec:exact-k4"]
+    assert all(r["status"] == "ok" for r in rows)
+    assert set(seen) == {1, 4}
+    capsys.readouterr()
+    for argv, err in ((["--exact", "--exact-k-parts", "3"], "--exact-k-parts: exact_k_parts must be"),
+                      (["--exact-k-parts", "4"], "--exact-k-parts needs --exact")):
+        assert bd.main(["--quick", "--device", "cpu", "--no-plot", "--out", str(tmp_path / "y")]
+                       + argv) == 2
+        assert err in capsys.readouterr().err
+
+
 def test_models_that_do_not_fit_are_skipped_with_a_row(tmp_path, monkeypatch):
     """On a GPU whose free memory cannot hold the weights (the MoE target on an H100), every
     config gets a skip row saying how much it needs, and the run succeeds (a fake CUDA device)."""

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "device_check.sh"
 ORDER = ["smi", "setup", "build", "gpu_tests_triton", "gpu_tests", "gpu_tests_hopper", "attention",
          "decode", "sanitizers", "small_ops", "attn_sweep", "hidden_topk", "draft_head",
-         "gated_delta", "decode_fused", "decode_exact", "decode_exact_wide", "moe",
+         "gated_delta", "decode_fused", "decode_exact", "decode_exact_wide", "decode_exact_kparts", "moe",
          "gpu_tests_nopdl", "ncu"]
 PLAN = re.compile(r"^\[device_check\] plan (\S+) (\d+) (\d+) (required|optional|conditional): (.*)$")
 
@@ -80,6 +80,8 @@ def test_plan_order_and_limits():
         "decode_exact"] and "JETSPEC_EXACT_UNVERIFIED=1" in cmds["decode_exact"]
     assert kinds["decode_exact_wide"] == "optional" and "--exact-tile wide" in cmds[
         "decode_exact_wide"] and "JETSPEC_EXACT_UNVERIFIED=1" in cmds["decode_exact_wide"]
+    assert kinds["decode_exact_kparts"] == "optional" and "--exact-k-parts 8" in cmds[
+        "decode_exact_kparts"] and "JETSPEC_EXACT_UNVERIFIED=1" in cmds["decode_exact_kparts"]
     assert "SOURCES.sha256" in cmds["setup"] and "make ext " in cmds["build"]
 
 
