@@ -602,3 +602,32 @@ def k_parts_as_ranks(linear, x, w, parts, ranks):
                      parts=parts // ranks, partial=True) for r in range(ranks)]
     assert all(s.dtype == torch.float32 for s in shares)
     return sum_pairwise(shares, x.dtype)
+
+
+def moe_as_ranks(exact_moe, backend, dtype, ranks, parts, seed=13):
+    """``exact_moe`` on a random block (T 9, H 32, I 48, E 4, top-2) with ``parts`` K parts, and
+    as ``ranks`` tensor-parallel ranks compute it: rank r keeps the r-th slice of every expert's
+    I (gate and up rows, down's columns; contiguous copies, as ``models.sharding``), reduces
+    ``parts / ranks`` parts, and the reduce sums the ranks' float32 down shares along
+    ``ops.exact.sum_pairwise``'s tree. Returns (rank 0's output, the one-rank output, the block
+    without parts)."""
+    from jetspec_kernels.ops.exact import sum_pairwise
+    gen = torch.Generator().manual_seed(seed)
+    t, h, i, e, k = 9, 32, 48, 4, 2
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    router = torch.randn(e, h, generator=gen).to(dtype)
+    gate_up = (torch.randn(e, 2 * i, h, generator=gen) / 6).to(dtype)
+    down = (torch.randn(e, h, i, generator=gen) / 7).to(dtype)
+    step = i // ranks
+    split = [(torch.cat([gate_up[:, r * step:(r + 1) * step], gate_up[:, i + r * step:i + (r + 1) * step]],
+                        1).contiguous(), down[..., r * step:(r + 1) * step].contiguous())
+             for r in range(ranks)]
+    shares = []
+    for gu, dn in split:           # each rank's float32 shares, collected by its reduce
+        exact_moe(x, router, gu, dn, k, True, backend, parts=parts // ranks,
+                  reduce=lambda s: shares.append(s) or s.to(dtype))
+    total = sum_pairwise(shares, dtype)
+    got = exact_moe(x, router, *split[0], k, True, backend, parts=parts // ranks,
+                    reduce=lambda s: total)
+    return got, exact_moe(x, router, gate_up, down, k, True, backend, parts=parts), \
+        exact_moe(x, router, gate_up, down, k, True, backend)

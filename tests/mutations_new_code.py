@@ -87,6 +87,7 @@ TP_PY = "jetspec_kernels/tp.py"
 # reach the new code (-k), since each row's full selection takes minutes here
 K_PARTS_TRITON = ["tests/test_exact_triton.py", "-k", "k_parts or tree_kernel"]
 K_PARTS_OPS = ["tests/test_exact_ops.py", "-k", "pairwise or parts"]
+K_PARTS_OPS_MOE = ["tests/test_exact_ops.py", "-k", "moe_in_k_parts"]
 K_PARTS_MODEL = ["tests/test_exact_decode.py", "-k", "k_parts"]
 K_PARTS_TP = ["tests/test_tp.py", "-k", "k_parts"]
 
@@ -294,7 +295,11 @@ MUTATIONS = {
     # ------------------------------------------------------------ exact_k_parts (tp t == tp 1)
     "k_part_starts_at_zero": (
         "wrong offset (every K part reads the first slice)", EXACT_MM,
-        "    k_lo = part * K_PART\n", "    k_lo = part * 0\n", K_PARTS_TRITON),
+        "    k_lo = part * K_PART\n    acc = _k_loop(x_ptr, rows * stride_xm",
+        "    k_lo = part * 0\n    acc = _k_loop(x_ptr, rows * stride_xm", K_PARTS_TRITON),
+    "grouped_k_part_starts_at_zero": (
+        "wrong offset (every K part of the grouped GEMM reads the first slice)", EXACT_MM,
+        "        k_lo = part * K_PART\n", "        k_lo = part * 0\n", K_PARTS_TRITON),
     "tree_kernel_last_element_unwritten": (
         "off-by-one at a limit (the tree kernel's last element)", EXACT_MM,
         "    ok = offs < numel\n    p = tl.arange(0, PARTS)",
@@ -306,12 +311,17 @@ MUTATIONS = {
         "        level = [level[0] + level[1]] + level[2:]", K_PARTS_OPS),
     "reference_parts_all_the_first_slice": (
         "wrong offset (the reference's row slices)", EXACT_PY,
-        "F.linear(r[:, p * step:(p + 1) * step].float().contiguous(), w_parts[p])",
-        "F.linear(r[:, :step].float().contiguous(), w_parts[p])", K_PARTS_OPS),
+        "F.linear(_fresh(r[:, p * step:(p + 1) * step], torch.float32), w_parts[p])",
+        "F.linear(_fresh(r[:, :step], torch.float32), w_parts[p])", K_PARTS_OPS),
     "rank_share_rounded": (
         "a rounding too early (a rank's share rounded before the ranks' sum)", QWEN3_PY,
-        "row_linear = functools.partial(linear, parts=local, partial=self.shard.parallel)",
-        "row_linear = functools.partial(linear, parts=local, partial=False)", K_PARTS_TP),
+        "return share_sum(linear(x, w, parts=local, partial=True))",
+        "return share_sum(linear(x, w, parts=local, partial=False))", K_PARTS_TP),
+    "moe_shares_rounded_before_the_ranks_sum": (
+        "a rounding too early (a rank's expert down shares rounded)", MOE_PY,
+        "    y = shares.to(x.dtype) if reduce is None else reduce(shares)\n    return ex.sum_in_order(",
+        "    y = shares.to(x.dtype) if reduce is None else reduce(shares.to(x.dtype).float())\n"
+        "    return ex.sum_in_order(", K_PARTS_OPS_MOE),
     "down_projection_not_in_parts": (
         "a setting not passed on one path (the MLP's down)", QWEN3_PY,
         "return row_linear(act(linear(a, w[\"mlp.gate_up_proj.weight\"])), w[\"mlp.down_proj.weight\"])",

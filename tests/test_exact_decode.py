@@ -98,7 +98,8 @@ def _tree(parents, tokens):
     ("dense", torch.float32, 4, "triton", "narrow", None),
     ("dense", torch.float32, None, "triton", "wide", None),
     ("moe", torch.float32, None, "triton", "narrow", None),
-    ("dense", torch.bfloat16, 4, None, "narrow", 4), ("dense", torch.float32, None, "triton", "narrow", 2)])
+    ("dense", torch.bfloat16, 4, None, "narrow", 4), ("dense", torch.float32, None, "triton", "narrow", 2),
+    ("moe", torch.bfloat16, None, None, "narrow", 2), ("moe", torch.float32, 4, "triton", "narrow", 4)])
 def test_exact_verify_logits_equal_autoregressive_logits(kind, dtype, page_size, fused_backend,
                                                           tile, k_parts):
     """Every tree node's verify logits == the logits of autoregressive decoding along its path
@@ -192,7 +193,7 @@ def test_exact_k_parts_reach_the_row_parallel_gemms(backend, monkeypatch):
 
 def test_exact_k_parts_limits_and_refusals():
     """exact_k_parts: a power of two up to limits.EXACT_MAX_K_PARTS (64 runs, 128 is refused), a
-    K that is not whole parts named, a MoE target asked for more parts than tp refused."""
+    K that is not whole parts named (a dense down, a MoE target's experts' down)."""
     target = tiny_models(dtype=torch.float32)[0]      # o_proj K 64, down K 128
     for bad, match in ((3, "power of two"), (True, "power of two"), (0, "power of two"),
                        (128, "power of two <= 64, got 128")):
@@ -207,11 +208,10 @@ def test_exact_k_parts_limits_and_refusals():
     with pytest.raises(ValueError, match=r"K of mlp.down_proj.weight \(96\) is not 64 equal parts"):
         generate_ar(odd, [[1, 2]], max_new_tokens=2, exact=True)
     moe = _moe_target(torch.float32)
-    moe.exact_k_parts = 2
-    with pytest.raises(ExactModeError, match="exact_k_parts 2 on a MoE target"):
+    k = moe.config.moe_intermediate_size
+    moe.exact_k_parts = 64
+    with pytest.raises(ValueError, match=rf"K of mlp.experts.down_proj \({k}\) is not 64 equal parts"):
         generate_ar(moe, [[1, 2]], max_new_tokens=2, exact=True)
-    moe.exact_k_parts = 1                             # tp itself: allowed
-    assert generate_ar(moe, [[1, 2]], max_new_tokens=2, exact=True).tokens
 
 
 def test_exact_moe_speculative_equals_autoregressive():

@@ -269,8 +269,13 @@ def test_linear_in_k_parts_equals_ranks_holding_them(dtype):
     of a row's bits (parts 4's float32 sums differ from parts 1's: the power)."""
     from helpers import k_parts_as_ranks
     gen = torch.Generator().manual_seed(8)
-    x = (torch.randn(5, 256, generator=gen) * torch.logspace(-2, 2, 256)).to(dtype)
-    w = torch.randn(48, 256, generator=gen).to(dtype)
+    for n, k in ((48, 256), (13, 200), (7, 40)):   # N % 4 and K / parts odd: the CPU GEMV's edges
+        x = (torch.randn(5, k, generator=gen) * torch.logspace(-2, 2, k)).to(dtype)
+        w = torch.randn(n, k, generator=gen).to(dtype)
+        _parts_equal_ranks(x, w, dtype, k_parts_as_ranks)
+
+
+def _parts_equal_ranks(x, w, dtype, k_parts_as_ranks):
     for parts in (1, 2, 4, 8):
         full = ex.linear(x, w, parts=parts)
         assert full.dtype == dtype
@@ -288,8 +293,54 @@ def test_linear_parts_limits_and_bad_arguments():
     """parts: a power of two up to limits.EXACT_MAX_K_PARTS (64) dividing K; 128, 3, 8 not
     dividing 12, 0, floats and bools refused by name."""
     x, w = torch.randn(2, 128), torch.randn(8, 128)
-    assert same_bits(ex.linear(x, w, parts=64), ex.linear(x, w, parts=64))
     torch.testing.assert_close(ex.linear(x, w, parts=64), F.linear(x, w), rtol=1e-5, atol=1e-5)
     for parts, k in ((128, 128), (3, 12), (8, 12), (0, 12), (2.0, 12), (True, 12)):
         with pytest.raises(ValueError, match=f"parts must be a power of two <= 64 dividing K = {k}"):
             ex.linear(torch.randn(2, k), torch.randn(8, k), parts=parts)
+
+
+def test_silu_mul_column_bits_do_not_follow_the_row_length():
+    """ops.exact.silu_mul on the reference: a column's bits are the same in a row of I and in a
+    tensor-parallel rank's slice of it (I / 2, I / 4), where the CPU's vector loop would give
+    the slice's last elements a scalar tail (float32 I 48 and 40 differed before the padding)."""
+    gen = torch.Generator().manual_seed(12)
+    for i in (24, 40, 48, 100, 200):
+        gate, up = torch.randn(3, i, generator=gen) * 3, torch.randn(3, i, generator=gen)
+        full = ex.silu_mul(torch.cat([gate, up], -1))
+        torch.testing.assert_close(full, F.silu(gate) * up)
+        for ranks in (r for r in (2, 4) if i % r == 0):
+            step = i // ranks
+            shards = [ex.silu_mul(torch.cat([gate[:, s:s + step], up[:, s:s + step]], -1))
+                      for s in range(0, i, step)]
+            assert same_bits(torch.cat(shards, -1), full), (i, ranks)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_exact_moe_in_k_parts_equals_ranks_holding_them(dtype):
+    """models.moe.exact_moe on the reference with parts 4: two ranks, each holding half of every
+    expert's I (gate/up columns, down's K) with 2 parts, their float32 down shares summed along
+    the pairwise tree (the reduce), give the one-rank output bit for bit; without parts or
+    reduce the block is the unsplit sparse MLP to rounding."""
+    from helpers import moe_as_ranks
+    from jetspec_kernels.models.moe import exact_moe
+    got, want, plain = moe_as_ranks(exact_moe, "reference", dtype, ranks=2, parts=4)
+    assert same_bits(got, want)
+    torch.testing.assert_close(want.float(), plain.float(),
+                               **({} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_column_bits_do_not_follow_n(dtype):
+    """ops.exact.linear on the reference: a column's bits are the same in an N-column call and in
+    a tensor-parallel rank's call on its slice of the columns (N / 2, N / 4), for N whose slices
+    are not a multiple of the CPU GEMV's column group (float32 differed at 2, 3, 6 columns a rank
+    before the weights were padded)."""
+    gen = torch.Generator().manual_seed(15)
+    for n, k in ((8, 28), (12, 30), (24, 60), (259 * 4, 64)):
+        x = torch.randn(3, k, generator=gen).to(dtype)
+        w = torch.randn(n, k, generator=gen).to(dtype)
+        full = ex.linear(x, w)
+        for ranks in (2, 4):
+            step = n // ranks
+            cols = [ex.linear(x, w[s:s + step].contiguous()) for s in range(0, n, step)]
+            assert same_bits(torch.cat(cols, -1), full), (n, k, ranks)

@@ -159,6 +159,34 @@ def test_the_tree_kernel_is_sum_pairwise(out, backend):
 
 
 @TRITON
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_exact_moe_in_k_parts_equals_ranks_holding_them(dtype, backend, monkeypatch):
+    """exact_moe on triton with parts 4 (the grouped GEMM's K parts, the tree kernel): two
+    ranks' float32 down shares summed along the pairwise tree == the one-rank output, bit for
+    bit; the grouped parts are each slice's grouped GEMM; the block is the sparse MLP to
+    rounding."""
+    from helpers import moe_as_ranks
+    from jetspec_kernels.models.moe import exact_moe
+    monkeypatch.setenv(UNVERIFIED_ENV, "1")
+    got, want, plain = moe_as_ranks(exact_moe, backend, dtype, ranks=2, parts=4)
+    assert torch.equal(_bits(got), _bits(want))
+    assert rel_l2(want.double(), plain.double()) < _tol(dtype)
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(10, 40, generator=gen).to(dtype).to(DEV)
+    w = torch.randn(3, 24, 40, generator=gen).to(dtype).to(DEV)
+    experts = torch.randint(0, 3, (5, 2), generator=gen).to(DEV)
+    parts = exact_grouped_linear(x, w, experts, per_token=1, parts=4)
+    assert parts.shape == (4, 10, 24) and parts.dtype == torch.float32
+    for p in range(4):
+        alone = exact_grouped_linear(x[:, p * 10:(p + 1) * 10].contiguous(),
+                                     w[..., p * 10:(p + 1) * 10].contiguous().to(dtype), experts,
+                                     per_token=1, parts=1)
+        assert torch.equal(parts[p], alone[0]), p
+    with pytest.raises(ValueError, match="parts must be None or a positive int dividing K = 40"):
+        exact_grouped_linear(x, w, experts, per_token=1, parts=3)
+
+
+@TRITON
 def test_shapes_and_bad_arguments(backend):
     w = torch.randn(24, 40, device=DEV)
     assert exact_linear(torch.randn(2, 3, 40, device=DEV), w).shape == (2, 3, 24)

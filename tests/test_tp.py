@@ -291,6 +291,9 @@ def scenario_exact(rank, world):
                      group=group).tokens,
             generate_ar(target, prompts, max_new_tokens=10, exact=True, group=group).tokens)
     out["k_parts"] = _k_parts_logits(tiny_qwen3_config(), 0, 4)
+    out["k_parts_moe"] = _k_parts_logits(_moe_config(), 1, 4)
+    # widths at the CPU's edges: hidden 30 (N % 4), I / tp 66 (silu's vector tail, parts of 33)
+    out["k_parts_odd"] = _k_parts_logits(tiny_qwen3_config(hidden_size=30, intermediate_size=132), 0, 2)
     out["k_parts_cli"] = _cli(rank, K_PARTS_CLI + ["--tp", str(world)],
                               dict(RANK=str(rank), WORLD_SIZE=str(world)))
     return out
@@ -389,8 +392,7 @@ def test_exact_mode_tp2_speculative_equals_autoregressive(exact_two):
     """The exact mode at tp 2 (row-parallel sums gathered and added along the pairwise tree):
     greedy speculative output equals greedy autoregressive output, token for token, on every
     rank, on the near-tie target where the normal mode's differ."""
-    results = [{k: v for k, v in res.items() if k not in ("k_parts", "k_parts_cli")}
-               for res in exact_two]
+    results = [{k: v for k, v in res.items() if not k.startswith("k_parts")} for res in exact_two]
     _no_errors(results)
     assert results[0] == results[1]
     spec, ar = results[0]["split exact"]
@@ -404,12 +406,12 @@ def _same_bits(a, b):
     return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
 
 
-def _assert_k_parts_logits(results):
+def _assert_k_parts_logits(results, key="k_parts"):
     """Split == alone bit for bit with exact_k_parts on every rank (prefill, decode, tree verify);
     split with tp's own parts != alone with one (the power)."""
     _no_errors(results)
     for res in results:
-        got = res["k_parts"]
+        got = res[key]
         assert len(got["split"]) == 6
         for what in got["split"]:
             assert _same_bits(got["split"][what], got["alone"][what]), what
@@ -419,9 +421,12 @@ def _assert_k_parts_logits(results):
 
 def test_exact_k_parts_tp2_equals_tp1(exact_two):
     """exact_k_parts 4 at tp 2 (two parts a rank, then the ranks' tree) and alone (four parts):
-    the same logits bit for bit, and the same greedy speculative and autoregressive tokens on the
-    near-tie target."""
+    the same logits bit for bit, dense and MoE (the experts' down shares summed per (token,
+    choice) row before the choices are weighted), and the same greedy speculative and
+    autoregressive tokens on the near-tie target."""
     _assert_k_parts_logits(exact_two)
+    _assert_k_parts_logits(exact_two, "k_parts_moe")
+    _assert_k_parts_logits(exact_two, "k_parts_odd")
     for res in exact_two:
         assert res["split k_parts"] == res["alone k_parts"]
         spec, ar = res["split k_parts"]

@@ -108,7 +108,8 @@ def route_logits(logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
 
 
 def exact_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-                  gate_up: torch.Tensor, down: torch.Tensor, act) -> torch.Tensor:
+                  gate_up: torch.Tensor, down: torch.Tensor, act, *, parts: int = 1,
+                  reduce=None) -> torch.Tensor:
     """:func:`grouped_experts` for the exact mode on triton: every (token, choice) row through its
     expert by the fixed-tile grouped GEMM (``triton.exact_matmul.exact_grouped_linear``), so a
     token's output depends on its row and its experts alone; the k choices are weighted in the
@@ -118,19 +119,24 @@ def exact_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     ----------
     x : [T, H]; weights : [T, k] (x.dtype); experts : int64 [T, k]; gate_up : [E, 2I, H];
     down : [E, H, I]; act : ``[rows, 2I] -> [rows, I]`` (the exact silu_mul)
+    parts, reduce : as :func:`exact_moe`'s
 
     Returns
     -------
     [T, H] in x.dtype.
     """
     from ..ops.exact import sum_in_order
-    from ..triton.exact_matmul import exact_grouped_linear, expert_tiles, tiles
+    from ..triton.exact_matmul import exact_grouped_linear, expert_tiles, sum_parts_pairwise, tiles
     t, k = experts.shape
     plan = expert_tiles(experts, gate_up.shape[0], tiles(x.dtype)[0])      # both GEMMs' tiles
     h = act(exact_grouped_linear(x, gate_up, experts, per_token=k, plan=plan))
-    y = exact_grouped_linear(h, down, experts, per_token=1, plan=plan).view(t, k, -1) \
-        * weights[..., None]
-    return sum_in_order(y.unbind(1))
+    if parts == 1 and reduce is None:
+        y = exact_grouped_linear(h, down, experts, per_token=1, plan=plan)
+    else:           # each (token, choice) row's down in K parts: float32 shares, summed once
+        shares = exact_grouped_linear(h, down, experts, per_token=1, plan=plan, parts=parts)
+        shares = shares[0] if parts == 1 else sum_parts_pairwise(shares, torch.float32)
+        y = shares.to(x.dtype) if reduce is None else reduce(shares)
+    return sum_in_order((y.view(t, k, -1) * weights[..., None]).unbind(1))
 
 
 def grouped_mm_impl():
@@ -212,7 +218,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
 
 def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor,
               down: torch.Tensor, top_k: int, norm_topk_prob: bool,
-              backend: str | None = None) -> torch.Tensor:
+              backend: str | None = None, *, parts: int = 1, reduce=None) -> torch.Tensor:
     """A sparse layer's MLP in the exact mode: every token's output row the same bits whatever
     the other tokens are and where they are routed.
 
@@ -224,6 +230,13 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     Parameters
     ----------
     x : [T, H]; router_weight : [E, H]; gate_up : [E, 2I, H]; down : [E, H, I]
+    parts : the experts' down projection reduces K (I) in this many fixed parts, summed along
+        ``ops.exact.sum_pairwise``'s tree (a target's exact_k_parts over tp)
+    reduce : None, or the tensor-parallel sum of the (token, choice) rows' float32 down shares
+        ``[T * k, H] -> [T * k, H]`` in x.dtype (``tp.all_reduce_pairwise``), applied before the
+        choices are weighted and summed; the layer's output is then whole, not a partial sum.
+        With ``parts`` > 1 or ``reduce``, each choice's down output is rounded once, after the
+        parts' and the ranks' sum, so tp t with t parts a rank gives tp 1's bits
 
     Returns
     -------
@@ -236,10 +249,25 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
         weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,
                                         norm_topk_prob, sum_fn=ex.sum_in_order)
         return exact_experts(x, weights, experts, gate_up, down,
-                             functools.partial(ex.silu_mul, backend=be))
+                             functools.partial(ex.silu_mul, backend=be), parts=parts,
+                             reduce=reduce)
     act = functools.partial(silu_mul_op, backend=be)
+    if parts == 1 and reduce is None:
+        def one(row):
+            weights, experts = route(row, router_weight, top_k, norm_topk_prob)
+            return grouped_experts(row, weights, experts, gate_up, down, grouped_mm=False, act=act)
+        return ex.per_row(one, x)
+    if x.shape[0] == 0:
+        return torch.empty_like(x)
 
-    def one(row):
+    def shares_of(row):     # [1, H] -> (float32 [1, k H] down shares, [1, k] weights)
         weights, experts = route(row, router_weight, top_k, norm_topk_prob)
-        return grouped_experts(row, weights, experts, gate_up, down, grouped_mm=False, act=act)
-    return ex.per_row(one, x)
+        ids = experts[0].tolist()       # the reference runs on the CPU: no device sync
+        return torch.cat([ex.linear(ex.silu_mul(ex.linear(row, gate_up[e], backend=be), backend=be),
+                                    down[e], backend=be, parts=parts, partial=True) for e in ids],
+                         dim=-1), weights
+    shares, weights = ex.per_row(shares_of, x)
+    t, h = x.shape[0], down.shape[1]
+    shares = shares.reshape(t * top_k, h)
+    y = shares.to(x.dtype) if reduce is None else reduce(shares)
+    return ex.sum_in_order((y.view(t, top_k, h) * weights[..., None]).unbind(1))

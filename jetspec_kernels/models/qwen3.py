@@ -81,8 +81,8 @@ class Qwen3:
         across the ranks). A power of two that tp divides; every tp dividing it gives the same
         bits (tp 1 included), since each rank reduces whole parts and the tree over the ranks
         continues the tree over its parts. None: tp itself (each rank one part; tp t's bits are
-        then its own). Targets with MoE layers take None or tp only (the experts' down
-        projection is not split in parts: ``ExactModeError``).
+        then its own). MoE layers split their experts' down projection alike and sum each
+        (token, choice) row's shares before weighting the choices.
     """
 
     experts_grouped_mm: bool | None = None
@@ -255,9 +255,13 @@ class Qwen3:
         # across the ranks along the same pairwise tree (all_reduce's order may depend on the
         # message size, so on M).
         local = self.resolved_exact_k_parts() // self.shard.size
-        row_linear = functools.partial(linear, parts=local, partial=self.shard.parallel)
-        reduce = ((lambda t: tp.all_reduce_pairwise(t, self.shard, self.dtype))
-                  if self.shard.parallel else None)
+        share_sum = ((lambda t: tp.all_reduce_pairwise(t, self.shard, self.dtype))
+                     if self.shard.parallel else None)
+
+        def row_linear(x, w):       # o_proj, down: whole parts, then the ranks' shares summed
+            if share_sum is None:
+                return linear(x, w, parts=local)
+            return share_sum(linear(x, w, parts=local, partial=True))
         act = functools.partial(exact_ops.silu_mul, backend=be)
 
         def norm(x, weight, residual):
@@ -269,7 +273,8 @@ class Qwen3:
             if "mlp.gate.weight" in w:          # routed experts
                 return exact_moe(a.reshape(-1, a.shape[-1]), w["mlp.gate.weight"],
                                  w["mlp.experts.gate_up_proj"], w["mlp.experts.down_proj"],
-                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, be).view_as(a)
+                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, be, parts=local,
+                                 reduce=share_sum).view_as(a)
             # the run layers hold gate and up fused (models/projections.py): one GEMM
             return row_linear(act(linear(a, w["mlp.gate_up_proj.weight"])), w["mlp.down_proj.weight"])
 
@@ -289,8 +294,8 @@ class Qwen3:
                                           block_table=cache.block_table, exact=True, backend=be)
 
                 out = decoder_layer(x, w, attend, eps, mlp=mlp, dtype=self.dtype, norm=norm,
-                                    reduce=reduce, residual=res, defer_add=li not in taps,
-                                    linear=linear, row_linear=row_linear)
+                                    residual=res, defer_add=li not in taps, linear=linear,
+                                    row_linear=row_linear)
                 if li in taps:
                     x = kept[li] = out
                     res = None
@@ -302,7 +307,7 @@ class Qwen3:
     def resolved_exact_k_parts(self) -> int:
         """The exact mode's parts of K in the row-parallel GEMMs (``exact_k_parts``, None: tp),
         checked: ``ValueError`` naming it when it is not a power of two that tp divides or a
-        rank's K is not whole parts, ``ExactModeError`` on a MoE target asked for more than tp."""
+        rank's K is not whole parts."""
         parts, size = self.exact_k_parts, self.shard.size
         if parts is None:
             return size
@@ -313,11 +318,7 @@ class Qwen3:
         if parts % size:
             raise ValueError(f"exact_k_parts ({parts}) must be a multiple of tp ({size}): every "
                              "rank reduces whole parts of K")
-        if parts > size and any("mlp.gate.weight" in w for w in self._run_layers):
-            raise exact_ops.ExactModeError(
-                f"exact mode: exact_k_parts {parts} on a MoE target (tp {size}): the experts' "
-                "down projection is not split in parts yet; use None or the tp size")
-        for key in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        for key in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj"):
             k = next((w[key].shape[-1] for w in self._run_layers if key in w), None)
             if k is not None and k % (parts // size):
                 raise ValueError(f"exact_k_parts ({parts}) at tp {size}: this rank's K of "

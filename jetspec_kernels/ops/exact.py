@@ -224,15 +224,38 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None,
         if parts == 1:
             return exact_linear(unit(x), unit(weight), tile, out_dtype=out_dtype)
         return sum_parts_pairwise(exact_linear_parts(unit(x), unit(weight), parts, tile), out_dtype)
+    n = weight.shape[0]
     if parts == 1 and not partial:
-        return per_row(lambda r: F.linear(r, weight), x)
-    # Each part's slice as a fresh contiguous float32 tensor: a rank holding that slice of K
-    # alone (tp.rowwise's copy) makes the same GEMM call on the same values.
+        w = _rows_padded(weight)
+        return per_row(lambda r: F.linear(r, w)[:, :n], x)
+    # Each part's slice as a fresh float32 tensor (aligned as any new tensor): a rank holding
+    # that slice of K alone (tp.rowwise's copy) makes the same GEMV on the same values.
     step = k // parts
-    w_parts = [weight[:, p * step:(p + 1) * step].float().contiguous() for p in range(parts)]
+    w_parts = [_rows_padded(_fresh(weight[:, p * step:(p + 1) * step], torch.float32))
+               for p in range(parts)]
     return per_row(lambda r: sum_pairwise(
-        [F.linear(r[:, p * step:(p + 1) * step].float().contiguous(), w_parts[p])
+        [F.linear(_fresh(r[:, p * step:(p + 1) * step], torch.float32), w_parts[p])[:, :n]
          for p in range(parts)], out_dtype), x)
+
+
+_GEMV_ROWS = 64     # the reference's weights padded to a multiple of this many rows (see below)
+
+
+def _fresh(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A new contiguous copy of ``t`` in ``dtype`` (never a view: a view's address is its
+    parent's plus an offset, and the CPU GEMV's bits follow the alignment)."""
+    return t.to(dtype, memory_format=torch.contiguous_format, copy=True)
+
+
+def _rows_padded(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [N, K]`` with zero rows appended up to a multiple of 64 (itself when it is one).
+    The CPU's one-row GEMV gives a column other bits when N is not a multiple of its column
+    group (float32, N % 4 != 0 here), so a column's bits would follow N, which a tensor-parallel
+    rank's slice of the columns changes; padded, every column is in a whole group."""
+    extra = -weight.shape[0] % _GEMV_ROWS
+    if extra == 0:
+        return weight
+    return torch.cat([weight, weight.new_zeros(extra, weight.shape[1])])
 
 
 def rms_norm(x, weight, *, eps: float = 1e-6, residual=None, backend: str | None = None):
@@ -246,13 +269,29 @@ def rms_norm(x, weight, *, eps: float = 1e-6, residual=None, backend: str | None
     return per_row(lambda r, s: _rms_norm(r, weight, eps=eps, residual=s, backend=be), x, residual)
 
 
+_SILU_PAD = 128      # the reference's halves padded to a multiple of this (see silu_mul)
+
+
 def silu_mul(x, *, backend: str | None = None):
     """:func:`jetspec_kernels.silu_mul`, exact: row by row on the reference; one launch on triton
-    (elementwise: a program per row and column block)."""
+    (elementwise: a program per row and column block).
+
+    On the reference each half of a row is padded with zeros to a multiple of 128 elements: the
+    CPU's vectorised loop gives a launch's last elements a scalar tail whose exp can differ in
+    the last bit, so without it a column's bits would follow I (a tensor-parallel rank's slice
+    of I puts a column in another place of its row: float32 I 48 split in two differed)."""
     be = exact_backend("silu_mul", x.device, backend)
     if be == "triton":
         return _silu_mul(x, backend=be)
-    return per_row(lambda r: _silu_mul(r, backend=be), x)
+
+    def padded(r):       # [rows, 2I] -> [rows, I]
+        half = r.shape[-1] // 2
+        if r.shape[-1] % 2 or not r.dtype.is_floating_point:
+            return _silu_mul(r, backend=be)             # its own error, naming the argument
+        zeros = r.new_zeros(r.shape[0], -half % _SILU_PAD)
+        return _silu_mul(torch.cat([r[:, :half], zeros, r[:, half:], zeros], dim=-1),
+                         backend=be)[:, :half]
+    return per_row(padded, x)
 
 
 def qk_norm_rope_append(q, k, v, q_norm_w, k_norm_w, positions, k_cache, v_cache, *,

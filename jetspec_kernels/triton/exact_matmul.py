@@ -83,12 +83,13 @@ def _fixed_tile_matmul(x_ptr, w_ptr, out_ptr, M, N, K_PART, stride_xm, stride_wn
 
 @triton.jit
 def _grouped_fixed_tile_matmul(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_first_ptr,
-                               tile_rows_ptr, order_ptr, num_experts, per_token, N, K, stride_xm,
-                               stride_we, stride_wn, stride_om, BLOCK_M: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               INPUT_PRECISION: tl.constexpr):
+                               tile_rows_ptr, order_ptr, num_experts, per_token, N, K_PART,
+                               stride_xm, stride_we, stride_wn, stride_om, stride_op,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """A tile of one expert's rows: entry ``order[first + i]`` (a (token, choice) row) reads x's
-    row ``entry // per_token`` and writes out's row ``entry``."""
+    row ``entry // per_token`` and writes out's row ``entry``; program (t, j, p): K part p, as
+    ``_fixed_tile_matmul``'s."""
     t = tl.program_id(0)
     expert = tl.load(tile_expert_ptr + t)
     if expert < num_experts:                 # tiles past the last expert's are empty
@@ -98,10 +99,12 @@ def _grouped_fixed_tile_matmul(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_firs
         ok = i < count
         entry = tl.load(order_ptr + first + i, mask=ok, other=0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        part = tl.program_id(2)
+        k_lo = part * K_PART
         acc = _k_loop(x_ptr, (entry // per_token) * stride_xm, ok,
-                      w_ptr + expert.to(tl.int64) * stride_we, cols, N, 0, K, stride_wn, BLOCK_M,
-                      BLOCK_N, BLOCK_K, INPUT_PRECISION)
-        tl.store(out_ptr + entry[:, None] * stride_om + cols[None, :],
+                      w_ptr + expert.to(tl.int64) * stride_we, cols, N, k_lo, k_lo + K_PART,
+                      stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
+        tl.store(out_ptr + part.to(tl.int64) * stride_op + entry[:, None] * stride_om + cols[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols[None, :] < N))
 
 
@@ -246,7 +249,7 @@ def expert_tiles(experts: torch.Tensor, num_experts: int, block_m: int):
 
 
 def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor,
-                         per_token: int, plan=None) -> torch.Tensor:
+                         per_token: int, plan=None, *, parts: int | None = None) -> torch.Tensor:
     """Every ``(token, choice)`` row through its expert's matrix, with the dense kernel's narrow
     tiles and k order, so a row's bits depend on its input row and its expert alone (always the
     narrow tile: an expert's share of even a B16 verify is tens of rows).
@@ -262,10 +265,13 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
 
     plan : ``expert_tiles(experts, E, tiles(x.dtype)[0])``, or None to compute it here (a MoE
         layer's two GEMMs share one)
+    parts : None, or an int >= 1 dividing K: K reduced in that many equal parts, each alone
+        from its own first k, unsummed (as :func:`exact_linear_parts`)
 
     Returns
     -------
-    [T * k, N] in x.dtype: row e is ``x[e // per_token] @ weight[experts.flatten()[e]].T``.
+    [T * k, N] in x.dtype: row e is ``x[e // per_token] @ weight[experts.flatten()[e]].T``;
+    with ``parts``, float32 [parts, T * k, N]: part p is that product over the p-th slice of K.
     """
     if weight.dim() != 3 or weight.dtype != x.dtype or weight.shape[2] != x.shape[-1] \
             or weight.stride(2) != 1 or x.dim() != 2 or x.stride(1) != 1:
@@ -279,10 +285,24 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
         raise ValueError(f"x must have experts.numel() / per_token = {experts.numel()} / {per_token} "
                          f"rows, got {x.shape[0]}")
     num_experts, n, k = weight.shape
+    if parts is not None and (not isinstance(parts, int) or parts < 1 or k % parts):
+        raise ValueError(f"parts must be None or a positive int dividing K = {k}, got {parts!r}")
+    count = 1 if parts is None else parts
     entries = experts.numel()
-    out = torch.empty(entries, n, dtype=x.dtype, device=x.device)
-    if entries == 0 or n == 0:
-        return out
+    out = torch.empty(count, entries, n, dtype=x.dtype if parts is None else torch.float32,
+                      device=x.device)
+    if entries and n:
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"
+        bm, bn, bk, warps, stages = tiles(x.dtype)
+        order, tile_expert, tile_first, tile_rows = (
+            expert_tiles(experts, num_experts, bm) if plan is None else plan)
+        grid = (tile_expert.numel(), cdiv(n, bn), count)
+        _grouped_fixed_tile_matmul[grid](
+            x, weight, out, tile_expert, tile_first, tile_rows, order, num_experts, per_token, n,
+            k // count, x.stride(0), weight.stride(0), weight.stride(1), out.stride(1),
+            out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, INPUT_PRECISION=precision,
+            num_warps=warps, num_stages=stages)
+    return out[0] if parts is None else out
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     bm, bn, bk, warps, stages = tiles(x.dtype)
     order, tile_expert, tile_first, tile_rows = (

@@ -247,11 +247,13 @@ def _moe(seed, engine):
     dev = engine.device
     args = [a.to(dev) for a in (router, gate_up, down)]
     norm = r.random() < 0.5
+    parts = r.choice((1, 1, 2, 4, 8))                      # an engine's exact_k_parts (down's K)
+    kw = dict(backend=engine.name, parts=parts)
     try:
-        full = exact_moe(x.to(dev), *args, k, norm, backend=engine.name)
+        full = exact_moe(x.to(dev), *args, k, norm, **kw)
         for row in _rows(t, r):
-            alone = exact_moe(x[row:row + 1].clone().to(dev), *args, k, norm, backend=engine.name)
-            _assert_row(full[row:row + 1], alone, f"moe row {row}")
+            alone = exact_moe(x[row:row + 1].clone().to(dev), *args, k, norm, **kw)
+            _assert_row(full[row:row + 1], alone, f"moe row {row} ({parts} K parts)")
     except (ex.ExactModeError, jk.BackendUnavailableError) as err:
         return f"unsupported: {err}"
     return "ok"
