@@ -344,3 +344,20 @@ def test_linear_column_bits_do_not_follow_n(dtype):
             step = n // ranks
             cols = [ex.linear(x, w[s:s + step].contiguous()) for s in range(0, n, step)]
             assert same_bits(torch.cat(cols, -1), full), (n, k, ranks)
+
+
+def test_exact_moe_parts_checked_and_no_tokens():
+    """exact_moe's parts: a power of two <= 64 dividing the experts' intermediate size, else a
+    ValueError naming parts (not a late error from a kernel); no token: an empty [0, H]."""
+    from jetspec_kernels.models.moe import exact_moe
+    gen = torch.Generator().manual_seed(16)
+    x, router = torch.randn(3, 16, generator=gen), torch.randn(4, 16, generator=gen)
+    gate_up, down = torch.randn(4, 96, 16, generator=gen), torch.randn(4, 16, 48, generator=gen)
+    assert exact_moe(x, router, gate_up, down, 2, True, parts=16).shape == (3, 16)
+    for bad in (True, 3, 0, 32, 128, 2.0):
+        with pytest.raises(ValueError, match="parts must be a power of two <= 64 dividing the "
+                                             "experts' intermediate size 48"):
+            exact_moe(x, router, gate_up, down, 2, True, parts=bad)
+    for parts, reduce in ((1, None), (2, None), (1, lambda s: s.to(x.dtype))):
+        out = exact_moe(x[:0], router, gate_up, down, 2, True, parts=parts, reduce=reduce)
+        assert out.shape == (0, 16)

@@ -184,6 +184,11 @@ def test_exact_moe_in_k_parts_equals_ranks_holding_them(dtype, backend, monkeypa
         assert torch.equal(parts[p], alone[0]), p
     with pytest.raises(ValueError, match="parts must be None or a positive int dividing K = 40"):
         exact_grouped_linear(x, w, experts, per_token=1, parts=3)
+    router = torch.randn(3, 24, generator=gen).to(dtype).to(DEV)
+    gate_up = torch.randn(3, 80, 24, generator=gen).to(dtype).to(DEV)      # w as down: H 24, I 40
+    none = torch.empty(0, 24, dtype=dtype, device=DEV)
+    for parts in (1, 4):        # no token: an empty [0, H] (the kernels' views need a row)
+        assert exact_moe(none, router, gate_up, w, 2, True, backend, parts=parts).shape == (0, 24)
 
 
 @TRITON

@@ -206,6 +206,8 @@ def scenario_four(rank, world):
     out["exact"] = (generate(*split, PROMPTS, budget=8, topk=3, **exact).tokens,
                     generate_ar(split[0], PROMPTS, **exact).tokens)
     out["k_parts"] = _k_parts_logits(cfg, 2, 4)
+    out["k_parts_moe"] = _k_parts_logits(_moe_config(num_attention_heads=8, num_key_value_heads=4,
+                                                     head_dim=8), 3, 4)
     split[0].exact_k_parts = 2       # tp 4 does not divide it
     out["k_parts_2"] = _errors(lambda: generate_ar(split[0], PROMPTS, **exact))
     # Two tp groups of two ranks (as beside data parallelism): each has its own first rank.
@@ -455,6 +457,7 @@ def test_cli_exact_k_parts_tp2_prints_tp1s_tokens(exact_two):
 
 def test_exact_k_parts_tp4_equals_tp1(four):
     _assert_k_parts_logits(four)
+    _assert_k_parts_logits(four, "k_parts_moe")
     assert all(res["k_parts_2"] == "ValueError: exact_k_parts (2) must be a multiple of tp (4): "
                "every rank reduces whole parts of K" for res in four)
 

@@ -242,9 +242,16 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     -------
     [T, H] in x.dtype.
     """
+    from ..limits import EXACT_MAX_K_PARTS
     from ..ops import exact as ex
     from ..ops.silu_mul import silu_mul as silu_mul_op
     be = ex.exact_backend("MoE experts", x.device, backend)
+    if (not isinstance(parts, int) or isinstance(parts, bool) or parts < 1 or parts & (parts - 1)
+            or parts > EXACT_MAX_K_PARTS or down.shape[-1] % parts):
+        raise ValueError(f"parts must be a power of two <= {EXACT_MAX_K_PARTS} dividing the "
+                         f"experts' intermediate size {down.shape[-1]}, got {parts!r}")
+    if x.shape[0] == 0:         # no token (every rank alike: no collective is skipped on one)
+        return torch.empty_like(x)
     if be == "triton":
         weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,
                                         norm_topk_prob, sum_fn=ex.sum_in_order)
@@ -257,8 +264,6 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
             weights, experts = route(row, router_weight, top_k, norm_topk_prob)
             return grouped_experts(row, weights, experts, gate_up, down, grouped_mm=False, act=act)
         return ex.per_row(one, x)
-    if x.shape[0] == 0:
-        return torch.empty_like(x)
 
     def shares_of(row):     # [1, H] -> (float32 [1, k H] down shares, [1, k] weights)
         weights, experts = route(row, router_weight, top_k, norm_topk_prob)

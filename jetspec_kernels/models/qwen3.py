@@ -271,10 +271,14 @@ class Qwen3:
 
         def mlp(a, w):
             if "mlp.gate.weight" in w:          # routed experts
-                return exact_moe(a.reshape(-1, a.shape[-1]), w["mlp.gate.weight"],
-                                 w["mlp.experts.gate_up_proj"], w["mlp.experts.down_proj"],
-                                 cfg.num_experts_per_tok, cfg.norm_topk_prob, be, parts=local,
-                                 reduce=share_sum).view_as(a)
+                moe = functools.partial(exact_moe, a.reshape(-1, a.shape[-1]), w["mlp.gate.weight"],
+                                        w["mlp.experts.gate_up_proj"], w["mlp.experts.down_proj"],
+                                        cfg.num_experts_per_tok, cfg.norm_topk_prob, be)
+                if share_sum is not None and self.exact_k_parts is None:
+                    # tp's own bits: the block's [T, H] partial sums, k times fewer bytes to
+                    # gather than its (token, choice) rows' shares, which tp t == tp 1 needs
+                    return share_sum(moe()).view_as(a)
+                return moe(parts=local, reduce=share_sum).view_as(a)
             # the run layers hold gate and up fused (models/projections.py): one GEMM
             return row_linear(act(linear(a, w["mlp.gate_up_proj.weight"])), w["mlp.down_proj.weight"])
 

@@ -303,13 +303,3 @@ def exact_grouped_linear(x: torch.Tensor, weight: torch.Tensor, experts: torch.T
             out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, INPUT_PRECISION=precision,
             num_warps=warps, num_stages=stages)
     return out[0] if parts is None else out
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    bm, bn, bk, warps, stages = tiles(x.dtype)
-    order, tile_expert, tile_first, tile_rows = (
-        expert_tiles(experts, num_experts, bm) if plan is None else plan)
-    grid = (tile_expert.numel(), cdiv(n, bn))
-    _grouped_fixed_tile_matmul[grid](
-        x, weight, out, tile_expert, tile_first, tile_rows, order, num_experts, per_token, n, k,
-        x.stride(0), weight.stride(0), weight.stride(1), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, INPUT_PRECISION=precision, num_warps=warps, num_stages=stages)
-    return out
