@@ -246,8 +246,7 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     from ..ops import exact as ex
     from ..ops.silu_mul import silu_mul as silu_mul_op
     be = ex.exact_backend("MoE experts", x.device, backend)
-    if (not isinstance(parts, int) or isinstance(parts, bool) or parts < 1 or parts & (parts - 1)
-            or parts > EXACT_MAX_K_PARTS or down.shape[-1] % parts):
+    if not ex.k_parts_ok(parts, down.shape[-1]):
         raise ValueError(f"parts must be a power of two <= {EXACT_MAX_K_PARTS} dividing the "
                          f"experts' intermediate size {down.shape[-1]}, got {parts!r}")
     if x.shape[0] == 0:         # no token (every rank alike: no collective is skipped on one)

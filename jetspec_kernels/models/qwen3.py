@@ -76,9 +76,9 @@ class Qwen3:
         their bit equality needs. The MoE block's GEMMs keep the narrow tile either way.
     exact_k_parts : int or None
         The exact mode's split of K in the row-parallel GEMMs (o_proj, the MLP's down): K
-        reduced in this many equal parts (at most ``limits.EXACT_MAX_K_PARTS``), their float32 products added along a fixed pairwise
-        tree and rounded once (``ops.exact.linear``'s ``parts``, ``tp.all_reduce_pairwise``
-        across the ranks). A power of two that tp divides; every tp dividing it gives the same
+        reduced in this many equal parts (at most ``limits.EXACT_MAX_K_PARTS``), their float32
+        products added along a fixed pairwise tree and rounded once (``ops.exact.linear``'s
+        ``parts``, ``tp.all_reduce_pairwise`` across the ranks). A power of two that tp divides; every tp dividing it gives the same
         bits (tp 1 included), since each rank reduces whole parts and the tree over the ranks
         continues the tree over its parts. None: tp itself (each rank one part; tp t's bits are
         then its own). MoE layers split their experts' down projection alike and sum each
@@ -315,8 +315,7 @@ class Qwen3:
         parts, size = self.exact_k_parts, self.shard.size
         if parts is None:
             return size
-        if (not isinstance(parts, int) or isinstance(parts, bool) or parts < 1 or parts & (parts - 1)
-                or parts > EXACT_MAX_K_PARTS):
+        if not exact_ops.k_parts_ok(parts):
             raise ValueError(f"exact_k_parts must be None or a power of two <= {EXACT_MAX_K_PARTS}, "
                              f"got {parts!r}")
         if parts % size:

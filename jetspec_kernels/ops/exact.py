@@ -43,7 +43,7 @@ from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
            "exact_verified_devices", "GEMM_TILES", "UNVERIFIED_ENV", "forward_scope", "per_row",
-           "sum_in_order", "sum_pairwise", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
+           "sum_in_order", "sum_pairwise", "k_parts_ok", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
            "sample_at_positions"]
 
 
@@ -186,6 +186,13 @@ def sum_pairwise(parts, dtype: torch.dtype | None = None) -> torch.Tensor:
     return level[0] if dtype is None else level[0].to(dtype)
 
 
+def k_parts_ok(parts, k: int | None = None) -> bool:
+    """Whether ``parts`` is a split of K the exact mode takes: an int (not a bool), a power of
+    two, at most ``limits.EXACT_MAX_K_PARTS``, dividing ``k`` when given."""
+    return (isinstance(parts, int) and not isinstance(parts, bool) and 1 <= parts <= EXACT_MAX_K_PARTS
+            and parts & (parts - 1) == 0 and (k is None or k % parts == 0))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None,
            tile: str = "narrow", parts: int = 1, partial: bool = False) -> torch.Tensor:
     """``F.linear(x, weight)`` with every row's bits independent of the other rows and of M.
@@ -213,8 +220,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None,
     if tile not in GEMM_TILES:
         raise ValueError(f"tile must be one of {GEMM_TILES}, got {tile!r}")
     k = weight.shape[-1]
-    if (not isinstance(parts, int) or isinstance(parts, bool) or parts < 1 or parts & (parts - 1)
-            or parts > EXACT_MAX_K_PARTS or k % parts):
+    if not k_parts_ok(parts, k):
         raise ValueError(f"parts must be a power of two <= {EXACT_MAX_K_PARTS} dividing K = {k}, "
                          f"got {parts!r}")
     out_dtype = torch.float32 if partial else x.dtype

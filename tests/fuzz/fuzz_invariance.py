@@ -16,6 +16,7 @@ whose bits differ.
 """
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from jetspec_kernels.ops import exact as ex
 from jetspec_kernels.python_ref.tree_attention import gather_cache, visible_slots
 from fuzz_cases import BF16, F16, F32, make, outer_layout
 from fuzz_engines import Engine, engine_ready, interpreted, to_engine
-from helpers import poisoned_empty
+from helpers import k_parts_as_ranks, poisoned_empty
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -197,11 +198,9 @@ def _linear(seed, engine):
                     f"linear row {row} ({tile} tile, {parts} K parts)")
     if parts > 1:       # tp ranks each reducing their K slice's parts: the one-rank bits
         ranks = r.choice([t for t in (2, 4, 8) if parts % t == 0])
-        step = k // ranks
-        shares = [ex.linear(x[..., i * step:(i + 1) * step].contiguous(),
-                            w[:, i * step:(i + 1) * step].contiguous(), backend=engine.name,
-                            tile=tile, parts=parts // ranks, partial=True) for i in range(ranks)]
-        _assert_row(full, ex.sum_pairwise(shares, dtype).reshape(-1, n),
+        split = k_parts_as_ranks(functools.partial(ex.linear, backend=engine.name, tile=tile),
+                                 x, w, parts, ranks)
+        _assert_row(full, split.reshape(-1, n),
                     f"linear: {ranks} ranks' shares of {parts} K parts ({tile} tile)")
     return "ok"
 
