@@ -133,9 +133,10 @@ def exact_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     if parts == 1 and reduce is None:
         y = exact_grouped_linear(h, down, experts, per_token=1, plan=plan)
     else:           # each (token, choice) row's down in K parts: float32 shares, summed once
-        shares = exact_grouped_linear(h, down, experts, per_token=1, plan=plan, parts=parts)
-        shares = shares[0] if parts == 1 else sum_parts_pairwise(shares, torch.float32)
-        y = shares.to(x.dtype) if reduce is None else reduce(shares)
+        y = sum_parts_pairwise(exact_grouped_linear(h, down, experts, per_token=1, plan=plan,
+                                                    parts=parts),
+                               x.dtype if reduce is None else torch.float32)
+        y = y if reduce is None else reduce(y)
     return sum_in_order((y.view(t, k, -1) * weights[..., None]).unbind(1))
 
 
@@ -222,8 +223,8 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     """A sparse layer's MLP in the exact mode: every token's output row the same bits whatever
     the other tokens are and where they are routed.
 
-    On the reference backend (the CPU) the whole block (routing, experts, the weighted sum) runs
-    on one token at a time; on triton the router's logits by the fixed-tile GEMM, then
+    On the reference backend (the CPU) routing runs a token at a time and each expert's (token,
+    choice) rows as one-row calls; on triton the router's logits by the fixed-tile GEMM, then
     :func:`route_logits` and :func:`exact_experts` (one launch per GEMM, no host sync). Other
     backends and devices: ``ExactModeError`` (``ops.exact.exact_backend``).
 
@@ -235,8 +236,9 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     reduce : None, or the tensor-parallel sum of the (token, choice) rows' float32 down shares
         ``[T * k, H] -> [T * k, H]`` in x.dtype (``tp.all_reduce_pairwise``), applied before the
         choices are weighted and summed; the layer's output is then whole, not a partial sum.
-        With ``parts`` > 1 or ``reduce``, each choice's down output is rounded once, after the
-        parts' and the ranks' sum, so tp t with t parts a rank gives tp 1's bits
+        Each choice's down output is rounded once, after the parts' and the ranks' sum, so tp t
+        with S / t parts a rank gives tp 1's bits with S parts; the choices are then weighted in
+        x.dtype and summed in choice order in float32 (``ops.exact.sum_in_order``)
 
     Returns
     -------
@@ -244,7 +246,6 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     """
     from ..limits import EXACT_MAX_K_PARTS
     from ..ops import exact as ex
-    from ..ops.silu_mul import silu_mul as silu_mul_op
     be = ex.exact_backend("MoE experts", x.device, backend)
     if not ex.k_parts_ok(parts, down.shape[-1]):
         raise ValueError(f"parts must be a power of two <= {EXACT_MAX_K_PARTS} dividing the "
@@ -257,21 +258,16 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
         return exact_experts(x, weights, experts, gate_up, down,
                              functools.partial(ex.silu_mul, backend=be), parts=parts,
                              reduce=reduce)
-    act = functools.partial(silu_mul_op, backend=be)
-    if parts == 1 and reduce is None:
-        def one(row):
-            weights, experts = route(row, router_weight, top_k, norm_topk_prob)
-            return grouped_experts(row, weights, experts, gate_up, down, grouped_mm=False, act=act)
-        return ex.per_row(one, x)
-
-    def shares_of(row):     # [1, H] -> (float32 [1, k H] down shares, [1, k] weights)
-        weights, experts = route(row, router_weight, top_k, norm_topk_prob)
-        ids = experts[0].tolist()       # the reference runs on the CPU: no device sync
-        return torch.cat([ex.linear(ex.silu_mul(ex.linear(row, gate_up[e], backend=be), backend=be),
-                                    down[e], backend=be, parts=parts, partial=True) for e in ids],
-                         dim=-1), weights
-    shares, weights = ex.per_row(shares_of, x)
+    # Routing a token at a time; then each expert's (token, choice) rows through its matrices as
+    # one-row calls (ops.exact's linear and silu_mul), its weights prepared once a call.
+    weights, experts = ex.per_row(
+        lambda r: route(r, router_weight, top_k, norm_topk_prob), x)          # [T, k] each
     t, h = x.shape[0], down.shape[1]
-    shares = shares.reshape(t * top_k, h)
+    flat = experts.reshape(-1)
+    shares = torch.empty(t * top_k, h, dtype=torch.float32)
+    for e in flat.unique().tolist():    # the reference runs on the CPU: no device sync
+        entries = (flat == e).nonzero()[:, 0]
+        hidden = ex.silu_mul(ex.linear(x[entries // top_k], gate_up[e], backend=be), backend=be)
+        shares[entries] = ex.linear(hidden, down[e], backend=be, parts=parts, partial=True)
     y = shares.to(x.dtype) if reduce is None else reduce(shares)
     return ex.sum_in_order((y.view(t, top_k, h) * weights[..., None]).unbind(1))

@@ -127,11 +127,13 @@ def _sum_parts_pairwise(parts_ptr, out_ptr, numel, stride_p, PARTS: tl.constexpr
 def sum_parts_pairwise(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``parts`` float32 [P, ...] (P a power of two, contiguous) summed over P along the pairwise
     tree of ``ops.exact.sum_pairwise`` (parts 0 + 1, 2 + 3, then pairs of those), in float32,
-    rounded once to ``dtype``: one launch. Returns [...] in ``dtype``."""
+    rounded once to ``dtype``: one launch (P 1: part 0 in ``dtype``). Returns [...] in ``dtype``."""
     count = parts.shape[0]
     if parts.dtype != torch.float32 or not parts.is_contiguous() or count < 1 or count & (count - 1):
         raise ValueError(f"parts must be contiguous float32 [P, ...] with P a power of two, got "
                          f"{parts.dtype} {list(parts.shape)}")
+    if count == 1:
+        return parts[0].to(dtype)
     out = torch.empty(parts.shape[1:], dtype=dtype, device=parts.device)
     numel = out.numel()
     if numel:
