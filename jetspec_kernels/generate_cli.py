@@ -422,8 +422,7 @@ def _decode(args, shard, device) -> int:
     if args.exact_k_parts:
         target.exact_k_parts = args.exact_k_parts
         try:
-            if hasattr(target, "resolved_exact_k_parts"):   # hybrid targets refuse --exact itself
-                target.resolved_exact_k_parts()
+            target.resolved_exact_k_parts()
         except (ValueError, ExactModeError) as e:
             raise UsageError(f"--exact-k-parts: {e}") from None
     if args.token_ids:

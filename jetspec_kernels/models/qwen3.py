@@ -89,6 +89,7 @@ class Qwen3:
     fused_ops_backend: str | None = None
     exact_gemm_tile: str = "narrow"
     exact_k_parts: int | None = None
+    _ROW_PARALLEL_KEYS = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj")
 
     def __init__(self, config: Qwen3Config, weights: dict[str, torch.Tensor], *, where: str = "Qwen3",
                  group=None):
@@ -321,7 +322,7 @@ class Qwen3:
         if parts % size:
             raise ValueError(f"exact_k_parts ({parts}) must be a multiple of tp ({size}): every "
                              "rank reduces whole parts of K")
-        for key in ("self_attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj"):
+        for key in self._ROW_PARALLEL_KEYS:
             k = next((w[key].shape[-1] for w in self._run_layers if key in w), None)
             if k is not None and k % (parts // size):
                 raise ValueError(f"exact_k_parts ({parts}) at tp {size}: this rank's K of "

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import tp
-from ..ops.exact import ExactModeError, exact_enabled
+from ..ops import exact as exact_ops
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
 from ..python_ref.layers import swiglu
@@ -33,8 +33,10 @@ from ..tree import Tree, Verdict
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3_5Config, read_config
 from .gated_delta import linear_commit, linear_layer_shapes, linear_prefill, linear_tree
+from .gated_delta_exact import (ExactTreeInputs, exact_linear_commit, exact_linear_prompt,
+                                exact_linear_tree)
 from .kv_cache import KVCache
-from .moe import fuse_expert_weights, grouped_experts, moe_shapes, route
+from .moe import exact_moe, fuse_expert_weights, grouped_experts, moe_shapes, route
 from .qwen3 import Qwen3
 
 __all__ = ["Qwen3_5", "HybridCache", "hybrid_layer_shapes"]
@@ -189,7 +191,8 @@ class Qwen3_5:
 
     experts_grouped_mm: bool | None = None
     fused_ops_backend: str | None = None      # read by the loops; the hybrid's norms are torch
-    exact_gemm_tile: str = "narrow"           # read by the shared Qwen3.logits in exact mode
+    exact_gemm_tile: str = "narrow"           # the exact mode's GEMM tile, as Qwen3's
+    exact_k_parts: int | None = None          # the exact mode's parts of K, as Qwen3's
 
     def __init__(self, config: Qwen3_5Config, weights: dict[str, torch.Tensor], *,
                  where: str = "Qwen3_5", group=None):
@@ -297,14 +300,13 @@ class Qwen3_5:
         ``cache.pending`` for :meth:`commit_states`.
 
         Returns ``(hidden [B, N, H] final-normed, tapped [B, N, len(taps) * H] or None)``.
-        Inside ``exact_mode()``: ``ExactModeError`` (no exact form of these layers yet).
+        Inside ``exact_mode()``: :meth:`_forward_exact`.
         """
-        if exact_enabled():
-            raise ExactModeError("exact mode: the hybrid target's forward (Qwen3_5: Gated DeltaNet "
-                                 "and gated attention layers) has no row-invariant form yet; the "
-                                 "exact mode runs Qwen3 dense and MoE targets")
         if (prompt_lens is None) == (parents is None):
             raise ValueError("forward: give exactly one of prompt_lens (a prompt) and parents (a tree)")
+        if exact_ops.exact_enabled():
+            return self._forward_exact(tokens, positions, cache, attn_prefix, write_start,
+                                       tree_mask, parents, num_nodes, prompt_lens, taps)
         cfg = self._local
         eps = cfg.rms_norm_eps
         reduce = self._reduce
@@ -332,6 +334,122 @@ class Qwen3_5:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
         return _zc_norm(x, self.norm_weight, eps), tapped
+
+    def _forward_exact(self, tokens, positions, cache, attn_prefix, write_start, tree_mask,
+                       parents, num_nodes, prompt_lens, taps):
+        """:meth:`forward` in the exact mode (``ops.exact.exact_mode``): a token's bits depend
+        only on its own token, position and logical past, never on B, N, the tree or the other
+        rows. The linear layers step every token as a one-token decode would
+        (:mod:`.gated_delta_exact`: a prompt as a chain, a tree node from its parent's state);
+        the GEMMs are ``ops.exact.linear`` (the row-parallel ones in ``exact_k_parts`` parts,
+        summed across the ranks by ``tp.all_reduce_pairwise``), attention
+        ``tree_attention(exact=True)``, the MoE block ``exact_moe``, and every norm, gate and
+        activation a one-row call (``ops.exact.per_row``). Reference backend (the CPU) only: the
+        Gated DeltaNet layers have no row-invariant triton kernel yet (``ExactModeError``)."""
+        be = exact_ops.exact_backend("Qwen3_5.forward", self.device, self.fused_ops_backend)
+        if be != "reference":
+            raise exact_ops.ExactModeError(
+                f"exact mode: the hybrid target's forward (Qwen3_5) on the {be!r} backend: its "
+                "Gated DeltaNet layers have a row-invariant form on the reference backend (the "
+                "CPU) only; pass backend='reference' or 'auto' on the CPU")
+        if self.exact_gemm_tile not in exact_ops.GEMM_TILES:
+            raise ValueError(f"exact_gemm_tile must be one of {exact_ops.GEMM_TILES}, got "
+                             f"{self.exact_gemm_tile!r}")
+        cfg = self._local
+        eps = cfg.rms_norm_eps
+        local = self.resolved_exact_k_parts() // self.shard.size
+
+        def linear(x, weight):
+            return exact_ops.linear(x, weight, backend=be, tile=self.exact_gemm_tile)
+
+        def row_linear(x, weight):      # out_proj, o_proj, down: K in whole parts, ranks summed
+            if not self.shard.parallel:
+                return exact_ops.linear(x, weight, backend=be, parts=local)
+            share = exact_ops.linear(x, weight, backend=be, parts=local, partial=True)
+            return tp.all_reduce_pairwise(share, self.shard, self.dtype)
+
+        def norm(x, weight):
+            return exact_ops.per_row(lambda r: _zc_norm(r, weight, eps), x)
+
+        taps = list(taps)
+        kept: dict[int, torch.Tensor] = {}
+        x = F.embedding(tokens.long(), self.embed_weight)           # a gather: exact
+        lin = {layer: j for j, layer in enumerate(self.linear_layers)}
+        att = {layer: j for j, layer in enumerate(self.attention_layers)}
+        for li, w in enumerate(self.layers):
+            a = norm(x, w["input_layernorm.weight"])
+            if li in lin:
+                j = lin[li]
+                if prompt_lens is not None:
+                    out = exact_linear_prompt(a, w, cfg, prompt_lens, cache.conv[j],
+                                              cache.recurrent[j], cache.slots, eps, linear,
+                                              row_linear)
+                else:
+                    out, cache.pending[j] = exact_linear_tree(
+                        a, w, cfg, parents, num_nodes, cache.conv[j], cache.recurrent[j],
+                        cache.slots, eps, linear, row_linear)
+            else:
+                out = self._attention_exact(a, w, positions, cache, att[li], attn_prefix,
+                                            write_start, tree_mask, be, linear, row_linear)
+            # A sum is correctly rounded element by element (IEEE), whatever the vector width:
+            # its bits follow its operands alone, so no row loop is needed for the residual adds.
+            x = x + out
+            x = x + self._mlp_exact(norm(x, w["post_attention_layernorm.weight"]), w, be, linear,
+                                    row_linear)
+            if li in taps:
+                kept[li] = x
+        tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
+        return norm(x, self.norm_weight), tapped
+
+    def _attention_exact(self, a, w, positions, cache, j, attn_prefix, write_start, tree_mask,
+                         be, linear, row_linear):
+        """:meth:`_attention` in the exact mode (see :meth:`_forward_exact`)."""
+        cfg = self.config
+        b, n, _ = a.shape
+        dh, eps = cfg.head_dim, cfg.rms_norm_eps
+        q, gate = linear(a, w["self_attn.q_proj.weight"]).view(b, n, -1, 2 * dh).chunk(2, dim=-1)
+        q = exact_ops.per_row(lambda r: _zc_norm(r, w["self_attn.q_norm.weight"], eps), q)
+        k = exact_ops.per_row(lambda r: _zc_norm(r, w["self_attn.k_norm.weight"], eps),
+                              linear(a, w["self_attn.k_proj.weight"]).view(b, n, -1, dh))
+        v = linear(a, w["self_attn.v_proj.weight"]).view(b, n, -1, dh)
+        kc, vc = cache.kv.layer(j)
+        q = exact_ops.qk_norm_rope_append(q, k, v, None, None, positions, kc, vc,
+                                          rope_theta=cfg.rope_theta, block_table=cache.block_table,
+                                          cache_start=write_start, rotary_dim=cfg.rotary_dim,
+                                          backend=be)
+        o = tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
+                           block_table=cache.block_table, exact=True, backend=be)
+        o = exact_ops.per_row(lambda o_row, g_row: o_row * torch.sigmoid(g_row),
+                              o.reshape(b, n, -1), gate.reshape(b, n, -1))
+        return row_linear(o, w["self_attn.o_proj.weight"])
+
+    def _mlp_exact(self, a, w, be, linear, row_linear):
+        """:meth:`_mlp` in the exact mode: SwiGLU, or ``exact_moe`` plus the gated shared expert,
+        the shared expert's down projection and the experts' in ``exact_k_parts`` parts (their
+        shares summed across the ranks before each is rounded)."""
+        act = lambda h: exact_ops.silu_mul(h, backend=be)      # noqa: E731
+
+        def swiglu_exact(x, gate_w, up_w, down_w):
+            return row_linear(act(torch.cat([linear(x, gate_w), linear(x, up_w)], dim=-1)), down_w)
+        if "mlp.gate.weight" not in w:
+            return swiglu_exact(a, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
+                                w["mlp.down_proj.weight"])
+        cfg = self.config
+        flat = a.reshape(-1, a.shape[-1])
+        reduce = ((lambda t: tp.all_reduce_pairwise(t, self.shard, self.dtype))
+                  if self.shard.parallel else None)
+        out = exact_moe(flat, w["mlp.gate.weight"], w["mlp.experts.gate_up_proj"],
+                        w["mlp.experts.down_proj"], cfg.num_experts_per_tok, True, be,
+                        parts=self.resolved_exact_k_parts() // self.shard.size, reduce=reduce)
+        if _SHARED[0] in w:
+            shared = swiglu_exact(flat, *(w[key] for key in _SHARED))
+            gate = linear(flat, w["mlp.shared_expert_gate.weight"])
+            out = exact_ops.per_row(lambda o, s, g: o + torch.sigmoid(g) * s, out, shared, gate)
+        return out.view_as(a)
+
+    _run_layers = property(lambda self: self.layers)     # read by resolved_exact_k_parts
+    _ROW_PARALLEL_KEYS = _ROWWISE
+    resolved_exact_k_parts = Qwen3.resolved_exact_k_parts
 
     def _attention(self, a, w, positions, cache, j, attn_prefix, write_start, tree_mask):
         cfg = self.config
@@ -414,6 +532,9 @@ class Qwen3_5:
         if any(p is None for p in cache.pending):
             raise ValueError("commit_states: no verified tree to commit (call verify first)")
         for j in range(len(self.linear_layers)):
-            linear_commit(cache.pending[j], path, accept_len, cache.conv[j], cache.recurrent[j],
-                          cache.slots)
+            # the commit of the mode that verified the tree (its steps' arithmetic)
+            commit = exact_linear_commit if isinstance(cache.pending[j], ExactTreeInputs) \
+                else linear_commit
+            commit(cache.pending[j], path, accept_len, cache.conv[j], cache.recurrent[j],
+                   cache.slots)
             cache.pending[j] = None

@@ -1,0 +1,229 @@
+"""The exact mode on hybrid (Qwen3.5 / Qwen3.6: Gated DeltaNet + gated attention) targets: every
+tree node's verify logits equal the autoregressive step's bit for bit, a prompt's prefill equals
+decoding it token by token, the committed states equal the states decoding leaves, a sequence
+alone equals itself inside a batch, and greedy speculative output equals greedy autoregressive
+output on a near-tie target where the normal mode diverges (the tests' power)."""
+import pytest
+import torch
+
+from jetspec_kernels import Verdict
+from jetspec_kernels.decode import generate, generate_ar
+from jetspec_kernels.models.tiny_hybrid import tiny_qwen3_5
+from jetspec_kernels.ops.exact import ExactModeError, exact_mode
+from test_decode_hybrid import _pair
+from test_exact_decode import _tree, near_tie
+
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 8, 0]     # depth 5, branching, a late child of the root
+
+
+def _bits(t):
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def _states(cache):
+    """Every tensor of a hybrid cache the decoding writes (KV, conv and recurrent pools)."""
+    return [cache.k, cache.v, *cache.conv, *cache.recurrent]
+
+
+def _restore(cache, saved):
+    for dst, src in zip(_states(cache), saved):
+        dst.copy_(src)
+
+
+def _path(parents, node):
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+@pytest.mark.parametrize("moe,dtype,page_size", [(False, torch.float32, None),
+                                                 (False, torch.bfloat16, 4),
+                                                 (True, torch.bfloat16, None),
+                                                 (True, torch.float32, 4)],
+                         ids=["dense-fp32", "dense-bf16-paged", "moe-bf16", "moe-fp32-paged"])
+def test_verify_logits_equal_autoregressive_logits(moe, dtype, page_size):
+    """Every node's verify logits == decoding its path one token at a time from the same
+    committed states (KV, conv and recurrent state restored before each leaf's path)."""
+    target = tiny_qwen3_5(dtype=dtype, num_experts=4 if moe else 0)
+    gen = torch.Generator().manual_seed(7)
+    p, n, v = 7, len(PARENTS), target.config.vocab_size
+    prompt = torch.randint(0, v, (1, p), generator=gen)
+    parents = torch.tensor([PARENTS], dtype=torch.int32)
+    tree = _tree(parents, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
+    plen = torch.tensor([p], dtype=torch.int32)
+    with exact_mode():
+        cache = target.new_cache(1, 40, page_size=page_size)
+        target.prefill(prompt, plen, cache)
+        start = [t.clone() for t in _states(cache)]
+        verified, _ = target.verify(tree, plen, cache)
+        want = torch.full_like(verified, float("nan"))
+        for leaf in set(range(n)) - set(PARENTS):
+            _restore(cache, start)
+            for d, node in enumerate(_path(PARENTS, leaf)):
+                want[0, node] = target.decode(tree.tokens[:, node], plen + d, cache)[0]
+        _restore(cache, start)
+        greedy, _ = target.verify(tree, plen, cache, fused_argmax=True)
+    assert torch.equal(_bits(verified), _bits(want))
+    assert torch.equal(greedy, torch.argmax(want, dim=-1).to(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_commit_leaves_the_states_decoding_leaves(dtype):
+    """Verify a tree, commit an accepted path: the conv and recurrent states (and the next
+    logits) are the bits that decoding the path's tokens one at a time leaves."""
+    target = tiny_qwen3_5(dtype=dtype, num_experts=4)
+    gen = torch.Generator().manual_seed(3)
+    v, n = target.config.vocab_size, len(PARENTS)
+    prompt = torch.randint(0, v, (1, 9), generator=gen)
+    plen = torch.tensor([9], dtype=torch.int32)
+    parents = torch.tensor([PARENTS], dtype=torch.int32)
+    tree = _tree(parents, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
+    path = _path(PARENTS, 10)                                  # 0 1 3 6 9 10
+    with exact_mode():
+        cache = target.new_cache(1, 40)
+        target.prefill(prompt, plen, cache)
+        start = [t.clone() for t in _states(cache)]
+        for d, node in enumerate(path[:4]):
+            target.decode(tree.tokens[:, node], plen + d, cache)
+        want = [t.clone() for t in (*cache.conv, *cache.recurrent)]
+        want_next = target.decode(tree.tokens[:, path[4]], plen + 4, cache)
+        _restore(cache, start)
+        target.verify(tree, plen, cache)
+        padded = torch.tensor([path[:4] + [-1] * (len(path) - 4)], dtype=torch.int32)
+        verdict = Verdict(torch.tensor([3], dtype=torch.int32), padded,
+                          torch.zeros(1, dtype=torch.int32), padded)
+        target.commit_states(cache, verdict)
+        got = [t.clone() for t in (*cache.conv, *cache.recurrent)]
+        # the KV the tree wrote sits in tree slots; decode the next token over a committed cache
+        _restore(cache, start)
+        for d, node in enumerate(path[:4]):
+            target.decode(tree.tokens[:, node], plen + d, cache)
+        for dst, src in zip((*cache.conv, *cache.recurrent), got):
+            dst.copy_(src)
+        got_next = target.decode(tree.tokens[:, path[4]], plen + 4, cache)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(_bits(got_next), _bits(want_next))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_prefill_equals_decoding_token_by_token_and_is_batch_invariant(moe):
+    """A prompt's prefill is its tokens stepped one at a time: its last logits and states equal
+    prefilling its first token and decoding the rest; prefilled inside a ragged batch (another
+    length, so other padding and chunking) it gives the same bits as alone."""
+    target = tiny_qwen3_5(dtype=torch.bfloat16, num_experts=4 if moe else 0)
+    gen = torch.Generator().manual_seed(5)
+    v = target.config.vocab_size
+    prompts = torch.randint(0, v, (3, 11), generator=gen)
+    lens = torch.tensor([11, 4, 7], dtype=torch.int32)
+    with exact_mode():
+        batch = target.new_cache(3, 20)
+        batched, _ = target.prefill(prompts, lens, batch)
+        for b in range(3):
+            alone = target.new_cache(1, 20)
+            logits, _ = target.prefill(prompts[b:b + 1, :lens[b]], lens[b:b + 1], alone)
+            assert torch.equal(_bits(logits[0]), _bits(batched[b])), b
+            stepped = target.new_cache(1, 20)
+            last, _ = target.prefill(prompts[b:b + 1, :1], torch.tensor([1], dtype=torch.int32), stepped)
+            for i in range(1, int(lens[b])):
+                last = target.decode(prompts[b:b + 1, i], torch.tensor([i], dtype=torch.int32), stepped)
+            assert torch.equal(_bits(last[0]), _bits(logits[0])), b
+            for a, s in zip((*alone.conv, *alone.recurrent), (*stepped.conv, *stepped.recurrent)):
+                assert torch.equal(a, s)
+            for a, s in zip((*alone.conv, *alone.recurrent), (*batch.conv, *batch.recurrent)):
+                assert torch.equal(a[0], s[b])
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["dense", "moe"])
+def near_tie_pair(request):
+    target, head = _pair(moe=request.param)
+    near_tie(target)
+    return target, head
+
+
+def _prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 90, (int(torch.randint(3, 12, (1,), generator=gen)),),
+                          generator=gen).tolist() for _ in range(n)]
+
+
+def test_normal_mode_diverges_on_the_near_tie_hybrid(near_tie_pair):
+    """The power of the test below: without the exact mode greedy speculative decoding leaves
+    autoregressive decoding's tokens here (the tree's chunked form and the one-token step round
+    differently)."""
+    target, head = near_tie_pair
+    prompts = _prompts(4)
+    ar = generate_ar(target, prompts, max_new_tokens=16).tokens
+    assert generate(target, head, prompts, max_new_tokens=16, budget=16, topk=3).tokens != ar
+
+
+@pytest.mark.parametrize("batch,budget,page_size", [(1, 16, None), (3, 16, 4), (2, 64, None)])
+def test_exact_speculative_equals_autoregressive(near_tie_pair, batch, budget, page_size):
+    target, head = near_tie_pair
+    prompts = _prompts(batch, seed=1)
+    ar = generate_ar(target, prompts, max_new_tokens=10, page_size=page_size, exact=True).tokens
+    spec = generate(target, head, prompts, max_new_tokens=10, budget=budget, topk=3,
+                    page_size=page_size, exact=True)
+    assert spec.tokens == ar
+
+
+def test_exact_sequence_alone_equals_inside_a_batch():
+    target, head = _pair(moe=True)
+    near_tie(target)
+    prompts = _prompts(3, seed=2)
+    batch = generate(target, head, prompts, max_new_tokens=8, budget=16, topk=3, exact=True).tokens
+    alone = generate(target, head, prompts[1:2], max_new_tokens=8, budget=16, topk=3, exact=True).tokens
+    assert alone[0] == batch[1]
+
+
+def test_exact_refusals():
+    """The hybrid's exact form runs on the reference only: triton (whose Gated DeltaNet kernels
+    are the chunked form) is refused by name; a bad split of K is named."""
+    target = tiny_qwen3_5()
+    tokens = torch.tensor([[1, 2, 3]])
+    lens = torch.tensor([3], dtype=torch.int32)
+    target.fused_ops_backend = "triton"
+    with exact_mode(), pytest.raises(ExactModeError, match="Gated DeltaNet.*'triton'|'triton'.*Gated DeltaNet"):
+        target.prefill(tokens, lens, target.new_cache(1, 8))
+    target.fused_ops_backend = None
+    target.exact_k_parts = 3
+    with exact_mode(), pytest.raises(ValueError, match="exact_k_parts must be None or a power of two"):
+        target.prefill(tokens, lens, target.new_cache(1, 8))
+    target.exact_k_parts = 64         # linear_attn.out_proj's K (32) is not 64 parts
+    with exact_mode(), pytest.raises(ValueError, match="out_proj"):
+        target.prefill(tokens, lens, target.new_cache(1, 8))
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_exact_k_parts_keep_verify_equal_to_decode(parts, monkeypatch):
+    """With ``exact_k_parts`` the row-parallel GEMMs (out_proj, o_proj, down, the shared
+    expert's and the experts' down) run in parts, and verify still equals decode."""
+    from jetspec_kernels.ops import exact as ex
+    target = tiny_qwen3_5(num_experts=4)
+    target.exact_k_parts = parts
+    seen = []
+    real = ex.linear
+    monkeypatch.setattr(ex, "linear", lambda x, w, **kw: seen.append((w.shape, kw.get("parts", 1)))
+                        or real(x, w, **kw))
+    plen = torch.tensor([5], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
+    tree = _tree(parents, torch.tensor([[4, 5, 6, 7]], dtype=torch.int32))
+    with exact_mode():
+        cache = target.new_cache(1, 16)
+        target.prefill(torch.tensor([[1, 2, 3, 4, 5]]), plen, cache)
+        start = [t.clone() for t in _states(cache)]
+        verified, _ = target.verify(tree, plen, cache)
+        _restore(cache, start)
+        a = target.decode(tree.tokens[:, 0], plen, cache)
+        b = target.decode(tree.tokens[:, 1], plen + 1, cache)
+        c = target.decode(tree.tokens[:, 3], plen + 2, cache)
+    assert torch.equal(verified[0, 0], a[0]) and torch.equal(verified[0, 1], b[0])
+    assert torch.equal(verified[0, 3], c[0])
+    cfg = target.config
+    row_parallel = {(cfg.hidden_size, cfg.linear_num_value_heads * cfg.linear_value_head_dim),
+                    (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim),
+                    (cfg.hidden_size, cfg.shared_expert_intermediate_size)}
+    assert {tuple(s) for s, p in seen if p == parts} == row_parallel
+    assert all(p == 1 for s, p in seen if tuple(s) not in row_parallel)
