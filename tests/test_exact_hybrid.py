@@ -2,18 +2,65 @@
 tree node's verify logits equal the autoregressive step's bit for bit, a prompt's prefill equals
 decoding it token by token, the committed states equal the states decoding leaves, a sequence
 alone equals itself inside a batch, and greedy speculative output equals greedy autoregressive
-output on a near-tie target where the normal mode diverges (the tests' power)."""
+output on a near-tie target where the normal mode diverges (the tests' power). Both engines:
+the reference (one-row calls, CPU) and triton (triton/exact_gated_delta.py and the exact
+kernels; float32 under the interpreter, bf16 too on a GPU, where ``backend`` being a parameter
+puts the triton cases in the device check's triton step, which sets JETSPEC_EXACT_UNVERIFIED)."""
+import dataclasses
+import os
+
 import pytest
 import torch
 
 from jetspec_kernels import Verdict
 from jetspec_kernels.decode import generate, generate_ar
-from jetspec_kernels.models.tiny_hybrid import tiny_qwen3_5
-from jetspec_kernels.ops.exact import ExactModeError, exact_mode
-from test_decode_hybrid import _pair
+from jetspec_kernels.models import DraftHead, Qwen3_5
+from jetspec_kernels.models.tiny import random_draft_weights, tiny_draft_config
+from jetspec_kernels.models.tiny_hybrid import random_qwen3_5_weights, tiny_qwen3_5_config
+from jetspec_kernels.ops.exact import UNVERIFIED_ENV, ExactModeError, exact_mode
 from test_exact_decode import _tree, near_tie
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
+
+GPU = torch.cuda.is_available()
+# the reference runs on the CPU; triton on the GPU when there is one (unverified: the device check)
+ENGINES = ["reference"] + (["triton"] if not GPU or os.environ.get(UNVERIFIED_ENV) == "1" else [])
+
+
+def _device(backend):
+    return "cuda" if backend == "triton" and GPU else "cpu"
+
+
+def _dtypes(backend):
+    """bf16 GEMMs need a GPU under triton (the interpreter has no 16-bit tl.dot)."""
+    return [torch.float32, torch.bfloat16] if backend == "reference" or GPU else [torch.float32]
+
+
+def tiny_qwen3_5(*, dtype=torch.float32, backend="reference", seed=0, **over):
+    cfg = tiny_qwen3_5_config(**over)
+    dev = _device(backend)
+    target = Qwen3_5(cfg, {k: t.to(dtype=dtype, device=dev)
+                           for k, t in random_qwen3_5_weights(cfg, seed).items()})
+    target.fused_ops_backend = backend
+    return target
+
+
+def _pair(moe, backend="reference"):
+    target = tiny_qwen3_5(backend=backend, num_experts=4 if moe else 0)
+    dcfg = tiny_draft_config(target.config, target_layer_ids=[1, 3], intermediate_size=96)
+    head = DraftHead(dcfg, {k: t.to(target.device) for k, t in random_draft_weights(dcfg, seed=1).items()})
+    head.fused_ops_backend = backend
+    return target, head
+
+
+def _on(tree, dev):
+    return dataclasses.replace(tree, **{f.name: getattr(tree, f.name).to(dev)
+                                        for f in dataclasses.fields(tree) if f.name != "max_depth"})
+
+
+def _cases(*cases):
+    """(backend, moe, dtype, ...) cases of the engines and dtypes this machine runs."""
+    return [c for c in cases if c[0] in ENGINES and c[2] in _dtypes(c[0])]
 
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 8, 0]     # depth 5, branching, a late child of the root
 
@@ -39,21 +86,23 @@ def _path(parents, node):
     return path[::-1]
 
 
-@pytest.mark.parametrize("moe,dtype,page_size", [(False, torch.float32, None),
-                                                 (False, torch.bfloat16, 4),
-                                                 (True, torch.bfloat16, None),
-                                                 (True, torch.float32, 4)],
-                         ids=["dense-fp32", "dense-bf16-paged", "moe-bf16", "moe-fp32-paged"])
-def test_verify_logits_equal_autoregressive_logits(moe, dtype, page_size):
+@pytest.mark.parametrize("backend,moe,dtype,page_size", _cases(
+    ("reference", False, torch.float32, None), ("reference", False, torch.bfloat16, 4),
+    ("reference", True, torch.bfloat16, None), ("reference", True, torch.float32, 4),
+    ("triton", False, torch.float32, 4), ("triton", True, torch.float32, None),
+    ("triton", True, torch.bfloat16, 4)))
+def test_verify_logits_equal_autoregressive_logits(backend, moe, dtype, page_size):
     """Every node's verify logits == decoding its path one token at a time from the same
     committed states (KV, conv and recurrent state restored before each leaf's path)."""
-    target = tiny_qwen3_5(dtype=dtype, num_experts=4 if moe else 0)
+    target = tiny_qwen3_5(dtype=dtype, backend=backend, num_experts=4 if moe else 0)
+    dev = target.device
     gen = torch.Generator().manual_seed(7)
     p, n, v = 7, len(PARENTS), target.config.vocab_size
-    prompt = torch.randint(0, v, (1, p), generator=gen)
+    prompt = torch.randint(0, v, (1, p), generator=gen).to(dev)
     parents = torch.tensor([PARENTS], dtype=torch.int32)
     tree = _tree(parents, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
-    plen = torch.tensor([p], dtype=torch.int32)
+    tree = _on(tree, dev)
+    plen = torch.tensor([p], dtype=torch.int32, device=dev)
     with exact_mode():
         cache = target.new_cache(1, 40, page_size=page_size)
         target.prefill(prompt, plen, cache)
@@ -70,17 +119,21 @@ def test_verify_logits_equal_autoregressive_logits(moe, dtype, page_size):
     assert torch.equal(greedy, torch.argmax(want, dim=-1).to(torch.int32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_commit_leaves_the_states_decoding_leaves(dtype):
+@pytest.mark.parametrize("backend,moe,dtype", _cases(
+    ("reference", True, torch.float32), ("reference", True, torch.bfloat16),
+    ("triton", True, torch.float32), ("triton", False, torch.bfloat16)))
+def test_commit_leaves_the_states_decoding_leaves(backend, moe, dtype):
     """Verify a tree, commit an accepted path: the conv and recurrent states (and the next
     logits) are the bits that decoding the path's tokens one at a time leaves."""
-    target = tiny_qwen3_5(dtype=dtype, num_experts=4)
+    target = tiny_qwen3_5(dtype=dtype, backend=backend, num_experts=4 if moe else 0)
+    dev = target.device
     gen = torch.Generator().manual_seed(3)
     v, n = target.config.vocab_size, len(PARENTS)
-    prompt = torch.randint(0, v, (1, 9), generator=gen)
-    plen = torch.tensor([9], dtype=torch.int32)
+    prompt = torch.randint(0, v, (1, 9), generator=gen).to(dev)
+    plen = torch.tensor([9], dtype=torch.int32, device=dev)
     parents = torch.tensor([PARENTS], dtype=torch.int32)
     tree = _tree(parents, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
+    tree = _on(tree, dev)
     path = _path(PARENTS, 10)                                  # 0 1 3 6 9 10
     with exact_mode():
         cache = target.new_cache(1, 40)
@@ -92,9 +145,9 @@ def test_commit_leaves_the_states_decoding_leaves(dtype):
         want_next = target.decode(tree.tokens[:, path[4]], plen + 4, cache)
         _restore(cache, start)
         target.verify(tree, plen, cache)
-        padded = torch.tensor([path[:4] + [-1] * (len(path) - 4)], dtype=torch.int32)
-        verdict = Verdict(torch.tensor([3], dtype=torch.int32), padded,
-                          torch.zeros(1, dtype=torch.int32), padded)
+        padded = torch.tensor([path[:4] + [-1] * (len(path) - 4)], dtype=torch.int32, device=dev)
+        verdict = Verdict(torch.tensor([3], dtype=torch.int32, device=dev), padded,
+                          torch.zeros(1, dtype=torch.int32, device=dev), padded)
         target.commit_states(cache, verdict)
         got = [t.clone() for t in (*cache.conv, *cache.recurrent)]
         # the KV the tree wrote sits in tree slots; decode the next token over a committed cache
@@ -108,16 +161,20 @@ def test_commit_leaves_the_states_decoding_leaves(dtype):
     assert torch.equal(_bits(got_next), _bits(want_next))
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_prefill_equals_decoding_token_by_token_and_is_batch_invariant(moe):
+@pytest.mark.parametrize("backend,moe,dtype", _cases(
+    ("reference", False, torch.bfloat16), ("reference", True, torch.bfloat16),
+    ("triton", True, torch.float32), ("triton", False, torch.bfloat16)))
+def test_prefill_equals_decoding_token_by_token_and_is_batch_invariant(backend, moe, dtype):
     """A prompt's prefill is its tokens stepped one at a time: its last logits and states equal
     prefilling its first token and decoding the rest; prefilled inside a ragged batch (another
     length, so other padding and chunking) it gives the same bits as alone."""
-    target = tiny_qwen3_5(dtype=torch.bfloat16, num_experts=4 if moe else 0)
+    target = tiny_qwen3_5(dtype=dtype, backend=backend, num_experts=4 if moe else 0)
+    dev = target.device
     gen = torch.Generator().manual_seed(5)
     v = target.config.vocab_size
-    prompts = torch.randint(0, v, (3, 11), generator=gen)
-    lens = torch.tensor([11, 4, 7], dtype=torch.int32)
+    t = 11 if backend == "reference" else 7          # the interpreter's time
+    prompts = torch.randint(0, v, (3, t), generator=gen).to(dev)
+    lens = torch.tensor([t, 4, 6], dtype=torch.int32, device=dev)
     with exact_mode():
         batch = target.new_cache(3, 20)
         batched, _ = target.prefill(prompts, lens, batch)
@@ -126,9 +183,9 @@ def test_prefill_equals_decoding_token_by_token_and_is_batch_invariant(moe):
             logits, _ = target.prefill(prompts[b:b + 1, :lens[b]], lens[b:b + 1], alone)
             assert torch.equal(_bits(logits[0]), _bits(batched[b])), b
             stepped = target.new_cache(1, 20)
-            last, _ = target.prefill(prompts[b:b + 1, :1], torch.tensor([1], dtype=torch.int32), stepped)
+            last, _ = target.prefill(prompts[b:b + 1, :1], lens.new_ones(1), stepped)
             for i in range(1, int(lens[b])):
-                last = target.decode(prompts[b:b + 1, i], torch.tensor([i], dtype=torch.int32), stepped)
+                last = target.decode(prompts[b:b + 1, i], lens.new_full((1,), i), stepped)
             assert torch.equal(_bits(last[0]), _bits(logits[0])), b
             for a, s in zip((*alone.conv, *alone.recurrent), (*stepped.conv, *stepped.recurrent)):
                 assert torch.equal(a, s)
@@ -169,25 +226,29 @@ def test_exact_speculative_equals_autoregressive(near_tie_pair, batch, budget, p
     assert spec.tokens == ar
 
 
-def test_exact_sequence_alone_equals_inside_a_batch():
-    target, head = _pair(moe=True)
+@pytest.mark.parametrize("backend", ENGINES)
+def test_exact_sequence_alone_equals_inside_a_batch(backend):
+    """Greedy speculative output of a sequence alone == inside a batch of 3 == autoregressive,
+    on the near-tie MoE hybrid (on triton: the whole round on the exact kernels)."""
+    target, head = _pair(moe=True, backend=backend)
     near_tie(target)
     prompts = _prompts(3, seed=2)
-    batch = generate(target, head, prompts, max_new_tokens=8, budget=16, topk=3, exact=True).tokens
-    alone = generate(target, head, prompts[1:2], max_new_tokens=8, budget=16, topk=3, exact=True).tokens
-    assert alone[0] == batch[1]
+    new = 8 if backend == "reference" else 5          # the interpreter's time
+    batch = generate(target, head, prompts, max_new_tokens=new, budget=16, topk=3, exact=True).tokens
+    alone = generate(target, head, prompts[1:2], max_new_tokens=new, budget=16, topk=3, exact=True).tokens
+    ar = generate_ar(target, prompts[1:2], max_new_tokens=new, exact=True).tokens
+    assert alone[0] == batch[1] == ar[0]
 
 
 def test_exact_refusals():
-    """The hybrid's exact form runs on the reference only: triton (whose Gated DeltaNet kernels
-    are the chunked form) is refused by name; a bad split of K is named."""
+    """The cuda backend (no exact kernels) is refused by name; a bad split of K is named."""
     target = tiny_qwen3_5()
     tokens = torch.tensor([[1, 2, 3]])
     lens = torch.tensor([3], dtype=torch.int32)
-    target.fused_ops_backend = "triton"
-    with exact_mode(), pytest.raises(ExactModeError, match="Gated DeltaNet.*'triton'|'triton'.*Gated DeltaNet"):
+    target.fused_ops_backend = "cuda"
+    with exact_mode(), pytest.raises(ExactModeError, match="'cuda' backend"):
         target.prefill(tokens, lens, target.new_cache(1, 8))
-    target.fused_ops_backend = None
+    target.fused_ops_backend = "reference"
     target.exact_k_parts = 3
     with exact_mode(), pytest.raises(ValueError, match="exact_k_parts must be None or a power of two"):
         target.prefill(tokens, lens, target.new_cache(1, 8))

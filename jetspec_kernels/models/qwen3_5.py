@@ -33,8 +33,8 @@ from ..tree import Tree, Verdict
 from .checkpoint import check_layer_keys, load_safetensors, take
 from .config import Qwen3_5Config, read_config
 from .gated_delta import linear_commit, linear_layer_shapes, linear_prefill, linear_tree
-from .gated_delta_exact import (ExactTreeInputs, exact_linear_commit, exact_linear_prompt,
-                                exact_linear_tree)
+from .hybrid_exact import (ExactTreeInputs, exact_linear_commit, exact_linear_prompt,
+                           exact_linear_tree, sigmoid_gate, zc_norm)
 from .kv_cache import KVCache
 from .moe import exact_moe, fuse_expert_weights, grouped_experts, moe_shapes, route
 from .qwen3 import Qwen3
@@ -340,18 +340,13 @@ class Qwen3_5:
         """:meth:`forward` in the exact mode (``ops.exact.exact_mode``): a token's bits depend
         only on its own token, position and logical past, never on B, N, the tree or the other
         rows. The linear layers step every token as a one-token decode would
-        (:mod:`.gated_delta_exact`: a prompt as a chain, a tree node from its parent's state);
+        (:mod:`.hybrid_exact`: a prompt as a chain, a tree node from its parent's state);
         the GEMMs are ``ops.exact.linear`` (the row-parallel ones in ``exact_k_parts`` parts,
         summed across the ranks by ``tp.all_reduce_pairwise``), attention
         ``tree_attention(exact=True)``, the MoE block ``exact_moe``, and every norm, gate and
-        activation a one-row call (``ops.exact.per_row``). Reference backend (the CPU) only: the
-        Gated DeltaNet layers have no row-invariant triton kernel yet (``ExactModeError``)."""
+        activation a one-row call (``ops.exact.per_row``) on the reference or a program per row on
+        triton (:mod:`.hybrid_exact`)."""
         be = exact_ops.exact_backend("Qwen3_5.forward", self.device, self.fused_ops_backend)
-        if be != "reference":
-            raise exact_ops.ExactModeError(
-                f"exact mode: the hybrid target's forward (Qwen3_5) on the {be!r} backend: its "
-                "Gated DeltaNet layers have a row-invariant form on the reference backend (the "
-                "CPU) only; pass backend='reference' or 'auto' on the CPU")
         if self.exact_gemm_tile not in exact_ops.GEMM_TILES:
             raise ValueError(f"exact_gemm_tile must be one of {exact_ops.GEMM_TILES}, got "
                              f"{self.exact_gemm_tile!r}")
@@ -369,7 +364,7 @@ class Qwen3_5:
             return tp.all_reduce_pairwise(share, self.shard, self.dtype)
 
         def norm(x, weight):
-            return exact_ops.per_row(lambda r: _zc_norm(r, weight, eps), x)
+            return zc_norm(x, weight, eps, be)
 
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
@@ -383,11 +378,11 @@ class Qwen3_5:
                 if prompt_lens is not None:
                     out = exact_linear_prompt(a, w, cfg, prompt_lens, cache.conv[j],
                                               cache.recurrent[j], cache.slots, eps, linear,
-                                              row_linear)
+                                              row_linear, be)
                 else:
                     out, cache.pending[j] = exact_linear_tree(
                         a, w, cfg, parents, num_nodes, cache.conv[j], cache.recurrent[j],
-                        cache.slots, eps, linear, row_linear)
+                        cache.slots, eps, linear, row_linear, be)
             else:
                 out = self._attention_exact(a, w, positions, cache, att[li], attn_prefix,
                                             write_start, tree_mask, be, linear, row_linear)
@@ -408,9 +403,9 @@ class Qwen3_5:
         b, n, _ = a.shape
         dh, eps = cfg.head_dim, cfg.rms_norm_eps
         q, gate = linear(a, w["self_attn.q_proj.weight"]).view(b, n, -1, 2 * dh).chunk(2, dim=-1)
-        q = exact_ops.per_row(lambda r: _zc_norm(r, w["self_attn.q_norm.weight"], eps), q)
-        k = exact_ops.per_row(lambda r: _zc_norm(r, w["self_attn.k_norm.weight"], eps),
-                              linear(a, w["self_attn.k_proj.weight"]).view(b, n, -1, dh))
+        q = zc_norm(q, w["self_attn.q_norm.weight"], eps, be)
+        k = zc_norm(linear(a, w["self_attn.k_proj.weight"]).view(b, n, -1, dh),
+                    w["self_attn.k_norm.weight"], eps, be)
         v = linear(a, w["self_attn.v_proj.weight"]).view(b, n, -1, dh)
         kc, vc = cache.kv.layer(j)
         q = exact_ops.qk_norm_rope_append(q, k, v, None, None, positions, kc, vc,
@@ -419,8 +414,7 @@ class Qwen3_5:
                                           backend=be)
         o = tree_attention(q, kc, vc, attn_prefix, tree_mask, tail="causal",
                            block_table=cache.block_table, exact=True, backend=be)
-        o = exact_ops.per_row(lambda o_row, g_row: o_row * torch.sigmoid(g_row),
-                              o.reshape(b, n, -1), gate.reshape(b, n, -1))
+        o = sigmoid_gate(o.reshape(b, n, -1), gate.reshape(b, n, -1), be)
         return row_linear(o, w["self_attn.o_proj.weight"])
 
     def _mlp_exact(self, a, w, be, linear, row_linear):
@@ -444,7 +438,7 @@ class Qwen3_5:
         if _SHARED[0] in w:
             shared = swiglu_exact(flat, *(w[key] for key in _SHARED))
             gate = linear(flat, w["mlp.shared_expert_gate.weight"])
-            out = exact_ops.per_row(lambda o, s, g: o + torch.sigmoid(g) * s, out, shared, gate)
+            out = sigmoid_gate(shared, gate, be, base=out)
         return out.view_as(a)
 
     _run_layers = property(lambda self: self.layers)     # read by resolved_exact_k_parts

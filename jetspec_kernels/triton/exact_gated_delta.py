@@ -1,0 +1,261 @@
+"""Triton kernels of the hybrid targets' exact mode (``ops.exact``, ``models.gated_delta_exact``):
+the Gated DeltaNet layer's per-token inputs, its recurrence walked one token at a time, and the
+row ops around it (the zero-centred RMSNorm, the gated output norm, sigmoid gates).
+
+* ``_walk``: a program per (sequence, v-head, tile of BV value columns) holds its [Dk, BV]
+  float32 state in registers and steps nodes 0 .. n - 1 in order, each from its parent's state
+  (the node before it, still in registers; one kept in scratch; or the committed state). One
+  compiled kernel serves a tree (every node's state kept for its children), a prompt (a chain;
+  the last state stored into the pool) and a commit (the accepted path as a chain, no outputs):
+  the mode is in runtime arguments, so every step of the three runs the same instructions.
+* ``_prep``: a program per (token, v-head): the conv of the token's window, q and k
+  L2-normalised (q scaled) for the heads it serves, the gates g and beta.
+* ``_zc_norm_rows``, ``_gated_norm_rows``, ``_sigmoid_gate``: a program per row (or row block).
+
+Every size that shapes a reduction (Dk, Dv, BV, C, W, the row length, the warps) comes from the
+config, never from B, N or T, and FMA contraction is off, so a token's bits follow its operands.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sizes import next_power_of_2
+
+__all__ = ["walk", "prep", "zc_norm_rows", "gated_norm_rows", "sigmoid_gate", "VALUE_TILE"]
+
+VALUE_TILE = 32        # BV: value columns a walk program holds (a [Dk, 32] float32 state tile)
+_OPTS = dict(enable_fp_fusion=False)
+
+
+@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "write_out", "keep", "store_last"])
+def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, count_ptr, pool_ptr, slot_ptr,
+          out_ptr, keep_ptr, N, HV, H, REP, write_out, keep, store_last,
+          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Grid ``[B, Hv, cdiv(Dv, BV)]``. q, k: float32 [B, N, H, Dk] (unit, q scaled); v: [B, N,
+    Hv, Dv]; g, beta: float32 [B, N, Hv]; parents int32 [B, N]; counts int32 [B]; pool float32
+    [S, Hv, Dk, Dv]; slots int32 [B]; out float32 [B, N, Hv, Dv]; keep float32 [B, Hv, N, Dk, Dv]."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BK)
+    cols = tl.program_id(2) * BV + tl.arange(0, BV)
+    rok = rows < DK
+    ok = rok[:, None] & (cols < DV)[None, :]
+    tile = rows[:, None] * DV + cols[None, :]
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    s0 = tl.load(pool_ptr + (slot * HV + hv) * DK * DV + tile, mask=ok, other=0.0)
+    kept = keep_ptr + (b * HV + hv) * N * DK * DV
+    h = hv // REP
+    S = s0
+    n = tl.load(count_ptr + b)
+    for i in range(0, n):
+        p = tl.load(parent_ptr + b * N + i)
+        # the parent's state: the committed one, the previous node's (in registers) or a kept one
+        far = ((tl.zeros_like(tile) + ((p >= 0) & (p != i - 1)).to(tl.int32)) > 0) & ok
+        other = tl.load(kept + p.to(tl.int64) * DK * DV + tile, mask=far, other=0.0)
+        S = tl.where(p < 0, s0, tl.where(far, other, S))
+        tok = b * N + i
+        kk = tl.load(k_ptr + (tok * H + h) * DK + rows, mask=rok, other=0.0)
+        qq = tl.load(q_ptr + (tok * H + h) * DK + rows, mask=rok, other=0.0)
+        vv = tl.load(v_ptr + (tok * HV + hv) * DV + cols, mask=cols < DV, other=0.0).to(tl.float32)
+        gg = tl.load(g_ptr + tok * HV + hv)
+        bb = tl.load(beta_ptr + tok * HV + hv)
+        # transformers' order: decay, read, delta, write, output
+        S = S * tl.exp(gg)
+        u = (vv - tl.sum(S * kk[:, None], axis=0)) * bb
+        S = S + kk[:, None] * u[None, :]
+        if write_out:
+            o = tl.sum(S * qq[:, None], axis=0)
+            tl.store(out_ptr + (tok * HV + hv) * DV + cols, o, mask=cols < DV)
+        if keep:
+            tl.store(kept + i * DK * DV + tile, S, mask=ok)
+            tl.debug_barrier()          # a child's program threads read what others wrote
+    if store_last:
+        tl.store(pool_ptr + (slot * HV + hv) * DK * DV + tile, S, mask=ok)
+
+
+def walk(q, k, v, g, beta, parents, counts, pool, slots, *, out: bool, keep: bool,
+         store_last: bool):
+    """Step every sequence's nodes ``0 .. counts[b] - 1`` in order from its parent's state.
+
+    Parameters
+    ----------
+    q, k : float32 [B, N, H, Dk], unit rows (q scaled); v : [B, N, Hv, Dv] (any float dtype);
+    g, beta : float32 [B, N, Hv]; parents : int32 [B, N] (-1: from the pool's state; a parent
+    precedes its child); counts : int32 [B] (<= N); pool : float32 [S, Hv, Dk, Dv] (contiguous;
+    its slots' states are written only with ``store_last``); slots : int32 [B]
+    out : return every node's output float32 [B, N, Hv, Dv] (rows past a count: 0)
+    keep : keep every node's state for its children (a tree; a chain needs none): float32
+        scratch [B, Hv, N, Dk, Dv] for the call
+    store_last : write the last stepped state into ``pool[slots[b]]`` (a prompt, a commit)
+
+    Returns the outputs or None.
+    """
+    b, n, h, dk = k.shape
+    hv, dv = v.shape[2], v.shape[3]
+    dev = k.device
+    o = torch.zeros(b, n, hv, dv, dtype=torch.float32, device=dev) if out else \
+        torch.empty(1, dtype=torch.float32, device=dev)
+    kept = torch.empty(b, hv, n, dk, dv, dtype=torch.float32, device=dev) if keep else \
+        torch.empty(1, dtype=torch.float32, device=dev)
+    bv = min(VALUE_TILE, next_power_of_2(dv))
+    if b and n:
+        c = (lambda t: t.contiguous())
+        _walk[(b, hv, triton.cdiv(dv, bv))](
+            c(q), c(k), c(v), c(g), c(beta), c(parents), c(counts), pool, c(slots), o, kept,
+            n, hv, h, hv // h, int(out), int(keep), int(store_last), DK=dk, DV=dv, BK=next_power_of_2(dk),
+            BV=bv, num_warps=4, **_OPTS)
+    return o if out else None
+
+
+@triton.jit
+def _conv_of(win_ptr, w_ptr, c, cok, C, W: tl.constexpr):
+    """``silu(sum_j w[c, j] * window[j, c])`` in float32 over channels ``c``, taps oldest first."""
+    acc = tl.zeros(c.shape, tl.float32)
+    for j in range(W):
+        x = tl.load(win_ptr + j * C + c, mask=cok, other=0.0).to(tl.float32)
+        acc += tl.load(w_ptr + c * W + j, mask=cok, other=0.0).to(tl.float32) * x
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit(do_not_specialize=["T", "H", "HV"])
+def _prep(win_ptr, w_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+          T, H, HV, C, scale, W: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+          BK: tl.constexpr, BV: tl.constexpr):
+    """Grid ``[T, Hv]``. windows [T, W, C] and w [C, W] in the model dtype; a, b [T, Hv] (the
+    gate projections); A_log, dt_bias [Hv]. Writes v [T, Hv, Dv] (model dtype), g and beta
+    float32 [T, Hv] (beta rounded to the model dtype first), and for v-heads below H the q and
+    k rows [T, H, Dk] float32: the conv output rounded to the model dtype, L2-normalised
+    (``x * rsqrt(sum(x * x) + 1e-6)``), q times ``scale``."""
+    t = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1).to(tl.int64)
+    win = win_ptr + t * W * C
+    dtype = v_ptr.dtype.element_ty
+    vc = tl.arange(0, BV)
+    vok = vc < DV
+    y = _conv_of(win, w_ptr, 2 * H * DK + hv * DV + vc, vok, C, W)
+    tl.store(v_ptr + (t * HV + hv) * DV + vc, y.to(dtype), mask=vok)
+    a = tl.load(a_ptr + t * HV + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
+    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+    tl.store(g_ptr + t * HV + hv, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus)
+    bl = tl.load(b_ptr + t * HV + hv).to(tl.float32)
+    tl.store(beta_ptr + t * HV + hv, (1.0 / (1.0 + tl.exp(-bl))).to(dtype).to(tl.float32))
+    if hv < H:
+        kc = tl.arange(0, BK)
+        kok = kc < DK
+        for part in tl.static_range(2):           # q, then k
+            x = _conv_of(win, w_ptr, part * H * DK + hv * DK + kc, kok, C, W).to(dtype).to(tl.float32)
+            x = x * tl.math.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+            if part == 0:
+                tl.store(q_ptr + (t * H + hv) * DK + kc, x * scale, mask=kok)
+            else:
+                tl.store(k_ptr + (t * H + hv) * DK + kc, x, mask=kok)
+
+
+def prep(windows, weight, a, b, a_log, dt_bias, h, dk, dv, scale):
+    """Per token: ``(q, k)`` float32 [..., H, Dk] (unit, q scaled), ``v [..., Hv, Dv]`` (model
+    dtype), ``g, beta`` float32 [..., Hv] from its conv window ``windows [..., W, C]``, the conv
+    weight [C, W] and the gate projections ``a, b [..., Hv]``."""
+    lead = windows.shape[:-2]
+    width, c = windows.shape[-2:]
+    hv = a.shape[-1]
+    t = windows.numel() // (width * c) if c else 0
+    dev, dtype = windows.device, windows.dtype
+    q = torch.zeros(t, h, dk, dtype=torch.float32, device=dev)
+    k = torch.zeros_like(q)
+    v = torch.empty(t, hv, dv, dtype=dtype, device=dev)
+    g = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    beta = torch.empty_like(g)
+    if t:
+        _prep[(t, hv)](windows.reshape(t, width, c).contiguous(), weight.contiguous(),
+                       a.reshape(t, hv).contiguous(), b.reshape(t, hv).contiguous(), a_log, dt_bias,
+                       q, k, v, g, beta, t, h, hv, c, float(scale), W=width, DK=dk, DV=dv,
+                       BK=next_power_of_2(dk), BV=next_power_of_2(dv), num_warps=4, **_OPTS)
+    return (q.view(*lead, h, dk), k.view(*lead, h, dk), v.view(*lead, hv, dv),
+            g.view(*lead, hv), beta.view(*lead, hv))
+
+
+@triton.jit
+def _zc_norm_rows(x_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+    """Grid ``[R]``: ``round((x * rsqrt(mean(x^2) + eps)) * (1 + w))`` in float32."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    x = tl.load(x_ptr + r * D + c, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / D + eps) * (1.0 + w)
+    tl.store(out_ptr + r * D + c, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def zc_norm_rows(x, weight, eps):
+    """transformers' zero-centred RMSNorm of every row of ``x [..., D]`` (weight [D])."""
+    d = x.shape[-1]
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    rows = xc.numel() // d if d else 0
+    if rows:
+        _zc_norm_rows[(rows,)](xc, weight.contiguous(), out, d, float(eps),
+                               BLOCK=next_power_of_2(d), num_warps=4, **_OPTS)
+    return out
+
+
+@triton.jit
+def _gated_norm_rows(o_ptr, z_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+    """Grid ``[R]``: ``round(round(w * round(o' * rsqrt(mean(o'^2) + eps))) * silu(z))`` with o'
+    the float32 output rounded to the model dtype (transformers' ``Qwen3_5RMSNormGated``)."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    dtype = out_ptr.dtype.element_ty
+    o = tl.load(o_ptr + r * D + c, mask=ok, other=0.0).to(dtype).to(tl.float32)
+    normed = (o * tl.math.rsqrt(tl.sum(o * o, axis=0) / D + eps)).to(dtype).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + r * D + c, mask=ok, other=0.0).to(tl.float32)
+    gated = (w * normed).to(dtype).to(tl.float32) * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + r * D + c, gated.to(dtype), mask=ok)
+
+
+def gated_norm_rows(o, z, weight, eps):
+    """``Qwen3_5RMSNormGated(o) * silu(z)`` per head row: ``o`` float32 and ``z`` (model dtype)
+    [..., Dv], weight [Dv]; returns z's dtype and shape."""
+    d = z.shape[-1]
+    zc = z.contiguous()
+    out = torch.empty_like(zc)
+    rows = zc.numel() // d if d else 0
+    if rows:
+        _gated_norm_rows[(rows,)](o.contiguous(), zc, weight.contiguous(), out, d, float(eps),
+                                  BLOCK=next_power_of_2(d), num_warps=4, **_OPTS)
+    return out
+
+
+@triton.jit
+def _sigmoid_gate(x_ptr, g_ptr, base_ptr, out_ptr, D, G_COLS, HAS_BASE: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Grid ``[R, cdiv(D, BLOCK)]``: ``[base +] x * sigmoid(g)``, each product and sum rounded
+    to the dtype (torch's order); g one per element (``G_COLS`` D) or one per row (1)."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < D
+    dtype = out_ptr.dtype.element_ty
+    g = tl.load(g_ptr + r * G_COLS + tl.where(G_COLS == 1, 0, c), mask=ok, other=0.0).to(tl.float32)
+    s = (1.0 / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    y = (tl.load(x_ptr + r * D + c, mask=ok, other=0.0).to(tl.float32) * s).to(dtype)
+    if HAS_BASE:
+        y = (tl.load(base_ptr + r * D + c, mask=ok, other=0.0).to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + r * D + c, y, mask=ok)
+
+
+def sigmoid_gate(x, gate, base=None):
+    """``x * sigmoid(gate)`` (``+ base``), ``x [..., D]``; gate [..., D] or [..., 1]."""
+    d = x.shape[-1]
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    rows = xc.numel() // d if d else 0
+    if rows:
+        block = min(1024, next_power_of_2(d))
+        _sigmoid_gate[(rows, triton.cdiv(d, block))](
+            xc, gate.contiguous(), xc if base is None else base.contiguous(), out, d,
+            gate.shape[-1], HAS_BASE=base is not None, BLOCK=block,
+            num_warps=4, **_OPTS)
+    return out
