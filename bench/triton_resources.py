@@ -214,6 +214,28 @@ def _cases():
                        e(2, n, 16, 128, dtype=dtype), e(2, n, 16, 128, dtype=dtype),
                        e(2, n, 32, 128, dtype=dtype), e(2, n, 32), e(2, n, 32, dtype=dtype),
                        e(2, n, **i32), e(4, 32, 128, 128), e(2, **i32), e(2, **i32), None, True))
+    # the hybrids' exact mode (triton/exact_gated_delta.py) at the same shapes; hidden 2048
+    exact_gd = importlib.import_module("jetspec_kernels.triton.exact_gated_delta")
+    for dtype in (bf16, torch.float32):
+        name = str(dtype)[6:]
+        yield (f"exact gated_delta walk {name} Dk128 N64",
+               lambda dtype=dtype: exact_gd.walk(
+                   e(2, 64, 16, 128), e(2, 64, 16, 128), e(2, 64, 32, 128, dtype=dtype),
+                   e(2, 64, 32), e(2, 64, 32), e(2, 64, **i32), e(2, **i32), e(4, 32, 128, 128),
+                   e(2, **i32), out=True, keep=True, store_last=False))
+        yield (f"exact gated_delta prep {name} C8192 W4",
+               lambda dtype=dtype: exact_gd.prep(
+                   e(64, 4, 8192, dtype=dtype), e(8192, 4, dtype=dtype), e(64, 32, dtype=dtype),
+                   e(64, 32, dtype=dtype), e(32, dtype=dtype), e(32, dtype=dtype), 16, 128, 128,
+                   128 ** -0.5))
+    yield ("exact zc_norm_rows bf16 H2048",
+           lambda: exact_gd.zc_norm_rows(e(64, 2048, dtype=bf16), e(2048, dtype=bf16), 1e-6))
+    yield ("exact gated_norm_rows bf16 Dv128",
+           lambda: exact_gd.gated_norm_rows(e(64, 32, 128), e(64, 32, 128, dtype=bf16),
+                                            e(128, dtype=bf16), 1e-6))
+    yield ("exact sigmoid_gate bf16 4096 + base",
+           lambda: exact_gd.sigmoid_gate(e(64, 4096, dtype=bf16), e(64, 4096, dtype=bf16),
+                                         e(64, 4096, dtype=bf16)))
     yield ("commit_kv bf16 Dh128 + hidden",
            lambda: kernels.commit_kv(e(2, 4096, hkv, 128, dtype=bf16),
                                      e(2, 4096, hkv, 128, dtype=bf16), e(2, **i32),

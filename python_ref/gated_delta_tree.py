@@ -32,11 +32,12 @@ def l2norm(x, eps=L2NORM_EPS):
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def gated_delta_step(S, q, k, v, g, beta):
+def gated_delta_step(S, q, k, v, g, beta, exp=torch.exp):
     """One recurrent step for every v-head at once: ``S [..., Hv, Dk, Dv]``, ``q, k [..., Hv,
     Dk]`` (already normalised and, for q, scaled), ``v [..., Hv, Dv]``, ``g, beta [..., Hv]``.
-    Returns ``(S_new, o [..., Hv, Dv])`` (transformers' order of operations)."""
-    S = S * g.exp()[..., None, None]
+    Returns ``(S_new, o [..., Hv, Dv])`` (transformers' order of operations). ``exp``: how the
+    decay's exponential is taken (the exact mode pads its lanes)."""
+    S = S * exp(g)[..., None, None]
     kv_mem = (S * k[..., :, None]).sum(dim=-2)
     delta = (v - kv_mem) * beta[..., None]
     S = S + k[..., :, None] * delta[..., None, :]

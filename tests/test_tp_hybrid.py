@@ -51,6 +51,27 @@ def _logits(target):
             "pool_heads": cache.recurrent[0].shape[1]}
 
 
+def _exact(cfg):
+    """The exact mode split and alone: with ``exact_k_parts`` 4 (two parts a rank) the logits of
+    :func:`_logits`, float32 and bfloat16; with tp's own parts (the default) split, greedy
+    speculative and autoregressive tokens, and the logits beside alone's (the power)."""
+    from jetspec_kernels.ops.exact import exact_mode
+    out = {}
+    for name, group, parts in (("split", None, 4), ("alone", tp.ALONE, 4),
+                               ("split default", None, None), ("alone default", tp.ALONE, None)):
+        for dtype in ((torch.float32, torch.bfloat16) if parts else (torch.float32,)):
+            weights = {k: t.to(dtype) for k, t in random_qwen3_5_weights(cfg, 0).items()}
+            target = Qwen3_5(cfg, weights, group=group)
+            target.exact_k_parts = parts
+            with exact_mode():
+                got = _logits(target)
+            out[f"{name} {dtype}"] = {k: v for k, v in got.items() if k != "pool_heads"}
+    target, head = _pair(cfg, None)
+    out["tokens"] = (generate(target, head, PROMPTS, exact=True, **SPEC).tokens,
+                     generate_ar(target, PROMPTS, max_new_tokens=10, exact=True).tokens)
+    return out
+
+
 def scenario_two(rank, world):
     out = {}
     for name, moe in (("dense", 0), ("moe", 4)):
@@ -63,6 +84,7 @@ def scenario_two(rank, world):
                              generate(*split, PROMPTS, **SPEC).tokens)
         out[name]["ar"] = (generate_ar(full[0], PROMPTS, max_new_tokens=10, group=tp.ALONE).tokens,
                            generate_ar(split[0], PROMPTS, max_new_tokens=10).tokens)
+        out[name]["exact"] = _exact(cfg)
     try:
         _pair(tiny_qwen3_5_config(linear_num_key_heads=1, linear_num_value_heads=3), None)
         out["odd_heads"] = None
@@ -87,7 +109,7 @@ def _entry(rank, world, tmp, timeout_s):
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tp2_hybrid")
-    mp.start_processes(_entry, args=(2, str(tmp), 120), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_entry, args=(2, str(tmp), 300), nprocs=2, join=True, start_method="spawn")
     results = [torch.load(tmp / f"rank{r}.pt") for r in range(2)]
     for r, res in enumerate(results):
         assert "error" not in res, f"rank {r}: {res['error']}"
@@ -103,6 +125,32 @@ def test_split_hybrid_equals_unsplit(two, model):
         assert got["pool_heads"] == (4, 2)
         assert got["spec"][0] == got["spec"][1] == got["ar"][0] == got["ar"][1]
     assert two[0][model]["spec"] == two[1][model]["spec"]
+
+
+def _same_bits(a, b):
+    bits = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_exact_hybrid_tp2_equals_tp1(two, model):
+    """The exact mode at tp 2: with exact_k_parts 4 (out_proj, o_proj, the MLP's, the shared
+    expert's and the experts' down in parts, the ranks' float32 shares summed along the parts'
+    tree) tp 2's prefill, decode, tree-verify and after-commit logits are tp 1's bit for bit in
+    float32 and bfloat16; by default (tp's own parts) greedy speculative == autoregressive."""
+    for res in two:
+        got = res[model]["exact"]
+        for dtype in (torch.float32, torch.bfloat16):
+            split, alone = got[f"split {dtype}"], got[f"alone {dtype}"]
+            for what in ("prefill", "decode", "verify", "after_commit"):
+                assert _same_bits(split[what], alone[what]), (dtype, what)
+        spec, ar = got["tokens"]
+        assert spec == ar
+        default = got[f"split default {torch.float32}"], got[f"alone default {torch.float32}"]
+        assert any(not _same_bits(default[0][w], default[1][w])
+                   for w in ("prefill", "decode", "verify", "after_commit")), \
+            "tp's own parts gave tp 1's bits: the k_parts assertion above has no power here"
+    assert two[0][model]["exact"]["tokens"] == two[1][model]["exact"]["tokens"]
 
 
 def test_tp_must_divide_the_linear_heads(two):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.causal_conv1d_commit import causal_conv1d_commit
-from ..ops.exact import per_row
+from ..ops.exact import lanes, per_row
 from ..python_ref.causal_conv1d_tree import conv_window_sources
 from ..python_ref.gated_delta_tree import gated_delta_step, l2norm
 from .gated_delta import _conv_weight, _split
@@ -61,7 +61,8 @@ def sigmoid_gate(x, gate, be, base=None):
     if be == "triton":
         return _kernels().sigmoid_gate(x, gate, base)
     if base is None:
-        return per_row(lambda r, g: r * torch.sigmoid(g), x, gate)
+        return per_row(lambda r, g: lanes(lambda r, g: r * torch.sigmoid(g), r, g), x, gate)
+    # one gate a row (the shared expert's): its sigmoid alone, a fixed [1, 1] call
     return per_row(lambda r, g, s: s + r * torch.sigmoid(g), x, gate, base)
 
 
@@ -81,9 +82,10 @@ class ExactTreeInputs:
 
 def _gates(b_row, a_row, w):
     """One token's gates from its ``in_proj_b`` / ``in_proj_a`` rows [1, Hv]: (g float32,
-    beta in the model dtype), transformers' formulas."""
-    g = -w["linear_attn.A_log"].float().exp() * F.softplus(a_row.float() + w["linear_attn.dt_bias"])
-    return g, b_row.sigmoid()
+    beta in the model dtype), transformers' formulas (padded lanes: ``ops.exact.lanes``)."""
+    g = lanes(lambda a, a_log, dt: -a_log.float().exp() * F.softplus(a.float() + dt), a_row,
+              w["linear_attn.A_log"][None], w["linear_attn.dt_bias"][None])
+    return g, lanes(torch.sigmoid, b_row)
 
 
 def _conv(windows, weight):
@@ -93,19 +95,19 @@ def _conv(windows, weight):
     wt = weight.float().t().contiguous()                     # [W, C]
 
     def one(row):
-        return F.silu((row.view(1, width, c).float() * wt).sum(dim=1)).to(row.dtype)
+        summed = lanes(lambda x, w: (x * w).sum(dim=1), row.view(1, width, c).float(), wt[None])
+        return lanes(F.silu, summed).to(row.dtype)
     return per_row(one, windows.flatten(-2))
 
 
 def _units(x, rep, scale=None):
     """q or k rows ``[..., H, Dk]`` -> float32 ``[..., Hv, Dk]``: repeated to the v-heads,
-    L2-normalised (transformers' l2norm), times ``scale`` when given; a token a call."""
-    h, dk = x.shape[-2:]
-
+    L2-normalised (transformers' l2norm), times ``scale`` when given; a head of a token a call
+    (the same call whatever number of heads a rank holds)."""
     def one(row):
-        u = l2norm(row.view(1, h, dk).repeat_interleave(rep, dim=1).float())
-        return (u if scale is None else u * scale).reshape(1, -1)
-    return per_row(one, x.flatten(-2)).unflatten(-1, (h * rep, dk))
+        u = l2norm(row.float())
+        return u if scale is None else u * scale
+    return per_row(one, x).repeat_interleave(rep, dim=-2)
 
 
 def _inputs(a, w, cfg, windows_of, linear, be):
@@ -140,11 +142,11 @@ def _output(o, z, w, eps, row_linear, be):
     else:
         dtype, hv, dv = z.dtype, z.shape[-2], z.shape[-1]
 
-        def one(o_row, z_row):
-            of = o_row.view(1, hv, dv).to(dtype).float()
+        def one(o_row, z_row):          # a head of a token
+            of = o_row.to(dtype).float()
             normed = (of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-            return ((weight * normed) * F.silu(z_row.view(1, hv, dv).float())).to(dtype).reshape(1, -1)
-        gated = per_row(one, o.flatten(-2), z.flatten(-2))
+            return ((weight * normed) * F.silu(z_row.float())).to(dtype)
+        gated = per_row(one, o, z).flatten(-2)
     return row_linear(gated, w["linear_attn.out_proj.weight"])
 
 
@@ -152,7 +154,8 @@ def _step(S, q, k, v, g, beta):
     """One recurrent step of one token (every v-head), on fresh copies of its rows: ``S`` float32
     [1, Hv, Dk, Dv]; q, k float32 [Hv, Dk]; v [Hv, Dv]; g, beta [Hv]. Returns (S', o [1, Hv, Dv])."""
     fresh = (lambda t: t.float().clone()[None])
-    return gated_delta_step(S, fresh(q), fresh(k), fresh(v), fresh(g), fresh(beta))
+    return gated_delta_step(S, fresh(q), fresh(k), fresh(v), fresh(g), fresh(beta),
+                            exp=lambda g: lanes(torch.exp, g))
 
 
 def _reference_walk(q, k, v, g, beta, parents, counts, rec_pool, slots, *, store_last):

@@ -43,7 +43,7 @@ from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
            "exact_verified_devices", "GEMM_TILES", "UNVERIFIED_ENV", "forward_scope", "per_row",
-           "sum_in_order", "sum_pairwise", "k_parts_ok", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
+           "sum_in_order", "sum_pairwise", "k_parts_ok", "lanes", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
            "sample_at_positions"]
 
 
@@ -275,7 +275,22 @@ def rms_norm(x, weight, *, eps: float = 1e-6, residual=None, backend: str | None
     return per_row(lambda r, s: _rms_norm(r, weight, eps=eps, residual=s, backend=be), x, residual)
 
 
-_SILU_PAD = 128      # the reference's halves padded to a multiple of this (see silu_mul)
+_LANE_PAD = 128      # the reference's elementwise rows padded to a multiple of this (see lanes)
+
+
+def lanes(fn, *xs: torch.Tensor) -> torch.Tensor:
+    """``fn(*xs)``, an elementwise function of same-shape tensors ``[..., D]``, with each
+    operand's last dim padded with zeros to a multiple of 128 and the result cut back to D.
+
+    The reference's guard against the CPU's vectorised loops: they give a launch's last elements
+    a scalar tail whose exp, sigmoid or silu can differ from the vector body's in the last bit,
+    so without padding an element's bits would follow the row's length, which tensor
+    parallelism changes (a rank holds a slice of the heads or of I). Padded, every element sits
+    in a whole vector chunk, wherever it is."""
+    pad = -xs[0].shape[-1] % _LANE_PAD
+    if pad == 0:
+        return fn(*xs)
+    return fn(*(F.pad(x, (0, pad)) for x in xs))[..., :xs[0].shape[-1]]
 
 
 def silu_mul(x, *, backend: str | None = None):
@@ -294,7 +309,7 @@ def silu_mul(x, *, backend: str | None = None):
         half = r.shape[-1] // 2
         if r.shape[-1] % 2 or not r.dtype.is_floating_point:
             return _silu_mul(r, backend=be)             # its own error, naming the argument
-        zeros = r.new_zeros(r.shape[0], -half % _SILU_PAD)
+        zeros = r.new_zeros(r.shape[0], -half % _LANE_PAD)
         return _silu_mul(torch.cat([r[:, :half], zeros, r[:, half:], zeros], dim=-1),
                          backend=be)[:, :half]
     return per_row(padded, x)
