@@ -90,6 +90,14 @@ K_PARTS_OPS = ["tests/test_exact_ops.py", "-k", "pairwise or parts"]
 K_PARTS_OPS_MOE = ["tests/test_exact_ops.py", "-k", "moe_in_k_parts"]
 K_PARTS_MODEL = ["tests/test_exact_decode.py", "-k", "k_parts"]
 K_PARTS_TP = ["tests/test_tp.py", "-k", "k_parts"]
+# The fourth round (the hybrids' exact mode): the new test files, narrowed (-k) to the engine a
+# mutation touches (the triton model tests take minutes under the interpreter)
+HYB = "jetspec_kernels/models/hybrid_exact.py"
+EGD = "jetspec_kernels/triton/exact_gated_delta.py"
+Q35 = "jetspec_kernels/models/qwen3_5.py"
+HYB_REF = ["tests/test_exact_hybrid.py", "-k", "not triton"]
+HYB_TP = ["tests/test_tp_hybrid.py", "-k", "exact"]
+EGD_TESTS = ["tests/test_exact_gated_delta_triton.py"]
 
 # name: (class, file, old, new, tests)
 MUTATIONS = {
@@ -360,6 +368,42 @@ MUTATIONS = {
         "swapped operands on the one-launch path (K Q^T for Q K^T)", GDT,
         "qk = tl.dot(q_i, tl.trans(k_i), input_precision=PRECISION)",
         "qk = tl.dot(k_i, tl.trans(q_i), input_precision=PRECISION)", GD_TREE),
+    # ------------------------------------------------------------ the hybrids' exact mode
+    "hyb_node_steps_from_the_committed_state": (
+        "wrong parent (a tree node stepped from the root's state)", HYB,
+        "S, o[s, i] = _step(root if p < 0 else states[p],", "S, o[s, i] = _step(root,", HYB_REF),
+    "hyb_commit_one_step_short": (
+        "off-by-one at a limit (the commit replays accept_len steps)", HYB,
+        "_reference_walk(k, k, v, g, beta, chain, accept_len + 1,",
+        "_reference_walk(k, k, v, g, beta, chain, accept_len,", HYB_REF),
+    "hyb_prompt_conv_state_one_back": (
+        "off-by-one (the prompt's conv state one input too early)", HYB,
+        "keep = lens.long()[:, None] + torch.arange(width - 1, device=dev)",
+        "keep = lens.long()[:, None] - 1 + torch.arange(width - 1, device=dev)", HYB_REF),
+    "hyb_gates_unpadded": (
+        "a row op whose bits follow the row's length (tp)", HYB,
+        "    g = lanes(lambda a, a_log, dt:", "    g = (lambda a, a_log, dt:", HYB_TP),
+    "hyb_attention_not_exact": (
+        "an op of the forward on its normal path", Q35,
+        "block_table=cache.block_table, exact=True, backend=be)",
+        "block_table=cache.block_table, exact=False, backend=be)", HYB_REF),
+    "hyb_row_linear_without_parts": (
+        "an engine setting that does not reach a GEMM (exact_k_parts)", Q35,
+        "return exact_ops.linear(x, weight, backend=be, parts=local)",
+        "return exact_ops.linear(x, weight, backend=be)", HYB_REF),
+    "egd_walk_parent_is_the_previous_node": (
+        "wrong parent (the kept state never read)", EGD,
+        "S = tl.where(p < 0, s0, tl.where(far, other, S))", "S = tl.where(p < 0, s0, S)", EGD_TESTS),
+    "egd_prep_k_scaled": (
+        "a scale on the wrong operand (k scaled as q)", EGD,
+        "tl.store(k_ptr + (t * H + hv) * DK + kc, x, mask=kok)",
+        "tl.store(k_ptr + (t * H + hv) * DK + kc, x * scale, mask=kok)", EGD_TESTS),
+    "egd_row_gate_read_as_a_row_of_gates": (
+        "broadcast read as an elementwise operand", EGD,
+        "tl.where(G_COLS == 1, 0, c)", "c", EGD_TESTS),
+    "egd_walk_store_last_skipped": (
+        "an output not written back on one path (the chain's last state)", EGD,
+        "    if store_last:\n", "    if store_last and n > 1000:\n", EGD_TESTS),
 }
 
 
