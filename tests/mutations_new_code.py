@@ -382,7 +382,8 @@ MUTATIONS = {
         "keep = lens.long()[:, None] - 1 + torch.arange(width - 1, device=dev)", HYB_REF),
     "hyb_gates_unpadded": (
         "a row op whose bits follow the row's length (tp)", HYB,
-        "    g = lanes(lambda a, a_log, dt:", "    g = (lambda a, a_log, dt:", HYB_TP),
+        "    g = lanes(lambda a, a_log, dt:", "    g = (lambda f, *xs: f(*xs))(lambda a, a_log, dt:",
+        HYB_TP),
     "hyb_attention_not_exact": (
         "an op of the forward on its normal path", Q35,
         "block_table=cache.block_table, exact=True, backend=be)",
@@ -391,6 +392,13 @@ MUTATIONS = {
         "an engine setting that does not reach a GEMM (exact_k_parts)", Q35,
         "return exact_ops.linear(x, weight, backend=be, parts=local)",
         "return exact_ops.linear(x, weight, backend=be)", HYB_REF),
+    "hyb_gated_norm_without_weight": (
+        "a dropped operand (the gated norm's weight): a function the exact form agrees with itself on",
+        HYB, "return ((weight * normed) * F.silu(z_row.float())).to(dtype)",
+        "return (normed * F.silu(z_row.float())).to(dtype)", HYB_REF),
+    "hyb_walk_state_of_the_batch_index": (
+        "slot of the wrong sequence (the batch index for the slot)", HYB,
+        "root = rec_pool[int(slots[s])].clone()[None]", "root = rec_pool[s].clone()[None]", HYB_REF),
     "egd_walk_parent_is_the_previous_node": (
         "wrong parent (the kept state never read)", EGD,
         "S = tl.where(p < 0, s0, tl.where(far, other, S))", "S = tl.where(p < 0, s0, S)", EGD_TESTS),

@@ -288,3 +288,102 @@ def test_exact_k_parts_keep_verify_equal_to_decode(parts, monkeypatch):
                     (cfg.hidden_size, cfg.shared_expert_intermediate_size)}
     assert {tuple(s) for s, p in seen if p == parts} == row_parallel
     assert all(p == 1 for s, p in seen if tuple(s) not in row_parallel)
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_exact_is_the_model(backend):
+    """The exact form computes the layer, not just a self-consistent function: its prefill and
+    verify logits are the normal path's within float32 rounding (the normal path equals
+    transformers: test_models_qwen3_5), and its greedy tokens on a target without near ties are
+    the normal mode's (catches a dropped scale, weight or gate that every bit-equality test,
+    comparing the exact form with itself, would miss)."""
+    target = tiny_qwen3_5(backend=backend, num_experts=4)
+    dev = target.device
+    gen = torch.Generator().manual_seed(11)
+    v = target.config.vocab_size
+    prompts = torch.randint(0, v, (2, 9), generator=gen).to(dev)
+    lens = torch.tensor([9, 5], dtype=torch.int32, device=dev)
+    parents = torch.tensor([PARENTS] * 2, dtype=torch.int32)
+    tree = _on(_tree(parents[:1], torch.randint(0, v, (1, len(PARENTS)), generator=gen,
+                                                dtype=torch.int32)), dev)
+    tree = dataclasses.replace(tree, **{f.name: getattr(tree, f.name).expand(2, *getattr(
+        tree, f.name).shape[1:]).contiguous() for f in dataclasses.fields(tree) if f.name != "max_depth"})
+    got = {}
+    for mode in (False, True):
+        with exact_mode(mode):
+            cache = target.new_cache(2, 40)
+            last, _ = target.prefill(prompts, lens, cache)
+            verified, _ = target.verify(tree, lens, cache)
+            got[mode] = (last, verified)
+    for normal, exact in zip(got[False], got[True]):
+        assert (exact - normal).norm() / normal.norm() < 1e-5
+    prompt = [[3, 14, 15, 92, 65]]
+    assert (generate_ar(target, prompt, max_new_tokens=8, exact=True).tokens
+            == generate_ar(target, prompt, max_new_tokens=8).tokens)
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_a_sequence_among_others_in_other_slots_equals_alone(backend):
+    """A ragged batch (num_nodes < N, padding nodes after the valid ones) whose sequences sit in
+    permuted slots of a larger state pool: every valid row is the bits of its sequence verified
+    alone in slot 0 (a slot read or written as the batch index would break it)."""
+    target = tiny_qwen3_5(backend=backend)
+    dev = target.device
+    gen = torch.Generator().manual_seed(13)
+    v, n = target.config.vocab_size, len(PARENTS)
+    prompts = torch.randint(0, v, (3, 8), generator=gen).to(dev)
+    lens = torch.tensor([8, 3, 6], dtype=torch.int32, device=dev)
+    tokens = torch.randint(0, v, (3, n), generator=gen, dtype=torch.int32)
+    parents = torch.tensor([PARENTS, [-1, 0, 1, 1] + [-1] * (n - 4), [-1] + [-1] * (n - 1)],
+                           dtype=torch.int32)
+    num = torch.tensor([n, 4, 1], dtype=torch.int32)
+    from jetspec_kernels import python_ref as ref
+    from jetspec_kernels.tree import Tree
+    depths = torch.zeros_like(parents)
+    for b in range(3):
+        for i in range(1, int(num[b])):
+            depths[b, i] = depths[b, parents[b, i]] + 1
+    tree = _on(Tree(tokens, parents, depths, torch.zeros(3, n), num,
+                    ref.pack_mask(parents, num).to(torch.int32), int(depths.max())), dev)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32, device=dev)
+    with exact_mode():
+        cache = target.new_cache(3, 40, pool_size=5, slots=slots)
+        target.prefill(prompts, lens, cache)
+        batch, _ = target.verify(tree, lens, cache)
+        for b in range(3):
+            alone = target.new_cache(1, 40)
+            target.prefill(prompts[b:b + 1, :lens[b]], lens[b:b + 1], alone)
+            k = int(num[b])
+            one = dataclasses.replace(tree, **{f.name: getattr(tree, f.name)[b:b + 1, :k].contiguous()
+                                              for f in dataclasses.fields(tree)
+                                              if f.name not in ("max_depth", "num_nodes", "mask")})
+            one = dataclasses.replace(one, num_nodes=tree.num_nodes[b:b + 1],
+                                      mask=ref.pack_mask(one.parents.cpu(), tree.num_nodes[b:b + 1].cpu())
+                                      .to(torch.int32).to(dev))
+            got, _ = target.verify(one, lens[b:b + 1], alone)
+            assert torch.equal(_bits(got[0]), _bits(batch[b, :k])), b
+
+
+def test_bad_trees_and_prompts_are_named():
+    """The exact forward takes what the normal one takes and refuses the same inputs by name: a
+    parent after its child, num_nodes past N, a parent below -1, a slot outside the pool, a
+    prompt length of 0."""
+    target = tiny_qwen3_5()
+    tokens = torch.tensor([[1, 2, 3]])
+    pos = torch.tensor([[5, 6, 7]], dtype=torch.int32)
+    five = torch.tensor([5], dtype=torch.int32)
+    cases = [(dict(parents=torch.tensor([[-1, 2, 0]], dtype=torch.int32)), "parent"),
+             (dict(parents=torch.tensor([[-1, 0, 1]], dtype=torch.int32),
+                   num_nodes=torch.tensor([4], dtype=torch.int32)), "num_nodes"),
+             (dict(parents=torch.tensor([[-1, -2, 0]], dtype=torch.int32)), "parents")]
+    for mode in (False, True):
+        for kw, name in cases:
+            cache = target.new_cache(1, 16)
+            with exact_mode(mode), pytest.raises(ValueError, match=name):
+                target.forward(tokens, pos, cache, five, write_start=five, **kw)
+    cache = target.new_cache(1, 16, pool_size=2, slots=torch.tensor([-1], dtype=torch.int32))
+    with exact_mode(), pytest.raises(ValueError, match="state_slots"):
+        target.forward(tokens, pos, cache, five, write_start=five,
+                       parents=torch.tensor([[-1, 0, 1]], dtype=torch.int32))
+    with exact_mode(), pytest.raises(ValueError, match="prompt_lens"):
+        target.prefill(tokens, torch.tensor([0], dtype=torch.int32), target.new_cache(1, 16))

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import checks
 from ..ops.causal_conv1d_commit import causal_conv1d_commit
+from ..ops.causal_conv1d_tree import check_causal_conv1d_tree, check_conv_state
 from ..ops.exact import lanes, per_row
 from ..python_ref.causal_conv1d_tree import conv_window_sources
 from ..python_ref.gated_delta_tree import gated_delta_step, l2norm
@@ -193,6 +195,9 @@ def exact_linear_prompt(a, w, cfg, lens, conv_pool, rec_pool, slots, eps, linear
     b, t, _ = a.shape
     width = w["linear_attn.conv1d.weight"].shape[-1]
     dev = a.device
+    check_conv_state(conv_pool, slots, batch=b, channels=cfg.conv_dim, dtypes=(a.dtype,),
+                     device=dev)
+    checks.value_range("prompt_lens", lens, 1, t)
     seqs = []
 
     def windows_of(mixed):          # zeros before each prompt; a token's window is a gather
@@ -217,7 +222,9 @@ def exact_linear_tree(a, w, cfg, parents, num_nodes, conv_pool, rec_pool, slots,
     b, n, _ = a.shape
     width = w["linear_attn.conv1d.weight"].shape[-1]
 
-    def windows_of(mixed):
+    def windows_of(mixed):      # the conv op's checks: parents, num_nodes, slots (named errors)
+        check_causal_conv1d_tree(mixed, parents, conv_pool, _conv_weight(w), None, slots,
+                                 num_nodes, "silu")
         seq = torch.cat([conv_pool[slots.long()].transpose(1, 2), mixed], dim=1)   # [B, W-1+N, C]
         src = conv_window_sources(parents, width)
         return seq.gather(1, src.reshape(b, n * width, 1).expand(-1, -1, seq.shape[-1])) \

@@ -134,8 +134,9 @@ class HybridCache:
     conv : per linear layer, [S, C, W - 1] in the model dtype (the last W - 1 conv inputs)
     recurrent : per linear layer, float32 [S, Hv, Dk, Dv]
     slots : int32 [B], each sequence's slot in the pools
-    pending : per linear layer, the last verified tree's inputs (:class:`.gated_delta.TreeInputs`),
-        which :meth:`Qwen3_5.commit_states` reads
+    pending : per linear layer, the last verified tree's inputs (:class:`.gated_delta.TreeInputs`,
+        or in the exact mode :class:`.hybrid_exact.ExactTreeInputs`), which
+        :meth:`Qwen3_5.commit_states` reads (with the commit of the mode that verified)
     """
 
     kv: KVCache

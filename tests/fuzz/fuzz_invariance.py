@@ -37,7 +37,7 @@ from bench.exact_invariance import same_bits  # noqa: E402
 
 INVARIANCE_OPS = ("exact_rms_norm", "exact_silu_mul", "exact_qk_norm_rope_append",
                   "exact_tree_attention", "exact_linear", "exact_argmax", "exact_moe",
-                  "exact_embedding")
+                  "exact_embedding", "exact_gated_delta")
 ROWS_CHECKED = 6          # rows per case run alone (the first, the last, random others)
 
 
@@ -45,7 +45,7 @@ def check_invariance(name: str, seed: int, engine: Engine, monkeypatch=None) -> 
     op = name.removeprefix("exact_")
     if op in ("argmax", "embedding") and engine.name != "reference":
         return "not-applicable: torch's op, no backend to choose"
-    if op in ("linear", "moe") and engine.name not in ("reference", "triton"):
+    if op in ("linear", "moe", "gated_delta") and engine.name not in ("reference", "triton"):
         return f"not-applicable: the exact {op} is the reference's or triton's"
     if op in _TORCH_OPS:
         return _TORCH_OPS[op](seed, engine)
@@ -274,4 +274,71 @@ def _embedding(seed, engine):
     return "ok"
 
 
-_TORCH_OPS = {"linear": _linear, "argmax": _argmax, "moe": _moe, "embedding": _embedding}
+def _gated_delta(seed, engine):
+    """The hybrids' exact Gated DeltaNet walk (``models.hybrid_exact``: the reference's, or
+    ``triton.exact_gated_delta.walk``): every node of a random forest, whatever the batch, the
+    padding and the slots around it, is the bits of its own path walked alone as a chain from
+    the same committed state (B 1, N its depth + 1, slot 0): the decode steps' bits."""
+    from jetspec_kernels.models import hybrid_exact
+    from jetspec_kernels.python_ref.gated_delta_tree import l2norm
+    r = random.Random(f"exact_gated_delta:{seed}")
+    g = torch.Generator().manual_seed(r.getrandbits(62))
+    b, n = r.randint(1, 3), r.choice((1, 2, 5, 13, 24))
+    h, rep = r.choice((1, 2)), r.choice((1, 2, 3))
+    hv, dk, dv = h * rep, r.choice((4, 8, 16)), r.choice((3, 8, 24, 40))
+    dtype = F32 if interpreted(engine) else r.choice((F32, BF16))
+    parents = torch.full((b, n), -1, dtype=torch.int32)
+    counts = torch.tensor([r.randint(1, n) for _ in range(b)], dtype=torch.int32)
+    for s in range(b):
+        shape = r.choice(("chain", "random", "star"))
+        for i in range(1, int(counts[s])):
+            parents[s, i] = {"chain": i - 1, "star": 0, "random": r.randrange(-1, i)}[shape]
+    mag = r.choice((1e-3, 1.0, 30.0))
+    q = l2norm(torch.randn(b, n, h, dk, generator=g) * mag) * dk ** -0.5
+    k = l2norm(torch.randn(b, n, h, dk, generator=g) * mag)
+    v = (torch.randn(b, n, hv, dv, generator=g) * mag).to(dtype)
+    gate = r.choice(("near 0", "mixed", "very negative"))
+    g_ = -torch.rand(b, n, hv, generator=g) * {"near 0": 1e-4, "mixed": 3.0, "very negative": 60.0}[gate]
+    beta = torch.rand(b, n, hv, generator=g)
+    beta[..., 0] = r.choice((0.0, 1.0, 0.5))                       # beta at its limits
+    for t in (q, k, v, g_, beta):                                  # padding that is not data
+        for s in range(b):
+            t[s, int(counts[s]):] = float("nan")
+    pool_size = b + r.randint(0, 2)
+    pool = torch.randn(pool_size, hv, dk, dv, generator=g) * r.choice((0.0, 0.1, 3.0))
+    slots = torch.tensor(r.sample(range(pool_size), b), dtype=torch.int32)
+    dev = engine.device
+    q, k, v, g_, beta, parents, counts, pool, slots = (
+        t.to(dev) for t in (q, k, v, g_, beta, parents, counts, pool, slots))
+
+    def run(q, k, v, g_, beta, parents, counts, pool, slots):
+        if engine.name == "triton":
+            from jetspec_kernels.triton.exact_gated_delta import walk
+            return walk(q, k, v, g_, beta, parents, counts, pool, slots, out=True, keep=True,
+                        store_last=False)
+        rq, rk = (x.repeat_interleave(rep, dim=2) for x in (q, k))
+        return hybrid_exact._reference_walk(rq, rk, v, g_, beta, parents, counts, pool, slots,
+                                            store_last=False)
+    try:
+        before = pool.clone()
+        full = run(q, k, v, g_, beta, parents, counts, pool, slots)
+    except (ex.ExactModeError, jk.BackendUnavailableError) as err:
+        return f"unsupported: {err}"
+    assert same_bits(pool, before), "gated_delta walk: the tree walk wrote the pool"
+    for s in range(b):
+        for node in _rows(int(counts[s]), r):
+            path = [node]
+            while int(parents[s, path[-1]]) >= 0:
+                path.append(int(parents[s, path[-1]]))
+            path = path[::-1]
+            sub = [t[s:s + 1, path].clone() for t in (q, k, v, g_, beta)]
+            chain = torch.arange(-1, len(path) - 1, dtype=torch.int32, device=dev)[None]
+            alone = run(*sub, chain, counts.new_full((1,), len(path)),
+                        pool[int(slots[s])][None].clone(), slots.new_zeros(1))
+            _assert_row(full[s, node], alone[0, -1],
+                        f"gated_delta sequence {s} node {node} (path {path}, {gate} gates)")
+    return "ok"
+
+
+_TORCH_OPS = {"linear": _linear, "argmax": _argmax, "moe": _moe, "embedding": _embedding,
+              "gated_delta": _gated_delta}

@@ -51,7 +51,8 @@ def test_fuzz_regressions(op, seed, found, engine, monkeypatch):
 INVARIANCE_CASES = [pytest.param(n, s, e, id=f"{n}-{s}-{e.name}") for e in engines_here()
                     for n in INVARIANCE_OPS for s in range(INVARIANCE_SEEDS)
                     if e.name == "reference" or n not in ("exact_argmax", "exact_embedding")
-                    and (e.name == "triton" or n not in ("exact_linear", "exact_moe"))]
+                    and (e.name == "triton" or n not in ("exact_linear", "exact_moe",
+                                                          "exact_gated_delta"))]
 
 
 @pytest.mark.parametrize("name,seed,engine", INVARIANCE_CASES)
@@ -63,8 +64,9 @@ def test_exact_invariance_slice(name, seed, engine, monkeypatch):
 
 def test_exact_invariance_catches_the_normal_forms(monkeypatch):
     """The property's power: with the normal float32 GEMM in place of ops.exact.linear, the
-    normal MoE block (its experts' GEMMs over all their rows) in place of the exact one, or the
-    normal tree attention in place of the exact one, some case of the slice fails it."""
+    normal MoE block (its experts' GEMMs over all their rows) in place of the exact one, the
+    chunked Gated DeltaNet tree form in place of the exact walk, or the normal tree attention
+    in place of the exact one, some case of the slice fails it."""
     import jetspec_kernels as jk
     import torch.nn.functional as F
     from jetspec_kernels.ops import exact as ex
@@ -91,6 +93,15 @@ def test_exact_invariance_catches_the_normal_forms(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(moe, "exact_moe", normal_moe)
         assert fails("exact_moe", range(20))
+    from jetspec_kernels import python_ref
+    from jetspec_kernels.models import hybrid_exact
+
+    def chunked_walk(q, k, v, g, beta, parents, counts, pool, slots, store_last):
+        return python_ref.gated_delta_tree_chunked(q, k, v, g, beta, parents, pool, slots, counts,
+                                                   scale=1.0, use_qk_l2norm=False)
+    with monkeypatch.context() as m:      # the normal (chunked) tree form in place of the walk
+        m.setattr(hybrid_exact, "_reference_walk", chunked_walk)
+        assert fails("exact_gated_delta", range(20))
     normal = jk.tree_attention
     monkeypatch.setattr(jk, "tree_attention", lambda *a, exact=False, **k: normal(*a, **k))
     assert fails("exact_tree_attention", range(20))
