@@ -21,7 +21,8 @@
 #   build          only when setup failed: `make ext`, _C alone for sm_90a (CMake, ninja)
 #   gpu_tests_triton  the triton parity tests on the GPU (pytest --gpu-step triton), first
 #                  and in a call of their own: 14 workers, a per-test timeout           95
-#                  (JETSPEC_EXACT_UNVERIFIED=1: the exact mode's tests run, test_exact_triton.py)
+#                  (JETSPEC_EXACT_UNVERIFIED=1: the exact mode's tests run, test_exact_triton.py,
+#                  test_exact_gated_delta_triton.py, test_exact_hybrid.py's triton cases)
 #   gpu_tests      the other GPU tests but the Hopper family's (--gpu-step cuda: the cuda
 #                  backend, graph capture of every op, the engine-layout matrix)        50
 #   gpu_tests_hopper  the Hopper attention family's tests (--gpu-step hopper), in
