@@ -9,6 +9,9 @@ Dk = Dv = 128; q/k/v in bf16 on CUDA, fp32 on the CPU; a float32 state pool):
       (the chunked form with the tree's node pairs dense).
   ``.../commit``  gated_delta_commit along the tree's deepest path (up to 6 nodes). Floor bytes =
       B * Hv * Dk * Dv * 4 * 2 (the state read and written once); FLOPs 7 Dk Dv a node and head.
+The ``triton-exact`` rows (when triton runs) are the exact mode's walk
+(``triton.exact_gated_delta.walk``: node by node from each parent's state; the commit a chain),
+timed against the same floors (docs/perf/exact_mode.md, "Hybrid targets", has its prediction).
 The ``reference`` rows are torch's chunked form: what ``auto`` runs on CUDA tensors until a GPU
 backend has passed there (backend.REFERENCE_UNTIL_VERIFIED), hence the baseline. The CPU's quick
 run shrinks the heads (H 2, Hv 4, Dk = Dv = 32) so the interpreter finishes.
@@ -64,6 +67,13 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if opts.cuda else torch.float32
     dev = opts.device
     import jetspec_kernels as jk
+    from jetspec_kernels.python_ref.gated_delta_tree import l2norm
+    walk = None
+    if "triton" in opts.backends:
+        try:
+            from jetspec_kernels.triton.exact_gated_delta import walk
+        except ImportError:          # its row says why (backend_status)
+            pass
 
     ceil = bc.measure_ceilings(dev, dtype, opts.quick)
     table = bc.Table("gated_delta", opts, ceil, BASELINES)
@@ -91,6 +101,13 @@ def main(argv=None) -> int:
                            lambda: jk.gated_delta_tree(q, k, v, g, beta, tree.parents, state,
                                                        num_nodes=tree.num_nodes, backend=name),
                            first_shape=si == 0, flops=flops, nbytes=nbytes)
+        units = [l2norm(x.float()) for x in (q, k)]
+        slots = torch.arange(b, dtype=torch.int32, device=dev)
+        if "triton" in status:
+            table.run_ours(shape, "triton", status["triton"],
+                           lambda: walk(*units, v, g, beta.float(), tree.parents, tree.num_nodes,
+                                        state, slots, out=True, keep=True, store_last=False),
+                           first_shape=si == 0, flops=flops, nbytes=nbytes, label="triton-exact")
 
         shape = f"{b}x{n}/commit"
         path, accept = deepest_path(tree, 6)
@@ -101,6 +118,14 @@ def main(argv=None) -> int:
                            lambda: jk.gated_delta_commit(k, v, g, beta, path, accept, pool,
                                                          backend=name),
                            first_shape=si == 0, flops=flops, nbytes=nbytes)
+        if "triton" in status:
+            rows = torch.arange(b, device=dev)[:, None]
+            on_path = [t[rows, path.long().clamp(min=0)] for t in (units[1], v, g, beta.float())]
+            chain = (torch.arange(path.shape[1], dtype=torch.int32, device=dev) - 1).expand(b, -1)
+            table.run_ours(shape, "triton", status["triton"],
+                           lambda: walk(on_path[0], *on_path, chain.contiguous(), accept + 1, pool,
+                                        slots, out=False, keep=False, store_last=True),
+                           first_shape=si == 0, flops=flops, nbytes=nbytes, label="triton-exact")
         del q, k, v, state, pool
     return table.finish()
 

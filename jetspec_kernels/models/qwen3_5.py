@@ -188,6 +188,9 @@ class Qwen3_5:
         shared expert too, router and shared-expert gate replicated). One all-reduce after each
         mixer and one after each MLP; the state pools hold the rank's heads
     experts_grouped_mm : as :attr:`Qwen3.experts_grouped_mm`
+    exact_gemm_tile, exact_k_parts : the exact mode's GEMM tile and split of K, as
+        :class:`Qwen3`'s (the row-parallel GEMMs here: out_proj, o_proj, the MLP's, the shared
+        expert's and the experts' down projections)
     """
 
     experts_grouped_mm: bool | None = None
