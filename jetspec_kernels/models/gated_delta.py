@@ -27,8 +27,8 @@ from ..ops.gated_delta_commit import gated_delta_commit
 from ..ops.gated_delta_tree import gated_delta_tree
 from ..python_ref.gated_delta_tree import l2norm
 
-__all__ = ["LINEAR_KEYS", "linear_layer_shapes", "TreeInputs", "chunked_recurrence",
-           "linear_prefill", "linear_tree", "linear_commit"]
+__all__ = ["LINEAR_KEYS", "linear_layer_shapes", "TreeInputs", "split_qkv", "conv_weight",
+           "chunked_recurrence", "linear_prefill", "linear_tree", "linear_commit"]
 
 LINEAR_KEYS = ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
                "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight",
@@ -73,7 +73,7 @@ def _project(a, w, cfg):
     return mixed, z, g, beta
 
 
-def _split(conv_out, cfg):
+def split_qkv(conv_out, cfg):
     """Post-conv channels -> q, k [B, N, H, Dk] and v [B, N, Hv, Dv]."""
     kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
     q, k, v = conv_out.split([kd, kd, cfg.linear_num_value_heads * cfg.linear_value_head_dim], dim=-1)
@@ -90,7 +90,8 @@ def _output(o, z, w, eps):
     return F.linear(gated.to(dtype).flatten(-2), w["linear_attn.out_proj.weight"])
 
 
-def _conv_weight(w):
+def conv_weight(w):
+    """A linear layer's depthwise conv weight ``[C, W]`` (the checkpoint's ``[C, 1, W]``)."""
     return w["linear_attn.conv1d.weight"].squeeze(1)
 
 
@@ -143,7 +144,7 @@ def linear_prefill(a, w, cfg, lens, conv_pool, rec_pool, slots, eps):
     ``[B, T, Hd]`` (rows past a prompt's length are not meaningful)."""
     b, t, _ = a.shape
     mixed, z, g, beta = _project(a, w, cfg)
-    weight = _conv_weight(w)
+    weight = conv_weight(w)
     width = weight.shape[1]
     dev = a.device
     # The conv over the prompt (any length), float32 as the tree op; its state: the last W - 1
@@ -153,7 +154,7 @@ def linear_prefill(a, w, cfg, lens, conv_pool, rec_pool, slots, eps):
     keep = lens.long()[:, None] + torch.arange(width - 1, device=dev)
     tail = padded.gather(2, keep[:, None, :].expand(-1, padded.shape[1], -1))
     conv_pool.index_copy_(0, slots.long(), tail.to(conv_pool.dtype))
-    q, k, v = _split(conv.transpose(1, 2).to(mixed.dtype), cfg)
+    q, k, v = split_qkv(conv.transpose(1, 2).to(mixed.dtype), cfg)
     rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
     qf = l2norm(q.repeat_interleave(rep, dim=2).float()) / cfg.linear_key_head_dim ** 0.5
     kf = l2norm(k.repeat_interleave(rep, dim=2).float())
@@ -171,9 +172,9 @@ def linear_tree(a, w, cfg, parents, num_nodes, conv_pool, rec_pool, slots, eps):
     ancestor path from the committed states (read only). Returns ``(out [B, N, Hd],
     TreeInputs)``."""
     mixed, z, g, beta = _project(a, w, cfg)
-    conv = causal_conv1d_tree(mixed, parents, conv_pool, _conv_weight(w), state_slots=slots,
+    conv = causal_conv1d_tree(mixed, parents, conv_pool, conv_weight(w), state_slots=slots,
                               num_nodes=num_nodes)
-    q, k, v = _split(conv, cfg)
+    q, k, v = split_qkv(conv, cfg)
     o = gated_delta_tree(q, k, v, g, beta, parents, rec_pool, state_slots=slots, num_nodes=num_nodes)
     return _output(o, z, w, eps), TreeInputs(mixed, k, v, g, beta)
 

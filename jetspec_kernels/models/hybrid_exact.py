@@ -34,7 +34,7 @@ from ..ops.causal_conv1d_tree import check_causal_conv1d_tree, check_conv_state
 from ..ops.exact import lanes, per_row
 from ..python_ref.causal_conv1d_tree import conv_window_sources
 from ..python_ref.gated_delta_tree import gated_delta_step, l2norm
-from .gated_delta import _conv_weight, _split
+from .gated_delta import conv_weight, split_qkv
 
 __all__ = ["ExactTreeInputs", "exact_linear_prompt", "exact_linear_tree", "exact_linear_commit",
            "zc_norm", "sigmoid_gate"]
@@ -123,13 +123,13 @@ def _inputs(a, w, cfg, windows_of, linear, be):
     windows = windows_of(mixed)
     dk = cfg.linear_key_head_dim
     if be == "triton":
-        q, k, v, g, beta = _kernels().prep(windows, _conv_weight(w), a_proj, b_proj,
+        q, k, v, g, beta = _kernels().prep(windows, conv_weight(w), a_proj, b_proj,
                                            w["linear_attn.A_log"], w["linear_attn.dt_bias"],
                                            cfg.linear_num_key_heads, dk, cfg.linear_value_head_dim,
                                            dk ** -0.5)
         return mixed, z, q, k, v, g, beta
     g, beta = per_row(lambda b_row, a_row: _gates(b_row, a_row, w), b_proj, a_proj)
-    q, k, v = _split(_conv(windows, _conv_weight(w)), cfg)
+    q, k, v = split_qkv(_conv(windows, conv_weight(w)), cfg)
     rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
     return mixed, z, _units(q, rep, dk ** -0.5), _units(k, rep), v, g, beta
 
@@ -223,7 +223,7 @@ def exact_linear_tree(a, w, cfg, parents, num_nodes, conv_pool, rec_pool, slots,
     width = w["linear_attn.conv1d.weight"].shape[-1]
 
     def windows_of(mixed):      # the conv op's checks: parents, num_nodes, slots (named errors)
-        check_causal_conv1d_tree(mixed, parents, conv_pool, _conv_weight(w), None, slots,
+        check_causal_conv1d_tree(mixed, parents, conv_pool, conv_weight(w), None, slots,
                                  num_nodes, "silu")
         seq = torch.cat([conv_pool[slots.long()].transpose(1, 2), mixed], dim=1)   # [B, W-1+N, C]
         src = conv_window_sources(parents, width)
