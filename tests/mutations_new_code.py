@@ -399,6 +399,17 @@ MUTATIONS = {
     "hyb_walk_state_of_the_batch_index": (
         "slot of the wrong sequence (the batch index for the slot)", HYB,
         "root = rec_pool[int(slots[s])].clone()[None]", "root = rec_pool[s].clone()[None]", HYB_REF),
+    "hyb_commit_operands_of_sequence_0": (
+        "a row of the wrong sequence (the commit's gather)", HYB,
+        "    rows = torch.arange(b, device=path.device)[:, None]",
+        "    rows = torch.zeros(b, 1, dtype=torch.long, device=path.device)", HYB_REF),
+    "egd_walk_heads_by_h": (
+        "a head map by the wrong count (q/k head hv // H for hv // (Hv / H))", EGD,
+        "    h = hv // REP", "    h = hv // H", EGD_TESTS),
+    "egd_walk_mode_specialised": (
+        "the walk's modes compiled apart (other instructions for a commit than for a tree)", EGD,
+        '@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "write_out", "keep", "store_last"])',
+        '@triton.jit(do_not_specialize=["N", "HV", "H", "REP"])', EGD_TESTS),
     "egd_walk_parent_is_the_previous_node": (
         "wrong parent (the kept state never read)", EGD,
         "S = tl.where(p < 0, s0, tl.where(far, other, S))", "S = tl.where(p < 0, s0, S)", EGD_TESTS),

@@ -6,6 +6,11 @@ their bits: a node's output the same whatever tree, batch, padding or slot surro
 node the same as its path walked as a chain, a token's prep and a row's norm the same alone as
 in any launch. Under the interpreter in float32; on a GPU (``backend`` is a parameter, so the
 device check's triton step runs them) in bf16 too."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,26 +26,29 @@ DTYPES = [torch.float32] + ([torch.bfloat16] if DEV == "cuda" else [])
 TRITON = pytest.mark.parametrize("backend", ["triton"])
 
 H, HV, DK, DV = 2, 4, 8, 24          # Dv not a multiple of the walk's value tile's power of two
+# q/k heads and v-heads: the v-head hv reads q/k head hv // (Hv / H); H != Hv / H somewhere, so
+# a head map by H instead of the ratio is seen
+HEADS = [(2, 4), (4, 8), (1, 4)]
 
 
 def _bits(t):
     return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
-def _operands(b, n, dtype, seed=0, dk=DK, dv=DV):
+def _operands(b, n, dtype, seed=0, dk=DK, dv=DV, h=H, hv=HV):
     """Random step operands in the walk's layouts (q, k unit, q scaled; gates in range)."""
     gen = torch.Generator().manual_seed(seed)
-    q = l2norm(torch.randn(b, n, H, dk, generator=gen)) * dk ** -0.5
-    k = l2norm(torch.randn(b, n, H, dk, generator=gen))
-    v = torch.randn(b, n, HV, dv, generator=gen).to(dtype)
-    g = -torch.rand(b, n, HV, generator=gen) * 2
-    beta = torch.rand(b, n, HV, generator=gen)
+    q = l2norm(torch.randn(b, n, h, dk, generator=gen)) * dk ** -0.5
+    k = l2norm(torch.randn(b, n, h, dk, generator=gen))
+    v = torch.randn(b, n, hv, dv, generator=gen).to(dtype)
+    g = -torch.rand(b, n, hv, generator=gen) * 2
+    beta = torch.rand(b, n, hv, generator=gen)
     return [t.to(DEV) for t in (q, k, v, g, beta)]
 
 
-def _pool(slots, dk=DK, dv=DV, seed=1):
+def _pool(slots, dk=DK, dv=DV, seed=1, hv=HV):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(slots, HV, dk, dv, generator=gen).to(DEV) * 0.3
+    return torch.randn(slots, hv, dk, dv, generator=gen).to(DEV) * 0.3
 
 
 def _walk_tree(ops, parents, counts, pool, slots):
@@ -58,15 +66,16 @@ PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 8, 0, 11]
 
 
 @TRITON
+@pytest.mark.parametrize("h,hv", HEADS, ids=lambda x: str(x))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_walk_matches_the_float64_walk(dtype, backend):
+def test_walk_matches_the_float64_walk(dtype, h, hv, backend):
     """Every node's output is the recurrence along its ancestor path (python_ref's float64 walk),
-    padding nodes 0, the pool untouched."""
+    padding nodes 0, the pool untouched; for several q/k to v head ratios."""
     n = len(PARENTS)
     parents = torch.tensor([PARENTS, [-1, 0, 1, 2] + [-1] * (n - 4)], dtype=torch.int32, device=DEV)
     counts = torch.tensor([n, 4], dtype=torch.int32, device=DEV)
-    q, k, v, g, beta = _operands(2, n, dtype)
-    pool = _pool(5)
+    q, k, v, g, beta = _operands(2, n, dtype, h=h, hv=hv)
+    pool = _pool(5, hv=hv)
     before = pool.clone()
     slots = torch.tensor([3, 1], dtype=torch.int32, device=DEV)
     got = _walk_tree((q, k, v, g, beta), parents, counts, pool, slots)
@@ -136,39 +145,41 @@ def test_walk_rows_do_not_depend_on_the_batch_padding_or_slot(dtype, backend):
     assert not batch[0].isnan().any()
 
 
-def _windows(t, width, c, dtype, seed=5):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(t, width, c, generator=gen) * 2).to(dtype).to(DEV)
-
-
 @TRITON
+@pytest.mark.parametrize("h,hv", HEADS, ids=lambda x: str(x))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_prep_is_the_layer_formulas_and_row_invariant(dtype, backend):
-    """The prep's q, k, v, g, beta against transformers' formulas (conv, silu, rounded to the
-    model dtype, l2norm, q scaled; softplus gate; sigmoid beta rounded), and a token's bits the
-    same alone as among 7."""
-    width, c, t = 4, 2 * H * DK + HV * DV, 7
+def test_prep_is_the_layer_formulas_and_row_invariant(dtype, h, hv, backend):
+    """The prep's q, k, v, g, beta against transformers' formulas (conv over the taps the
+    sources name, silu, rounded to the model dtype, l2norm, q scaled; softplus gate, also past
+    its threshold and far below 0; sigmoid beta rounded to the model dtype), and a token's bits
+    the same alone as among 2 x 7 (its sequence's rows at other offsets)."""
+    width, c, n = 4, 2 * h * DK + hv * DV, 7
     gen = torch.Generator().manual_seed(6)
-    win = _windows(t, width, c, dtype)
+    seq = (torch.randn(2, n + width - 1, c, generator=gen) * 2).to(dtype).to(DEV)
+    src = torch.randint(0, n + width - 1, (2, n, width), generator=gen).to(DEV)   # any rows
     weight = (torch.randn(c, width, generator=gen) * 0.5).to(dtype).to(DEV)
-    a = (torch.randn(t, HV, generator=gen) * 8).to(dtype).to(DEV)      # past softplus' threshold too
-    b = torch.randn(t, HV, generator=gen).to(dtype).to(DEV)
-    a_log = torch.log(1 + 7 * torch.rand(HV, generator=gen)).to(dtype).to(DEV)
-    dt_bias = torch.randn(HV, generator=gen).to(dtype).to(DEV)
+    a = (torch.randn(2, n, hv, generator=gen) * 12).to(dtype).to(DEV)  # past 20 and below -16.6
+    b = torch.randn(2, n, hv, generator=gen).to(dtype).to(DEV)
+    a_log = torch.log(1 + 7 * torch.rand(hv, generator=gen)).to(dtype).to(DEV)
+    dt_bias = torch.randn(hv, generator=gen).to(dtype).to(DEV)
     scale = DK ** -0.5
-    q, k, v, g, beta = eg.prep(win, weight, a, b, a_log, dt_bias, H, DK, DV, scale)
-    conv = F.silu((win.float() * weight.float().t()).sum(1)).to(dtype).float()
-    qs, ks, vs = conv.split([H * DK, H * DK, HV * DV], dim=-1)
+    q, k, v, g, beta = eg.prep(seq, src, weight, a, b, a_log, dt_bias, h, DK, DV, scale)
+    win = seq.gather(1, src.reshape(2, n * width, 1).expand(-1, -1, c)).view(2, n, width, c)
+    conv = F.silu((win.float() * weight.float().t()).sum(2)).to(dtype).float()
+    qs, ks, vs = conv.split([h * DK, h * DK, hv * DV], dim=-1)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    assert torch.allclose(q, l2norm(qs.view(t, H, DK)) * scale, **tol)
-    assert torch.allclose(k, l2norm(ks.view(t, H, DK)), **tol)
-    assert torch.allclose(v.float(), vs.view(t, HV, DV), **tol)
-    assert torch.allclose(g, -a_log.float().exp() * F.softplus(a.float() + dt_bias.float()), **tol)
+    assert torch.allclose(q, l2norm(qs.view(2, n, h, DK)) * scale, **tol)
+    assert torch.allclose(k, l2norm(ks.view(2, n, h, DK)), **tol)
+    assert torch.allclose(v.float(), vs.view(2, n, hv, DV), **tol)
+    want_g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    assert torch.allclose(g, want_g, rtol=1e-5, atol=0)            # relative, also where tiny
+    assert torch.equal(beta, beta.to(dtype).float())                # rounded to the model dtype
     assert torch.allclose(beta, torch.sigmoid(b.float()).to(dtype).float(), **tol)
-    for i in (0, 3, 6):
-        one = eg.prep(win[i:i + 1], weight, a[i:i + 1], b[i:i + 1], a_log, dt_bias, H, DK, DV, scale)
+    for s_, i in ((0, 0), (1, 3), (1, 6)):
+        one = eg.prep(seq[s_:s_ + 1], src[s_:s_ + 1, i:i + 1], weight, a[s_:s_ + 1, i:i + 1],
+                      b[s_:s_ + 1, i:i + 1], a_log, dt_bias, h, DK, DV, scale)
         for x, y in zip(one, (q, k, v, g, beta)):
-            assert torch.equal(_bits(x[0]), _bits(y[i])), i
+            assert torch.equal(_bits(x[0, 0]), _bits(y[s_, i])), (s_, i)
 
 
 @TRITON
@@ -213,3 +224,35 @@ def test_empty_launches(backend):
     assert out.shape == (0, 3, HV, DV)
     assert eg.zc_norm_rows(torch.zeros(0, 8, device=DEV), torch.zeros(8, device=DEV), 1e-6).shape == (0, 8)
     assert eg.sigmoid_gate(torch.zeros(0, 8, device=DEV), torch.zeros(0, 1, device=DEV)).shape == (0, 8)
+
+
+# The walk as the model launches it for a tree (B 16, N 64), a decode step (B 1, N 1), a prompt
+# (B 2, T 512) and a commit (B 16, a 7-node chain), compiled offline for sm_90a.
+_ONE_BINARY = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from bench import triton_resources as tr
+compiled = []
+tr._install(compiled)
+from jetspec_kernels.triton.exact_gated_delta import walk
+e, i32 = torch.empty, dict(dtype=torch.int32)
+for b, n, out, keep, last in ((16, 64, 1, 1, 0), (1, 1, 1, 1, 0), (2, 512, 1, 0, 1), (16, 7, 0, 0, 1)):
+    walk(e(b, n, 16, 128), e(b, n, 16, 128), e(b, n, 32, 128, dtype=torch.bfloat16), e(b, n, 32),
+         e(b, n, 32), e(b, n, **i32), e(b, **i32), e(20, 32, 128, 128), e(b, **i32), out=bool(out),
+         keep=bool(keep), store_last=bool(last))
+print(len(compiled), len({k.hash for _, k in compiled}))
+"""
+
+
+def test_tree_prompt_decode_and_commit_run_one_binary():
+    """The walk's three uses (and decode's one-node tree) compile to one binary for sm_90a: the
+    mode and the sizes are runtime arguments Triton does not specialise on, so every step of a
+    prompt, a tree and a commit is the same instructions (what makes a commit's state the tree
+    walk's bits on a GPU, where the interpreter shows nothing of compilation)."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its CUDA backend")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _ONE_BINARY, str(root)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["4", "1"], proc.stdout

@@ -387,3 +387,43 @@ def test_bad_trees_and_prompts_are_named():
                        parents=torch.tensor([[-1, 0, 1]], dtype=torch.int32))
     with exact_mode(), pytest.raises(ValueError, match="prompt_lens"):
         target.prefill(tokens, torch.tensor([0], dtype=torch.int32), target.new_cache(1, 16))
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_commit_of_a_batch_equals_each_sequence_alone(backend):
+    """Two sequences verified together and committed along different paths (3 and 1 accepted)
+    leave each its own slot's conv and recurrent states as committing it alone would: the
+    commit gathers each sequence's own kept operands."""
+    target = tiny_qwen3_5(backend=backend, num_experts=4)
+    dev = target.device
+    gen = torch.Generator().manual_seed(17)
+    v, n = target.config.vocab_size, len(PARENTS)
+    prompts = torch.randint(0, v, (2, 6), generator=gen).to(dev)
+    lens = torch.tensor([6, 6], dtype=torch.int32, device=dev)
+    parents = torch.tensor([PARENTS, PARENTS], dtype=torch.int32)
+    tree = _tree(parents[:1], torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
+    tokens = torch.cat([tree.tokens, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32)])
+    tree = _on(dataclasses.replace(tree, **{f.name: torch.cat([getattr(tree, f.name)] * 2)
+                                            for f in dataclasses.fields(tree)
+                                            if f.name not in ("max_depth", "tokens")},
+                                   tokens=tokens), dev)
+    paths = [_path(PARENTS, 9), _path(PARENTS, 2)]             # 0 1 3 6 9 / 0 2
+    accept = [3, 1]
+    padded = torch.tensor([p[:a + 1] + [-1] * (6 - a - 1) for p, a in zip(paths, accept)],
+                          dtype=torch.int32, device=dev)
+    acc = torch.tensor(accept, dtype=torch.int32, device=dev)
+    with exact_mode():
+        both = target.new_cache(2, 40)
+        target.prefill(prompts, lens, both)
+        target.verify(tree, lens, both)
+        target.commit_states(both, Verdict(acc, padded, acc.new_zeros(2), padded))
+        for b in range(2):
+            alone = target.new_cache(1, 40)
+            target.prefill(prompts[b:b + 1], lens[b:b + 1], alone)
+            one = dataclasses.replace(tree, **{f.name: getattr(tree, f.name)[b:b + 1]
+                                               for f in dataclasses.fields(tree) if f.name != "max_depth"})
+            target.verify(one, lens[b:b + 1], alone)
+            target.commit_states(alone, Verdict(acc[b:b + 1], padded[b:b + 1], acc.new_zeros(1),
+                                                padded[b:b + 1]))
+            for mine, theirs in zip((*alone.conv, *alone.recurrent), (*both.conv, *both.recurrent)):
+                assert torch.equal(mine[0], theirs[b]), b

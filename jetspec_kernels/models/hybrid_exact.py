@@ -112,24 +112,27 @@ def _units(x, rep, scale=None):
     return per_row(one, x).repeat_interleave(rep, dim=-2)
 
 
-def _inputs(a, w, cfg, windows_of, linear, be):
+def _inputs(a, w, cfg, sources_of, linear, be):
     """The projections of normed ``a [B, N, Hd]`` and every token's step operands: ``(mixed
-    [B, N, C], z [B, N, Hv, Dv], q, k, v, g, beta)`` (:class:`ExactTreeInputs`' layouts), the
-    conv windows ``windows_of(mixed) -> [B, N, W, C]``."""
+    [B, N, C], z [B, N, Hv, Dv], q, k, v, g, beta)`` (:class:`ExactTreeInputs`' layouts).
+    ``sources_of(mixed) -> (seq [B, L, C], src [B, N, W])``: token n's conv taps, oldest first,
+    are the rows ``src[b, n]`` of ``seq`` (gathered inside the kernel on triton)."""
     mixed = linear(a, w["linear_attn.in_proj_qkv.weight"])
     z = linear(a, w["linear_attn.in_proj_z.weight"]).unflatten(-1, (-1, cfg.linear_value_head_dim))
     b_proj = linear(a, w["linear_attn.in_proj_b.weight"])
     a_proj = linear(a, w["linear_attn.in_proj_a.weight"])
-    windows = windows_of(mixed)
+    seq, src = sources_of(mixed)
     dk = cfg.linear_key_head_dim
     if be == "triton":
-        q, k, v, g, beta = _kernels().prep(windows, conv_weight(w), a_proj, b_proj,
+        q, k, v, g, beta = _kernels().prep(seq, src, conv_weight(w), a_proj, b_proj,
                                            w["linear_attn.A_log"], w["linear_attn.dt_bias"],
                                            cfg.linear_num_key_heads, dk, cfg.linear_value_head_dim,
                                            dk ** -0.5)
         return mixed, z, q, k, v, g, beta
+    b, n, width = src.shape
+    windows = seq.gather(1, src.reshape(b, n * width, 1).expand(-1, -1, seq.shape[-1]))
     g, beta = per_row(lambda b_row, a_row: _gates(b_row, a_row, w), b_proj, a_proj)
-    q, k, v = split_qkv(_conv(windows, conv_weight(w)), cfg)
+    q, k, v = split_qkv(_conv(windows.view(b, n, width, -1), conv_weight(w)), cfg)
     rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
     return mixed, z, _units(q, rep, dk ** -0.5), _units(k, rep), v, g, beta
 
@@ -200,10 +203,11 @@ def exact_linear_prompt(a, w, cfg, lens, conv_pool, rec_pool, slots, eps, linear
     checks.value_range("prompt_lens", lens, 1, t)
     seqs = []
 
-    def windows_of(mixed):          # zeros before each prompt; a token's window is a gather
+    def sources_of(mixed):          # zeros before each prompt; token t's taps rows t .. t + W - 1
         seqs.append(torch.cat([mixed.new_zeros(b, width - 1, mixed.shape[-1]), mixed], dim=1))
-        return seqs[0].unfold(1, width, 1).transpose(2, 3)             # [B, T, W, C]
-    mixed, z, q, k, v, g, beta = _inputs(a, w, cfg, windows_of, linear, be)
+        src = torch.arange(t, device=dev)[:, None] + torch.arange(width, device=dev)
+        return seqs[0], src.expand(b, t, width)
+    mixed, z, q, k, v, g, beta = _inputs(a, w, cfg, sources_of, linear, be)
     keep = lens.long()[:, None] + torch.arange(width - 1, device=dev)    # its last W - 1 inputs
     tail = seqs[0].gather(1, keep[..., None].expand(-1, -1, mixed.shape[-1]))
     conv_pool.index_copy_(0, slots.long(), tail.transpose(1, 2).to(conv_pool.dtype))
@@ -219,17 +223,15 @@ def exact_linear_tree(a, w, cfg, parents, num_nodes, conv_pool, rec_pool, slots,
     from its parent's state (the root from the committed one), its conv window gathered along
     its path. States read only. Returns ``(out [B, N, Hd], ExactTreeInputs)``; padding nodes' rows
     are 0 before out_proj."""
-    b, n, _ = a.shape
     width = w["linear_attn.conv1d.weight"].shape[-1]
 
-    def windows_of(mixed):      # the conv op's checks: parents, num_nodes, slots (named errors)
+    def sources_of(mixed):      # the conv op's checks: parents, num_nodes, slots (named errors)
         check_causal_conv1d_tree(mixed, parents, conv_pool, conv_weight(w), None, slots,
                                  num_nodes, "silu")
         seq = torch.cat([conv_pool[slots.long()].transpose(1, 2), mixed], dim=1)   # [B, W-1+N, C]
-        src = conv_window_sources(parents, width)
-        return seq.gather(1, src.reshape(b, n * width, 1).expand(-1, -1, seq.shape[-1])) \
-            .view(b, n, width, -1)
-    mixed, z, q, k, v, g, beta = _inputs(a, w, cfg, windows_of, linear, be)
+        return seq, conv_window_sources(parents, width)
+    mixed, z, q, k, v, g, beta = _inputs(a, w, cfg, sources_of, linear, be)
+    b, n = parents.shape
     counts = torch.full((b,), n, dtype=torch.int32, device=a.device) if num_nodes is None else num_nodes
     o = _walk(q, k, v, g, beta, parents, counts, rec_pool, slots, be, store_last=False)
     return _output(o, z, w, eps, row_linear, be), ExactTreeInputs(mixed, k, v, g, beta, be)

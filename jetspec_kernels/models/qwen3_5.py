@@ -521,7 +521,8 @@ class Qwen3_5:
     def commit_states(self, cache: HybridCache, verdict: Verdict) -> None:
         """After :meth:`verify` (and ``commit_kv`` for the attention layers): advance every linear
         layer's conv and recurrent states along ``verdict.path[b, :accept_len[b] + 1]`` (in
-        place, no recompute, no host sync)."""
+        place, from the tree's kept inputs: no forward recomputed; the exact mode replays the
+        accepted nodes' recurrent steps; no host sync but on the exact reference)."""
         if not isinstance(verdict, Verdict):
             raise TypeError(f"verdict must be a jetspec_kernels.Verdict, got {type(verdict).__name__}")
         self._commit(cache, verdict.path, verdict.accept_len)

@@ -1,4 +1,4 @@
-"""Triton kernels of the hybrid targets' exact mode (``ops.exact``, ``models.gated_delta_exact``):
+"""Triton kernels of the hybrid targets' exact mode (``ops.exact``, ``models.hybrid_exact``):
 the Gated DeltaNet layer's per-token inputs, its recurrence walked one token at a time, and the
 row ops around it (the zero-centred RMSNorm, the gated output norm, sigmoid gates).
 
@@ -8,12 +8,14 @@ row ops around it (the zero-centred RMSNorm, the gated output norm, sigmoid gate
   compiled kernel serves a tree (every node's state kept for its children), a prompt (a chain;
   the last state stored into the pool) and a commit (the accepted path as a chain, no outputs):
   the mode is in runtime arguments, so every step of the three runs the same instructions.
-* ``_prep``: a program per (token, v-head): the conv of the token's window, q and k
+* ``_prep``: a program per (token, v-head): the conv of the token's window (its taps gathered
+  from the layer's input sequence by row index, so no window tensor is built), q and k
   L2-normalised (q scaled) for the heads it serves, the gates g and beta.
 * ``_zc_norm_rows``, ``_gated_norm_rows``, ``_sigmoid_gate``: a program per row (or row block).
 
 Every size that shapes a reduction (Dk, Dv, BV, C, W, the row length, the warps) comes from the
-config, never from B, N or T, and FMA contraction is off, so a token's bits follow its operands.
+config, never from B, N or T, and FMA contraction is off in the kernels' own arithmetic (the
+libdevice log and exp keep their fixed internal FMAs), so a token's bits follow its operands.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, count_ptr, pool_ptr,
     for i in range(0, n):
         p = tl.load(parent_ptr + b * N + i)
         # the parent's state: the committed one, the previous node's (in registers) or a kept one
-        far = ((tl.zeros_like(tile) + ((p >= 0) & (p != i - 1)).to(tl.int32)) > 0) & ok
+        far = ((tl.zeros_like(tile) + ((p >= 0) & (p != i - 1) & (keep != 0)).to(tl.int32)) > 0) & ok
         other = tl.load(kept + p.to(tl.int64) * DK * DV + tile, mask=far, other=0.0)
         S = tl.where(p < 0, s0, tl.where(far, other, S))
         tok = b * N + i
@@ -67,7 +69,8 @@ def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, count_ptr, pool_ptr,
         S = S + kk[:, None] * u[None, :]
         if write_out:
             o = tl.sum(S * qq[:, None], axis=0)
-            tl.store(out_ptr + (tok * HV + hv) * DV + cols, o, mask=cols < DV)
+            tl.store(out_ptr + (tok * HV + hv) * DV + cols, o.to(out_ptr.dtype.element_ty),
+                     mask=cols < DV)
         if keep:
             tl.store(kept + i * DK * DV + tile, S, mask=ok)
             tl.debug_barrier()          # a child's program threads read what others wrote
@@ -85,9 +88,12 @@ def walk(q, k, v, g, beta, parents, counts, pool, slots, *, out: bool, keep: boo
     g, beta : float32 [B, N, Hv]; parents : int32 [B, N] (-1: from the pool's state; a parent
     precedes its child); counts : int32 [B] (<= N); pool : float32 [S, Hv, Dk, Dv] (contiguous;
     its slots' states are written only with ``store_last``); slots : int32 [B]
-    out : return every node's output float32 [B, N, Hv, Dv] (rows past a count: 0)
-    keep : keep every node's state for its children (a tree; a chain needs none): float32
-        scratch [B, Hv, N, Dk, Dv] for the call
+    out : return every node's output [B, N, Hv, Dv] in v's dtype, rounded once (rows past a
+        count: 0); the gated output norm rounds it so first in any case
+    keep : keep every node's state for its children (a tree): float32 scratch [B, Hv, N, Dk,
+        Dv] for the call (16 GiB at B 16, N 512, Qwen3.6's heads). Without it every parent must
+        be -1 or the node before (a chain: a prompt, a commit); another parent reads no scratch
+        and steps from the previous node's state (a wrong result, never an out-of-range read)
     store_last : write the last stepped state into ``pool[slots[b]]`` (a prompt, a commit)
 
     Returns the outputs or None.
@@ -95,8 +101,8 @@ def walk(q, k, v, g, beta, parents, counts, pool, slots, *, out: bool, keep: boo
     b, n, h, dk = k.shape
     hv, dv = v.shape[2], v.shape[3]
     dev = k.device
-    o = torch.zeros(b, n, hv, dv, dtype=torch.float32, device=dev) if out else \
-        torch.empty(1, dtype=torch.float32, device=dev)
+    o = torch.zeros(b, n, hv, dv, dtype=v.dtype, device=dev) if out else \
+        torch.empty(1, dtype=v.dtype, device=dev)
     kept = torch.empty(b, hv, n, dk, dv, dtype=torch.float32, device=dev) if keep else \
         torch.empty(1, dtype=torch.float32, device=dev)
     bv = min(VALUE_TILE, next_power_of_2(dv))
@@ -110,42 +116,56 @@ def walk(q, k, v, g, beta, parents, counts, pool, slots, *, out: bool, keep: boo
 
 
 @triton.jit
-def _conv_of(win_ptr, w_ptr, c, cok, C, W: tl.constexpr):
-    """``silu(sum_j w[c, j] * window[j, c])`` in float32 over channels ``c``, taps oldest first."""
+def _conv_of(seq_ptr, src_ptr, w_ptr, c, cok, C, W: tl.constexpr):
+    """``silu(sum_j w[c, j] * x_j[c])`` in float32 over channels ``c``, taps j oldest first,
+    tap j the sequence row ``src[j]``."""
     acc = tl.zeros(c.shape, tl.float32)
     for j in range(W):
-        x = tl.load(win_ptr + j * C + c, mask=cok, other=0.0).to(tl.float32)
+        row = tl.load(src_ptr + j).to(tl.int64)
+        x = tl.load(seq_ptr + row * C + c, mask=cok, other=0.0).to(tl.float32)
         acc += tl.load(w_ptr + c * W + j, mask=cok, other=0.0).to(tl.float32) * x
     return acc / (1.0 + tl.exp(-acc))
 
 
-@triton.jit(do_not_specialize=["T", "H", "HV"])
-def _prep(win_ptr, w_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-          T, H, HV, C, scale, W: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+@triton.jit
+def _softplus(a):
+    """torch's softplus (threshold 20) as ``max(a, 0) + log1p(exp(-|a|))``, log1p by Goldberg's
+    ``log(w) * u / (w - 1)`` (w = 1 + u): accurate where ``log(1 + u)`` would lose u."""
+    u = tl.exp(-tl.abs(a))
+    w = 1.0 + u
+    log1p = tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
+    return tl.where(a > 20.0, a, tl.maximum(a, 0.0) + log1p)
+
+
+@triton.jit(do_not_specialize=["N", "L", "H", "HV"])
+def _prep(seq_ptr, src_ptr, w_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
+          beta_ptr, N, L, H, HV, C, scale, W: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
           BK: tl.constexpr, BV: tl.constexpr):
-    """Grid ``[T, Hv]``. windows [T, W, C] and w [C, W] in the model dtype; a, b [T, Hv] (the
-    gate projections); A_log, dt_bias [Hv]. Writes v [T, Hv, Dv] (model dtype), g and beta
-    float32 [T, Hv] (beta rounded to the model dtype first), and for v-heads below H the q and
-    k rows [T, H, Dk] float32: the conv output rounded to the model dtype, L2-normalised
-    (``x * rsqrt(sum(x * x) + 1e-6)``), q times ``scale``."""
+    """Grid ``[B N, Hv]``. seq [B, L, C] (the layer's conv inputs after the conv state's W - 1
+    columns) and w [C, W] in the model dtype; src int32 [B, N, W] (token n's taps: rows of its
+    sequence); a, b [B N, Hv] (the gate projections); A_log, dt_bias [Hv]. Writes v [B N, Hv,
+    Dv] (model dtype), g and beta float32 [B N, Hv] (beta rounded to the model dtype first), and
+    for v-heads below H the q and k rows [B N, H, Dk] float32: the conv output rounded to the
+    model dtype, L2-normalised (``x * rsqrt(sum(x * x) + 1e-6)``), q times ``scale``."""
     t = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1).to(tl.int64)
-    win = win_ptr + t * W * C
+    seq = seq_ptr + (t // N) * L * C
+    src = src_ptr + t * W
     dtype = v_ptr.dtype.element_ty
     vc = tl.arange(0, BV)
     vok = vc < DV
-    y = _conv_of(win, w_ptr, 2 * H * DK + hv * DV + vc, vok, C, W)
+    y = _conv_of(seq, src, w_ptr, 2 * H * DK + hv * DV + vc, vok, C, W)
     tl.store(v_ptr + (t * HV + hv) * DV + vc, y.to(dtype), mask=vok)
     a = tl.load(a_ptr + t * HV + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
-    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-    tl.store(g_ptr + t * HV + hv, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus)
+    tl.store(g_ptr + t * HV + hv, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * _softplus(a))
     bl = tl.load(b_ptr + t * HV + hv).to(tl.float32)
     tl.store(beta_ptr + t * HV + hv, (1.0 / (1.0 + tl.exp(-bl))).to(dtype).to(tl.float32))
     if hv < H:
         kc = tl.arange(0, BK)
         kok = kc < DK
         for part in tl.static_range(2):           # q, then k
-            x = _conv_of(win, w_ptr, part * H * DK + hv * DK + kc, kok, C, W).to(dtype).to(tl.float32)
+            x = _conv_of(seq, src, w_ptr, part * H * DK + hv * DK + kc, kok, C, W)
+            x = x.to(dtype).to(tl.float32)
             x = x * tl.math.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
             if part == 0:
                 tl.store(q_ptr + (t * H + hv) * DK + kc, x * scale, mask=kok)
@@ -153,27 +173,28 @@ def _prep(win_ptr, w_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, 
                 tl.store(k_ptr + (t * H + hv) * DK + kc, x, mask=kok)
 
 
-def prep(windows, weight, a, b, a_log, dt_bias, h, dk, dv, scale):
-    """Per token: ``(q, k)`` float32 [..., H, Dk] (unit, q scaled), ``v [..., Hv, Dv]`` (model
-    dtype), ``g, beta`` float32 [..., Hv] from its conv window ``windows [..., W, C]``, the conv
-    weight [C, W] and the gate projections ``a, b [..., Hv]``."""
-    lead = windows.shape[:-2]
-    width, c = windows.shape[-2:]
+def prep(seq, src, weight, a, b, a_log, dt_bias, h, dk, dv, scale):
+    """Per token of ``src [B, N, W]`` (its conv taps, oldest first: rows of ``seq [B, L, C]``):
+    ``(q, k)`` float32 [B, N, H, Dk] (unit, q scaled), ``v [B, N, Hv, Dv]`` (seq's dtype),
+    ``g, beta`` float32 [B, N, Hv], from the conv weight [C, W] and the gate projections
+    ``a, b [B, N, Hv]``."""
+    bsz, n, width = src.shape
+    l, c = seq.shape[1], seq.shape[2]
     hv = a.shape[-1]
-    t = windows.numel() // (width * c) if c else 0
-    dev, dtype = windows.device, windows.dtype
+    t = bsz * n
+    dev, dtype = seq.device, seq.dtype
     q = torch.zeros(t, h, dk, dtype=torch.float32, device=dev)
     k = torch.zeros_like(q)
     v = torch.empty(t, hv, dv, dtype=dtype, device=dev)
     g = torch.empty(t, hv, dtype=torch.float32, device=dev)
     beta = torch.empty_like(g)
     if t:
-        _prep[(t, hv)](windows.reshape(t, width, c).contiguous(), weight.contiguous(),
+        _prep[(t, hv)](seq.contiguous(), src.to(torch.int32).contiguous(), weight.contiguous(),
                        a.reshape(t, hv).contiguous(), b.reshape(t, hv).contiguous(), a_log, dt_bias,
-                       q, k, v, g, beta, t, h, hv, c, float(scale), W=width, DK=dk, DV=dv,
+                       q, k, v, g, beta, n, l, h, hv, c, float(scale), W=width, DK=dk, DV=dv,
                        BK=next_power_of_2(dk), BV=next_power_of_2(dv), num_warps=4, **_OPTS)
-    return (q.view(*lead, h, dk), k.view(*lead, h, dk), v.view(*lead, hv, dv),
-            g.view(*lead, hv), beta.view(*lead, hv))
+    return (q.view(bsz, n, h, dk), k.view(bsz, n, h, dk), v.view(bsz, n, hv, dv),
+            g.view(bsz, n, hv), beta.view(bsz, n, hv))
 
 
 @triton.jit
@@ -217,8 +238,9 @@ def _gated_norm_rows(o_ptr, z_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
 
 
 def gated_norm_rows(o, z, weight, eps):
-    """``Qwen3_5RMSNormGated(o) * silu(z)`` per head row: ``o`` float32 and ``z`` (model dtype)
-    [..., Dv], weight [Dv]; returns z's dtype and shape."""
+    """``Qwen3_5RMSNormGated(o) * silu(z)`` per head row: ``o`` (float32 or the model dtype:
+    rounded to it first) and ``z`` (model dtype) [..., Dv], weight [Dv]; returns z's dtype and
+    shape."""
     d = z.shape[-1]
     zc = z.contiguous()
     out = torch.empty_like(zc)
