@@ -225,9 +225,9 @@ def _cases():
                    e(2, **i32), out=True, keep=True, store_last=False))
         yield (f"exact gated_delta prep {name} C8192 W4",
                lambda dtype=dtype: exact_gd.prep(
-                   e(64, 4, 8192, dtype=dtype), e(8192, 4, dtype=dtype), e(64, 32, dtype=dtype),
-                   e(64, 32, dtype=dtype), e(32, dtype=dtype), e(32, dtype=dtype), 16, 128, 128,
-                   128 ** -0.5))
+                   e(2, 67, 8192, dtype=dtype), e(2, 64, 4, **i32), e(8192, 4, dtype=dtype),
+                   e(2, 64, 32, dtype=dtype), e(2, 64, 32, dtype=dtype), e(32, dtype=dtype),
+                   e(32, dtype=dtype), 16, 128, 128, 128 ** -0.5))
     yield ("exact zc_norm_rows bf16 H2048",
            lambda: exact_gd.zc_norm_rows(e(64, 2048, dtype=bf16), e(2048, dtype=bf16), 1e-6))
     yield ("exact gated_norm_rows bf16 Dv128",
