@@ -139,8 +139,8 @@ def _inputs(a, w, cfg, sources_of, linear, be):
 
 def _output(o, z, w, eps, row_linear, be):
     """transformers' ``Qwen3_5RMSNormGated(o) * silu(z)`` a token's head at a time, then
-    out_proj by ``row_linear``. ``o`` float32 [B, N, Hv, Dv] (rounded to z's dtype first), ``z``
-    the same shape in the model dtype."""
+    out_proj by ``row_linear``. ``o`` [B, N, Hv, Dv], float32 (the reference's walk) or z's dtype
+    (triton's), rounded to z's dtype first either way; ``z`` the same shape in the model dtype."""
     weight = w["linear_attn.norm.weight"]
     if be == "triton":
         gated = _kernels().gated_norm_rows(o, z, weight, eps).flatten(-2)
