@@ -18,6 +18,7 @@ over the cache (:func:`~jetspec_kernels.tree_attention`, tree mask when verifyin
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, replace
 
@@ -424,7 +425,9 @@ class Qwen3_5:
     def _mlp_exact(self, a, w, be, linear, row_linear):
         """:meth:`_mlp` in the exact mode: SwiGLU, or ``exact_moe`` plus the gated shared expert,
         the shared expert's down projection and the experts' in ``exact_k_parts`` parts (their
-        shares summed across the ranks before each is rounded)."""
+        shares summed across the ranks before each is rounded). At tp > 1 without
+        ``exact_k_parts`` the block's [T, H] partial sums are summed across the ranks instead
+        (tp's own bits, a k times smaller gather)."""
         act = lambda h: exact_ops.silu_mul(h, backend=be)      # noqa: E731
 
         def swiglu_exact(x, gate_w, up_w, down_w):
@@ -434,11 +437,22 @@ class Qwen3_5:
                                 w["mlp.down_proj.weight"])
         cfg = self.config
         flat = a.reshape(-1, a.shape[-1])
-        reduce = ((lambda t: tp.all_reduce_pairwise(t, self.shard, self.dtype))
-                  if self.shard.parallel else None)
-        out = exact_moe(flat, w["mlp.gate.weight"], w["mlp.experts.gate_up_proj"],
-                        w["mlp.experts.down_proj"], cfg.num_experts_per_tok, True, be,
-                        parts=self.resolved_exact_k_parts() // self.shard.size, reduce=reduce)
+        moe = functools.partial(exact_moe, flat, w["mlp.gate.weight"], w["mlp.experts.gate_up_proj"],
+                                w["mlp.experts.down_proj"], cfg.num_experts_per_tok, True, be)
+        share_sum = functools.partial(tp.all_reduce_pairwise, shard=self.shard, dtype=self.dtype)
+        if self.shard.parallel and self.exact_k_parts is None:
+            # tp's own bits, as Qwen3's: the block's [T, H] partial sums (routed plus the gated
+            # shared expert's partial down), one gather of T rows, not the T k rows' shares
+            out = moe()
+            if _SHARED[0] in w:
+                gate_w, up_w, down_w = (w[key] for key in _SHARED)
+                shared = linear(act(torch.cat([linear(flat, gate_w), linear(flat, up_w)], dim=-1)),
+                                down_w)
+                out = sigmoid_gate(shared, linear(flat, w["mlp.shared_expert_gate.weight"]), be,
+                                   base=out)
+            return share_sum(out).view_as(a)
+        out = moe(parts=self.resolved_exact_k_parts() // self.shard.size,
+                  reduce=share_sum if self.shard.parallel else None)
         if _SHARED[0] in w:
             shared = swiglu_exact(flat, *(w[key] for key in _SHARED))
             gate = linear(flat, w["mlp.shared_expert_gate.weight"])
