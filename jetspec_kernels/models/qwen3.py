@@ -78,9 +78,9 @@ class Qwen3:
         The exact mode's split of K in the row-parallel GEMMs (o_proj, the MLP's down): K
         reduced in this many equal parts (at most ``limits.EXACT_MAX_K_PARTS``), their float32
         products added along a fixed pairwise tree and rounded once (``ops.exact.linear``'s
-        ``parts``, ``tp.all_reduce_pairwise`` across the ranks). A power of two that tp divides; every tp dividing it gives the same
-        bits (tp 1 included), since each rank reduces whole parts and the tree over the ranks
-        continues the tree over its parts. None: tp itself (each rank one part; tp t's bits are
+        ``parts``, ``tp.all_reduce_pairwise`` across the ranks). A power of two that tp
+        divides; every tp dividing it gives the same bits (tp 1 included), since each rank
+        reduces whole parts and the tree over the ranks continues the tree over its parts. None: tp itself (each rank one part; tp t's bits are
         then its own). MoE layers split their experts' down projection alike and sum each
         (token, choice) row's shares before weighting the choices.
     """

@@ -43,8 +43,8 @@ from .silu_mul import silu_mul as _silu_mul
 
 __all__ = ["ExactModeError", "exact_mode", "exact_enabled", "exact_backend", "exact_scope",
            "exact_verified_devices", "GEMM_TILES", "UNVERIFIED_ENV", "forward_scope", "per_row",
-           "sum_in_order", "sum_pairwise", "k_parts_ok", "lanes", "linear", "rms_norm", "silu_mul", "qk_norm_rope_append", "argmax",
-           "sample_at_positions"]
+           "sum_in_order", "sum_pairwise", "k_parts_ok", "lanes", "linear", "rms_norm", "silu_mul",
+           "qk_norm_rope_append", "argmax", "sample_at_positions"]
 
 
 class ExactModeError(NotImplementedError):
@@ -305,13 +305,12 @@ def silu_mul(x, *, backend: str | None = None):
     if be == "triton":
         return _silu_mul(x, backend=be)
 
-    def padded(r):       # [rows, 2I] -> [rows, I]
+    def padded(r):       # [rows, 2I] -> [rows, I]: each half on padded lanes
         half = r.shape[-1] // 2
         if r.shape[-1] % 2 or not r.dtype.is_floating_point:
             return _silu_mul(r, backend=be)             # its own error, naming the argument
-        zeros = r.new_zeros(r.shape[0], -half % _LANE_PAD)
-        return _silu_mul(torch.cat([r[:, :half], zeros, r[:, half:], zeros], dim=-1),
-                         backend=be)[:, :half]
+        return lanes(lambda gate, up: _silu_mul(torch.cat([gate, up], dim=-1), backend=be),
+                     r[:, :half], r[:, half:])
     return per_row(padded, x)
 
 
