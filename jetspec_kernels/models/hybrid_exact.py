@@ -32,7 +32,6 @@ from .. import checks
 from ..ops.causal_conv1d_commit import causal_conv1d_commit
 from ..ops.causal_conv1d_tree import check_causal_conv1d_tree, check_conv_state
 from ..ops.exact import lanes, per_row
-from ..python_ref.causal_conv1d_tree import conv_window_sources
 from ..python_ref.gated_delta_tree import gated_delta_step, l2norm
 from .gated_delta import conv_weight, split_qkv
 
@@ -217,19 +216,19 @@ def exact_linear_prompt(a, w, cfg, lens, conv_pool, rec_pool, slots, eps, linear
     return _output(o, z, w, eps, row_linear, be)
 
 
-def exact_linear_tree(a, w, cfg, parents, num_nodes, conv_pool, rec_pool, slots, eps, linear,
+def exact_linear_tree(a, w, cfg, parents, src, num_nodes, conv_pool, rec_pool, slots, eps, linear,
                       row_linear, be):
     """:func:`.gated_delta.linear_tree` exact: every node of ``a [B, N, Hd]`` (normed) stepped
     from its parent's state (the root from the committed one), its conv window gathered along
-    its path. States read only. Returns ``(out [B, N, Hd], ExactTreeInputs)``; padding nodes' rows
-    are 0 before out_proj."""
-    width = w["linear_attn.conv1d.weight"].shape[-1]
-
+    its path (``src()``: ``python_ref.causal_conv1d_tree.conv_window_sources(parents, W)``, a
+    callable so that a forward builds it once for its layers, after the parents are checked).
+    States read only. Returns ``(out [B, N, Hd],
+    ExactTreeInputs)``; padding nodes' rows are 0 before out_proj."""
     def sources_of(mixed):      # the conv op's checks: parents, num_nodes, slots (named errors)
         check_causal_conv1d_tree(mixed, parents, conv_pool, conv_weight(w), None, slots,
                                  num_nodes, "silu")
         seq = torch.cat([conv_pool[slots.long()].transpose(1, 2), mixed], dim=1)   # [B, W-1+N, C]
-        return seq, conv_window_sources(parents, width)
+        return seq, src()
     mixed, z, q, k, v, g, beta = _inputs(a, w, cfg, sources_of, linear, be)
     b, n = parents.shape
     counts = torch.full((b,), n, dtype=torch.int32, device=a.device) if num_nodes is None else num_nodes

@@ -29,6 +29,7 @@ from .. import tp
 from ..ops import exact as exact_ops
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
+from ..python_ref.causal_conv1d_tree import conv_window_sources
 from ..python_ref.layers import swiglu
 from ..tree import Tree, Verdict
 from .checkpoint import check_layer_keys, load_safetensors, take
@@ -374,6 +375,9 @@ class Qwen3_5:
         taps = list(taps)
         kept: dict[int, torch.Tensor] = {}
         x = F.embedding(tokens.long(), self.embed_weight)           # a gather: exact
+        # the tree's conv taps (rows of each layer's conv state + inputs): one table a forward,
+        # built when the first layer has checked the parents
+        src = functools.cache(lambda: conv_window_sources(parents, cfg.linear_conv_kernel_dim))
         lin = {layer: j for j, layer in enumerate(self.linear_layers)}
         att = {layer: j for j, layer in enumerate(self.attention_layers)}
         for li, w in enumerate(self.layers):
@@ -386,7 +390,7 @@ class Qwen3_5:
                                               row_linear, be)
                 else:
                     out, cache.pending[j] = exact_linear_tree(
-                        a, w, cfg, parents, num_nodes, cache.conv[j], cache.recurrent[j],
+                        a, w, cfg, parents, src, num_nodes, cache.conv[j], cache.recurrent[j],
                         cache.slots, eps, linear, row_linear, be)
             else:
                 out = self._attention_exact(a, w, positions, cache, att[li], attn_prefix,
@@ -395,7 +399,7 @@ class Qwen3_5:
             # its bits follow its operands alone, so no row loop is needed for the residual adds.
             x = x + out
             x = x + self._mlp_exact(norm(x, w["post_attention_layernorm.weight"]), w, be, linear,
-                                    row_linear)
+                                    row_linear, local)
             if li in taps:
                 kept[li] = x
         tapped = torch.cat([kept[t] for t in taps], dim=-1) if taps else None
@@ -422,42 +426,30 @@ class Qwen3_5:
         o = sigmoid_gate(o.reshape(b, n, -1), gate.reshape(b, n, -1), be)
         return row_linear(o, w["self_attn.o_proj.weight"])
 
-    def _mlp_exact(self, a, w, be, linear, row_linear):
+    def _mlp_exact(self, a, w, be, linear, row_linear, parts):
         """:meth:`_mlp` in the exact mode: SwiGLU, or ``exact_moe`` plus the gated shared expert,
-        the shared expert's down projection and the experts' in ``exact_k_parts`` parts (their
-        shares summed across the ranks before each is rounded). At tp > 1 without
+        the shared expert's down projection and the experts' in ``parts`` parts of K each
+        (their shares summed across the ranks before each is rounded). At tp > 1 without
         ``exact_k_parts`` the block's [T, H] partial sums are summed across the ranks instead
-        (tp's own bits, a k times smaller gather)."""
-        act = lambda h: exact_ops.silu_mul(h, backend=be)      # noqa: E731
-
-        def swiglu_exact(x, gate_w, up_w, down_w):
-            return row_linear(act(torch.cat([linear(x, gate_w), linear(x, up_w)], dim=-1)), down_w)
+        (tp's own bits, as Qwen3's: one gather of T rows, not of the T k rows' shares)."""
+        def swiglu_exact(x, gate_w, up_w, down_w, down):
+            h = exact_ops.silu_mul(torch.cat([linear(x, gate_w), linear(x, up_w)], dim=-1), backend=be)
+            return down(h, down_w)
         if "mlp.gate.weight" not in w:
             return swiglu_exact(a, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
-                                w["mlp.down_proj.weight"])
+                                w["mlp.down_proj.weight"], row_linear)
         cfg = self.config
         flat = a.reshape(-1, a.shape[-1])
-        moe = functools.partial(exact_moe, flat, w["mlp.gate.weight"], w["mlp.experts.gate_up_proj"],
-                                w["mlp.experts.down_proj"], cfg.num_experts_per_tok, True, be)
         share_sum = functools.partial(tp.all_reduce_pairwise, shard=self.shard, dtype=self.dtype)
-        if self.shard.parallel and self.exact_k_parts is None:
-            # tp's own bits, as Qwen3's: the block's [T, H] partial sums (routed plus the gated
-            # shared expert's partial down), one gather of T rows, not the T k rows' shares
-            out = moe()
-            if _SHARED[0] in w:
-                gate_w, up_w, down_w = (w[key] for key in _SHARED)
-                shared = linear(act(torch.cat([linear(flat, gate_w), linear(flat, up_w)], dim=-1)),
-                                down_w)
-                out = sigmoid_gate(shared, linear(flat, w["mlp.shared_expert_gate.weight"]), be,
-                                   base=out)
-            return share_sum(out).view_as(a)
-        out = moe(parts=self.resolved_exact_k_parts() // self.shard.size,
-                  reduce=share_sum if self.shard.parallel else None)
+        block_partial = self.shard.parallel and self.exact_k_parts is None
+        out = exact_moe(flat, w["mlp.gate.weight"], w["mlp.experts.gate_up_proj"],
+                        w["mlp.experts.down_proj"], cfg.num_experts_per_tok, True, be, parts=parts,
+                        reduce=share_sum if self.shard.parallel and not block_partial else None)
         if _SHARED[0] in w:
-            shared = swiglu_exact(flat, *(w[key] for key in _SHARED))
-            gate = linear(flat, w["mlp.shared_expert_gate.weight"])
-            out = sigmoid_gate(shared, gate, be, base=out)
-        return out.view_as(a)
+            shared = swiglu_exact(flat, *(w[key] for key in _SHARED),
+                                  linear if block_partial else row_linear)
+            out = sigmoid_gate(shared, linear(flat, w["mlp.shared_expert_gate.weight"]), be, base=out)
+        return (share_sum(out) if block_partial else out).view_as(a)
 
     _run_layers = property(lambda self: self.layers)     # read by resolved_exact_k_parts
     _ROW_PARALLEL_KEYS = _ROWWISE
