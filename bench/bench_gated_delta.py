@@ -10,8 +10,9 @@ Dk = Dv = 128; q/k/v in bf16 on CUDA, fp32 on the CPU; a float32 state pool):
   ``.../commit``  gated_delta_commit along the tree's deepest path (up to 6 nodes). Floor bytes =
       B * Hv * Dk * Dv * 4 * 2 (the state read and written once); FLOPs 7 Dk Dv a node and head.
 The ``triton-exact`` rows (when triton runs) are the exact mode's walk
-(``triton.exact_gated_delta.walk``: node by node from each parent's state; the commit a chain),
-timed against the same floors (docs/perf/exact_mode.md, "Hybrid targets", has its prediction).
+(``triton.exact_gated_delta.walk``: node by node from each parent's state, depth first; the
+commit a chain), and ``exact-plan`` its plan (``models.walk_plan.tree_plan``, built once a forward
+for all the linear layers), timed against the same floors (docs/perf/exact_mode.md, "Hybrid targets", has its prediction).
 The ``reference`` rows are torch's chunked form: what ``auto`` runs on CUDA tensors until a GPU
 backend has passed there (backend.REFERENCE_UNTIL_VERIFIED), hence the baseline. The CPU's quick
 run shrinks the heads (H 2, Hv 4, Dk = Dv = 32) so the interpreter finishes.
@@ -67,6 +68,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if opts.cuda else torch.float32
     dev = opts.device
     import jetspec_kernels as jk
+    from jetspec_kernels.models.walk_plan import chain_plan, tree_plan
     from jetspec_kernels.python_ref.gated_delta_tree import l2norm
     walk = None
     if "triton" in opts.backends:
@@ -104,10 +106,15 @@ def main(argv=None) -> int:
         units = [l2norm(x.float()) for x in (q, k)]
         slots = torch.arange(b, dtype=torch.int32, device=dev)
         if "triton" in status:
+            plan = tree_plan(tree.parents, tree.num_nodes, tree.max_depth)
             table.run_ours(shape, "triton", status["triton"],
-                           lambda: walk(*units, v, g, beta.float(), tree.parents, tree.num_nodes,
-                                        state, slots, out=True, keep=True, store_last=False),
+                           lambda: walk(*units, v, g, beta.float(), plan, tree.num_nodes, state,
+                                        slots, out=True, store_last=False),
                            first_shape=si == 0, flops=flops, nbytes=nbytes, label="triton-exact")
+            # the plan: once a forward, for every linear layer
+            table.run_ours(shape, "triton", status["triton"],
+                           lambda: tree_plan(tree.parents, tree.num_nodes, tree.max_depth),
+                           first_shape=si == 0, flops=flops, nbytes=nbytes, label="exact-plan")
 
         shape = f"{b}x{n}/commit"
         path, accept = deepest_path(tree, 6)
@@ -121,10 +128,10 @@ def main(argv=None) -> int:
         if "triton" in status:
             rows = torch.arange(b, device=dev)[:, None]
             on_path = [t[rows, path.long().clamp(min=0)] for t in (units[1], v, g, beta.float())]
-            chain = (torch.arange(path.shape[1], dtype=torch.int32, device=dev) - 1).expand(b, -1)
+            chain = chain_plan(b, path.shape[1], dev)
             table.run_ours(shape, "triton", status["triton"],
-                           lambda: walk(on_path[0], *on_path, chain.contiguous(), accept + 1, pool,
-                                        slots, out=False, keep=False, store_last=True),
+                           lambda: walk(on_path[0], *on_path, chain, accept + 1, pool, slots,
+                                        out=False, store_last=True),
                            first_shape=si == 0, flops=flops, nbytes=nbytes, label="triton-exact")
         del q, k, v, state, pool
     return table.finish()

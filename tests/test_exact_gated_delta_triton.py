@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from jetspec_kernels import python_ref as ref
+from jetspec_kernels.models.walk_plan import chain_plan, tree_plan
 from jetspec_kernels.python_ref.gated_delta_tree import l2norm
 
 triton = pytest.importorskip("triton")
@@ -51,8 +52,13 @@ def _pool(slots, dk=DK, dv=DV, seed=1, hv=HV):
     return torch.randn(slots, hv, dk, dv, generator=gen).to(DEV) * 0.3
 
 
-def _walk_tree(ops, parents, counts, pool, slots):
-    return eg.walk(*ops, parents, counts, pool, slots, out=True, keep=True, store_last=False)
+def _walk_tree(ops, parents, counts, pool, slots, max_depth=None):
+    return eg.walk(*ops, tree_plan(parents, counts, max_depth), counts, pool, slots, out=True,
+                   store_last=False)
+
+
+def _chain(n, b=1):
+    return chain_plan(b, n, DEV)
 
 
 def _path(parents, node):
@@ -104,21 +110,19 @@ def test_a_tree_node_is_its_path_walked_as_a_chain(dtype, backend):
     for node in range(n):
         path = _path(PARENTS, node)
         chain_ops = [t[:, path] for t in ops]
-        chain = torch.tensor([[i - 1 for i in range(len(path))]], dtype=torch.int32, device=DEV)
         count = torch.tensor([len(path)], dtype=torch.int32, device=DEV)
-        alone = eg.walk(*chain_ops, chain, count, pool.clone(), slot, out=True, keep=False,
+        alone = eg.walk(*chain_ops, _chain(len(path)), count, pool.clone(), slot, out=True,
                         store_last=False)
         assert torch.equal(_bits(alone[0, -1]), _bits(tree[0, node])), node
     # commit the path to node 6 (0 1 3 6), then step node 9 (6's child) from the stored state
     stored = pool.clone()
     path = _path(PARENTS, 6)
-    eg.walk(*[t[:, path] for t in ops], torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32, device=DEV),
-            torch.tensor([4], dtype=torch.int32, device=DEV), stored, slot, out=False, keep=False,
-            store_last=True)
+    eg.walk(*[t[:, path] for t in ops], _chain(4), torch.tensor([4], dtype=torch.int32, device=DEV),
+            stored, slot, out=False, store_last=True)
     assert torch.equal(stored[0], pool[0])               # only the slot is written
-    nxt = eg.walk(*[t[:, [9]] for t in ops], torch.tensor([[-1]], dtype=torch.int32, device=DEV),
+    nxt = eg.walk(*[t[:, [9]] for t in ops], _chain(1),
                   torch.tensor([1], dtype=torch.int32, device=DEV), stored, slot, out=True,
-                  keep=False, store_last=False)
+                  store_last=False)
     assert torch.equal(_bits(nxt[0, 0]), _bits(tree[0, 9]))
 
 
@@ -143,6 +147,38 @@ def test_walk_rows_do_not_depend_on_the_batch_padding_or_slot(dtype, backend):
                        torch.zeros(1, dtype=torch.int32, device=DEV))
     assert torch.equal(_bits(alone[0]), _bits(batch[0, :n]))
     assert not batch[0].isnan().any()
+
+
+@TRITON
+def test_the_walk_keeps_only_its_plans_slots(backend):
+    """With the depth as the bound the walk gives the bits it gives with N's bound (the slots
+    it keeps hold every state a later step reads); a bound below the tree's depth (a plan that
+    lies) gives NaN exactly for the nodes whose state came through a missing slot and their
+    subtrees, the pool untouched, every other node its bits."""
+    n = len(PARENTS)
+    parents = torch.tensor([PARENTS], dtype=torch.int32, device=DEV)
+    counts = torch.tensor([n], dtype=torch.int32, device=DEV)
+    ops = _operands(1, n, torch.float32, seed=5)
+    pool = _pool(2, seed=6)
+    slot = torch.tensor([1], dtype=torch.int32, device=DEV)
+    wide = _walk_tree(ops, parents, counts, pool, slot)
+    depth = max(len(_path(PARENTS, i)) for i in range(n)) - 1
+    tight = tree_plan(parents, counts, depth)
+    assert tight.num_slots == depth < (n - 1) // 2
+    assert torch.equal(_bits(_walk_tree(ops, parents, counts, pool, slot, depth)), _bits(wide))
+    # branch points 0, 1, 3 keep slots 0, 1, 2: with one slot, 1's and 3's later children (4,
+    # 7) start from a missing slot
+    short = tight._replace(num_slots=1)
+    before = pool.clone()
+    got = eg.walk(*ops, short, counts, pool, slot, out=True, store_last=False)
+    assert torch.equal(pool, before)
+    lost = {i for i in range(n) if set(_path(PARENTS, i)) & {4, 7}}
+    assert lost == {4, 7}
+    for i in range(n):
+        if i in lost:
+            assert got[0, i].isnan().all(), i
+        else:
+            assert torch.equal(_bits(got[0, i]), _bits(wide[0, i])), i
 
 
 @TRITON
@@ -219,8 +255,9 @@ def test_row_ops_are_the_formulas_and_row_invariant(dtype, backend):
 def test_empty_launches(backend):
     ops = _operands(0, 3, torch.float32)
     none = torch.zeros(0, 3, dtype=torch.int32, device=DEV)
-    out = eg.walk(*ops, none, torch.zeros(0, dtype=torch.int32, device=DEV), _pool(1),
-                  torch.zeros(0, dtype=torch.int32, device=DEV), out=True, keep=True, store_last=False)
+    counts = torch.zeros(0, dtype=torch.int32, device=DEV)
+    out = eg.walk(*ops, tree_plan(none, counts), counts, _pool(1),
+                  torch.zeros(0, dtype=torch.int32, device=DEV), out=True, store_last=False)
     assert out.shape == (0, 3, HV, DV)
     assert eg.zc_norm_rows(torch.zeros(0, 8, device=DEV), torch.zeros(8, device=DEV), 1e-6).shape == (0, 8)
     assert eg.sigmoid_gate(torch.zeros(0, 8, device=DEV), torch.zeros(0, 1, device=DEV)).shape == (0, 8)
@@ -235,11 +272,13 @@ from bench import triton_resources as tr
 compiled = []
 tr._install(compiled)
 from jetspec_kernels.triton.exact_gated_delta import walk
+from jetspec_kernels.models.walk_plan import WalkPlan
 e, i32 = torch.empty, dict(dtype=torch.int32)
-for b, n, out, keep, last in ((16, 64, 1, 1, 0), (1, 1, 1, 1, 0), (2, 512, 1, 0, 1), (16, 7, 0, 0, 1)):
+for b, n, out, slots, last in ((16, 64, 1, 8, 0), (1, 1, 1, 0, 0), (2, 512, 1, 0, 1), (16, 7, 0, 0, 1)):
+    plan = WalkPlan(e(b, n, **i32), e(b, n, **i32), e(b, n, **i32), slots)
     walk(e(b, n, 16, 128), e(b, n, 16, 128), e(b, n, 32, 128, dtype=torch.bfloat16), e(b, n, 32),
-         e(b, n, 32), e(b, n, **i32), e(b, **i32), e(20, 32, 128, 128), e(b, **i32), out=bool(out),
-         keep=bool(keep), store_last=bool(last))
+         e(b, n, 32), plan, e(b, **i32), e(20, 32, 128, 128), e(b, **i32), out=bool(out),
+         store_last=bool(last))
 print(len(compiled), len({k.hash for _, k in compiled}))
 """
 

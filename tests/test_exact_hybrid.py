@@ -387,6 +387,29 @@ def test_bad_trees_and_prompts_are_named():
                        parents=torch.tensor([[-1, 0, 1]], dtype=torch.int32))
     with exact_mode(), pytest.raises(ValueError, match="prompt_lens"):
         target.prefill(tokens, torch.tensor([0], dtype=torch.int32), target.new_cache(1, 16))
+    for mode in (False, True):
+        with exact_mode(mode), pytest.raises(TypeError, match="max_depth"):
+            target.forward(tokens, pos, target.new_cache(1, 16), five, write_start=five,
+                           parents=torch.tensor([[-1, 0, 1]], dtype=torch.int32), max_depth=1.5)
+
+
+@pytest.mark.skipif("triton" not in ENGINES, reason="the triton engine's walk plan")
+def test_a_depth_bound_below_the_tree_is_named():
+    """The triton walk keeps ``max_depth`` states (``Tree.max_depth``, the verify's): a tree
+    deeper than the bound it is given is refused by name where values are checked (on a GPU:
+    NaN for the nodes past the slots, tests/test_exact_gated_delta_triton.py)."""
+    target = tiny_qwen3_5(backend="triton")
+    dev = target.device
+    tokens = torch.tensor([[1, 2, 3, 4]], device=dev)
+    pos = torch.tensor([[5, 6, 7, 6]], dtype=torch.int32, device=dev)
+    five = torch.tensor([5], dtype=torch.int32, device=dev)
+    parents = torch.tensor([[-1, 0, 1, 0]], dtype=torch.int32, device=dev)   # the root branches
+    with exact_mode():
+        target.forward(tokens, pos, target.new_cache(1, 16), five, write_start=five,
+                       parents=parents, max_depth=2)
+        with pytest.raises(ValueError, match="max_depth 0"):
+            target.forward(tokens, pos, target.new_cache(1, 16), five, write_start=five,
+                           parents=parents, max_depth=0)
 
 
 @pytest.mark.parametrize("backend", ENGINES)

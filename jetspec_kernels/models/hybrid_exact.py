@@ -17,7 +17,8 @@ committed state. Two engines, each self-consistent (their bits differ from each 
   until it ends (N x Hv x Dk x Dv float32 a sequence).
 * **triton** (``triton.exact_gated_delta``): one program per token for the conv, normalisation
   and gates; the walk a program per (sequence, v-head, value tile), one compiled kernel for the
-  tree, the prompt and the commit; the row ops a program per row.
+  tree (walked depth first, keeping only its branch points' states), the prompt and the commit;
+  the row ops a program per row.
 
 The conv and recurrent states are only copied between calls (a gather, ``causal_conv1d_commit``).
 """
@@ -34,6 +35,7 @@ from ..ops.causal_conv1d_tree import check_causal_conv1d_tree, check_conv_state
 from ..ops.exact import lanes, per_row
 from ..python_ref.gated_delta_tree import gated_delta_step, l2norm
 from .gated_delta import conv_weight, split_qkv
+from .walk_plan import chain_plan
 
 __all__ = ["ExactTreeInputs", "exact_linear_prompt", "exact_linear_tree", "exact_linear_commit",
            "zc_norm", "sigmoid_gate"]
@@ -181,11 +183,12 @@ def _reference_walk(q, k, v, g, beta, parents, counts, rec_pool, slots, *, store
     return o
 
 
-def _walk(q, k, v, g, beta, parents, counts, rec_pool, slots, be, *, store_last):
+def _walk(q, k, v, g, beta, parents, counts, rec_pool, slots, be, *, plan, store_last):
+    """The engine's walk; ``plan()``: the triton walk's plan for these parents (a callable, so a
+    forward builds a tree's once for its layers; not called on the reference)."""
     if be == "triton":
-        return _kernels().walk(q, k, v, g, beta, parents.to(torch.int32), counts.to(torch.int32),
-                               rec_pool, slots.to(torch.int32), out=True, keep=not store_last,
-                               store_last=store_last)
+        return _kernels().walk(q, k, v, g, beta, plan(), counts.to(torch.int32), rec_pool,
+                               slots.to(torch.int32), out=True, store_last=store_last)
     return _reference_walk(q, k, v, g, beta, parents, counts, rec_pool, slots, store_last=store_last)
 
 
@@ -212,17 +215,18 @@ def exact_linear_prompt(a, w, cfg, lens, conv_pool, rec_pool, slots, eps, linear
     conv_pool.index_copy_(0, slots.long(), tail.transpose(1, 2).to(conv_pool.dtype))
     chain = (torch.arange(t, device=dev, dtype=torch.int32) - 1).expand(b, t)
     rec_pool.index_fill_(0, slots.long(), 0)
-    o = _walk(q, k, v, g, beta, chain, lens, rec_pool, slots, be, store_last=True)
+    o = _walk(q, k, v, g, beta, chain, lens, rec_pool, slots, be, store_last=True,
+              plan=lambda: chain_plan(b, t, dev))
     return _output(o, z, w, eps, row_linear, be)
 
 
-def exact_linear_tree(a, w, cfg, parents, src, num_nodes, conv_pool, rec_pool, slots, eps, linear,
-                      row_linear, be):
+def exact_linear_tree(a, w, cfg, parents, src, plan, num_nodes, conv_pool, rec_pool, slots, eps,
+                      linear, row_linear, be):
     """:func:`.gated_delta.linear_tree` exact: every node of ``a [B, N, Hd]`` (normed) stepped
     from its parent's state (the root from the committed one), its conv window gathered along
-    its path (``src()``: ``python_ref.causal_conv1d_tree.conv_window_sources(parents, W)``, a
-    callable so that a forward builds it once for its layers, after the parents are checked).
-    States read only. Returns ``(out [B, N, Hd],
+    its path (``src()``: ``python_ref.causal_conv1d_tree.conv_window_sources(parents, W)``;
+    ``plan()``: the triton walk's ``tree_plan``; callables, so that a forward builds them once
+    for its layers, after the parents are checked). States read only. Returns ``(out [B, N, Hd],
     ExactTreeInputs)``; padding nodes' rows are 0 before out_proj."""
     def sources_of(mixed):      # the conv op's checks: parents, num_nodes, slots (named errors)
         check_causal_conv1d_tree(mixed, parents, conv_pool, conv_weight(w), None, slots,
@@ -232,7 +236,7 @@ def exact_linear_tree(a, w, cfg, parents, src, num_nodes, conv_pool, rec_pool, s
     mixed, z, q, k, v, g, beta = _inputs(a, w, cfg, sources_of, linear, be)
     b, n = parents.shape
     counts = torch.full((b,), n, dtype=torch.int32, device=a.device) if num_nodes is None else num_nodes
-    o = _walk(q, k, v, g, beta, parents, counts, rec_pool, slots, be, store_last=False)
+    o = _walk(q, k, v, g, beta, parents, counts, rec_pool, slots, be, plan=plan, store_last=False)
     return _output(o, z, w, eps, row_linear, be), ExactTreeInputs(mixed, k, v, g, beta, be)
 
 
@@ -248,9 +252,10 @@ def exact_linear_commit(kept: ExactTreeInputs, path, accept_len, conv_pool, rec_
     rows = torch.arange(b, device=path.device)[:, None]
     node = path.long().clamp(min=0)          # entries past accept_len: any node, never stepped
     k, v, g, beta = (t[rows, node] for t in (kept.k, kept.v, kept.g, kept.beta))
-    chain = (torch.arange(p, device=path.device, dtype=torch.int32) - 1).expand(b, p)
     if be == "triton":
-        _kernels().walk(k, k, v, g, beta, chain, accept_len.to(torch.int32) + 1, rec_pool,
-                        slots.to(torch.int32), out=False, keep=False, store_last=True)
+        _kernels().walk(k, k, v, g, beta, chain_plan(b, p, path.device),
+                        accept_len.to(torch.int32) + 1, rec_pool, slots.to(torch.int32), out=False,
+                        store_last=True)
     else:
+        chain = (torch.arange(p, device=path.device) - 1).expand(b, p)
         _reference_walk(k, k, v, g, beta, chain, accept_len + 1, rec_pool, slots, store_last=True)

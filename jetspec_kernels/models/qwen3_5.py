@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from .. import tp
+from .. import checks, tp
 from ..ops import exact as exact_ops
 from ..ops.qk_norm_rope_append import qk_norm_rope_append
 from ..ops.tree_attention import tree_attention
@@ -40,6 +40,7 @@ from .hybrid_exact import (ExactTreeInputs, exact_linear_commit, exact_linear_pr
 from .kv_cache import KVCache
 from .moe import exact_moe, fuse_expert_weights, grouped_experts, moe_shapes, route
 from .qwen3 import Qwen3
+from .walk_plan import tree_plan
 
 __all__ = ["Qwen3_5", "HybridCache", "hybrid_layer_shapes"]
 
@@ -295,7 +296,7 @@ class Qwen3_5:
                 attn_prefix: torch.Tensor, *, write_start: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, parents: torch.Tensor | None = None,
                 num_nodes: torch.Tensor | None = None, prompt_lens: torch.Tensor | None = None,
-                taps=()):
+                max_depth: int | None = None, taps=()):
         """Run N new tokens per sequence.
 
         Two modes. Prompt (``prompt_lens`` given): right-padded prompts from empty states, K/V at
@@ -303,16 +304,19 @@ class Qwen3_5:
         (``parents`` given, a chain or a draft tree): the nodes from the committed states, K/V at
         ``write_start + n`` (or ``positions``), attention under ``tree_mask`` (None: causal); the
         linear layers' states are left as they are and the nodes' inputs kept in
-        ``cache.pending`` for :meth:`commit_states`.
+        ``cache.pending`` for :meth:`commit_states`. ``max_depth``: a bound on the tree's depth
+        (``Tree.max_depth``; None: N's), which sizes the exact triton walk's scratch.
 
         Returns ``(hidden [B, N, H] final-normed, tapped [B, N, len(taps) * H] or None)``.
         Inside ``exact_mode()``: :meth:`_forward_exact`.
         """
         if (prompt_lens is None) == (parents is None):
             raise ValueError("forward: give exactly one of prompt_lens (a prompt) and parents (a tree)")
+        if max_depth is not None:
+            checks.integer("max_depth", max_depth, lo=0)
         if exact_ops.exact_enabled():
             return self._forward_exact(tokens, positions, cache, attn_prefix, write_start,
-                                       tree_mask, parents, num_nodes, prompt_lens, taps)
+                                       tree_mask, parents, num_nodes, prompt_lens, max_depth, taps)
         cfg = self._local
         eps = cfg.rms_norm_eps
         reduce = self._reduce
@@ -342,7 +346,7 @@ class Qwen3_5:
         return _zc_norm(x, self.norm_weight, eps), tapped
 
     def _forward_exact(self, tokens, positions, cache, attn_prefix, write_start, tree_mask,
-                       parents, num_nodes, prompt_lens, taps):
+                       parents, num_nodes, prompt_lens, max_depth, taps):
         """:meth:`forward` in the exact mode (``ops.exact.exact_mode``): a token's bits depend
         only on its own token, position and logical past, never on B, N, the tree or the other
         rows. The linear layers step every token as a one-token decode would
@@ -378,6 +382,7 @@ class Qwen3_5:
         # the tree's conv taps (rows of each layer's conv state + inputs): one table a forward,
         # built when the first layer has checked the parents
         src = functools.cache(lambda: conv_window_sources(parents, cfg.linear_conv_kernel_dim))
+        plan = functools.cache(lambda: tree_plan(parents, num_nodes, max_depth))
         lin = {layer: j for j, layer in enumerate(self.linear_layers)}
         att = {layer: j for j, layer in enumerate(self.attention_layers)}
         for li, w in enumerate(self.layers):
@@ -390,8 +395,8 @@ class Qwen3_5:
                                               row_linear, be)
                 else:
                     out, cache.pending[j] = exact_linear_tree(
-                        a, w, cfg, parents, src, num_nodes, cache.conv[j], cache.recurrent[j],
-                        cache.slots, eps, linear, row_linear, be)
+                        a, w, cfg, parents, src, plan, num_nodes, cache.conv[j],
+                        cache.recurrent[j], cache.slots, eps, linear, row_linear, be)
             else:
                 out = self._attention_exact(a, w, positions, cache, att[li], attn_prefix,
                                             write_start, tree_mask, be, linear, row_linear)
@@ -521,7 +526,8 @@ class Qwen3_5:
         tapped)``."""
         hidden, tapped = self.forward(tree.tokens, tree.positions(prefix_lens), cache, prefix_lens,
                                       write_start=prefix_lens, tree_mask=tree.mask,
-                                      parents=tree.parents, num_nodes=tree.num_nodes, taps=taps)
+                                      parents=tree.parents, num_nodes=tree.num_nodes,
+                                      max_depth=tree.max_depth, taps=taps)
         return (self.argmax(hidden) if fused_argmax else self.logits(hidden)), tapped
 
     def commit_states(self, cache: HybridCache, verdict: Verdict) -> None:

@@ -3,11 +3,13 @@ the Gated DeltaNet layer's per-token inputs, its recurrence walked one token at 
 row ops around it (the zero-centred RMSNorm, the gated output norm, sigmoid gates).
 
 * ``_walk``: a program per (sequence, v-head, tile of BV value columns) holds its [Dk, BV]
-  float32 state in registers and steps nodes 0 .. n - 1 in order, each from its parent's state
-  (the node before it, still in registers; one kept in scratch; or the committed state). One
-  compiled kernel serves a tree (every node's state kept for its children), a prompt (a chain;
-  the last state stored into the pool) and a commit (the accepted path as a chain, no outputs):
-  the mode is in runtime arguments, so every step of the three runs the same instructions.
+  float32 state in registers and steps a sequence's nodes in a plan's order, each from its
+  parent's state (the step before, still in registers; one kept in scratch; or the committed
+  state). A tree is walked depth first (``models.walk_plan``): only branch points' states are
+  kept, in slots reused along the walk, so the scratch and its traffic follow the tree's
+  branching, not its size. One compiled kernel serves a tree, a prompt (a chain; the last state
+  stored into the pool) and a commit (the accepted path as a chain, no outputs): the mode and
+  the plan are runtime arguments, so every step of the three runs the same instructions.
 * ``_prep``: a program per (token, v-head): the conv of the token's window (its taps gathered
   from the layer's input sequence by row index, so no window tensor is built), q and k
   L2-normalised (q scaled) for the heads it serves, the gates g and beta.
@@ -31,13 +33,14 @@ VALUE_TILE = 32        # BV: value columns a walk program holds (a [Dk, 32] floa
 _OPTS = dict(enable_fp_fusion=False)
 
 
-@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "write_out", "keep", "store_last"])
-def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, count_ptr, pool_ptr, slot_ptr,
-          out_ptr, keep_ptr, N, HV, H, REP, write_out, keep, store_last,
+@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "NSLOTS", "write_out", "store_last"])
+def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, order_ptr, src_ptr, dst_ptr, count_ptr, pool_ptr,
+          slot_ptr, out_ptr, keep_ptr, N, HV, H, REP, NSLOTS, write_out, store_last,
           DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Grid ``[B, Hv, cdiv(Dv, BV)]``. q, k: float32 [B, N, H, Dk] (unit, q scaled); v: [B, N,
-    Hv, Dv]; g, beta: float32 [B, N, Hv]; parents int32 [B, N]; counts int32 [B]; pool float32
-    [S, Hv, Dk, Dv]; slots int32 [B]; out float32 [B, N, Hv, Dv]; keep float32 [B, Hv, N, Dk, Dv]."""
+    Hv, Dv]; g, beta: float32 [B, N, Hv]; order, src, dst int32 [B, N]
+    (``models.walk_plan.WalkPlan``); counts int32 [B]; pool float32 [S, Hv, Dk, Dv]; slots
+    int32 [B]; out [B, N, Hv, Dv]; keep float32 [B, Hv, NSLOTS, Dk, Dv]."""
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, BK)
@@ -47,17 +50,21 @@ def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, count_ptr, pool_ptr,
     tile = rows[:, None] * DV + cols[None, :]
     slot = tl.load(slot_ptr + b).to(tl.int64)
     s0 = tl.load(pool_ptr + (slot * HV + hv) * DK * DV + tile, mask=ok, other=0.0)
-    kept = keep_ptr + (b * HV + hv) * N * DK * DV
+    kept = keep_ptr + (b * HV + hv) * NSLOTS * DK * DV
     h = hv // REP
     S = s0
     n = tl.load(count_ptr + b)
+    node = tl.load(order_ptr + b * N)
     for i in range(0, n):
-        p = tl.load(parent_ptr + b * N + i)
-        # the parent's state: the committed one, the previous node's (in registers) or a kept one
-        far = ((tl.zeros_like(tile) + ((p >= 0) & (p != i - 1) & (keep != 0)).to(tl.int32)) > 0) & ok
-        other = tl.load(kept + p.to(tl.int64) * DK * DV + tile, mask=far, other=0.0)
-        S = tl.where(p < 0, s0, tl.where(far, other, S))
-        tok = b * N + i
+        nxt = tl.load(order_ptr + b * N + tl.minimum(i + 1, N - 1))    # the next step's node
+        src = tl.load(src_ptr + b * N + i)
+        dst = tl.load(dst_ptr + b * N + i)
+        # the starting state: the committed one, the previous step's (in registers) or a kept
+        # one; a slot past the scratch (a wrong depth bound) reads NaN, never another state
+        kept_ok = ((tl.zeros_like(tile) + ((src >= 0) & (src < NSLOTS)).to(tl.int32)) > 0) & ok
+        other = tl.load(kept + src.to(tl.int64) * DK * DV + tile, mask=kept_ok, other=float("nan"))
+        S = tl.where(src == -1, s0, tl.where(src >= 0, other, S))
+        tok = b * N + node
         kk = tl.load(k_ptr + (tok * H + h) * DK + rows, mask=rok, other=0.0)
         qq = tl.load(q_ptr + (tok * H + h) * DK + rows, mask=rok, other=0.0)
         vv = tl.load(v_ptr + (tok * HV + hv) * DV + cols, mask=cols < DV, other=0.0).to(tl.float32)
@@ -71,47 +78,46 @@ def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, count_ptr, pool_ptr,
             o = tl.sum(S * qq[:, None], axis=0)
             tl.store(out_ptr + (tok * HV + hv) * DV + cols, o.to(out_ptr.dtype.element_ty),
                      mask=cols < DV)
-        if keep:
-            tl.store(kept + i * DK * DV + tile, S, mask=ok)
-            tl.debug_barrier()          # a child's program threads read what others wrote
+        if dst >= 0:
+            fits = ((tl.zeros_like(tile) + (dst < NSLOTS).to(tl.int32)) > 0) & ok
+            tl.store(kept + dst.to(tl.int64) * DK * DV + tile, S, mask=fits)
+            tl.debug_barrier()          # a later step's threads read what others wrote
+        node = nxt
     if store_last:
         tl.store(pool_ptr + (slot * HV + hv) * DK * DV + tile, S, mask=ok)
 
 
-def walk(q, k, v, g, beta, parents, counts, pool, slots, *, out: bool, keep: bool,
-         store_last: bool):
-    """Step every sequence's nodes ``0 .. counts[b] - 1`` in order from its parent's state.
+def walk(q, k, v, g, beta, plan, counts, pool, slots, *, out: bool, store_last: bool):
+    """Step every sequence's nodes in the order of ``plan`` (``models.walk_plan``: a tree's
+    ``tree_plan``, a chain's ``chain_plan``), each from its parent's state.
 
     Parameters
     ----------
     q, k : float32 [B, N, H, Dk], unit rows (q scaled); v : [B, N, Hv, Dv] (any float dtype);
-    g, beta : float32 [B, N, Hv]; parents : int32 [B, N] (-1: from the pool's state; a parent
-    precedes its child); counts : int32 [B] (<= N); pool : float32 [S, Hv, Dk, Dv] (contiguous;
-    its slots' states are written only with ``store_last``); slots : int32 [B]
+    g, beta : float32 [B, N, Hv]; plan : the walk's plan for these B x N nodes; counts : int32
+    [B] (<= N: the nodes stepped); pool : float32 [S, Hv, Dk, Dv] (contiguous; its slots' states
+    are written only with ``store_last``); slots : int32 [B]
     out : return every node's output [B, N, Hv, Dv] in v's dtype, rounded once (rows past a
         count: 0); the gated output norm rounds it so first in any case
-    keep : keep every node's state for its children (a tree): float32 scratch [B, Hv, N, Dk,
-        Dv] for the call (16 GiB at B 16, N 512, Qwen3.6's heads). Without it every parent must
-        be -1 or the node before (a chain: a prompt, a commit); another parent reads no scratch
-        and steps from the previous node's state (a wrong result, never an out-of-range read)
-    store_last : write the last stepped state into ``pool[slots[b]]`` (a prompt, a commit)
+    store_last : write the last stepped state into ``pool[slots[b]]`` (a prompt, a commit: a
+        chain, whose last step is its last node)
 
-    Returns the outputs or None.
+    The kept states are float32 scratch [B, Hv, plan.num_slots, Dk, Dv] for the call. Returns
+    the outputs or None.
     """
     b, n, h, dk = k.shape
     hv, dv = v.shape[2], v.shape[3]
     dev = k.device
     o = torch.zeros(b, n, hv, dv, dtype=v.dtype, device=dev) if out else \
         torch.empty(1, dtype=v.dtype, device=dev)
-    kept = torch.empty(b, hv, n, dk, dv, dtype=torch.float32, device=dev) if keep else \
-        torch.empty(1, dtype=torch.float32, device=dev)
+    kept = torch.empty(max(b * hv * plan.num_slots * dk * dv, 1), dtype=torch.float32, device=dev)
     bv = min(VALUE_TILE, next_power_of_2(dv))
     if b and n:
         c = (lambda t: t.contiguous())
         _walk[(b, hv, triton.cdiv(dv, bv))](
-            c(q), c(k), c(v), c(g), c(beta), c(parents), c(counts), pool, c(slots), o, kept,
-            n, hv, h, hv // h, int(out), int(keep), int(store_last), DK=dk, DV=dv, BK=next_power_of_2(dk),
-            BV=bv, num_warps=4, **_OPTS)
+            c(q), c(k), c(v), c(g), c(beta), c(plan.order), c(plan.src), c(plan.dst), c(counts),
+            pool, c(slots), o, kept, n, hv, h, hv // h, plan.num_slots, int(out), int(store_last),
+            DK=dk, DV=dv, BK=next_power_of_2(dk), BV=bv, num_warps=4, **_OPTS)
     return o if out else None
 
 

@@ -274,6 +274,14 @@ def _embedding(seed, engine):
     return "ok"
 
 
+def _tree_path(parents, node):
+    """The nodes from a root down to ``node`` of one sequence's ``parents [N]``."""
+    path = [node]
+    while int(parents[path[-1]]) >= 0:
+        path.append(int(parents[path[-1]]))
+    return path[::-1]
+
+
 def _gated_delta(seed, engine):
     """The hybrids' exact Gated DeltaNet walk (``models.hybrid_exact``: the reference's, or
     ``triton.exact_gated_delta.walk``): every node of a random forest, whatever the batch, the
@@ -307,15 +315,18 @@ def _gated_delta(seed, engine):
     pool_size = b + r.randint(0, 2)
     pool = torch.randn(pool_size, hv, dk, dv, generator=g) * r.choice((0.0, 0.1, 3.0))
     slots = torch.tensor(r.sample(range(pool_size), b), dtype=torch.int32)
+    depth = max(len(_tree_path(parents[s], i)) - 1 for s in range(b) for i in range(int(counts[s])))
+    bound = r.random() < 0.5
     dev = engine.device
     q, k, v, g_, beta, parents, counts, pool, slots = (
         t.to(dev) for t in (q, k, v, g_, beta, parents, counts, pool, slots))
 
     def run(q, k, v, g_, beta, parents, counts, pool, slots):
         if engine.name == "triton":
+            from jetspec_kernels.models.walk_plan import tree_plan
             from jetspec_kernels.triton.exact_gated_delta import walk
-            return walk(q, k, v, g_, beta, parents, counts, pool, slots, out=True, keep=True,
-                        store_last=False)
+            plan = tree_plan(parents, counts, depth if bound else None)   # the depth's slots or N's
+            return walk(q, k, v, g_, beta, plan, counts, pool, slots, out=True, store_last=False)
         rq, rk = (x.repeat_interleave(rep, dim=2) for x in (q, k))
         return hybrid_exact._reference_walk(rq, rk, v, g_, beta, parents, counts, pool, slots,
                                             store_last=False)
@@ -327,10 +338,7 @@ def _gated_delta(seed, engine):
     assert same_bits(pool, before), "gated_delta walk: the tree walk wrote the pool"
     for s in range(b):
         for node in _rows(int(counts[s]), r):
-            path = [node]
-            while int(parents[s, path[-1]]) >= 0:
-                path.append(int(parents[s, path[-1]]))
-            path = path[::-1]
+            path = _tree_path(parents[s], node)
             sub = [t[s:s + 1, path].clone() for t in (q, k, v, g_, beta)]
             chain = torch.arange(-1, len(path) - 1, dtype=torch.int32, device=dev)[None]
             alone = run(*sub, chain, counts.new_full((1,), len(path)),
