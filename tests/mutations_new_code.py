@@ -98,6 +98,10 @@ Q35 = "jetspec_kernels/models/qwen3_5.py"
 HYB_REF = ["tests/test_exact_hybrid.py", "-k", "not triton"]
 HYB_TP = ["tests/test_tp_hybrid.py", "-k", "exact"]
 EGD_TESTS = ["tests/test_exact_gated_delta_triton.py"]
+# The fifth round (the walk depth first from a plan): the plan's own test file and the kernel's
+PLAN = "jetspec_kernels/models/walk_plan.py"
+PLAN_TESTS = ["tests/test_walk_plan.py", "tests/test_exact_gated_delta_triton.py"]
+HYB_TRITON = ["tests/test_exact_hybrid.py", "-k", "triton"]
 
 # name: (class, file, old, new, tests)
 MUTATIONS = {
@@ -408,11 +412,12 @@ MUTATIONS = {
         "    h = hv // REP", "    h = hv // H", EGD_TESTS),
     "egd_walk_mode_specialised": (
         "the walk's modes compiled apart (other instructions for a commit than for a tree)", EGD,
-        '@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "write_out", "keep", "store_last"])',
-        '@triton.jit(do_not_specialize=["N", "HV", "H", "REP"])', EGD_TESTS),
+        '@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "NSLOTS", "write_out", "store_last"])',
+        '@triton.jit(do_not_specialize=["N", "HV", "H", "REP", "NSLOTS"])', EGD_TESTS),
     "egd_walk_parent_is_the_previous_node": (
         "wrong parent (the kept state never read)", EGD,
-        "S = tl.where(p < 0, s0, tl.where(far, other, S))", "S = tl.where(p < 0, s0, S)", EGD_TESTS),
+        "S = tl.where(src == -1, s0, tl.where(src >= 0, other, S))", "S = tl.where(src == -1, s0, S)",
+        EGD_TESTS),
     "egd_prep_k_scaled": (
         "a scale on the wrong operand (k scaled as q)", EGD,
         "tl.store(k_ptr + (t * H + hv) * DK + kc, x, mask=kok)",
@@ -423,6 +428,29 @@ MUTATIONS = {
     "egd_walk_store_last_skipped": (
         "an output not written back on one path (the chain's last state)", EGD,
         "    if store_last:\n", "    if store_last and n > 1000:\n", EGD_TESTS),
+    # ------------------------------------------------------------ fifth round: the walk plan
+    "plan_slot_counts_its_own_branch": (
+        "an off-by-one slot (a branch point counted among those above it)", PLAN,
+        "slot = torch.where(branch, _sum_where(anc, branch.long()) - branch.long(), -1)",
+        "slot = torch.where(branch, _sum_where(anc, branch.long()), -1)", PLAN_TESTS),
+    "plan_keeps_every_parent": (
+        "every parent kept, not only branch points (the traffic the plan removes)", PLAN,
+        "branch = kids[:, 1:] >= 2", "branch = kids[:, 1:] >= 1", PLAN_TESTS),
+    "plan_previous_step_never_used": (
+        "a child of a single-child node reads a slot its parent never stored", PLAN,
+        "src = torch.where(p < 0, -1, torch.where(p == prev, -2, slot.gather(1, p.clamp(min=0))))",
+        "src = torch.where(p < 0, -1, slot.gather(1, p.clamp(min=0)))", PLAN_TESTS),
+    "egd_walk_prefetches_two_ahead": (
+        "the next step's node read one step too far", EGD,
+        "nxt = tl.load(order_ptr + b * N + tl.minimum(i + 1, N - 1))",
+        "nxt = tl.load(order_ptr + b * N + tl.minimum(i + 2, N - 1))", EGD_TESTS),
+    "egd_walk_slot_unbounded": (
+        "a slot past the scratch read (out of range) instead of poisoned", EGD,
+        "((src >= 0) & (src < NSLOTS)).to(tl.int32)", "(src >= 0).to(tl.int32)", EGD_TESTS),
+    "q35_plan_counts_padding": (
+        "padding nodes walked as tree nodes (the plan built without num_nodes)", Q35,
+        "plan = functools.cache(lambda: tree_plan(parents, num_nodes, max_depth))",
+        "plan = functools.cache(lambda: tree_plan(parents, None, max_depth))", HYB_TRITON),
 }
 
 
