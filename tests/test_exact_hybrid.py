@@ -324,9 +324,10 @@ def test_exact_is_the_model(backend):
 
 @pytest.mark.parametrize("backend", ENGINES)
 def test_a_sequence_among_others_in_other_slots_equals_alone(backend):
-    """A ragged batch (num_nodes < N, padding nodes after the valid ones) whose sequences sit in
-    permuted slots of a larger state pool: every valid row is the bits of its sequence verified
-    alone in slot 0 (a slot read or written as the batch index would break it)."""
+    """A ragged batch (num_nodes < N, padding nodes after the valid ones, their parents pointing
+    at valid nodes) whose sequences sit in permuted slots of a larger state pool: every valid
+    row is the bits of its sequence verified alone in slot 0 (a slot read or written as the
+    batch index, or padding walked as nodes, would break it)."""
     target = tiny_qwen3_5(backend=backend)
     dev = target.device
     gen = torch.Generator().manual_seed(13)
@@ -334,8 +335,9 @@ def test_a_sequence_among_others_in_other_slots_equals_alone(backend):
     prompts = torch.randint(0, v, (3, 8), generator=gen).to(dev)
     lens = torch.tensor([8, 3, 6], dtype=torch.int32, device=dev)
     tokens = torch.randint(0, v, (3, n), generator=gen, dtype=torch.int32)
-    parents = torch.tensor([PARENTS, [-1, 0, 1, 1] + [-1] * (n - 4), [-1] + [-1] * (n - 1)],
-                           dtype=torch.int32)
+    # padding that looks like data: the padding nodes' parents point into the valid nodes
+    parents = torch.tensor([PARENTS, [-1, 0, 1, 1] + [0, 2, 3, 1, 0, 4, 2, 5][:n - 4],
+                            [-1] + [0] * (n - 1)], dtype=torch.int32)
     num = torch.tensor([n, 4, 1], dtype=torch.int32)
     from jetspec_kernels import python_ref as ref
     from jetspec_kernels.tree import Tree
