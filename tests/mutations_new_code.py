@@ -451,6 +451,22 @@ MUTATIONS = {
         "padding nodes walked as tree nodes (the plan built without num_nodes)", Q35,
         "plan = functools.cache(lambda: tree_plan(parents, num_nodes, max_depth))",
         "plan = functools.cache(lambda: tree_plan(parents, None, max_depth))", HYB_TRITON),
+    # from the review of the fifth round
+    "egd_walk_scratch_shared_by_heads": (
+        "programs of one sequence's v-heads sharing a scratch region (a race on a GPU)", EGD,
+        "kept = keep_ptr + (b * HV + hv) * NSLOTS * DK * DV", "kept = keep_ptr + b * NSLOTS * DK * DV",
+        EGD_TESTS),
+    "plan_reads_the_host": (
+        "a host read in the plan (a sync; no graph capture)", PLAN,
+        "    jump = par\n", "    jump = torch.tensor(par.tolist(), device=dev)\n", PLAN_TESTS),
+    "plan_bound_not_capped_by_n": (
+        "the scratch sized by the depth bound past N's", PLAN,
+        "bound = min(checks.integer(\"max_depth\", max_depth, lo=0), bound)",
+        "bound = checks.integer(\"max_depth\", max_depth, lo=0)", PLAN_TESTS),
+    "q35_verify_without_max_depth": (
+        "the tree's depth bound not passed (the scratch N's)", Q35,
+        "max_depth=tree.max_depth, taps=taps)", "max_depth=None, taps=taps)",
+        ["tests/test_exact_hybrid.py", "-k", "depth_bound"]),
 }
 
 

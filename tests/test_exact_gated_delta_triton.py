@@ -182,6 +182,43 @@ def test_the_walk_keeps_only_its_plans_slots(backend):
 
 
 @TRITON
+def test_every_sequence_and_head_keeps_its_own_states(backend):
+    """After a walk into a NaN-filled scratch, slot s of sequence b and v-head hv holds the state
+    of the last branch point the plan stored there: the bits its path walked as a chain leaves
+    in the pool; unused slots stay NaN. (Programs sharing a region would pass every other test
+    under the interpreter, which runs them one after another; on a GPU they would race.)"""
+    n = len(PARENTS)
+    rows = [PARENTS, [-1, 0, 1, 1, 0, 4, 4, 6, 6, 2, 9, 9, 0]]
+    parents = torch.tensor(rows, dtype=torch.int32, device=DEV)
+    counts = torch.tensor([n, n], dtype=torch.int32, device=DEV)
+    ops = _operands(2, n, torch.float32, seed=7)
+    pool = _pool(3, seed=8)
+    slots = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
+    plan = tree_plan(parents, counts)
+    scratch = torch.full((2, HV, plan.num_slots, DK, DV), float("nan"), device=DEV)
+    eg.walk(*ops, plan, counts, pool, slots, out=True, store_last=False, scratch=scratch)
+    for b in range(2):
+        last = {}
+        for i in range(n):
+            if int(plan.dst[b, i]) >= 0:
+                last[int(plan.dst[b, i])] = int(plan.order[b, i])
+        assert last
+        for s in range(plan.num_slots):
+            if s not in last:
+                assert scratch[b, :, s].isnan().all()
+                continue
+            path = _path(rows[b], last[s])
+            stored = pool.clone()
+            eg.walk(*[t[b:b + 1, path] for t in ops], _chain(len(path)),
+                    torch.tensor([len(path)], dtype=torch.int32, device=DEV), stored,
+                    slots[b:b + 1], out=False, store_last=True)
+            assert torch.equal(_bits(scratch[b, :, s]), _bits(stored[int(slots[b])])), (b, s)
+    with pytest.raises(ValueError, match="scratch"):
+        eg.walk(*ops, plan, counts, pool, slots, out=True, store_last=False,
+                scratch=scratch[:, :, :-1])
+
+
+@TRITON
 @pytest.mark.parametrize("h,hv", HEADS, ids=lambda x: str(x))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prep_is_the_layer_formulas_and_row_invariant(dtype, h, hv, backend):

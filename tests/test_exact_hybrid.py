@@ -396,7 +396,7 @@ def test_bad_trees_and_prompts_are_named():
 
 
 @pytest.mark.skipif("triton" not in ENGINES, reason="the triton engine's walk plan")
-def test_a_depth_bound_below_the_tree_is_named():
+def test_a_depth_bound_below_the_tree_is_named(monkeypatch):
     """The triton walk keeps ``max_depth`` states (``Tree.max_depth``, the verify's): a tree
     deeper than the bound it is given is refused by name where values are checked (on a GPU:
     NaN for the nodes past the slots, tests/test_exact_gated_delta_triton.py)."""
@@ -409,6 +409,22 @@ def test_a_depth_bound_below_the_tree_is_named():
     with exact_mode():
         target.forward(tokens, pos, target.new_cache(1, 16), five, write_start=five,
                        parents=parents, max_depth=2)
+        # verify passes the tree's bound: its scratch is the depth's slots, not N's
+        from jetspec_kernels.triton import exact_gated_delta
+        seen = []
+        walk = exact_gated_delta.walk
+
+        def spy(*args, **kw):
+            seen.append(args[5].num_slots)
+            return walk(*args, **kw)
+        wide = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 5]           # depth 3, N 12: 3 slots, not 5
+        tree = _on(_tree(torch.tensor([wide], dtype=torch.int32),
+                         torch.arange(1, 13, dtype=torch.int32)[None]), dev)
+        assert tree.max_depth == 3
+        with monkeypatch.context() as m:
+            m.setattr(exact_gated_delta, "walk", spy)
+            target.verify(tree, five, target.new_cache(1, 32))
+        assert seen and set(seen) == {3}
         with pytest.raises(ValueError, match="max_depth 0"):
             target.forward(tokens, pos, target.new_cache(1, 16), five, write_start=five,
                            parents=parents, max_depth=0)

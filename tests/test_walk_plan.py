@@ -110,6 +110,8 @@ def test_draft_trees_keep_few_states():
     assert int(tree["depths"].max()) == depth
     plan = tree_plan(tree["parents"], tree["num_nodes"], depth)
     assert plan.num_slots == depth
+    # a bound past (N - 1) // 2 (JetSpec's depth 15 at budget 16) gives N's
+    assert tree_plan(tree["parents"][:, :16], tree["num_nodes"].clamp(max=16), 15).num_slots == 7
     for s in range(b):
         _check_tree(tree["parents"][s].tolist(), int(tree["num_nodes"][s]), plan, s)
 
@@ -167,3 +169,11 @@ def test_the_plan_reads_nothing_on_the_host():
     with _HostReads() as mode:
         tree_plan(parents, counts, max_depth=4)
     assert mode.seen                              # the power: the value check is seen
+    # tensors with no values at all: any read (.tolist(), .cpu(), int()) raises
+    checks.set_value_checks("never")
+    try:
+        plan = tree_plan(parents.to("meta"), counts.to("meta"), max_depth=4)
+        chain_plan(1, 7, "meta")
+    finally:
+        checks.set_value_checks("cpu")
+    assert plan.order.device.type == "meta" and plan.num_slots == 3

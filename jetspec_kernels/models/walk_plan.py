@@ -37,8 +37,9 @@ def chain_plan(b, n, device) -> WalkPlan:
 
 
 def _sum_where(mask, weights):
-    """``sum_j mask[b, i, j] * weights[b, j]`` in int64 (exact; no matmul unit's rounding)."""
-    return torch.where(mask, weights[:, None, :], 0).sum(-1)
+    """``sum_j mask[b, i, j] * weights[b, j]`` in int32 (exact; no matmul unit's rounding; N and
+    its sums fit)."""
+    return torch.where(mask, weights.to(torch.int32)[:, None, :], 0).sum(-1, dtype=torch.int32)
 
 
 def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
@@ -50,10 +51,12 @@ def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
     most ``min(max_depth, (N - 1) // 2)`` states (``max_depth``: a bound on every node's depth,
     as ``Tree.max_depth``; None: N's bound alone), not N.
 
-    Device tensors in, device tensors out, no host read (graph-capturable); [B, N, N] int
-    temporaries. A tree deeper than ``max_depth`` claims: ``ValueError`` where value checks run
-    (``checks.values_checked``); elsewhere the walk gives NaN for the nodes whose state would
-    need a slot past the scratch (never another node's state)."""
+    Device tensors in, device tensors out, no host read (graph-capturable); [B, N, N] bool and
+    int32 temporaries (their peak ~18 bytes a B N^2). A tree too deep for ``max_depth``'s
+    slots (a branch point at depth ``max_depth`` or deeper; a deeper tree whose branch points
+    fit runs correctly): ``ValueError`` where value checks run (``checks.values_checked``);
+    elsewhere the walk gives NaN for the nodes whose state would need a slot past the scratch
+    (never another node's state)."""
     b, n = parents.shape
     dev = parents.device
     idx = torch.arange(n, device=dev)
@@ -66,7 +69,7 @@ def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
         up = anc.gather(1, jump.clamp(min=0)[:, :, None].expand(-1, -1, n))
         anc = anc | (up & (jump >= 0)[:, :, None])
         jump = torch.where(jump >= 0, jump.gather(1, jump.clamp(min=0)), -1)
-    size = anc.long().sum(1)                         # nodes in a node's subtree, itself included
+    size = anc.sum(1, dtype=torch.int32)             # nodes in a node's subtree, itself included
     before = (par[:, :, None] == par[:, None, :]) & (idx[None, :] < idx[:, None]) \
         & valid[:, :, None] & valid[:, None, :]      # [b, a, s]: s a sibling of a before it
     # preorder rank: sum over a node's ancestors-or-self of 1 + its earlier siblings' subtrees

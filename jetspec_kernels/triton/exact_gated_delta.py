@@ -81,13 +81,16 @@ def _walk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, order_ptr, src_ptr, dst_ptr, cou
         if dst >= 0:
             fits = ((tl.zeros_like(tile) + (dst < NSLOTS).to(tl.int32)) > 0) & ok
             tl.store(kept + dst.to(tl.int64) * DK * DV + tile, S, mask=fits)
-            tl.debug_barrier()          # a later step's threads read what others wrote
+            # each thread reads back only what it stored (the same layout and offsets); the
+            # barrier keeps a later step's load after every thread's store if that changes
+            tl.debug_barrier()
         node = nxt
     if store_last:
         tl.store(pool_ptr + (slot * HV + hv) * DK * DV + tile, S, mask=ok)
 
 
-def walk(q, k, v, g, beta, plan, counts, pool, slots, *, out: bool, store_last: bool):
+def walk(q, k, v, g, beta, plan, counts, pool, slots, *, out: bool, store_last: bool,
+         scratch=None):
     """Step every sequence's nodes in the order of ``plan`` (``models.walk_plan``: a tree's
     ``tree_plan``, a chain's ``chain_plan``), each from its parent's state.
 
@@ -102,15 +105,25 @@ def walk(q, k, v, g, beta, plan, counts, pool, slots, *, out: bool, store_last: 
     store_last : write the last stepped state into ``pool[slots[b]]`` (a prompt, a commit: a
         chain, whose last step is its last node)
 
-    The kept states are float32 scratch [B, Hv, plan.num_slots, Dk, Dv] for the call. Returns
-    the outputs or None.
+    scratch : where the kept states go, float32 [B, Hv, plan.num_slots, Dk, Dv] (contiguous; an
+        engine's preallocated workspace); None: allocated for the call
+
+    Returns the outputs or None.
     """
     b, n, h, dk = k.shape
     hv, dv = v.shape[2], v.shape[3]
     dev = k.device
     o = torch.zeros(b, n, hv, dv, dtype=v.dtype, device=dev) if out else \
         torch.empty(1, dtype=v.dtype, device=dev)
-    kept = torch.empty(max(b * hv * plan.num_slots * dk * dv, 1), dtype=torch.float32, device=dev)
+    if scratch is None:
+        kept = torch.empty(max(b * hv * plan.num_slots * dk * dv, 1), dtype=torch.float32, device=dev)
+    elif (scratch.shape != (b, hv, plan.num_slots, dk, dv) or scratch.dtype != torch.float32
+          or not scratch.is_contiguous() or scratch.device != dev):
+        raise ValueError(f"scratch must be a contiguous float32 tensor of shape "
+                         f"{(b, hv, plan.num_slots, dk, dv)} on {dev}, got {tuple(scratch.shape)} "
+                         f"{scratch.dtype} on {scratch.device}")
+    else:
+        kept = scratch if scratch.numel() else torch.empty(1, dtype=torch.float32, device=dev)
     bv = min(VALUE_TILE, next_power_of_2(dv))
     if b and n:
         c = (lambda t: t.contiguous())
