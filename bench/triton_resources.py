@@ -232,6 +232,11 @@ def _cases():
                    e(2, 67, 8192, dtype=dtype), e(2, 64, 4, **i32), e(8192, 4, dtype=dtype),
                    e(2, 64, 32, dtype=dtype), e(2, 64, 32, dtype=dtype), e(32, dtype=dtype),
                    e(32, dtype=dtype), 16, 128, 128, 128 ** -0.5))
+    exact_route = importlib.import_module("jetspec_kernels.triton.exact_route")
+    for experts, k in ((128, 8), (256, 8)):         # Qwen3-30B-A3B, Qwen3.6-35B-A3B
+        yield (f"exact route_rows bf16 E{experts} k{k}",
+               lambda experts=experts, k=k: exact_route.route_rows(
+                   e(64, experts, dtype=bf16), k, True))
     yield ("exact zc_norm_rows bf16 H2048",
            lambda: exact_gd.zc_norm_rows(e(64, 2048, dtype=bf16), e(2048, dtype=bf16), 1e-6))
     yield ("exact gated_norm_rows bf16 Dv128",

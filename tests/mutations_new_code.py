@@ -289,10 +289,10 @@ MUTATIONS = {
         "plan = expert_tiles(experts, gate_up.shape[0], tiles(x.dtype)[1])", MOE),
     "exact_moe_triton_ignores_norm_topk_prob": (
         "a flag not passed on one path (renormalised top-k)", MOE_PY,
-        "        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,\n"
-        "                                        norm_topk_prob, sum_fn=ex.sum_in_order)",
-        "        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,\n"
-        "                                        False, sum_fn=ex.sum_in_order)", MOE),
+        "        weights, experts = route_rows(ex.linear(x, router_weight, backend=be), top_k,\n"
+        "                                      norm_topk_prob)",
+        "        weights, experts = route_rows(ex.linear(x, router_weight, backend=be), top_k,\n"
+        "                                      False)", MOE),
     "route_logits_topk_of_the_logits": (
         "swapped operand (top-k weights from the logits, not the probabilities)", MOE_PY,
         "weights, experts = torch.topk(probs, top_k, dim=-1)",

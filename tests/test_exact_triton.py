@@ -532,7 +532,7 @@ def test_exact_triton_forest_with_the_prefix_one_short_of_a_key_block(page_size,
 @TRITON
 @pytest.mark.parametrize("norm", [False, True])
 def test_exact_moe_on_triton_is_the_sparse_mlp(norm, backend):
-    """models.moe.exact_moe on triton (the router by the fixed-tile GEMM, route_logits, the
+    """models.moe.exact_moe on triton (the router by the fixed-tile GEMM, route_rows, the
     grouped GEMMs, the k choices summed in order) is the sparse MLP, within float32 rounding of
     a float64 loop over tokens and choices: the invariance properties alone pass a block that
     is consistently wrong (a flag dropped, a choice not summed)."""
@@ -561,24 +561,58 @@ def test_exact_moe_on_triton_is_the_sparse_mlp(norm, backend):
 
 
 @TRITON
-def test_exact_moe_normalises_the_choices_in_a_fixed_order(backend, monkeypatch):
-    """The exact MoE's norm_topk_prob sums the k chosen probabilities with ops.exact.sum_in_order
-    (torch's sum may pick its reduction by T on a GPU), rounding once, in float32."""
-    from jetspec_kernels.models import moe
-    from jetspec_kernels.ops import exact as ex
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_exact_routing_is_softmax_topk_a_row_at_a_time(dtype, backend):
+    """triton.exact_route.route_rows: the experts torch's softmax and top-k pick (no near ties)
+    and their probabilities within float32 rounding, E not a power of two; renormalised, the k
+    chosen probabilities divided by their sum in choice order ((w0 + w1) + w2, float32: torch's
+    sum may pick its order by T on a GPU); ties to the lower id; a row's bits the same alone as
+    among other rows (NaN rows too); top_k past E named."""
+    from jetspec_kernels.triton.exact_route import route_rows
     gen = torch.Generator().manual_seed(4)
-    logits = torch.randn(5, 6, generator=gen)
-    w, e = moe.route_logits(logits, 3, True, sum_fn=ex.sum_in_order)
-    probs = torch.softmax(logits, -1)
-    top, idx = torch.topk(probs, 3, dim=-1)
-    want = top / ((top[:, 0] + top[:, 1]) + top[:, 2])[:, None]
-    assert torch.equal(e, idx) and torch.equal(_bits(w), _bits(want))
+    t, e, k = 37, 60, 3
+    logits = (torch.randn(t, e, generator=gen) * 3).to(dtype)
+    probs = torch.softmax(logits.double(), -1)
+    top, idx = probs.topk(k + 1, dim=-1)
+    keep = (top[:, k - 1] - top[:, k] > 1e-3) & (top[:, :k - 1] - top[:, 1:k] > 1e-3).all(-1)
+    raw_w, raw_e = route_rows(logits.to(DEV), k, False)
+    w, ex_ = route_rows(logits.to(DEV), k, True)
+    assert torch.equal(raw_e, ex_) and ex_.dtype == torch.int64 and w.dtype == dtype
+    assert torch.equal(ex_.cpu()[keep], idx[keep, :k])
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(raw_w.cpu().double()[keep], top[keep, :k], atol=tol, rtol=tol)
+    if dtype == torch.float32:
+        f = raw_w
+        assert torch.equal(_bits(w), _bits(f / ((f[:, :1] + f[:, 1:2]) + f[:, 2:3])))
+    for r in (0, 17, t - 1):
+        mixed = torch.full((5, e), float("nan"), dtype=dtype)
+        mixed[3] = logits[r]
+        one_w, one_e = route_rows(logits[r:r + 1].to(DEV), k, True)
+        many_w, many_e = route_rows(mixed.to(DEV), k, True)
+        assert torch.equal(_bits(one_w[0]), _bits(w[r])) and torch.equal(one_e[0], ex_[r])
+        assert torch.equal(_bits(many_w[3]), _bits(w[r])) and torch.equal(many_e[3], ex_[r])
+    ties = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0, -1.0]], dtype=dtype)
+    tw, te = route_rows(ties.to(DEV), 4, False)
+    assert te.tolist() == [[1, 2, 4, 0]] and tw[0, 0] == tw[0, 1] == tw[0, 2] > tw[0, 3]
+    assert route_rows(ties.to(DEV), 6, False)[1].sort().values.tolist() == [list(range(6))]
+    with pytest.raises(ValueError, match="top_k"):
+        route_rows(ties.to(DEV), 7, False)
+    assert route_rows(torch.zeros(0, e, dtype=dtype, device=DEV), k, True)[0].shape == (0, k)
+
+
+@TRITON
+def test_exact_moe_routes_with_the_row_kernel(backend, monkeypatch):
+    """exact_moe on triton routes by route_rows (a program per token), not torch's softmax and
+    top-k (library kernels whose choice may follow T)."""
+    from jetspec_kernels.models import moe
+    from jetspec_kernels.triton import exact_route
+    gen = torch.Generator().manual_seed(5)
     seen = []
-    real = moe.route_logits
-    monkeypatch.setattr(moe, "route_logits", lambda *a, **k: seen.append(k.get("sum_fn")) or
-                        real(*a, **k))
+    real = exact_route.route_rows
+    monkeypatch.setattr(exact_route, "route_rows", lambda *a, **k: seen.append(a[1:]) or real(*a, **k))
+    monkeypatch.setattr(moe, "route_logits", None)          # the normal block's: not called
     x = torch.randn(3, 8, generator=gen).to(DEV)
     moe.exact_moe(x, torch.randn(6, 8, generator=gen).to(DEV),
                   torch.randn(6, 10, 8, generator=gen).to(DEV),
                   torch.randn(6, 8, 5, generator=gen).to(DEV), 2, True, backend)
-    assert seen == [ex.sum_in_order]
+    assert seen == [(2, True)]

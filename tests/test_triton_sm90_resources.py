@@ -18,7 +18,7 @@ KERNELS = {
     "_gather_hidden_kernel", "_rms_norm_one_pass", "_rms_norm_two_pass", "_silu_mul",
     "_exact_fwd", "_exact_combine", "_fixed_tile_matmul", "_grouped_fixed_tile_matmul",
     "_gated_delta_rows", "_gated_delta_solve", "_sum_parts_pairwise",
-    "_walk", "_prep", "_zc_norm_rows", "_gated_norm_rows", "_sigmoid_gate",
+    "_walk", "_prep", "_zc_norm_rows", "_gated_norm_rows", "_sigmoid_gate", "_route_rows",
 }
 # float64 sin/cos (python_ref's RoPE convention) keeps libdevice's argument-reduction buffer on
 # the stack: a frame, not a spill (ptxas reports 0 spill bytes for it).

@@ -92,18 +92,15 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
     return route_logits(F.linear(x, router_weight), top_k, norm_topk_prob)
 
 
-def route_logits(logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
-                 sum_fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+def route_logits(logits: torch.Tensor, top_k: int,
+                 norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`route` from the router's logits ``[T, E]`` (its results in the logits' dtype).
-    Each row alone: a softmax and a top-k over one row's E values. ``sum_fn``: how the k chosen
-    probabilities are summed for ``norm_topk_prob`` (None: torch's sum, as transformers; the
-    exact mode passes ``ops.exact.sum_in_order``, a fixed order whatever T is)."""
+    Each row alone: a softmax and a top-k over one row's E values (the exact mode's triton
+    engine: ``triton.exact_route.route_rows``, the same semantics a program per row)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
-        total = weights.sum(dim=-1, keepdim=True) if sum_fn is None else \
-            sum_fn(weights.unbind(-1))[..., None]
-        weights = weights / total
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(logits.dtype), experts
 
 
@@ -225,7 +222,8 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
 
     On the reference backend (the CPU) routing runs a token at a time and each expert's (token,
     choice) rows as one-row calls; on triton the router's logits by the fixed-tile GEMM, then
-    :func:`route_logits` and :func:`exact_experts` (one launch per GEMM, no host sync). Other
+    ``triton.exact_route.route_rows`` (a program per token) and :func:`exact_experts` (one
+    launch per GEMM, no host sync). Other
     backends and devices: ``ExactModeError`` (``ops.exact.exact_backend``).
 
     Parameters
@@ -253,8 +251,9 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     if x.shape[0] == 0:         # no token (every rank alike: no collective is skipped on one)
         return torch.empty_like(x)
     if be == "triton":
-        weights, experts = route_logits(ex.linear(x, router_weight, backend=be), top_k,
-                                        norm_topk_prob, sum_fn=ex.sum_in_order)
+        from ..triton.exact_route import route_rows
+        weights, experts = route_rows(ex.linear(x, router_weight, backend=be), top_k,
+                                      norm_topk_prob)
         return exact_experts(x, weights, experts, gate_up, down,
                              functools.partial(ex.silu_mul, backend=be), parts=parts,
                              reduce=reduce)
