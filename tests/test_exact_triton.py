@@ -609,7 +609,8 @@ def test_exact_moe_routes_with_the_row_kernel(backend, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     seen = []
     real = exact_route.route_rows
-    monkeypatch.setattr(exact_route, "route_rows", lambda *a, **k: seen.append(a[1:]) or real(*a, **k))
+    monkeypatch.setattr(exact_route, "route_rows",
+                        lambda *a, **k: seen.append(a[1:]) or real(*a, **k))
     monkeypatch.setattr(moe, "route_logits", None)          # the normal block's: not called
     x = torch.randn(3, 8, generator=gen).to(DEV)
     moe.exact_moe(x, torch.randn(6, 8, generator=gen).to(DEV),
