@@ -251,7 +251,7 @@ def test_exact_triton_speculative_equals_autoregressive(fp32_models, kind, tile)
     if kind == "moe":
         target = _moe_target(torch.float32)
         near_tie(target)
-    prompts = _prompts(2, seed=4)        # a seed whose drafts get tokens accepted
+    prompts = _prompts(2, seed=6)        # a seed whose drafts get tokens accepted (each kind)
     target.fused_ops_backend = "triton"
     target.exact_gemm_tile = tile
     try:
