@@ -102,6 +102,9 @@ EGD_TESTS = ["tests/test_exact_gated_delta_triton.py"]
 PLAN = "jetspec_kernels/models/walk_plan.py"
 PLAN_TESTS = ["tests/test_walk_plan.py", "tests/test_exact_gated_delta_triton.py"]
 HYB_TRITON = ["tests/test_exact_hybrid.py", "-k", "triton"]
+# The exact MoE routing kernel: its own tests, then the MoE block's on triton
+ROUTE = "jetspec_kernels/triton/exact_route.py"
+ROUTE_TESTS = ["tests/test_exact_triton.py", "-k", "routing or routes or moe"]
 
 # name: (class, file, old, new, tests)
 MUTATIONS = {
@@ -467,6 +470,18 @@ MUTATIONS = {
         "the tree's depth bound not passed (the scratch N's)", Q35,
         "max_depth=tree.max_depth, taps=taps)", "max_depth=None, taps=taps)",
         ["tests/test_exact_hybrid.py", "-k", "depth_bound"]),
+    # ------------------------------------------------------------ the exact MoE routing kernel
+    "route_rows_ties_to_the_higher_id": (
+        "a tie broken the other way (the higher expert id)", ROUTE,
+        "pick = tl.min(tl.where(p == best, c, BLOCK), axis=0)",
+        "pick = tl.max(tl.where(p == best, c, -1), axis=0)", ROUTE_TESTS),
+    "route_rows_choice_not_removed": (
+        "a chosen expert left in the running (chosen again)", ROUTE,
+        "p = tl.where(c == pick, -2.0, p)", "p = tl.where(c == pick, p, p)", ROUTE_TESTS),
+    "route_rows_norm_skips_the_first_choice": (
+        "off-by-one in the renormalising sum (the first choice left out)", ROUTE,
+        "        total = total + best\n", "        total = total + tl.where(j == 0, 0.0, best)\n",
+        ROUTE_TESTS),
 }
 
 
