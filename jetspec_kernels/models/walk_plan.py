@@ -58,6 +58,9 @@ def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
     elsewhere the walk gives NaN for the nodes whose state would need a slot past the scratch
     (never another node's state)."""
     b, n = parents.shape
+    bound = (n - 1) // 2
+    if max_depth is not None:
+        bound = min(checks.integer("max_depth", max_depth, lo=0), bound)
     dev = parents.device
     idx = torch.arange(n, device=dev)
     valid = (idx < n if counts is None else idx < counts.long()[:, None]).expand(b, n)
@@ -79,9 +82,6 @@ def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
     kids.scatter_add_(1, par + 1, valid.long())         # column 0: roots' and padding's
     branch = kids[:, 1:] >= 2
     slot = torch.where(branch, _sum_where(anc, branch.long()) - branch.long(), -1)
-    bound = (n - 1) // 2
-    if max_depth is not None:
-        bound = min(checks.integer("max_depth", max_depth, lo=0), bound)
     if checks.values_checked(parents) and bool((slot >= bound).any()):
         raise ValueError(f"max_depth {max_depth} is less than a tree's depth (a node at depth "
                          f"{max_depth} or deeper has children)")
