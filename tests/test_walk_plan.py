@@ -121,6 +121,10 @@ def test_chain_plan_walks_in_index_order():
     for s in range(2):
         assert _simulate(plan, [-1, 0, 1, 2, 3], 5, s) == (0, 0, -1)
     assert plan.num_slots == 0
+    # a decode step's one-node trees: the chain's plan, whatever the padding parent says
+    one = tree_plan(torch.tensor([[-1], [5]], dtype=torch.int32), torch.tensor([1, 0]), 0)
+    for got, want in zip(one, chain_plan(2, 1, "cpu")):
+        assert got == want if isinstance(got, int) else torch.equal(got, want)
 
 
 def test_a_wrong_depth_bound_is_named():

@@ -62,6 +62,8 @@ def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
     if max_depth is not None:
         bound = min(checks.integer("max_depth", max_depth, lo=0), bound)
     dev = parents.device
+    if n == 1:                          # one node a sequence (a decode step): nothing to order
+        return chain_plan(b, 1, dev)
     idx = torch.arange(n, device=dev)
     valid = (idx < n if counts is None else idx < counts.long()[:, None]).expand(b, n)
     par = torch.where(valid, parents.long(), -1)
