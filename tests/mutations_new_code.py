@@ -473,15 +473,19 @@ MUTATIONS = {
     # ------------------------------------------------------------ the exact MoE routing kernel
     "route_rows_ties_to_the_higher_id": (
         "a tie broken the other way (the higher expert id)", ROUTE,
-        "pick = tl.min(tl.where(p == best, c, BLOCK), axis=0)",
-        "pick = tl.max(tl.where(p == best, c, -1), axis=0)", ROUTE_TESTS),
+        "pick = tl.min(tl.where(key == best, c, BLOCK), axis=0)",
+        "pick = tl.max(tl.where(key == best, c, -1), axis=0)", ROUTE_TESTS),
     "route_rows_choice_not_removed": (
         "a chosen expert left in the running (chosen again)", ROUTE,
-        "p = tl.where(c == pick, -2.0, p)", "p = tl.where(c == pick, p, p)", ROUTE_TESTS),
+        "key = tl.where(c == pick, -2.0, key)", "key = tl.where(c == pick, key, key)", ROUTE_TESTS),
     "route_rows_norm_skips_the_first_choice": (
         "off-by-one in the renormalising sum (the first choice left out)", ROUTE,
-        "        total = total + best\n", "        total = total + tl.where(j == 0, 0.0, best)\n",
+        "        total = total + w\n", "        total = total + tl.where(j == 0, 0.0, w)\n",
         ROUTE_TESTS),
+    "route_rows_nan_ranked_last": (
+        "NaN not propagated as the spec does it (a NaN row routed to ids past E, finite weights)",
+        ROUTE, 'key = tl.where(c < E, tl.where(p != p, float("inf"), p), -1.0)',
+        "key = tl.where(c < E, p, -1.0)", ROUTE_TESTS),
 }
 
 

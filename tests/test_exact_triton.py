@@ -587,10 +587,14 @@ def test_exact_routing_is_softmax_topk_a_row_at_a_time(dtype, backend):
     for r in (0, 17, t - 1):
         mixed = torch.full((5, e), float("nan"), dtype=dtype)
         mixed[3] = logits[r]
+        mixed[1, :-1] = logits[r, :-1]                # one NaN logit: a NaN row, as torch's
         one_w, one_e = route_rows(logits[r:r + 1].to(DEV), k, True)
         many_w, many_e = route_rows(mixed.to(DEV), k, True)
         assert torch.equal(_bits(one_w[0]), _bits(w[r])) and torch.equal(one_e[0], ex_[r])
         assert torch.equal(_bits(many_w[3]), _bits(w[r])) and torch.equal(many_e[3], ex_[r])
+        # NaN propagates (torch's softmax makes the whole row NaN) and no id leaves [0, E)
+        assert many_w[[0, 1, 2, 4]].isnan().all()
+        assert many_e[[0, 1, 2, 4]].tolist() == [list(range(k))] * 4
     ties = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0, -1.0]], dtype=dtype)
     tw, te = route_rows(ties.to(DEV), 4, False)
     assert te.tolist() == [[1, 2, 4, 0]] and tw[0, 0] == tw[0, 1] == tw[0, 2] > tw[0, 3]
