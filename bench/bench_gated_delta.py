@@ -11,8 +11,9 @@ Dk = Dv = 128; q/k/v in bf16 on CUDA, fp32 on the CPU; a float32 state pool):
       B * Hv * Dk * Dv * 4 * 2 (the state read and written once); FLOPs 7 Dk Dv a node and head.
 The ``triton-exact`` rows (when triton runs) are the exact mode's walk
 (``triton.exact_gated_delta.walk``: node by node from each parent's state, depth first; the
-commit a chain), and ``exact-plan`` its plan (``models.walk_plan.tree_plan``, built once a forward
-for all the linear layers), timed against the same floors (docs/perf/exact_mode.md, "Hybrid targets", has its prediction).
+commit a chain), and ``exact-plan`` its plan (``models.walk_plan.tree_plan``, built once a
+forward for all the linear layers), timed against the same floors (docs/perf/exact_mode.md,
+"Hybrid targets", has its prediction).
 The ``reference`` rows are torch's chunked form: what ``auto`` runs on CUDA tensors until a GPU
 backend has passed there (backend.REFERENCE_UNTIL_VERIFIED), hence the baseline. The CPU's quick
 run shrinks the heads (H 2, Hv 4, Dk = Dv = 32) so the interpreter finishes.

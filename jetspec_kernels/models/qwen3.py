@@ -80,8 +80,8 @@ class Qwen3:
         products added along a fixed pairwise tree and rounded once (``ops.exact.linear``'s
         ``parts``, ``tp.all_reduce_pairwise`` across the ranks). A power of two that tp
         divides; every tp dividing it gives the same bits (tp 1 included), since each rank
-        reduces whole parts and the tree over the ranks continues the tree over its parts. None: tp itself (each rank one part; tp t's bits are
-        then its own). MoE layers split their experts' down projection alike and sum each
+        reduces whole parts and the tree over the ranks continues the tree over its parts.
+        None: tp itself (each rank one part; tp t's bits are then its own). MoE layers split their experts' down projection alike and sum each
         (token, choice) row's shares before weighting the choices.
     """
 

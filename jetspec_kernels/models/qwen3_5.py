@@ -438,7 +438,8 @@ class Qwen3_5:
         ``exact_k_parts`` the block's [T, H] partial sums are summed across the ranks instead
         (tp's own bits, as Qwen3's: one gather of T rows, not of the T k rows' shares)."""
         def swiglu_exact(x, gate_w, up_w, down_w, down):
-            h = exact_ops.silu_mul(torch.cat([linear(x, gate_w), linear(x, up_w)], dim=-1), backend=be)
+            h = exact_ops.silu_mul(torch.cat([linear(x, gate_w), linear(x, up_w)], dim=-1),
+                                   backend=be)
             return down(h, down_w)
         if "mlp.gate.weight" not in w:
             return swiglu_exact(a, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
@@ -453,7 +454,8 @@ class Qwen3_5:
         if _SHARED[0] in w:
             shared = swiglu_exact(flat, *(w[key] for key in _SHARED),
                                   linear if block_partial else row_linear)
-            out = sigmoid_gate(shared, linear(flat, w["mlp.shared_expert_gate.weight"]), be, base=out)
+            gate = linear(flat, w["mlp.shared_expert_gate.weight"])
+            out = sigmoid_gate(shared, gate, be, base=out)
         return (share_sum(out) if block_partial else out).view_as(a)
 
     _run_layers = property(lambda self: self.layers)     # read by resolved_exact_k_parts

@@ -71,9 +71,9 @@ def tree_plan(parents, counts, max_depth=None) -> WalkPlan:
     anc = torch.eye(n, dtype=torch.bool, device=dev) & valid[:, :, None]
     jump = par
     for _ in range(max(n - 1, 0).bit_length()):
-        up = anc.gather(1, jump.clamp(min=0)[:, :, None].expand(-1, -1, n))
-        anc = anc | (up & (jump >= 0)[:, :, None])
-        jump = torch.where(jump >= 0, jump.gather(1, jump.clamp(min=0)), -1)
+        at = jump.clamp(min=0)
+        anc = anc | (anc.gather(1, at[:, :, None].expand(-1, -1, n)) & (jump >= 0)[:, :, None])
+        jump = torch.where(jump >= 0, jump.gather(1, at), -1)
     size = anc.sum(1, dtype=torch.int32)             # nodes in a node's subtree, itself included
     before = (par[:, :, None] == par[:, None, :]) & (idx[None, :] < idx[:, None]) \
         & valid[:, :, None] & valid[:, None, :]      # [b, a, s]: s a sibling of a before it

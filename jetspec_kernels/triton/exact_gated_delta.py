@@ -116,7 +116,8 @@ def walk(q, k, v, g, beta, plan, counts, pool, slots, *, out: bool, store_last: 
     o = torch.zeros(b, n, hv, dv, dtype=v.dtype, device=dev) if out else \
         torch.empty(1, dtype=v.dtype, device=dev)
     if scratch is None:
-        kept = torch.empty(max(b * hv * plan.num_slots * dk * dv, 1), dtype=torch.float32, device=dev)
+        kept = torch.empty(max(b * hv * plan.num_slots * dk * dv, 1), dtype=torch.float32,
+                           device=dev)
     elif (scratch.shape != (b, hv, plan.num_slots, dk, dv) or scratch.dtype != torch.float32
           or not scratch.is_contiguous() or scratch.device != dev):
         raise ValueError(f"scratch must be a contiguous float32 tensor of shape "
