@@ -109,6 +109,15 @@ def ancestor_set(parents_row, i):
     return s
 
 
+def root_path(parents_row, node):
+    """The nodes from a root down to ``node`` (itself last), by walking a sequence of parents
+    (``-1`` ends the walk; a list or a tensor row)."""
+    path = [node]
+    while int(parents_row[path[-1]]) >= 0:
+        path.append(int(parents_row[path[-1]]))
+    return path[::-1]
+
+
 TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes", "mask")
 
 

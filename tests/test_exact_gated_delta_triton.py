@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import root_path
 from jetspec_kernels import python_ref as ref
 from jetspec_kernels.models.walk_plan import chain_plan, tree_plan
 from jetspec_kernels.python_ref.gated_delta_tree import l2norm
@@ -61,13 +62,6 @@ def _chain(n, b=1):
     return chain_plan(b, n, DEV)
 
 
-def _path(parents, node):
-    path = [node]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
-
-
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 8, 0, 11]
 
 
@@ -108,7 +102,7 @@ def test_a_tree_node_is_its_path_walked_as_a_chain(dtype, backend):
     slot = torch.tensor([1], dtype=torch.int32, device=DEV)
     tree = _walk_tree(ops, parents, torch.tensor([n], dtype=torch.int32, device=DEV), pool, slot)
     for node in range(n):
-        path = _path(PARENTS, node)
+        path = root_path(PARENTS, node)
         chain_ops = [t[:, path] for t in ops]
         count = torch.tensor([len(path)], dtype=torch.int32, device=DEV)
         alone = eg.walk(*chain_ops, _chain(len(path)), count, pool.clone(), slot, out=True,
@@ -116,7 +110,7 @@ def test_a_tree_node_is_its_path_walked_as_a_chain(dtype, backend):
         assert torch.equal(_bits(alone[0, -1]), _bits(tree[0, node])), node
     # commit the path to node 6 (0 1 3 6), then step node 9 (6's child) from the stored state
     stored = pool.clone()
-    path = _path(PARENTS, 6)
+    path = root_path(PARENTS, 6)
     eg.walk(*[t[:, path] for t in ops], _chain(4), torch.tensor([4], dtype=torch.int32, device=DEV),
             stored, slot, out=False, store_last=True)
     assert torch.equal(stored[0], pool[0])               # only the slot is written
@@ -162,7 +156,7 @@ def test_the_walk_keeps_only_its_plans_slots(backend):
     pool = _pool(2, seed=6)
     slot = torch.tensor([1], dtype=torch.int32, device=DEV)
     wide = _walk_tree(ops, parents, counts, pool, slot)
-    depth = max(len(_path(PARENTS, i)) for i in range(n)) - 1
+    depth = max(len(root_path(PARENTS, i)) for i in range(n)) - 1
     tight = tree_plan(parents, counts, depth)
     assert tight.num_slots == depth < (n - 1) // 2
     assert torch.equal(_bits(_walk_tree(ops, parents, counts, pool, slot, depth)), _bits(wide))
@@ -172,7 +166,7 @@ def test_the_walk_keeps_only_its_plans_slots(backend):
     before = pool.clone()
     got = eg.walk(*ops, short, counts, pool, slot, out=True, store_last=False)
     assert torch.equal(pool, before)
-    lost = {i for i in range(n) if set(_path(PARENTS, i)) & {4, 7}}
+    lost = {i for i in range(n) if set(root_path(PARENTS, i)) & {4, 7}}
     assert lost == {4, 7}
     for i in range(n):
         if i in lost:
@@ -207,7 +201,7 @@ def test_every_sequence_and_head_keeps_its_own_states(backend):
             if s not in last:
                 assert scratch[b, :, s].isnan().all()
                 continue
-            path = _path(rows[b], last[s])
+            path = root_path(rows[b], last[s])
             stored = pool.clone()
             eg.walk(*[t[b:b + 1, path] for t in ops], _chain(len(path)),
                     torch.tensor([len(path)], dtype=torch.int32, device=DEV), stored,

@@ -18,6 +18,7 @@ from jetspec_kernels.models import DraftHead, Qwen3_5
 from jetspec_kernels.models.tiny import random_draft_weights, tiny_draft_config
 from jetspec_kernels.models.tiny_hybrid import random_qwen3_5_weights, tiny_qwen3_5_config
 from jetspec_kernels.ops.exact import UNVERIFIED_ENV, ExactModeError, exact_mode
+from helpers import root_path
 from test_exact_decode import _tree, near_tie
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
@@ -79,13 +80,6 @@ def _restore(cache, saved):
         dst.copy_(src)
 
 
-def _path(parents, node):
-    path = [node]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
-
-
 @pytest.mark.parametrize("backend,moe,dtype,page_size", _cases(
     ("reference", False, torch.float32, None), ("reference", False, torch.bfloat16, 4),
     ("reference", True, torch.bfloat16, None), ("reference", True, torch.float32, 4),
@@ -111,7 +105,7 @@ def test_verify_logits_equal_autoregressive_logits(backend, moe, dtype, page_siz
         want = torch.full_like(verified, float("nan"))
         for leaf in set(range(n)) - set(PARENTS):
             _restore(cache, start)
-            for d, node in enumerate(_path(PARENTS, leaf)):
+            for d, node in enumerate(root_path(PARENTS, leaf)):
                 want[0, node] = target.decode(tree.tokens[:, node], plen + d, cache)[0]
         _restore(cache, start)
         greedy, _ = target.verify(tree, plen, cache, fused_argmax=True)
@@ -134,7 +128,7 @@ def test_commit_leaves_the_states_decoding_leaves(backend, moe, dtype):
     parents = torch.tensor([PARENTS], dtype=torch.int32)
     tree = _tree(parents, torch.randint(0, v, (1, n), generator=gen, dtype=torch.int32))
     tree = _on(tree, dev)
-    path = _path(PARENTS, 10)                                  # 0 1 3 6 9 10
+    path = root_path(PARENTS, 10)                                  # 0 1 3 6 9 10
     with exact_mode():
         cache = target.new_cache(1, 40)
         target.prefill(prompt, plen, cache)
@@ -448,7 +442,7 @@ def test_commit_of_a_batch_equals_each_sequence_alone(backend):
                                             for f in dataclasses.fields(tree)
                                             if f.name not in ("max_depth", "tokens")},
                                    tokens=tokens), dev)
-    paths = [_path(PARENTS, 9), _path(PARENTS, 2)]             # 0 1 3 6 9 / 0 2
+    paths = [root_path(PARENTS, 9), root_path(PARENTS, 2)]             # 0 1 3 6 9 / 0 2
     accept = [3, 1]
     padded = torch.tensor([p[:a + 1] + [-1] * (6 - a - 1) for p, a in zip(paths, accept)],
                           dtype=torch.int32, device=dev)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import root_path
 from jetspec_kernels import checks
 from jetspec_kernels.models.walk_plan import chain_plan, tree_plan
 
@@ -17,13 +18,6 @@ def _forest(r, n, shape):
     return [-1] + [{"chain": i - 1, "star": 0, "random": r.randrange(-1, i),
                     "deep": max(i - 1 - r.randrange(2), -1), "binary": (i - 1) // 2}[shape]
                    for i in range(1, n)]
-
-
-def _depth(parents, i):
-    d = 0
-    while parents[i] >= 0:
-        i, d = parents[i], d + 1
-    return d
 
 
 def _simulate(plan, parents, count, b=0):
@@ -65,16 +59,9 @@ def _check_tree(parents, count, plan, b=0):
     assert stores == sum(1 for c in kids if c >= 2)           # only branch points kept
     assert loads == count - roots - internal                  # every child but a first one
     # slots: as many as the most branch points on one root path (tight), <= the depth
-    on_path = [sum(1 for a in _path(parents, i)[:-1] if kids[a] >= 2) for i in range(count)]
+    on_path = [sum(1 for a in root_path(parents, i)[:-1] if kids[a] >= 2) for i in range(count)]
     assert top + 1 == max(on_path, default=0)
-    assert top + 1 <= max((_depth(parents, i) for i in range(count)), default=0)
-
-
-def _path(parents, i):
-    path = [i]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
+    assert top + 1 <= max((len(root_path(parents, i)) - 1 for i in range(count)), default=0)
 
 
 @pytest.mark.parametrize("shape", ["chain", "star", "random", "deep", "binary"])

@@ -28,7 +28,7 @@ from jetspec_kernels.ops import exact as ex
 from jetspec_kernels.python_ref.tree_attention import gather_cache, visible_slots
 from fuzz_cases import BF16, F16, F32, make, outer_layout
 from fuzz_engines import Engine, engine_ready, interpreted, to_engine
-from helpers import k_parts_as_ranks, poisoned_empty
+from helpers import k_parts_as_ranks, poisoned_empty, root_path
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -274,14 +274,6 @@ def _embedding(seed, engine):
     return "ok"
 
 
-def _tree_path(parents, node):
-    """The nodes from a root down to ``node`` of one sequence's ``parents [N]``."""
-    path = [node]
-    while int(parents[path[-1]]) >= 0:
-        path.append(int(parents[path[-1]]))
-    return path[::-1]
-
-
 def _gated_delta(seed, engine):
     """The hybrids' exact Gated DeltaNet walk (``models.hybrid_exact``: the reference's, or
     ``triton.exact_gated_delta.walk``): every node of a random forest, whatever the batch, the
@@ -315,7 +307,7 @@ def _gated_delta(seed, engine):
     pool_size = b + r.randint(0, 2)
     pool = torch.randn(pool_size, hv, dk, dv, generator=g) * r.choice((0.0, 0.1, 3.0))
     slots = torch.tensor(r.sample(range(pool_size), b), dtype=torch.int32)
-    depth = max(len(_tree_path(parents[s], i)) - 1 for s in range(b) for i in range(int(counts[s])))
+    depth = max(len(root_path(parents[s], i)) - 1 for s in range(b) for i in range(int(counts[s])))
     bound = r.random() < 0.5
     dev = engine.device
     q, k, v, g_, beta, parents, counts, pool, slots = (
@@ -338,7 +330,7 @@ def _gated_delta(seed, engine):
     assert same_bits(pool, before), "gated_delta walk: the tree walk wrote the pool"
     for s in range(b):
         for node in _rows(int(counts[s]), r):
-            path = _tree_path(parents[s], node)
+            path = root_path(parents[s], node)
             sub = [t[s:s + 1, path].clone() for t in (q, k, v, g_, beta)]
             chain = torch.arange(-1, len(path) - 1, dtype=torch.int32, device=dev)[None]
             alone = run(*sub, chain, counts.new_full((1,), len(path)),
