@@ -348,7 +348,8 @@ def test_linear_column_bits_do_not_follow_n(dtype):
 
 def test_exact_moe_parts_checked_and_no_tokens():
     """exact_moe's parts: a power of two <= 64 dividing the experts' intermediate size, else a
-    ValueError naming parts (not a late error from a kernel); no token: an empty [0, H]."""
+    ValueError naming parts (not a late error from a kernel); likewise top_k in [1, E], on
+    either engine; no token: an empty [0, H]."""
     from jetspec_kernels.models.moe import exact_moe
     gen = torch.Generator().manual_seed(16)
     x, router = torch.randn(3, 16, generator=gen), torch.randn(4, 16, generator=gen)
@@ -361,3 +362,10 @@ def test_exact_moe_parts_checked_and_no_tokens():
     for parts, reduce in ((1, None), (2, None), (1, lambda s: s.to(x.dtype))):
         out = exact_moe(x[:0], router, gate_up, down, 2, True, parts=parts, reduce=reduce)
         assert out.shape == (0, 16)
+    # top_k outside [1, E]: the same named error on either engine (torch.topk's own on the
+    # reference's CPU rows was a RuntimeError)
+    pytest.importorskip("triton")
+    for backend in ("reference", "triton"):
+        for k in (0, 5):
+            with pytest.raises(ValueError, match="top_k"):
+                exact_moe(x, router, gate_up, down, k, True, backend=backend)

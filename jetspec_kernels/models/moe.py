@@ -16,6 +16,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from .. import checks
 from ..python_ref.silu_mul import silu_mul
 from .checkpoint import CheckpointError, take
 
@@ -245,6 +246,7 @@ def exact_moe(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tenso
     from ..limits import EXACT_MAX_K_PARTS
     from ..ops import exact as ex
     be = ex.exact_backend("MoE experts", x.device, backend)
+    checks.integer("top_k", top_k, lo=1, hi=router_weight.shape[0])    # either engine alike
     if not ex.k_parts_ok(parts, down.shape[-1]):
         raise ValueError(f"parts must be a power of two <= {EXACT_MAX_K_PARTS} dividing the "
                          f"experts' intermediate size {down.shape[-1]}, got {parts!r}")
